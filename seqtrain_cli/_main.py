@@ -1,0 +1,23 @@
+"""Shared wrapper for the console scripts: user errors print one line and exit 1 (traceback only with --debug)."""
+from __future__ import annotations
+
+import sys
+from typing import Callable, List, Optional
+
+from seqtrain.errors import SeqtrainError
+
+
+def run_cli(prog: str, main: Callable[[List[str]], Optional[int]], argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        rc = main(argv)
+    except SeqtrainError as e:
+        if debug:
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc or 0)
