@@ -1,0 +1,337 @@
+"""Tokenizers: raw text <-> a line of dictionary symbols separated by single spaces.
+
+Kinds (registered in `seqtrain.registry.TOKENIZERS`):
+- `sentencepiece`: pieces as symbols; trained here (deterministic, one thread) or loaded from a .model file.
+- `gpt2`: GPT-2 byte-level BPE (the `tokenizers` library) written as decimal ids, fairseq BART's convention
+  ("31414 232"); released BART dict.txt files list exactly these strings. Lossless.
+- `none`: the text is already symbols; whitespace split / join.
+
+`spec()` is plain JSON-able data holding everything needed to rebuild a tokenizer (model files embedded), so a
+checkpoint or `data-bin/tokenizer.json` carries it; `build_tokenizer(spec)` is the inverse. Tokenizers pickle as
+their spec, so multiprocessing workers rebuild them cheaply.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import atomic_write
+from seqtrain.registry import TOKENIZERS
+
+TOKENIZER_JSON = "tokenizer.json"
+SPEC_VERSION = 1
+
+
+class Tokenizer:
+    kind = "?"
+
+    def encode(self, text: str) -> str:
+        raise NotImplementedError
+
+    def decode(self, symbols: str) -> str:
+        raise NotImplementedError
+
+    def encode_batch(self, texts: Sequence[str]) -> List[str]:
+        return [self.encode(t) for t in texts]
+
+    def spec(self) -> dict:
+        raise NotImplementedError
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "Tokenizer":
+        raise NotImplementedError
+
+    def files(self) -> Dict[str, bytes]:
+        """Model files worth copying next to tokenizer.json for people and other tools (name -> bytes)."""
+        return {}
+
+    # Pickle as the spec: native handles (SentencePieceProcessor, tokenizers.Tokenizer) are rebuilt in workers.
+    def __getstate__(self) -> dict:
+        return self.spec()
+
+    def __setstate__(self, spec: dict) -> None:
+        self.__dict__.update(self.from_spec(spec).__dict__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tokenizer) and self.spec() == other.spec()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+@TOKENIZERS.register("none")
+class WhitespaceTokenizer(Tokenizer):
+    kind = "none"
+
+    def encode(self, text: str) -> str:
+        return " ".join(text.split())
+
+    def decode(self, symbols: str) -> str:
+        return " ".join(symbols.split())
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "version": SPEC_VERSION}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "WhitespaceTokenizer":
+        return cls()
+
+
+@TOKENIZERS.register("sentencepiece", "spm")
+class SentencePieceTokenizer(Tokenizer):
+    kind = "sentencepiece"
+
+    def __init__(self, model_proto: bytes):
+        import sentencepiece as spm
+
+        self.model_proto = bytes(model_proto)
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(self.model_proto)
+        except (RuntimeError, OSError) as e:
+            raise SeqtrainError(f"not a valid sentencepiece model ({e})") from None
+
+    @classmethod
+    def from_file(cls, path: str) -> "SentencePieceTokenizer":
+        try:
+            with open(path, "rb") as f:
+                proto = f.read()
+        except OSError as e:
+            raise SeqtrainError(f"{path}: cannot read sentencepiece model ({e.strerror})") from None
+        try:
+            return cls(proto)
+        except SeqtrainError as e:
+            raise SeqtrainError(f"{path}: {e}") from None
+
+    @classmethod
+    def train(cls, files: Sequence[str], vocab_size: int = 8000, model_type: str = "unigram",
+              character_coverage: float = 0.9995, max_sentence_length: int = 1 << 16) -> "SentencePieceTokenizer":
+        """Train on the lines of `files` (in order). One thread and no sentence sampling make the model reproducible."""
+        import io
+
+        import sentencepiece as spm
+
+        from seqtrain.data.dictionary import iter_lines
+
+        if model_type not in ("unigram", "bpe"):
+            raise SeqtrainError(f"--spm-model-type: {model_type!r} is not one of unigram, bpe")
+        for path in files:
+            if not os.path.isfile(path):
+                raise SeqtrainError(f"{path}: no such file (sentencepiece training input)")
+
+        def sentences():
+            for path in files:
+                for line in iter_lines(path):
+                    if line.strip():
+                        yield line
+
+        out = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=sentences(), model_writer=out, vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage, num_threads=1, input_sentence_size=0,
+                shuffle_input_sentence=False, max_sentence_length=max_sentence_length, minloglevel=2,
+            )
+        except RuntimeError as e:
+            # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5105."
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise SeqtrainError(f"sentencepiece training on {', '.join(files)} failed: {msg}") from None
+        return cls(out.getvalue())
+
+    def encode(self, text: str) -> str:
+        # Unicode whitespace other than ' ' could survive spm's normalization inside a piece and then split it;
+        # splitting first is what spm's default remove_extra_whitespaces does anyway.
+        return " ".join(self.sp.EncodeAsPieces(" ".join(text.split())))
+
+    def encode_batch(self, texts: Sequence[str]) -> List[str]:
+        pieces = self.sp.Encode([" ".join(t.split()) for t in texts], out_type=str)
+        return [" ".join(p) for p in pieces]
+
+    def decode(self, symbols: str) -> str:
+        return self.sp.DecodePieces(symbols.split())
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.GetPieceSize()
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "version": SPEC_VERSION,
+                "model_base64": base64.b64encode(self.model_proto).decode("ascii")}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "SentencePieceTokenizer":
+        return cls(base64.b64decode(_field(spec, "model_base64")))
+
+    def files(self) -> Dict[str, bytes]:
+        return {"spm.model": self.model_proto}
+
+
+def parse_vocab_bpe(text: str, name: str = "vocab.bpe") -> List[Tuple[str, str]]:
+    """GPT-2's merges file: an optional '#version' line, then one 'left right' pair per line, best first."""
+    merges = []
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if not line or (lineno == 1 and line.startswith("#version")):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise SeqtrainError(f"{name}:{lineno}: malformed merge line {line!r}; expected 'left right'")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+@TOKENIZERS.register("gpt2")
+class GPT2BPETokenizer(Tokenizer):
+    kind = "gpt2"
+
+    def __init__(self, encoder_json: str, vocab_bpe: str):
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers
+
+        self.encoder_json, self.vocab_bpe = encoder_json, vocab_bpe
+        try:
+            vocab = json.loads(encoder_json)
+        except json.JSONDecodeError as e:
+            raise SeqtrainError(f"encoder.json: invalid JSON at line {e.lineno}: {e.msg}") from None
+        if not isinstance(vocab, dict) or not all(isinstance(v, int) for v in vocab.values()):
+            raise SeqtrainError("encoder.json: expected an object mapping BPE tokens to integer ids")
+        merges = parse_vocab_bpe(vocab_bpe)
+        try:
+            bpe = models.BPE(vocab=vocab, merges=merges)
+        except Exception as e:  # the Rust side reports e.g. a merge whose parts are not in the vocabulary
+            raise SeqtrainError(f"encoder.json/vocab.bpe do not fit together: {e}") from None
+        # No special tokens: as in fairseq, "<|endoftext|>" in raw text is plain text.
+        self.tok = HFTokenizer(bpe)
+        self.tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        self.tok.decoder = decoders.ByteLevel()
+        self._bytes_view = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        self._size = len(vocab)
+
+    @classmethod
+    def from_files(cls, encoder_json_path: str, vocab_bpe_path: str) -> "GPT2BPETokenizer":
+        texts = []
+        for path in (encoder_json_path, vocab_bpe_path):
+            try:
+                with open(path, "r", encoding="utf-8", newline="") as f:
+                    texts.append(f.read())
+            except (OSError, UnicodeDecodeError) as e:
+                raise SeqtrainError(f"{path}: cannot read GPT-2 BPE file ({e})") from None
+        try:
+            return cls(*texts)
+        except SeqtrainError as e:
+            raise SeqtrainError(f"{encoder_json_path} / {vocab_bpe_path}: {e}") from None
+
+    def encode(self, text: str) -> str:
+        return " ".join(map(str, self.tok.encode(text, add_special_tokens=False).ids))
+
+    def encode_batch(self, texts: Sequence[str]) -> List[str]:
+        return [" ".join(map(str, e.ids)) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, symbols: str) -> str:
+        # Ids become byte-level tokens; anything else ("<unk>", "<mask>", madeupwords) stands for its own text.
+        pieces = []
+        for s in symbols.split():
+            tok = self.tok.id_to_token(int(s)) if s.isdigit() and s.isascii() and int(s) < self._size else None
+            if tok is None:
+                tok = "".join(p for p, _ in self._bytes_view.pre_tokenize_str(s))
+            pieces.append(tok)
+        return self.tok.decoder.decode(pieces)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._size
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "version": SPEC_VERSION, "encoder_json": self.encoder_json,
+                "vocab_bpe": self.vocab_bpe}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "GPT2BPETokenizer":
+        return cls(_field(spec, "encoder_json"), _field(spec, "vocab_bpe"))
+
+    def files(self) -> Dict[str, bytes]:
+        return {"encoder.json": self.encoder_json.encode("utf-8"), "vocab.bpe": self.vocab_bpe.encode("utf-8")}
+
+
+def _field(spec: dict, key: str) -> str:
+    value = spec.get(key)
+    if not isinstance(value, str):
+        raise SeqtrainError(f"{spec.get('kind')} tokenizer spec lacks the text field {key!r}")
+    return value
+
+
+def build_tokenizer(spec: Optional[dict]) -> Tokenizer:
+    """Rebuild a tokenizer from `Tokenizer.spec()` data; None means the `none` tokenizer."""
+    if spec is None:
+        return WhitespaceTokenizer()
+    if not isinstance(spec, dict) or not isinstance(spec.get("kind"), str):
+        raise SeqtrainError(f"tokenizer spec must be an object with a 'kind'; got {type(spec).__name__}")
+    if spec.get("version", SPEC_VERSION) > SPEC_VERSION:
+        raise SeqtrainError(f"tokenizer spec version {spec['version']} is newer than this seqtrain reads")
+    try:
+        cls = TOKENIZERS.get(spec["kind"])
+    except KeyError as e:
+        raise SeqtrainError(str(e.args[0])) from None
+    return cls.from_spec(spec)
+
+
+def save_databin_tokenizer(data_dir: str, tokenizer: Tokenizer) -> None:
+    """Write `tokenizer.json` (the full spec) and plain copies of the model files, each atomically."""
+    for name, data in tokenizer.files().items():
+        with atomic_write(os.path.join(data_dir, name), "wb") as f:
+            f.write(data)
+    with atomic_write(os.path.join(data_dir, TOKENIZER_JSON), "w", encoding="utf-8") as f:
+        json.dump(tokenizer.spec(), f, ensure_ascii=False)
+        f.write("\n")
+
+
+def load_databin_tokenizer(data_dir: str) -> Tokenizer:
+    """The tokenizer a data-bin was made with; `none` for fairseq data-bins, which have no tokenizer.json."""
+    path = os.path.join(data_dir, TOKENIZER_JSON)
+    if not os.path.exists(path):
+        return WhitespaceTokenizer()
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            spec = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SeqtrainError(f"{path}: not valid JSON ({e})") from None
+    try:
+        return build_tokenizer(spec)
+    except SeqtrainError as e:
+        raise SeqtrainError(f"{path}: {e}") from None
+
+
+# --- flags (for seqtrain-preprocess) --------------------------------------------------------------------------
+def add_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer", default="sentencepiece", choices=["sentencepiece", "gpt2", "none"],
+                   help="how raw text becomes dictionary symbols (none: input is already tokenized)")
+    g.add_argument("--spm-model", metavar="FILE", help="use this sentencepiece .model instead of training one")
+    g.add_argument("--spm-vocab-size", type=int, default=8000, metavar="N")
+    g.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"])
+    g.add_argument("--spm-character-coverage", type=float, default=0.9995, metavar="F")
+    g.add_argument("--gpt2-encoder-json", metavar="FILE", help="GPT-2 encoder.json (as released with BART)")
+    g.add_argument("--gpt2-vocab-bpe", metavar="FILE", help="GPT-2 vocab.bpe (as released with BART)")
+
+
+def tokenizer_from_args(args: argparse.Namespace, train_files: Sequence[str] = ()) -> Tokenizer:
+    """Load the tokenizer the flags name, training a sentencepiece model on `train_files` if none is given."""
+    kind = getattr(args, "tokenizer", "none") or "none"
+    if kind == "none":
+        return WhitespaceTokenizer()
+    if kind == "gpt2":
+        if not (args.gpt2_encoder_json and args.gpt2_vocab_bpe):
+            raise SeqtrainError("--tokenizer gpt2 needs --gpt2-encoder-json and --gpt2-vocab-bpe")
+        return GPT2BPETokenizer.from_files(args.gpt2_encoder_json, args.gpt2_vocab_bpe)
+    if kind == "sentencepiece":
+        if getattr(args, "spm_model", None):
+            return SentencePieceTokenizer.from_file(args.spm_model)
+        if not train_files:
+            raise SeqtrainError("--tokenizer sentencepiece needs --spm-model or training text to learn from")
+        return SentencePieceTokenizer.train(train_files, vocab_size=args.spm_vocab_size,
+                                            model_type=args.spm_model_type,
+                                            character_coverage=args.spm_character_coverage)
+    raise SeqtrainError(f"--tokenizer: unknown kind {kind!r}; choose from sentencepiece, gpt2, none")
