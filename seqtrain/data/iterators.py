@@ -1,0 +1,286 @@
+"""Epoch iterators over frozen batches: per-epoch shuffling, sharding across ranks, exact resume.
+
+Batches (lists of example indices) are computed once; each epoch only reorders them with a RNG seeded from
+`seed + epoch` (fairseq's choice, so the order is identical to fairseq's for the same batches and seed).
+The position inside an epoch is a batch count, so resuming skips batches by index without reading or collating
+any of them.
+
+Sharding: rank r takes batches r, r + num_shards, ... of the (shuffled) epoch. When the count does not divide
+evenly, short ranks get *empty* batches (`[]`, collated to `{}`) at the end, as fairseq's ShardedIterator does,
+so every rank runs the same number of steps; the trainer must treat `{}` as a dummy step with zero loss (so
+gradient all-reduce still happens) rather than skip it. Repeating a real batch instead would count its examples
+twice.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import queue
+import threading
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from seqtrain.errors import SeqtrainError
+
+
+class CountingIterator:
+    """Wraps an iterator and counts what it has yielded; `n` starts at `start` when resuming mid-epoch."""
+
+    def __init__(self, iterable: Iterable, start: int = 0, total: Optional[int] = None):
+        self._itr = iter(iterable)
+        self.n = start
+        self.total = total if total is not None else start + len(iterable)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __iter__(self) -> "CountingIterator":
+        return self
+
+    def __next__(self) -> Any:
+        if not self.has_next():
+            raise StopIteration
+        try:
+            item = next(self._itr)
+        except StopIteration:
+            raise IndexError(f"iterator ended at {self.n}, expected {self.total} items") from None
+        self.n += 1
+        return item
+
+    def has_next(self) -> bool:
+        return self.n < self.total
+
+    def skip(self, k: int) -> "CountingIterator":
+        for _ in range(k):
+            next(self)
+        return self
+
+    def take(self, k: int) -> "CountingIterator":
+        """Stop after `k` items in all (e.g. --max-update reached mid-epoch)."""
+        self.total = min(self.total, k)
+        return self
+
+
+class GroupedIterator:
+    """Yields lists of `chunk_size` consecutive items (gradient accumulation, --update-freq)."""
+
+    def __init__(self, itr: CountingIterator, chunk_size: int):
+        self.itr = itr
+        self.chunk_size = chunk_size
+        self.n = math.ceil(itr.n / chunk_size)
+        self.total = math.ceil(len(itr) / chunk_size)
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __iter__(self) -> "GroupedIterator":
+        return self
+
+    def __next__(self) -> List[Any]:
+        chunk = list(itertools.islice(self.itr, self.chunk_size))
+        if not chunk:
+            raise StopIteration
+        self.n += 1
+        return chunk
+
+    def has_next(self) -> bool:
+        return self.itr.has_next()
+
+
+class _BackgroundIterator:
+    """Prepares up to `size` batches ahead in a thread, so collating overlaps with the training step."""
+
+    _END = object()
+
+    def __init__(self, iterable: Iterable, size: int):
+        self._queue: "queue.Queue" = queue.Queue(size)
+        self._len = len(iterable)  # type: ignore[arg-type]
+        self._thread = threading.Thread(target=self._fill, args=(iter(iterable),), daemon=True)
+        self._thread.start()
+
+    def _fill(self, it: Iterator) -> None:
+        try:
+            for item in it:
+                self._queue.put(item)
+            self._queue.put(self._END)
+        except BaseException as e:  # handed to the consumer, raised there
+            self._queue.put(e)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> "_BackgroundIterator":
+        return self
+
+    def __next__(self) -> Any:
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class _CollatingIterable:
+    """Reads and collates batches in this process (num_workers=0): no DataLoader overhead, no pickling."""
+
+    def __init__(self, dataset: Any, collate_fn: Callable, batches: Sequence[Sequence[int]]):
+        self.dataset, self.collate_fn, self.batches = dataset, collate_fn, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.batches:
+            yield self.collate_fn([self.dataset[int(i)] for i in batch])
+
+
+def shard(batches: Sequence, num_shards: int, shard_id: int, fill_value: Any = ()) -> List:
+    """Batches shard_id, shard_id + num_shards, ...; padded with `fill_value` to ceil(len / num_shards)."""
+    mine = list(batches[shard_id::num_shards])
+    want = math.ceil(len(batches) / num_shards)
+    return mine + [fill_value] * (want - len(mine))
+
+
+class EpochBatchIterator:
+    """Iterates over `batch_sampler` (a list of index arrays) epoch after epoch; resumable mid-epoch.
+
+    Usage: `itr = ebi.next_epoch_itr(shuffle=True)`; `for batch in itr: ...`; `ebi.state_dict()` at any point;
+    a fresh EpochBatchIterator built on the same batches, after `load_state_dict`, continues at that point.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        collate_fn: Callable[[List[Any]], Any],
+        batch_sampler: Sequence[Sequence[int]],
+        seed: int = 1,
+        num_shards: int = 1,
+        shard_id: int = 0,
+        epoch: int = 1,
+        buffer_size: int = 0,
+        num_workers: int = 0,
+    ):
+        if not 0 <= shard_id < num_shards:
+            raise ValueError(f"shard_id {shard_id} is not in [0, {num_shards})")
+        if epoch < 1:
+            raise ValueError(f"epochs count from 1, got {epoch}")
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.frozen_batches = tuple(np.asarray(b, dtype=np.int64) for b in batch_sampler)
+        self.seed = seed
+        self.num_shards = num_shards
+        self.shard_id = shard_id
+        self.buffer_size = buffer_size
+        self.num_workers = num_workers
+        self.epoch = epoch
+        self.shuffle = True
+        self.fix_batches_to_gpus = False
+        self._cur_epoch_itr: Optional[CountingIterator] = None
+        self._next_epoch_itr: Optional[CountingIterator] = None
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return math.ceil(len(self.frozen_batches) / self.num_shards)
+
+    @property
+    def first_batch(self) -> Any:
+        """A real collated batch, for dummy steps (a rank with an empty batch still runs forward/backward)."""
+        if not self.frozen_batches:
+            return {}
+        return self.collate_fn([self.dataset[int(i)] for i in self.frozen_batches[0]])
+
+    @property
+    def next_epoch_idx(self) -> int:
+        """The epoch that the next call to `next_epoch_itr` will iterate over."""
+        if self._next_epoch_itr is not None:
+            return self.epoch
+        if self._cur_epoch_itr is not None and self.end_of_epoch():
+            return self.epoch + 1
+        return self.epoch
+
+    @property
+    def iterations_in_epoch(self) -> int:
+        """Batches already yielded (or skipped by a resume) in the current epoch."""
+        if self._cur_epoch_itr is not None:
+            return self._cur_epoch_itr.n
+        if self._next_epoch_itr is not None:
+            return self._next_epoch_itr.n
+        return 0
+
+    def next_epoch_itr(self, shuffle: bool = True, fix_batches_to_gpus: bool = False) -> CountingIterator:
+        """Iterator over the next epoch's batches (or the rest of the epoch restored by load_state_dict).
+
+        `fix_batches_to_gpus`: shard first, then shuffle within the shard, so each rank sees the same examples
+        every epoch (only the order changes).
+        """
+        self.epoch = self.next_epoch_idx
+        if self._next_epoch_itr is not None:
+            self._cur_epoch_itr, self._next_epoch_itr = self._next_epoch_itr, None
+        else:
+            self.shuffle, self.fix_batches_to_gpus = shuffle, fix_batches_to_gpus
+            self._cur_epoch_itr = self._iterator_for_epoch(self.epoch, shuffle, fix_batches_to_gpus)
+        return self._cur_epoch_itr
+
+    def end_of_epoch(self) -> bool:
+        return self._cur_epoch_itr is not None and not self._cur_epoch_itr.has_next()
+
+    def state_dict(self) -> Dict[str, Any]:
+        if self.end_of_epoch():
+            # A finished epoch resumes at the start of the next one.
+            state = {"epoch": self.epoch + 1, "iterations_in_epoch": 0, "shuffle": self.shuffle}
+        else:
+            state = {"epoch": self.epoch, "iterations_in_epoch": self.iterations_in_epoch, "shuffle": self.shuffle}
+        if self.fix_batches_to_gpus:  # only written when used, so the state stays fairseq's three keys
+            state["fix_batches_to_gpus"] = True
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore a position saved by `state_dict` (also accepts fairseq's `train_iterator` state)."""
+        self.epoch = int(state["epoch"])
+        self.shuffle = bool(state.get("shuffle", True))
+        self.fix_batches_to_gpus = bool(state.get("fix_batches_to_gpus", False))
+        self._cur_epoch_itr = None
+        offset = int(state.get("iterations_in_epoch", 0))
+        if offset <= 0:
+            self._next_epoch_itr = None
+            return
+        if offset >= len(self):
+            raise SeqtrainError(
+                f"cannot resume the data iterator at batch {offset} of epoch {self.epoch}: this epoch has only "
+                f"{len(self)} batches; the data or batching flags (--max-tokens, --batch-size, "
+                f"--required-batch-size-multiple, world size) changed since the checkpoint"
+            )
+        self._next_epoch_itr = self._iterator_for_epoch(
+            self.epoch, self.shuffle, self.fix_batches_to_gpus, offset
+        )
+
+    def _epoch_batches(self, epoch: int, shuffle: bool, fix_batches_to_gpus: bool) -> List:
+        batches = list(self.frozen_batches)
+        if shuffle and not fix_batches_to_gpus:
+            # Legacy RandomState: the same permutation as fairseq's `numpy_seed(seed + epoch)` + np.random.shuffle.
+            np.random.RandomState(self.seed + epoch).shuffle(batches)
+        batches = shard(batches, self.num_shards, self.shard_id, fill_value=[])
+        if shuffle and fix_batches_to_gpus:
+            np.random.RandomState(self.seed + epoch + self.shard_id).shuffle(batches)
+        return batches
+
+    def _iterator_for_epoch(
+        self, epoch: int, shuffle: bool, fix_batches_to_gpus: bool, offset: int = 0
+    ) -> CountingIterator:
+        batches = self._epoch_batches(epoch, shuffle, fix_batches_to_gpus)[offset:]
+        if self.num_workers > 0:
+            itr: Iterable = torch.utils.data.DataLoader(
+                self.dataset,
+                collate_fn=self.collate_fn,
+                batch_sampler=batches,
+                num_workers=self.num_workers,
+                pin_memory=torch.cuda.is_available(),
+            )
+        else:
+            itr = _CollatingIterable(self.dataset, self.collate_fn, batches)
+        if self.buffer_size > 0:
+            itr = _BackgroundIterator(itr, self.buffer_size)
+        return CountingIterator(itr, start=offset, total=offset + len(batches))

@@ -1,0 +1,196 @@
+"""Source/target pairs and how they become a padded batch (fairseq's LanguagePairDataset convention).
+
+One convention for training and generation alike (docs/internals.md, "Sequence conventions"):
+source = `tokens </s>`, left-padded by default; target = `tokens </s>`, right-padded; the decoder input
+`prev_output_tokens` is the target with its final `</s>` moved to the front. `prepend_bos` puts `<s>` first on
+both sides (as Hugging Face BART does). `truncate_source` cuts long sources to fit `max_source_positions`.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from seqtrain.errors import SeqtrainError
+
+
+def _as_long(item: Any) -> torch.Tensor:
+    return torch.as_tensor(item, dtype=torch.long)
+
+
+def pad_sequences(
+    seqs: Sequence[torch.Tensor], pad_idx: int, left_pad: bool, pad_to_multiple: int = 1
+) -> torch.Tensor:
+    """Stack 1-D tensors into a B x T matrix filled with `pad_idx`, aligned left or right."""
+    width = max((len(s) for s in seqs), default=0)
+    if pad_to_multiple > 1 and width % pad_to_multiple:
+        width += pad_to_multiple - width % pad_to_multiple
+    out = torch.full((len(seqs), width), pad_idx, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        if left_pad:
+            out[row, width - len(s):] = s
+        else:
+            out[row, : len(s)] = s
+    return out
+
+
+def shift_eos_to_front(target: torch.Tensor, eos_idx: int) -> torch.Tensor:
+    """Decoder input for teacher forcing: `a b c </s>` -> `</s> a b c` (fairseq's move_eos_to_beginning)."""
+    out = target.new_empty(target.shape)
+    if len(target):
+        out[0] = eos_idx
+        out[1:] = target[:-1]
+    return out
+
+
+class LanguagePairDataset(torch.utils.data.Dataset):
+    """Pairs `src[i]` with `tgt[i]`; `src`/`tgt` are any indexables of 1-D integer tensors (e.g. MMapIndexedDataset).
+
+    `src_sizes`/`tgt_sizes` give the stored lengths; `self.src_sizes`/`self.tgt_sizes` are the lengths of what
+    `__getitem__` returns (after truncation and `<s>`), so batching and filtering never need to read the data.
+    """
+
+    def __init__(
+        self,
+        src: Sequence,
+        src_sizes: Sequence[int],
+        src_dict: Any,
+        tgt: Optional[Sequence] = None,
+        tgt_sizes: Optional[Sequence[int]] = None,
+        tgt_dict: Optional[Any] = None,
+        left_pad_source: bool = True,
+        left_pad_target: bool = False,
+        shuffle: bool = True,
+        prepend_bos: bool = False,
+        truncate_source: bool = False,
+        max_source_positions: int = 1024,
+        max_target_positions: int = 1024,
+        pad_to_multiple: int = 1,
+    ):
+        if len(src) != len(src_sizes):
+            raise ValueError(f"source has {len(src)} items but {len(src_sizes)} sizes")
+        if tgt is not None:
+            if tgt_sizes is None:
+                tgt_sizes = getattr(tgt, "sizes", None)
+            if tgt_sizes is None or len(tgt) != len(tgt_sizes):
+                raise ValueError("target needs one size per item (tgt_sizes)")
+            if len(tgt) != len(src):
+                raise SeqtrainError(
+                    f"source and target have different numbers of examples ({len(src)} vs {len(tgt)})"
+                )
+        tgt_dict = tgt_dict if tgt_dict is not None else src_dict
+        # One pad/eos id for both sides: the model and the loss assume it (fairseq asserts the same).
+        if tgt is not None and (src_dict.pad() != tgt_dict.pad() or src_dict.eos() != tgt_dict.eos()):
+            raise SeqtrainError("source and target dictionaries disagree on the <pad>/</s> ids")
+        self.src, self.tgt = src, tgt
+        self.src_dict, self.tgt_dict = src_dict, tgt_dict
+        self.left_pad_source, self.left_pad_target = left_pad_source, left_pad_target
+        self.shuffle = shuffle
+        self.prepend_bos = prepend_bos
+        self.truncate_source = truncate_source
+        self.max_source_positions = max_source_positions
+        self.max_target_positions = max_target_positions
+        self.pad_to_multiple = pad_to_multiple
+
+        # Sources are cut so that the final item, <s> included, fits max_source_positions (fairseq cuts before
+        # prepending <s>, which makes such items one too long for the model; we keep them valid instead).
+        self._src_limit = max_source_positions - (1 if prepend_bos else 0)
+        if truncate_source and self._src_limit < 2:
+            raise SeqtrainError(
+                f"--truncate-source needs --max-source-positions of at least {2 + int(prepend_bos)}"
+            )
+        src_sizes = np.asarray(src_sizes, dtype=np.int64)
+        if truncate_source:
+            src_sizes = np.minimum(src_sizes, self._src_limit)
+        self.src_sizes = src_sizes + int(prepend_bos)
+        self.tgt_sizes = (
+            None if tgt is None else np.asarray(tgt_sizes, dtype=np.int64) + int(prepend_bos)
+        )
+        self._sizes = (
+            self.src_sizes if self.tgt_sizes is None else np.stack([self.src_sizes, self.tgt_sizes], axis=1)
+        )
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, index: int) -> Dict[str, Any]:
+        src = _as_long(self.src[index])
+        if self.truncate_source and len(src) > self._src_limit:
+            src = torch.cat([src[: self._src_limit - 1], src.new_tensor([self.src_dict.eos()])])
+        tgt = None if self.tgt is None else _as_long(self.tgt[index])
+        if self.prepend_bos:
+            src = torch.cat([src.new_tensor([self.src_dict.bos()]), src])
+            if tgt is not None:
+                tgt = torch.cat([tgt.new_tensor([self.tgt_dict.bos()]), tgt])
+        return {"id": int(index), "source": src, "target": tgt}
+
+    def collater(self, samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Pad a list of items into a batch, rows sorted by source length (longest first), as fairseq does.
+
+        An empty list gives `{}`: the filler batch of a rank that ran out of batches (see iterators.py).
+        """
+        if not samples:
+            return {}
+        pad, eos = self.src_dict.pad(), self.src_dict.eos()
+        src_lengths = torch.tensor([len(s["source"]) for s in samples], dtype=torch.long)
+        # Stable sort: ties keep their batch order, so a batch always collates to the same tensor.
+        src_lengths, order = src_lengths.sort(descending=True, stable=True)
+        ordered = [samples[i] for i in order.tolist()]
+        batch: Dict[str, Any] = {
+            "id": torch.tensor([s["id"] for s in ordered], dtype=torch.long),
+            "nsentences": len(samples),
+            "net_input": {
+                "src_tokens": pad_sequences(
+                    [s["source"] for s in ordered], pad, self.left_pad_source, self.pad_to_multiple
+                ),
+                "src_lengths": src_lengths,
+            },
+            "target": None,
+        }
+        if ordered[0]["target"] is None:
+            batch["ntokens"] = int(src_lengths.sum())
+            return batch
+        targets = [s["target"] for s in ordered]
+        batch["target"] = pad_sequences(targets, pad, self.left_pad_target, self.pad_to_multiple)
+        batch["net_input"]["prev_output_tokens"] = pad_sequences(
+            [shift_eos_to_front(t, eos) for t in targets], pad, self.left_pad_target, self.pad_to_multiple
+        )
+        batch["ntokens"] = sum(len(t) for t in targets)
+        return batch
+
+    # -- sizes, for filtering and batching without reading the data ------------------------------------------
+
+    @property
+    def sizes(self) -> np.ndarray:
+        """N x 2 array of (source, target) lengths, or the source lengths when there is no target."""
+        return self._sizes
+
+    def num_tokens(self, index: int) -> int:
+        """Cost of one example for --max-tokens: its longer side (a batch is padded to its longest row)."""
+        tgt = 0 if self.tgt_sizes is None else self.tgt_sizes[index]
+        return int(max(self.src_sizes[index], tgt))
+
+    def num_tokens_vec(self, indices: np.ndarray) -> np.ndarray:
+        sizes = self.src_sizes[indices]
+        if self.tgt_sizes is not None:
+            sizes = np.maximum(sizes, self.tgt_sizes[indices])
+        return sizes
+
+    def size(self, index: int) -> Tuple[int, int]:
+        tgt = 0 if self.tgt_sizes is None else self.tgt_sizes[index]
+        return int(self.src_sizes[index]), int(tgt)
+
+    def ordered_indices(self, seed: Optional[int] = 1) -> np.ndarray:
+        """Indices sorted by source length, then target length, ties in a random order drawn from `seed`.
+
+        Matches fairseq's order for the same seed (it calls this inside `numpy_seed(seed)`; a private RandomState
+        gives the same permutation without touching numpy's global state).
+        """
+        if self.shuffle:
+            indices = np.random.RandomState(seed).permutation(len(self)).astype(np.int64)
+        else:
+            indices = np.arange(len(self), dtype=np.int64)
+        if self.tgt_sizes is not None:
+            indices = indices[np.argsort(self.tgt_sizes[indices], kind="mergesort")]
+        return indices[np.argsort(self.src_sizes[indices], kind="mergesort")]
