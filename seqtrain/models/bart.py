@@ -1,0 +1,402 @@
+"""BART (fairseq's `bart` model): encoder-decoder transformer, learned positions, shared embeddings.
+
+Parameter names are fairseq's, so fairseq checkpoints load with no renaming (fairseq's `encoder.version` /
+`decoder.version` buffers are the only keys to drop). Forward signatures follow fairseq:
+
+    logits, extra = model(src_tokens, src_lengths, prev_output_tokens)
+    x, extra = model(src_tokens, src_lengths, prev_output_tokens, features_only=True)
+    logits = model.output_layer(x[target.ne(pad)])        # project only the rows a criterion needs
+
+Incremental decoding (beam search): the caller creates `state = {}` and calls
+`model.decoder(prev_output_tokens, encoder_out, incremental_state=state)` with the whole prefix each step; only
+the last position is computed. The decoder batch may be `beam` times the encoder batch (rows b*beam..b*beam+beam-1
+share encoder row b); encoder keys/values are computed once per sentence and cached in `state`.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.models.transformer import (
+    ACTIVATIONS,
+    LearnedPositionalEmbedding,
+    TransformerDecoderLayer,
+    TransformerEncoderLayer,
+    embed_scale,
+    init_bert_params,
+)
+from seqtrain.registry import ARCHS, MODELS
+
+EncoderOut = Dict[str, Tensor]
+
+
+@dataclass
+class BartConfig:
+    vocab_size: int = 1000
+    tgt_vocab_size: Optional[int] = None  # only when embeddings are not shared; None = vocab_size
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_embed_dim: int = 768
+    decoder_embed_dim: int = 768
+    encoder_ffn_embed_dim: int = 3072
+    decoder_ffn_embed_dim: int = 3072
+    encoder_attention_heads: int = 12
+    decoder_attention_heads: int = 12
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation_fn: str = "gelu"
+    max_source_positions: int = 1024
+    max_target_positions: int = 1024
+    share_all_embeddings: bool = True
+    no_scale_embedding: bool = True
+    checkpoint_activations: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, vocab_size: int, tgt_vocab_size: Optional[int] = None) -> "BartConfig":
+        kw: Dict[str, Any] = {}
+        for f in fields(cls):
+            value = getattr(args, f.name, None)
+            if value is not None:
+                kw[f.name] = value
+        # fairseq's --relu-dropout is the old name of --activation-dropout (used when the latter is 0)
+        if not kw.get("activation_dropout") and getattr(args, "relu_dropout", None):
+            kw["activation_dropout"] = args.relu_dropout
+        kw["vocab_size"] = vocab_size
+        kw["tgt_vocab_size"] = tgt_vocab_size
+        return cls(**kw)
+
+
+def _check_config(cfg: BartConfig) -> None:
+    for side in ("encoder", "decoder"):
+        dim, heads = getattr(cfg, f"{side}_embed_dim"), getattr(cfg, f"{side}_attention_heads")
+        if heads <= 0 or dim % heads:
+            raise SeqtrainError(f"--{side}-embed-dim {dim} must be divisible by --{side}-attention-heads {heads}")
+    if cfg.share_all_embeddings and cfg.encoder_embed_dim != cfg.decoder_embed_dim:
+        raise SeqtrainError(
+            f"--share-all-embeddings needs --encoder-embed-dim ({cfg.encoder_embed_dim}) "
+            f"== --decoder-embed-dim ({cfg.decoder_embed_dim})"
+        )
+    if cfg.activation_fn not in ACTIVATIONS:
+        raise SeqtrainError(f"--activation-fn {cfg.activation_fn!r}: choose from {', '.join(ACTIVATIONS)}")
+
+
+def _run_layer(layer: nn.Module, use_checkpoint: bool, *inputs: Any) -> Tensor:
+    if use_checkpoint:
+        return checkpoint(layer, *inputs, use_reentrant=False)
+    return layer(*inputs)
+
+
+class BartEncoder(nn.Module):
+    def __init__(self, cfg: BartConfig, embed_tokens: nn.Embedding, padding_idx: int):
+        super().__init__()
+        dim = cfg.encoder_embed_dim
+        self.padding_idx = padding_idx
+        self.dropout = cfg.dropout
+        self.max_source_positions = cfg.max_source_positions
+        self.checkpoint_activations = cfg.checkpoint_activations
+        self.embed_scale = embed_scale(dim, cfg.no_scale_embedding)
+        self.embed_tokens = embed_tokens
+        self.embed_positions = LearnedPositionalEmbedding(cfg.max_source_positions, dim, padding_idx)
+        self.layernorm_embedding = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(
+            TransformerEncoderLayer(
+                dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout, cfg.attention_dropout,
+                cfg.activation_dropout, cfg.activation_fn,
+            )
+            for _ in range(cfg.encoder_layers)
+        )
+
+    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
+        """src_tokens: B x S (left or right padded). Returns {"encoder_out": B x S x C,
+        "encoder_padding_mask": B x S bool (True at pads)}. src_lengths is accepted for fairseq's signature;
+        the padding mask is read from the tokens."""
+        if src_tokens.size(1) > self.max_source_positions:
+            raise SeqtrainError(
+                f"source of {src_tokens.size(1)} tokens exceeds --max-source-positions {self.max_source_positions}"
+            )
+        padding_mask = src_tokens.eq(self.padding_idx)
+        x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
+        x = F.dropout(self.layernorm_embedding(x), self.dropout, self.training)
+        attn_mask = _attn_mask(padding_mask)
+        use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
+        for layer in self.layers:
+            x = _run_layer(layer, use_ckpt, x, attn_mask)
+        return {"encoder_out": x, "encoder_padding_mask": padding_mask}
+
+    @staticmethod
+    def reorder_encoder_out(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
+        """Select encoder rows (sentences) by `new_order`."""
+        return {k: v.index_select(0, new_order) if torch.is_tensor(v) else v for k, v in encoder_out.items()}
+
+
+class BartDecoder(nn.Module):
+    def __init__(self, cfg: BartConfig, embed_tokens: nn.Embedding, padding_idx: int):
+        super().__init__()
+        dim = cfg.decoder_embed_dim
+        self.padding_idx = padding_idx
+        self.dropout = cfg.dropout
+        self.max_target_positions = cfg.max_target_positions
+        self.checkpoint_activations = cfg.checkpoint_activations
+        self.embed_scale = embed_scale(dim, cfg.no_scale_embedding)
+        self.embed_tokens = embed_tokens
+        self.embed_positions = LearnedPositionalEmbedding(cfg.max_target_positions, dim, padding_idx)
+        self.layernorm_embedding = nn.LayerNorm(dim)
+        self.layers = nn.ModuleList(
+            TransformerDecoderLayer(
+                dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.encoder_embed_dim, cfg.dropout,
+                cfg.attention_dropout, cfg.activation_dropout, cfg.activation_fn,
+            )
+            for _ in range(cfg.decoder_layers)
+        )
+        # Tied to embed_tokens (BARTModel.tie_weights): one tensor, three names in the state dict, as fairseq.
+        self.output_projection = nn.Linear(dim, embed_tokens.num_embeddings, bias=False)
+
+    def output_layer(self, x: Tensor) -> Tensor:
+        """Hidden states (any leading shape) x C -> logits over the vocabulary."""
+        return self.output_projection(x)
+
+    def forward(
+        self,
+        prev_output_tokens: Tensor,
+        encoder_out: Optional[EncoderOut] = None,
+        incremental_state: Optional[Dict[str, Any]] = None,
+        features_only: bool = False,
+    ) -> Tuple[Tensor, Dict[str, Any]]:
+        """prev_output_tokens: (B*beam) x T, right-padded. With `incremental_state`, the first T-1 positions must
+        already be cached by earlier calls and only position T is computed (output (B*beam) x 1 x V)."""
+        t = prev_output_tokens.size(1)
+        if t > self.max_target_positions:
+            raise SeqtrainError(
+                f"target of {t} tokens exceeds --max-target-positions {self.max_target_positions}"
+            )
+        state = incremental_state
+        if state is not None:
+            cached = state.get("steps", 0)
+            if cached != t - 1:
+                raise ValueError(f"incremental_state holds {cached} steps but prev_output_tokens has {t} positions")
+            tokens = prev_output_tokens[:, -1:]
+            positions = self.embed_positions(tokens, step=t)  # fairseq: padding_idx + step for every row
+        else:
+            tokens = prev_output_tokens
+            positions = self.embed_positions(tokens)
+        x = self.embed_scale * self.embed_tokens(tokens) + positions
+        x = F.dropout(self.layernorm_embedding(x), self.dropout, self.training)
+
+        memory = memory_mask = None
+        if encoder_out is not None:
+            memory = encoder_out["encoder_out"]
+            if state is not None:
+                if "encoder_attn_mask" not in state:
+                    state["encoder_attn_mask"] = _attn_mask(encoder_out["encoder_padding_mask"])
+                memory_mask = state["encoder_attn_mask"]
+            else:
+                memory_mask = _attn_mask(encoder_out["encoder_padding_mask"])
+
+        inner_states: List[Tensor] = [x]
+        use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and state is None
+        for i, layer in enumerate(self.layers):
+            if state is not None:
+                self_cache = state.setdefault(f"layers.{i}.self_attn", {})
+                cross_cache = state.setdefault(f"layers.{i}.encoder_attn", {})
+                x = layer(x, memory, memory_mask, self_cache, cross_cache)
+            else:
+                x = _run_layer(layer, use_ckpt, x, memory, memory_mask)
+            inner_states.append(x)
+        if state is not None:
+            state["steps"] = t
+        extra = {"attn": [None], "inner_states": inner_states}
+        return (x if features_only else self.output_layer(x)), extra
+
+    def reorder_incremental_state(
+        self, incremental_state: Dict[str, Any], new_order: Tensor, encoder_order: Optional[Tensor] = None
+    ) -> None:
+        """In place: decoder-row caches follow `new_order`; encoder-row caches follow `encoder_order` if given."""
+        for key, value in incremental_state.items():
+            if key.endswith(".self_attn"):
+                for name in value:
+                    value[name] = value[name].index_select(0, new_order)
+            elif encoder_order is not None and key.endswith(".encoder_attn"):
+                for name in value:
+                    value[name] = value[name].index_select(0, encoder_order)
+        mask = incremental_state.get("encoder_attn_mask")
+        if encoder_order is not None and mask is not None:
+            incremental_state["encoder_attn_mask"] = mask.index_select(0, encoder_order)
+
+
+def _attn_mask(padding_mask: Tensor) -> Optional[Tensor]:
+    """B x S pad mask (True at pads) -> B x 1 x 1 x S attend mask (True = attend), or None without pads
+    (no mask lets CUDA pick the flash kernel; the .any() costs one device sync per forward)."""
+    return (~padding_mask)[:, None, None, :] if padding_mask.any() else None
+
+
+class BARTModel(nn.Module):
+    def __init__(self, cfg: BartConfig, padding_idx: int = 1):
+        super().__init__()
+        _check_config(cfg)
+        self.cfg = cfg
+        self.padding_idx = padding_idx
+        enc_embed = nn.Embedding(cfg.vocab_size, cfg.encoder_embed_dim, padding_idx)
+        if cfg.share_all_embeddings:
+            if cfg.tgt_vocab_size not in (None, cfg.vocab_size):
+                raise SeqtrainError(
+                    f"--share-all-embeddings needs one dictionary: source has {cfg.vocab_size} symbols, "
+                    f"target {cfg.tgt_vocab_size}"
+                )
+            dec_embed = enc_embed
+        else:
+            dec_embed = nn.Embedding(cfg.tgt_vocab_size or cfg.vocab_size, cfg.decoder_embed_dim, padding_idx)
+        self.encoder = BartEncoder(cfg, enc_embed, padding_idx)
+        self.decoder = BartDecoder(cfg, dec_embed, padding_idx)
+        self.tie_weights()
+        self.apply(init_bert_params)
+        # The tied output projection is a Linear that apply() re-drew after the embedding; zero the pad rows last.
+        with torch.no_grad():
+            for emb in (enc_embed, dec_embed):
+                emb.weight[padding_idx].zero_()
+
+    def tie_weights(self) -> None:
+        """(Re)tie the output projection to the decoder embedding, and the decoder embedding to the encoder's when
+        sharing all embeddings. Call again after anything that replaces parameters (e.g. `to_empty()` after
+        building on the meta device, or `load_state_dict(assign=True)`)."""
+        if self.cfg.share_all_embeddings:
+            self.decoder.embed_tokens.weight = self.encoder.embed_tokens.weight
+        self.decoder.output_projection.weight = self.decoder.embed_tokens.weight
+
+    def forward(
+        self, src_tokens: Tensor, src_lengths: Optional[Tensor], prev_output_tokens: Tensor, features_only: bool = False
+    ) -> Tuple[Tensor, Dict[str, Any]]:
+        encoder_out = self.encoder(src_tokens, src_lengths)
+        return self.decoder(prev_output_tokens, encoder_out, features_only=features_only)
+
+    def output_layer(self, x: Tensor) -> Tensor:
+        return self.decoder.output_layer(x)
+
+    def get_normalized_probs(self, net_output: Tuple[Tensor, Any], log_probs: bool) -> Tensor:
+        """fairseq's helper: (log-)softmax over the vocabulary, computed in float32."""
+        logits = net_output[0].float()
+        return F.log_softmax(logits, dim=-1) if log_probs else F.softmax(logits, dim=-1)
+
+    def max_positions(self) -> Tuple[int, int]:
+        return self.cfg.max_source_positions, self.cfg.max_target_positions
+
+
+# ---------------------------------------------------------------- arch presets and flags
+
+def _fill(args: argparse.Namespace, **defaults: Any) -> None:
+    for name, value in defaults.items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+
+
+def _fill_common(args: argparse.Namespace, dim: int, ffn: int, layers: int, heads: int) -> None:
+    """fairseq's bart_large_architecture logic: decoder sizes default to the encoder's (so --encoder-* flags
+    carry over), dropout 0.1, attention/activation dropout 0, 1024 positions, shared embeddings, GELU."""
+    _fill(args, encoder_embed_dim=dim, encoder_ffn_embed_dim=ffn, encoder_layers=layers, encoder_attention_heads=heads)
+    _fill(
+        args,
+        decoder_embed_dim=args.encoder_embed_dim,
+        decoder_ffn_embed_dim=args.encoder_ffn_embed_dim,
+        decoder_layers=layers,
+        decoder_attention_heads=heads,
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        activation_fn="gelu",
+        max_source_positions=1024,
+        max_target_positions=1024,
+        share_all_embeddings=True,
+        share_decoder_input_output_embed=True,
+        layernorm_embedding=True,
+        no_scale_embedding=True,
+        checkpoint_activations=False,
+    )
+
+
+@ARCHS.register("bart_large")
+def bart_large(args: argparse.Namespace) -> None:
+    _fill_common(args, 1024, 4096, 12, 16)
+
+
+@ARCHS.register("bart_base")
+def bart_base(args: argparse.Namespace) -> None:
+    _fill_common(args, 768, 3072, 6, 12)
+
+
+@ARCHS.register("bart_small")
+def bart_small(args: argparse.Namespace) -> None:
+    _fill_common(args, 256, 1024, 3, 4)
+
+
+@ARCHS.register("bart_tiny")
+def bart_tiny(args: argparse.Namespace) -> None:
+    _fill_common(args, 64, 128, 2, 4)
+
+
+def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Model flags (fairseq's names). All default to None so the --arch preset fills what is not given.
+
+    A flag another component already added (e.g. the task's --max-source-positions) is not added twice."""
+    group = parser.add_argument_group("Model configuration")
+    taken = set(parser._option_string_actions)
+
+    def add(flag: str, **kw: Any) -> None:
+        if flag not in taken:
+            group.add_argument(flag, default=None, **kw)
+
+    for side in ("encoder", "decoder"):
+        add(f"--{side}-layers", type=int, metavar="N", help=f"number of {side} layers")
+        add(f"--{side}-embed-dim", type=int, metavar="N", help=f"{side} embedding dimension")
+        add(f"--{side}-ffn-embed-dim", type=int, metavar="N", help=f"{side} feed-forward dimension")
+        add(f"--{side}-attention-heads", type=int, metavar="N", help=f"number of {side} attention heads")
+    add("--dropout", type=float, metavar="P", help="dropout probability (bart presets: 0.1)")
+    add("--attention-dropout", type=float, metavar="P", help="dropout on attention weights (bart presets: 0.0)")
+    add("--activation-dropout", type=float, metavar="P", help="dropout after the FFN activation (0.0)")
+    add("--relu-dropout", type=float, metavar="P", help="old name of --activation-dropout")
+    add("--activation-fn", choices=sorted(ACTIVATIONS), help="FFN activation (bart presets: gelu)")
+    add("--max-source-positions", type=int, metavar="N", help="max source length (1024)")
+    add("--max-target-positions", type=int, metavar="N", help="max target length (1024)")
+    add("--share-all-embeddings", action=argparse.BooleanOptionalAction,
+        help="share encoder, decoder and output embeddings (bart: on; needs a joined dictionary)")
+    # Accepted because fairseq's BART fine-tuning commands pass them; BART always has both.
+    add("--share-decoder-input-output-embed", action="store_true",
+        help="tie decoder input and output embeddings (bart: on)")
+    add("--layernorm-embedding", action="store_true", help="layer norm after the embeddings (bart: on)")
+    add("--no-scale-embedding", action="store_true", help="do not scale embeddings by sqrt(dim) (bart: on)")
+    add("--checkpoint-activations", action="store_true",
+        help="recompute each layer's activations in the backward pass (less memory, more compute)")
+    return group
+
+
+def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTModel:
+    """Fill args from the --arch preset (explicit flags win), then build a BARTModel for these dictionaries."""
+    arch = getattr(args, "arch", None) or "bart_base"
+    try:
+        preset = ARCHS.get(arch)
+    except KeyError as e:
+        raise SeqtrainError(f"--arch: {e.args[0]}") from None
+    preset(args)
+    for flag in ("share_decoder_input_output_embed", "layernorm_embedding"):
+        if getattr(args, flag) is False:
+            raise SeqtrainError(f"--{flag.replace('_', '-')} is always on in BART; it cannot be turned off")
+    pad = src_dict.pad() if hasattr(src_dict, "pad") else 1
+    tgt_pad = tgt_dict.pad() if hasattr(tgt_dict, "pad") else 1
+    if pad != tgt_pad:
+        raise SeqtrainError(f"source and target dictionaries disagree on the pad index ({pad} vs {tgt_pad})")
+    if args.share_all_embeddings and len(src_dict) != len(tgt_dict):
+        raise SeqtrainError(
+            f"--share-all-embeddings needs a joined dictionary: source has {len(src_dict)} symbols, "
+            f"target {len(tgt_dict)} (preprocess with --joined-dictionary, or pass --no-share-all-embeddings)"
+        )
+    cfg = BartConfig.from_args(args, len(src_dict), None if args.share_all_embeddings else len(tgt_dict))
+    return BARTModel(cfg, padding_idx=pad)
+
+
+MODELS.register("bart")(build_model)
