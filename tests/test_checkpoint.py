@@ -1,0 +1,348 @@
+"""seqtrain.checkpoint / seqtrain.hub: safe loading, atomic save, fairseq and Hugging Face import, vocab resize."""
+import argparse
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from seqtrain.checkpoint import (
+    hf_config_to_args,
+    load_checkpoint_file,
+    make_checkpoint_state,
+    read_checkpoint,
+    resize_embeddings,
+    save_checkpoint_file,
+)
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.errors import SeqtrainError
+from seqtrain.hub import export_seqtrain, load_model
+from seqtrain.models.bart import build_model
+
+
+def make_dict(n_words: int) -> Dictionary:
+    d = Dictionary()
+    for i in range(n_words):
+        d.add_symbol(f"w{i}", n=100 - i)
+    return d
+
+
+def tiny_model(d: Dictionary, seed: int = 0):
+    torch.manual_seed(seed)
+    args = argparse.Namespace(arch="bart_tiny", encoder_layers=1, decoder_layers=1, dropout=0.0)
+    return build_model(args, d, d).eval(), args
+
+
+def batch(vocab: int):
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, vocab, (2, 7), generator=g)
+    src[1, :3] = 1  # left-padded second row, as the translation task pads sources
+    src[:, -1] = 2
+    prev = torch.randint(4, vocab, (2, 5), generator=g)
+    prev[:, 0] = 2
+    return src, src.ne(1).sum(1), prev
+
+
+def logits(model, src, lengths, prev):
+    with torch.no_grad():
+        return model(src, lengths, prev)[0]
+
+
+# ----------------------------------------------------------------------------------------------- file level
+def test_save_load_roundtrip_and_failed_write_keeps_old_file(tmp_path):
+    path = str(tmp_path / "ck.pt")
+    save_checkpoint_file({"a": torch.arange(3), "args": argparse.Namespace(x=1)}, path)
+    before = open(path, "rb").read()
+    with pytest.raises(Exception):
+        save_checkpoint_file({"bad": lambda x: x}, path)  # lambdas do not pickle: the write fails midway
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == ["ck.pt"]  # no temp file left behind
+    obj = load_checkpoint_file(path)
+    assert obj["a"].tolist() == [0, 1, 2] and obj["args"].x == 1
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_code_running_pickle_refused_unless_unsafe(tmp_path):
+    marker = str(tmp_path / "marker")
+    path = str(tmp_path / "evil.pt")
+    torch.save({"model": {}, "payload": _Evil(marker)}, path)
+    with pytest.raises(SeqtrainError) as e:
+        load_checkpoint_file(path)
+    msg = str(e.value)
+    assert path in msg and "arbitrary unpickling" in msg and "--unsafe-load" in msg and "mkdir" in msg
+    assert "\n" not in msg
+    assert not os.path.exists(marker)
+    with pytest.raises(SeqtrainError):
+        read_checkpoint(path)
+    assert not os.path.exists(marker)
+    load_checkpoint_file(path, unsafe=True)
+    assert os.path.isdir(marker)
+
+
+def test_damaged_files_give_one_clear_error_each(tmp_path):
+    good = str(tmp_path / "good.pt")
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    save_checkpoint_file(make_checkpoint_state(args, model.state_dict(), d, d), good)
+    data = open(good, "rb").read()
+    cases = {
+        "missing.pt": (None, "not found"),
+        "truncated.pt": (data[: len(data) // 2], "truncated or corrupted"),
+        "random.bin": (bytes(range(256)) * 8, "not a PyTorch checkpoint"),
+        "notes.txt": (b"just some text\nsecond line\n", "not a PyTorch checkpoint"),
+        "empty.pt": (b"", "empty"),
+    }
+    for name, (content, expected) in cases.items():
+        path = str(tmp_path / name)
+        if content is not None:
+            open(path, "wb").write(content)
+        with pytest.raises(SeqtrainError) as e:
+            load_checkpoint_file(path)
+        assert path in str(e.value) and expected in str(e.value) and "\n" not in str(e.value), (name, e.value)
+
+
+# ----------------------------------------------------------------------------------------------- formats
+def test_seqtrain_checkpoint_roundtrip_and_overrides(tmp_path):
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    path = str(tmp_path / "st.pt")
+    save_checkpoint_file(make_checkpoint_state(args, model.state_dict(), d, d, extra_state={"epoch": 3}), path)
+    raw = torch.load(path, weights_only=True)  # plain data only: loads with no allowlist at all
+    assert raw["src_dict"][4] == ["w0", 100] and raw["extra_state"]["epoch"] == 3
+    lm = load_model(path, arch_overrides={"dropout": 0.3})
+    assert lm.format == "seqtrain" and lm.src_dict == d and lm.args.dropout == 0.3
+    assert lm.model.encoder.dropout == 0.3 and not lm.model.training
+    src, lengths, prev = batch(len(d))
+    torch.testing.assert_close(logits(lm.model, src, lengths, prev), logits(model, src, lengths, prev), rtol=0, atol=0)
+    model_, args_, src_dict, tgt_dict, tok = lm  # the tuple form of docs/internals.md
+    assert model_ is lm.model and tok is None
+
+
+def fairseq_namespace(args: argparse.Namespace) -> argparse.Namespace:
+    """What fairseq stores: all of its flags, not only the model's."""
+    full = argparse.Namespace(**vars(args))
+    build_model(full, make_dict(20), make_dict(20))  # fills the preset fields, as fairseq's arch functions do
+    full.lr, full.optimizer, full.task, full.max_tokens = [0.001], "adam", "translation", 2048
+    full.encoder_normalize_before = full.decoder_normalize_before = False
+    full.no_scale_embedding, full.layernorm_embedding, full.share_decoder_input_output_embed = True, True, True
+    return full
+
+
+@pytest.mark.parametrize("style", ["args", "cfg_namespace", "cfg_dict"])
+def test_fairseq_layouts_load(tmp_path, style, caplog):
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    ns = fairseq_namespace(args)
+    state = dict(model.state_dict())
+    state["encoder.version"] = torch.tensor([3.0])
+    state["decoder.version"] = torch.tensor([3.0])
+    state["classification_heads.mnli.dense.weight"] = torch.zeros(4, 64)
+    if style == "args":
+        ck = {"args": ns, "model": state, "optimizer_history": [], "extra_state": {}}
+        del state["decoder.output_projection.weight"]  # older fairseq files: tied, so not stored
+    elif style == "cfg_namespace":
+        ck = {"args": None, "cfg": {"model": ns, "task": {"_name": "translation"}}, "model": state}
+    else:
+        ck = {"args": None, "cfg": {"model": {"_name": "bart_tiny", **vars(ns)}}, "model": state}
+        del ck["cfg"]["model"]["arch"]
+    folder = tmp_path / style
+    folder.mkdir()
+    if style == "args":  # released bart.*/model.pt files predate torch's zip format
+        torch.save(ck, str(folder / "model.pt"), _use_new_zipfile_serialization=False)
+    else:
+        save_checkpoint_file(ck, str(folder / "model.pt"))
+    d.save(str(folder / "dict.txt"))  # found next to the checkpoint
+    with caplog.at_level(logging.INFO):
+        lm = load_model(str(folder / "model.pt"))
+    assert lm.format == "fairseq" and lm.args.arch == "bart_tiny" and lm.args.encoder_layers == 1
+    assert not hasattr(lm.args, "lr")  # only model fields are kept
+    assert any("encoder.version" in r.getMessage() for r in caplog.records)
+    src, lengths, prev = batch(len(d))
+    torch.testing.assert_close(logits(lm.model, src, lengths, prev), logits(model, src, lengths, prev), rtol=0, atol=0)
+
+
+def test_fairseq_without_dictionary_and_unsupported_variant(tmp_path):
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    ns = fairseq_namespace(args)
+    path = str(tmp_path / "model.pt")
+    save_checkpoint_file({"args": ns, "model": model.state_dict()}, path)
+    with pytest.raises(SeqtrainError, match="--dict"):
+        load_model(path)
+    ns.encoder_normalize_before = True
+    save_checkpoint_file({"args": ns, "model": model.state_dict()}, path)
+    with pytest.raises(SeqtrainError, match="encoder_normalize_before=True"):
+        read_checkpoint(path, require_dict=False)
+    with pytest.raises(SeqtrainError, match="is a fairseq checkpoint, not seqtrain"):
+        read_checkpoint(path, fmt="seqtrain", require_dict=False)
+
+
+def test_weights_not_fitting_the_arch_list_names_and_shapes(tmp_path):
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    state = dict(model.state_dict())
+    state["encoder.layers.0.fc1.weight"] = torch.zeros(7, 64)
+    del state["decoder.layers.0.fc2.bias"]
+    path = str(tmp_path / "st.pt")
+    save_checkpoint_file(make_checkpoint_state(args, state, d, d), path)
+    with pytest.raises(SeqtrainError) as e:
+        load_model(path)
+    msg = str(e.value)
+    assert "encoder.layers.0.fc1.weight (7, 64) vs model (128, 64)" in msg
+    assert "missing: decoder.layers.0.fc2.bias" in msg and path in msg
+
+
+# ----------------------------------------------------------------------------------------------- vocab resize
+def test_resize_embeddings_truncate_and_extend(caplog):
+    emb = torch.randn(20, 8)
+    state = {"encoder.embed_tokens.weight": emb, "decoder.embed_tokens.weight": emb,
+             "decoder.output_projection.weight": emb, "other": torch.ones(2)}
+    with caplog.at_level(logging.INFO, logger="seqtrain.checkpoint"):
+        small = resize_embeddings(state, 16, 16, where="x.pt")
+    assert len(caplog.records) == 1 and "truncated 4 rows" in caplog.records[0].getMessage()
+    for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
+        assert small[k].shape == (16, 8) and torch.equal(small[k], emb[:16])
+    assert small["encoder.embed_tokens.weight"] is small["decoder.output_projection.weight"]  # still tied
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="seqtrain.checkpoint"):
+        big = resize_embeddings(state, 25, 25)
+    assert len(caplog.records) == 1 and "added 5 rows (mean init)" in caplog.records[0].getMessage()
+    w = big["decoder.output_projection.weight"]
+    assert w.shape == (25, 8) and torch.equal(w[:20], emb)
+    mean = torch.cat([emb[:1], emb[2:]]).mean(0)  # padding row 1 excluded
+    torch.testing.assert_close(w[20:], mean.expand(5, 8))
+    normal = resize_embeddings(state, 25, 25, init="normal")["encoder.embed_tokens.weight"]
+    assert torch.equal(normal[:20], emb) and 0.005 < normal[20:].std().item() < 0.05
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="seqtrain.checkpoint"):
+        same = resize_embeddings(state, 20, 20)
+    assert not caplog.records and same["encoder.embed_tokens.weight"] is emb
+
+
+def test_checkpoint_with_more_rows_than_dictionary_loads_truncated(tmp_path):
+    big_d, small_d = make_dict(28), make_dict(20)  # like bart.base: padded rows past the dict
+    model, args = tiny_model(big_d)
+    path = str(tmp_path / "model.pt")
+    save_checkpoint_file({"args": fairseq_namespace(args), "model": model.state_dict()}, path)
+    small_d.save(str(tmp_path / "dict.txt"))
+    lm = load_model(path)
+    assert lm.model.decoder.output_projection.weight.shape[0] == 24 == len(small_d)
+    src, lengths, prev = batch(len(small_d))
+    # truncating rows only removes vocabulary columns: the kept logits are unchanged
+    torch.testing.assert_close(logits(lm.model, src, lengths, prev), logits(model, src, lengths, prev)[..., :24],
+                               rtol=0, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- Hugging Face
+def test_hf_config_translation_and_refusals():
+    args = hf_config_to_args({"model_type": "bart", "d_model": 64, "encoder_layers": 2, "decoder_layers": 3,
+                              "encoder_ffn_dim": 128, "decoder_ffn_dim": 96, "encoder_attention_heads": 4,
+                              "decoder_attention_heads": 2, "max_position_embeddings": 100,
+                              "scale_embedding": True, "dropout": 0.2}, "config.json")
+    assert (args.encoder_embed_dim, args.decoder_layers, args.decoder_ffn_embed_dim, args.decoder_attention_heads,
+            args.max_target_positions, args.no_scale_embedding, args.dropout) == (64, 3, 96, 2, 100, False, 0.2)
+    with pytest.raises(SeqtrainError, match="not a BART config"):
+        hf_config_to_args({"model_type": "t5"}, "config.json")
+    with pytest.raises(SeqtrainError, match="activation_function 'silu'"):
+        hf_config_to_args({"model_type": "bart", "activation_function": "silu"}, "config.json")
+    with pytest.raises(SeqtrainError, match="normalize_before"):
+        hf_config_to_args({"model_type": "bart", "normalize_before": True}, "config.json")
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+def hf_model(transformers, scale_embedding=False, vocab=40):
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2,
+                                  encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_attention_heads=4,
+                                  decoder_attention_heads=4, max_position_embeddings=64,
+                                  scale_embedding=scale_embedding)
+    return transformers.BartForConditionalGeneration(cfg).eval()
+
+
+def right_padded():
+    src = torch.tensor([[0, 5, 6, 7, 8, 9, 2], [0, 11, 12, 2, 1, 1, 1]])
+    prev = torch.tensor([[2, 0, 13, 14, 15], [2, 0, 16, 1, 1]])
+    return src, prev
+
+
+@pytest.mark.parametrize("layout", ["safetensors", "pytorch_model.bin", "safetensors_scaled"])
+def test_hf_import_matches_transformers(tmp_path, transformers, layout):
+    hf = hf_model(transformers, scale_embedding=layout.endswith("scaled"))
+    if layout == "pytorch_model.bin":  # what transformers < 4.35 wrote: config.json + a pickled state dict
+        hf.config.save_pretrained(str(tmp_path))
+        torch.save(hf.state_dict(), str(tmp_path / "pytorch_model.bin"))
+    else:
+        hf.save_pretrained(str(tmp_path))
+    src, prev = right_padded()
+    with torch.no_grad():
+        ref = hf(input_ids=src, attention_mask=src.ne(1).long(), decoder_input_ids=prev).logits
+    lm = load_model(str(tmp_path))
+    assert lm.format == "hf" and len(lm.tgt_dict) == 40 and lm.args.prepend_bos is True
+    out = logits(lm.model, src, src.ne(1).sum(1), prev)
+    mask = prev.ne(1)  # pad positions of the decoder input are not compared
+    torch.testing.assert_close(out[mask], ref[mask], rtol=0, atol=1e-5)
+
+
+def test_hf_nonzero_logits_bias_and_untied_head_refused(tmp_path, transformers):
+    hf = hf_model(transformers)
+    hf.save_pretrained(str(tmp_path))
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    weights["final_logits_bias"] = torch.full((1, 40), 0.5)
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(SeqtrainError, match="final_logits_bias is nonzero"):
+        load_model(str(tmp_path))
+    weights["final_logits_bias"] = torch.zeros(1, 40)
+    weights["lm_head.weight"] = torch.randn(40, 32)
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(SeqtrainError, match="lm_head.weight differs"):
+        load_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mbart", "d_model": 32}))
+    with pytest.raises(SeqtrainError, match="not a BART config"):
+        load_model(str(tmp_path))
+
+
+def write_bpe_files(folder, as_tokenizer_json: bool):
+    """A 40-id byte-level BPE vocabulary (HF ids = dictionary indices), <mask> last, as BART's."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for tok in ["h", "e", "l", "o", "w", "r", "d", "Ġ", "he", "ll", "hell", "hello", "Ġw", "or", "Ġwor", "ld",
+                "Ġworld"]:
+        vocab[tok] = len(vocab)
+    vocab["<mask>"] = 39
+    merges = ["h e", "l l", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"]
+    if as_tokenizer_json:
+        from tokenizers import Tokenizer, models
+
+        Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split()) for m in merges])).save(str(folder / "tokenizer.json"))
+    else:
+        (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+        (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return vocab
+
+
+@pytest.mark.parametrize("as_tokenizer_json", [False, True])
+def test_hf_import_brings_a_working_tokenizer(tmp_path, transformers, as_tokenizer_json):
+    hf_model(transformers).save_pretrained(str(tmp_path))
+    vocab = write_bpe_files(tmp_path, as_tokenizer_json)
+    lm = load_model(str(tmp_path))
+    symbols = lm.tokenizer.encode("hello world")
+    ids = [lm.src_dict.index(s) for s in symbols.split()]
+    assert ids == [vocab["hello"], vocab["Ġworld"]]  # dictionary index == HF token id
+    assert lm.tokenizer.decode(symbols) == "hello world"
+    assert lm.src_dict[39] == "<mask>" and lm.src_dict[vocab["ll"]] == str(vocab["ll"])
+    export_seqtrain(lm, str(tmp_path / "st.pt"))  # the tokenizer travels inside seqtrain checkpoints
+    again = load_model(str(tmp_path / "st.pt"))
+    assert again.tokenizer.encode("hello world") == symbols and again.src_dict == lm.src_dict

@@ -1,0 +1,131 @@
+"""seqtrain-convert: fairseq / seqtrain / Hugging Face in every direction, checked by logits and bytes."""
+import argparse
+import json
+import os
+
+import pytest
+import torch
+
+from seqtrain.checkpoint import load_checkpoint_file, save_checkpoint_file
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.hub import load_model
+from seqtrain.models.bart import build_model
+from seqtrain_cli.convert import cli_main
+
+
+def make_dict(n_words: int) -> Dictionary:
+    d = Dictionary()
+    for i in range(n_words):
+        d.add_symbol(f"w{i}", n=100 - i)
+    return d
+
+
+def convert(*argv: str) -> int:
+    with pytest.raises(SystemExit) as e:
+        cli_main(list(argv))
+    return e.value.code
+
+
+@pytest.fixture
+def fairseq_ckpt(tmp_path):
+    """A fairseq-layout checkpoint (cfg dict with a Namespace, version entries) and its dict.txt."""
+    d = make_dict(28)
+    torch.manual_seed(0)
+    args = argparse.Namespace(arch="bart_tiny", encoder_layers=2, decoder_layers=1, dropout=0.0)
+    model = build_model(args, d, d).eval()
+    args.lr, args.task, args.no_scale_embedding = [0.001], "translation", True
+    state = dict(model.state_dict())
+    state["encoder.version"] = state["decoder.version"] = torch.tensor([3.0])
+    folder = tmp_path / "fq"
+    folder.mkdir()
+    save_checkpoint_file({"args": None, "cfg": {"model": args}, "model": state, "extra_state": {}},
+                         str(folder / "checkpoint.pt"))
+    d.save(str(folder / "dict.txt"))
+    return folder / "checkpoint.pt", model, d
+
+
+def right_padded():
+    src = torch.tensor([[5, 6, 7, 8, 9, 2], [11, 12, 2, 1, 1, 1]])
+    prev = torch.tensor([[2, 13, 14, 15], [2, 16, 1, 1]])
+    return src, prev
+
+
+def test_to_hf_loads_in_transformers_with_same_logits(tmp_path, fairseq_ckpt):
+    transformers = pytest.importorskip("transformers")
+    ckpt, model, d = fairseq_ckpt
+    out = tmp_path / "hf"
+    # no --dict and none needed: a folder without dict.txt
+    os.rename(ckpt.parent / "dict.txt", tmp_path / "elsewhere.txt")
+    assert convert(str(ckpt), str(out), "--to", "hf") == 0
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["d_model"], config["encoder_layers"],
+            config["decoder_layers"]) == ("bart", 32, 64, 2, 1)
+    hf = transformers.BartForConditionalGeneration.from_pretrained(str(out)).eval()
+    src, prev = right_padded()
+    with torch.no_grad():
+        ref = model(src, src.ne(1).sum(1), prev)[0]
+        got = hf(input_ids=src, attention_mask=src.ne(1).long(), decoder_input_ids=prev).logits
+    mask = prev.ne(1)
+    torch.testing.assert_close(got[mask], ref[mask], rtol=0, atol=1e-5)
+    # and back: HF folder -> seqtrain model with the same logits
+    back = load_model(str(out))
+    with torch.no_grad():
+        again = back.model(src, src.ne(1).sum(1), prev)[0]
+    torch.testing.assert_close(again[mask], ref[mask], rtol=0, atol=1e-5)
+
+
+def test_to_fairseq_and_seqtrain_round_trip(tmp_path, fairseq_ckpt):
+    ckpt, model, d = fairseq_ckpt
+    st = tmp_path / "st.pt"
+    assert convert(str(ckpt), str(st), "--to", "seqtrain") == 0  # dict.txt found next to the checkpoint
+    raw = load_checkpoint_file(str(st))
+    assert raw["format"] == "seqtrain" and raw["src_dict"] == d.to_list() and isinstance(raw["args"], dict)
+    assert raw["args"]["encoder_layers"] == 2 and "lr" not in raw["args"]
+    fq = tmp_path / "out" / "model.pt"
+    assert convert(str(st), str(fq), "--to", "fairseq") == 0
+    raw_fq = load_checkpoint_file(str(fq))
+    assert isinstance(raw_fq["args"], argparse.Namespace) and raw_fq["args"].arch == "bart_tiny"
+    assert raw_fq["model"]["encoder.version"].item() == 3.0
+    assert Dictionary.load(str(fq.parent / "dict.txt")) == d
+    lm = load_model(str(fq))
+    for k, v in model.state_dict().items():
+        assert torch.equal(lm.model.state_dict()[k], v), k
+    src, prev = right_padded()
+    with torch.no_grad():
+        torch.testing.assert_close(lm.model(src, src.ne(1).sum(1), prev)[0], model(src, src.ne(1).sum(1), prev)[0],
+                                   rtol=0, atol=0)
+
+
+def test_convert_errors(tmp_path, fairseq_ckpt, capsys):
+    ckpt, model, d = fairseq_ckpt
+    os.remove(ckpt.parent / "dict.txt")
+    assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("seqtrain-convert: error: ") and "--dict" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "x.pt").exists()
+    assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain", "--from", "hf") == 1
+    assert "config.json" in capsys.readouterr().err
+    d.save(str(tmp_path / "mydict.txt"))
+    assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain", "--dict", str(tmp_path / "mydict.txt")) == 0
+    assert load_model(str(tmp_path / "x.pt")).src_dict == d
+
+
+class _Marker:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+def test_unsafe_load_flag(tmp_path, fairseq_ckpt, capsys):
+    ckpt, model, d = fairseq_ckpt
+    obj = load_checkpoint_file(str(ckpt))
+    marker = str(tmp_path / "ran")
+    obj["extra_state"]["hook"] = _Marker(marker)
+    save_checkpoint_file(obj, str(ckpt))
+    assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain") == 1
+    assert "--unsafe-load" in capsys.readouterr().err and not os.path.exists(marker)
+    assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain", "--unsafe-load") == 0
+    assert os.path.isdir(marker) and load_checkpoint_file(str(tmp_path / "x.pt"))["format"] == "seqtrain"
