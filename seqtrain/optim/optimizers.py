@@ -1,0 +1,449 @@
+"""Optimizers with fairseq's names, flags and update rules: adam, nag, sgd, adafactor.
+
+`build_optimizer(args, params)` returns an `Optimizer`: a thin wrapper over a torch optimizer with fairseq's
+`get_lr / set_lr`, gradient helpers, and a state dict of plain tensors and Python values (so checkpoints load
+with `torch.load(weights_only=True)`).
+
+Flags are declared once per component in tables. `add_args(parser, name)` adds the flags of the chosen optimizer
+with fairseq's defaults (what fairseq does after it knows `--optimizer`); `add_args(parser)` adds the union of all
+optimizers' flags, where a flag whose default differs between optimizers (`--momentum`: nag 0.99, sgd 0.0) gets
+default None and the builder fills in the chosen optimizer's default. Flags already on the parser are skipped,
+so options.py may add shared ones (`--lr`, `--weight-decay`) itself.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.registry import OPTIMIZERS
+
+# ---------------------------------------------------------------------------------------------------------------
+# flag tables shared by optimizers and lr schedulers
+
+FlagSpec = Tuple[Tuple[str, ...], Dict[str, Any]]
+
+
+def parse_lr_list(value: Any) -> List[float]:
+    """fairseq's `--lr` list form: "0.1", "0.1,0.05", "[0.1, 0.05]", a float or a list -> list of floats."""
+    if isinstance(value, (int, float)):
+        return [float(value)]
+    if isinstance(value, (list, tuple)):
+        try:
+            return [float(v) for v in value]
+        except (TypeError, ValueError):
+            raise SeqtrainError(f"--lr: expected numbers, got {value!r}") from None
+    text = str(value).strip().strip("[]()")
+    try:
+        lrs = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SeqtrainError(f"--lr: expected a number or comma-separated numbers, got {value!r}") from None
+    if not lrs:
+        raise SeqtrainError(f"--lr: expected a number or comma-separated numbers, got {value!r}")
+    return lrs
+
+
+def _lr_arg(value: str) -> List[float]:
+    try:
+        return parse_lr_list(value)
+    except SeqtrainError as e:
+        raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
+
+
+def add_component_args(
+    parser: argparse.ArgumentParser,
+    title: str,
+    tables: Dict[str, List[FlagSpec]],
+    name: Optional[str],
+    common: Sequence[FlagSpec] = (),
+) -> argparse._ArgumentGroup:
+    """Add `common` plus the flags of `tables[name]` (or of every entry when name is None), skipping flags the
+    parser already has. In the union case a flag with different defaults per component defaults to None."""
+    if name is not None and name not in tables:
+        raise SeqtrainError(f"unknown {title} {name!r}; choose from: {', '.join(sorted(tables))}")
+    chosen = [name] if name is not None else list(tables)
+    defaults: Dict[str, set] = {}
+    for n in chosen:
+        for flags, kw in tables[n]:
+            defaults.setdefault(flags[0], set()).add(repr(kw.get("default")))
+    group = parser.add_argument_group(title if name is None else f"{title} ({name})")
+    existing = parser._option_string_actions
+    for flags, kw in list(common) + [spec for n in chosen for spec in tables[n]]:
+        if any(f in existing for f in flags):
+            continue
+        if len(defaults.get(flags[0], ())) > 1:
+            kw = {**kw, "default": None}
+        group.add_argument(*flags, **kw)
+    return group
+
+
+def flag_value(args: Any, tables: Dict[str, List[FlagSpec]], name: str, dest: str) -> Any:
+    """`args.<dest>`, or component `name`'s default when the flag is absent or None (union-mode parsers)."""
+    value = getattr(args, dest, None)
+    if value is not None:
+        return value
+    for flags, kw in tables[name]:
+        if flags[0].lstrip("-").replace("-", "_") == dest:
+            return kw.get("default")
+    return None
+
+
+def _literal_floats(value: Any, flag: str, n: int) -> Tuple[float, ...]:
+    """Parse fairseq's tuple-as-string flags ('(0.9, 0.999)') without eval."""
+    try:
+        parsed = ast.literal_eval(value) if isinstance(value, str) else value
+        out = tuple(float(v) for v in parsed)
+    except (ValueError, TypeError, SyntaxError):
+        raise SeqtrainError(f"{flag}: expected a tuple of {n} numbers like '(0.9, 0.999)', got {value!r}") from None
+    if len(out) != n:
+        raise SeqtrainError(f"{flag}: expected {n} numbers, got {value!r}")
+    return out
+
+
+COMMON_FLAGS: List[FlagSpec] = [
+    (("--lr",), dict(default=[0.25], type=_lr_arg, metavar="LR_1,LR_2,...,LR_N",
+                     help="learning rate; a comma-separated list gives one per epoch (fixed schedule)")),
+]
+
+OPTIMIZER_FLAGS: Dict[str, List[FlagSpec]] = {
+    "adam": [
+        (("--adam-betas",), dict(default="(0.9, 0.999)", metavar="B", help="betas for Adam")),
+        (("--adam-eps",), dict(type=float, default=1e-8, metavar="D", help="epsilon for Adam")),
+        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="decoupled weight decay")),
+    ],
+    "nag": [
+        (("--momentum",), dict(type=float, default=0.99, metavar="M", help="momentum factor")),
+        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="weight decay")),
+    ],
+    "sgd": [
+        (("--momentum",), dict(type=float, default=0.0, metavar="M", help="momentum factor")),
+        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="weight decay")),
+    ],
+    "adafactor": [
+        (("--adafactor-eps",), dict(default="(1e-30, 1e-3)", metavar="E", help="epsilons for Adafactor")),
+        (("--clip-threshold",), dict(type=float, default=1.0, metavar="C",
+                                     help="threshold for clipping the update's root mean square")),
+        (("--decay-rate",), dict(type=float, default=-0.8, metavar="D",
+                                 help="decay rate of the second moment estimator")),
+        (("--beta1",), dict(type=float, default=None, metavar="B",
+                            help="beta for the first moment estimator (off when unset)")),
+        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="weight decay")),
+        (("--scale-parameter",), dict(action="store_true", help="scale the lr by the parameter's RMS")),
+        (("--relative-step",), dict(action="store_true",
+                                    help="use lr = 1/sqrt(step) (capped at 1e-2) instead of --lr")),
+        (("--warmup-init",), dict(action="store_true", help="relative step warm-up: lr = min(1e-6*step, ...)")),
+    ],
+}
+
+
+def add_args(parser: argparse.ArgumentParser, name: Optional[str] = None) -> argparse._ArgumentGroup:
+    """Add `--optimizer`, `--lr` and the optimizer flags (of `name`, or of all optimizers)."""
+    existing = parser._option_string_actions
+    group = add_component_args(parser, "optimizer", OPTIMIZER_FLAGS, name, COMMON_FLAGS)
+    if "--optimizer" not in existing:
+        group.add_argument("--optimizer", default=name or "adam", choices=sorted(OPTIMIZER_FLAGS),
+                           help="optimizer (fairseq names)")
+    return group
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the wrapper every optimizer is returned in
+
+
+class Optimizer:
+    """A torch optimizer plus fairseq's optimizer interface (get_lr/set_lr, multiply_grads, clip_grad_norm)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, name: str):
+        self.optimizer = optimizer
+        self.name = name
+
+    @property
+    def param_groups(self) -> List[dict]:
+        return self.optimizer.param_groups
+
+    @property
+    def params(self) -> Iterable[torch.Tensor]:
+        for group in self.optimizer.param_groups:
+            yield from group["params"]
+
+    def get_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, closure: Optional[Callable] = None) -> Any:
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def multiply_grads(self, c: float | torch.Tensor) -> None:
+        """Multiply all gradients by `c` (e.g. 1/sample_size, or 1/loss_scale)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, c)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        """Total L2 norm of the gradients (fp32); clips in place when max_norm > 0 (fairseq's --clip-norm)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return torch.tensor(0.0)
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True) if hasattr(
+            torch.nn.utils, "get_total_norm") else torch.norm(torch.stack([g.float().norm() for g in grads]))
+        norm = norm.float()
+        if max_norm > 0:
+            coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+            torch._foreach_mul_(grads, coef.to(grads[0].device))
+        return norm
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict, optimizer_overrides: Optional[dict] = None) -> None:
+        """Load optimizer state; `optimizer_overrides` (e.g. {"lr": 1e-4}) replace saved hyper-parameters, as
+        fairseq's --optimizer-overrides does when resuming with different settings."""
+        self.optimizer.load_state_dict(state_dict)
+        for group in self.optimizer.param_groups:
+            group.update(optimizer_overrides or {})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# update rules fairseq has and torch doesn't
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+class _Fp32StateOptimizer(torch.optim.Optimizer):
+    """Keeps optimizer statistics of fp16/bf16 parameters in fp32 across load_state_dict (torch would cast
+    them to the parameter's dtype, so a resumed run would differ from an uninterrupted one)."""
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(i, {}).items():
+                if torch.is_tensor(value) and value.is_floating_point():
+                    self.state[p][key] = value.to(device=p.device, dtype=value.dtype, copy=True)
+
+
+class NAG(_Fp32StateOptimizer):
+    """fairseq's Nesterov accelerated gradient. The momentum buffer holds -lr * velocity, so when the learning
+    rate changes the buffer is rescaled by lr/lr_old (the `lr_correct` term) to keep the velocity consistent."""
+
+    def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, lr_old=lr, momentum=momentum, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            wd, mom, lr = group["weight_decay"], group["momentum"], group["lr"]
+            lr_correct = lr / group.get("lr_old", lr)
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                low_precision = p.dtype in (torch.float16, torch.bfloat16)
+                data = p.float() if low_precision else p
+                grad = _upcast(p.grad)
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(grad)
+                buf = state["momentum_buffer"]
+                if wd != 0:
+                    data.mul_(1 - lr * wd)
+                data.add_(buf, alpha=mom * mom * lr_correct)
+                data.add_(grad, alpha=-(1 + mom) * lr)
+                buf.mul_(mom * lr_correct).add_(grad, alpha=-lr)
+                if low_precision:
+                    p.copy_(data)
+            group["lr_old"] = lr
+        return loss
+
+
+class Adafactor(_Fp32StateOptimizer):
+    """Adafactor (Shazeer & Stern, 2018) as fairseq implements it: factored second moments for >= 2-D
+    parameters, update clipping by RMS, optional first moment (beta1), relative step and parameter scaling.
+
+    One deliberate difference: fairseq writes the per-parameter step size back into group["lr"], so with
+    --scale-parameter and an external lr the step size compounds across parameters within a step. Here the step
+    size is computed per parameter without touching group["lr"] (Hugging Face made the same fix). With fairseq's
+    default flags (no --scale-parameter, no --relative-step) the two are identical.
+    """
+
+    def __init__(self, params: Iterable, lr: Optional[float] = None, eps: Tuple[float, float] = (1e-30, 1e-3),
+                 clip_threshold: float = 1.0, decay_rate: float = -0.8, beta1: Optional[float] = None,
+                 weight_decay: float = 0.0, scale_parameter: bool = True, relative_step: bool = True,
+                 warmup_init: bool = False):
+        if warmup_init and not relative_step:
+            raise SeqtrainError("--warmup-init requires --relative-step (adafactor)")
+        if lr is None and not relative_step:
+            raise SeqtrainError("adafactor needs --lr unless --relative-step is set")
+        defaults = dict(lr=lr if lr is not None else 0.0, eps=tuple(eps), clip_threshold=clip_threshold,
+                        decay_rate=decay_rate, beta1=beta1, weight_decay=weight_decay,
+                        scale_parameter=scale_parameter, relative_step=relative_step, warmup_init=warmup_init)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def _rms(t: torch.Tensor) -> torch.Tensor:
+        return t.norm(2) / (t.numel() ** 0.5)
+
+    @staticmethod
+    def step_size(group: dict, step: int, param_rms: float) -> float:
+        lr = group["lr"]
+        if group["relative_step"]:
+            min_step = 1e-6 * step if group["warmup_init"] else 1e-2
+            lr = min(min_step, 1.0 / math.sqrt(step))
+        scale = max(group["eps"][1], param_rms) if group["scale_parameter"] else 1.0
+        return scale * lr
+
+    @torch.no_grad()
+    def step(self, closure: Optional[Callable] = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            eps1, _ = group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise SeqtrainError("adafactor does not support sparse gradients")
+                grad = _upcast(p.grad)
+                low_precision = p.dtype in (torch.float16, torch.bfloat16)
+                data = p.float() if low_precision else p
+                state = self.state[p]
+                factored = grad.dim() >= 2
+                if not state:
+                    state["step"] = 0
+                    if group["beta1"] is not None:
+                        state["exp_avg"] = torch.zeros_like(grad)
+                    if factored:
+                        state["exp_avg_sq_row"] = grad.new_zeros(grad.shape[:-1])
+                        state["exp_avg_sq_col"] = grad.new_zeros(grad.shape[:-2] + grad.shape[-1:])
+                    else:
+                        state["exp_avg_sq"] = torch.zeros_like(grad)
+                state["step"] += 1
+                state["RMS"] = self._rms(data)
+                lr = self.step_size(group, state["step"], float(state["RMS"]))
+
+                beta2t = 1.0 - math.pow(state["step"], group["decay_rate"])
+                sq = grad * grad + eps1
+                if factored:
+                    row, col = state["exp_avg_sq_row"], state["exp_avg_sq_col"]
+                    row.mul_(beta2t).add_(sq.mean(dim=-1), alpha=1.0 - beta2t)
+                    col.mul_(beta2t).add_(sq.mean(dim=-2), alpha=1.0 - beta2t)
+                    r = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+                    c = col.unsqueeze(-2).rsqrt()
+                    update = (r * c).mul_(grad)
+                else:
+                    v = state["exp_avg_sq"]
+                    v.mul_(beta2t).add_(sq, alpha=1.0 - beta2t)
+                    update = v.rsqrt().mul_(grad)
+                update.div_((self._rms(update) / group["clip_threshold"]).clamp_(min=1.0))
+                update.mul_(lr)
+                if group["beta1"] is not None:
+                    m = state["exp_avg"]
+                    m.mul_(group["beta1"]).add_(update, alpha=1 - group["beta1"])
+                    update = m
+                if group["weight_decay"] != 0:
+                    data.add_(data, alpha=-group["weight_decay"] * lr)
+                data.add_(-update)
+                if low_precision:
+                    p.copy_(data)
+        return loss
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# builders
+
+
+def _trainable(params: Iterable) -> list:
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return params
+    return [p for p in params if p.requires_grad]
+
+
+def _on_cuda(params: list) -> bool:
+    tensors = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
+    return bool(tensors) and all(p.is_cuda for p in tensors)
+
+
+@OPTIMIZERS.register("adam")
+def build_adam(args: Any, params: Iterable) -> Optimizer:
+    """fairseq's adam (decoupled weight decay, i.e. AdamW). Differs from fairseq's own loop only in where eps
+    enters the bias correction (torch: sqrt(v/bc2) + eps; fairseq: (sqrt(v) + eps)/sqrt(bc2)), which matters only
+    while sqrt(v) is comparable to eps."""
+    params = _trainable(params)
+    t = OPTIMIZER_FLAGS
+    kw = dict(
+        lr=parse_lr_list(args.lr)[0],
+        betas=_literal_floats(flag_value(args, t, "adam", "adam_betas"), "--adam-betas", 2),
+        eps=float(flag_value(args, t, "adam", "adam_eps")),
+        weight_decay=float(flag_value(args, t, "adam", "weight_decay")),
+    )
+    if _on_cuda(params):
+        try:  # fused: one kernel for all parameters, the fastest path on GPU
+            return Optimizer(torch.optim.AdamW(params, fused=True, **kw), "adam")
+        except (RuntimeError, ValueError):
+            pass
+    return Optimizer(torch.optim.AdamW(params, foreach=True, **kw), "adam")
+
+
+@OPTIMIZERS.register("nag")
+def build_nag(args: Any, params: Iterable) -> Optimizer:
+    t = OPTIMIZER_FLAGS
+    return Optimizer(NAG(_trainable(params), lr=parse_lr_list(args.lr)[0],
+                         momentum=float(flag_value(args, t, "nag", "momentum")),
+                         weight_decay=float(flag_value(args, t, "nag", "weight_decay"))), "nag")
+
+
+@OPTIMIZERS.register("sgd")
+def build_sgd(args: Any, params: Iterable) -> Optimizer:
+    t = OPTIMIZER_FLAGS
+    return Optimizer(torch.optim.SGD(_trainable(params), lr=parse_lr_list(args.lr)[0],
+                                     momentum=float(flag_value(args, t, "sgd", "momentum")),
+                                     weight_decay=float(flag_value(args, t, "sgd", "weight_decay")),
+                                     foreach=True), "sgd")
+
+
+@OPTIMIZERS.register("adafactor")
+def build_adafactor(args: Any, params: Iterable) -> Optimizer:
+    """fairseq's adafactor flags. With --relative-step the step size comes from the step count and --lr is
+    ignored (fairseq refuses the combination, but its --lr always has a value, so it could never be used)."""
+    t = OPTIMIZER_FLAGS
+    relative = bool(flag_value(args, t, "adafactor", "relative_step"))
+    opt = Adafactor(
+        _trainable(params),
+        lr=None if relative else parse_lr_list(args.lr)[0],
+        eps=_literal_floats(flag_value(args, t, "adafactor", "adafactor_eps"), "--adafactor-eps", 2),
+        clip_threshold=float(flag_value(args, t, "adafactor", "clip_threshold")),
+        decay_rate=float(flag_value(args, t, "adafactor", "decay_rate")),
+        beta1=flag_value(args, t, "adafactor", "beta1"),
+        weight_decay=float(flag_value(args, t, "adafactor", "weight_decay")),
+        scale_parameter=bool(flag_value(args, t, "adafactor", "scale_parameter")),
+        relative_step=relative,
+        warmup_init=bool(flag_value(args, t, "adafactor", "warmup_init")),
+    )
+    return Optimizer(opt, "adafactor")
+
+
+def build_optimizer(args: Any, params: Iterable) -> Optimizer:
+    """Build `args.optimizer` over `params` (tensors; those without requires_grad are dropped, or param groups)."""
+    name = getattr(args, "optimizer", None) or "adam"
+    if name not in OPTIMIZERS:
+        raise SeqtrainError(f"--optimizer: unknown optimizer {name!r}; choose from: {', '.join(OPTIMIZERS.names())}")
+    return OPTIMIZERS.get(name)(args, params)
