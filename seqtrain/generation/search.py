@@ -1,0 +1,88 @@
+"""Search strategies: how the next candidates are chosen from one step's log-probabilities.
+
+A strategy's `step` sees, for `bsz` sentences with `beam` hypotheses each, the step's (masked) log-probabilities
+`lprobs` (bsz x beam x V) and the hypotheses' cumulative scores so far `prev_scores` (bsz x beam, None at step 0,
+where only hypothesis 0 of each sentence is real). It returns three bsz x C tensors, best first for beam search:
+cumulative candidate scores, candidate tokens, and the hypothesis (0..beam-1) each candidate extends.
+
+Beam search returns C = 2 * beam candidates so that `beam` of them remain to continue even when the best half all
+end in EOS. Sampling returns C = beam: candidate i always extends hypothesis i (the generator keeps finished
+slots aside with its `cands_to_ignore` mask, as fairseq does).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+Candidates = Tuple[Tensor, Tensor, Tensor]
+
+
+class BeamSearch:
+    """fairseq's beam search: top 2*beam continuations over all beam x vocab extensions of a sentence."""
+
+    def step(self, step: int, lprobs: Tensor, prev_scores: Optional[Tensor]) -> Candidates:
+        bsz, beam, vocab = lprobs.shape
+        if step == 0:
+            # all hypotheses are identical at the start: extend only the first so candidates are distinct
+            flat = lprobs[:, 0, :]
+        else:
+            flat = (lprobs + prev_scores.unsqueeze(-1)).view(bsz, beam * vocab)
+        # fairseq keeps one fewer than all entries so that pad (always -inf) is never needed to fill the list
+        k = min(2 * beam, flat.size(1) - 1)
+        scores, index = torch.topk(flat, k, dim=1)
+        return scores, index % vocab, torch.div(index, vocab, rounding_mode="floor")
+
+
+class Sampling:
+    """Sample one continuation per hypothesis (at step 0, `beam` draws from the first hypothesis).
+
+    `topk` > 0 keeps the k most likely tokens; `topp` > 0 keeps the smallest set of most likely tokens whose
+    probability reaches p (it takes precedence over topk, as in fairseq). Scores are the unrenormalized
+    log-probabilities of the drawn tokens (temperature already applied by the generator). Draws use `generator`
+    so a seed reproduces them.
+    """
+
+    def __init__(self, topk: int = -1, topp: float = -1.0, generator: Optional[torch.Generator] = None):
+        self.topk = topk
+        self.topp = topp
+        self.generator = generator
+
+    def _restrict(self, lprobs: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+        """Returns (log-probs of the allowed tokens, their vocabulary ids or None when it is the whole vocab)."""
+        if self.topp > 0:
+            probs = lprobs.exp()
+            sorted_probs, ids = probs.sort(dim=-1, descending=True)
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            keep = mass_before < self.topp  # includes the token that crosses p
+            # full width (no truncation to the widest kept set): that would need a host sync every step
+            kept_lprobs = lprobs.gather(-1, ids).masked_fill(~keep, float("-inf"))
+            return kept_lprobs, ids
+        if self.topk > 0:
+            values, ids = lprobs.topk(min(self.topk, lprobs.size(-1)), dim=-1)
+            return values, ids
+        return lprobs, None
+
+    def step(self, step: int, lprobs: Tensor, prev_scores: Optional[Tensor]) -> Candidates:
+        bsz, beam, vocab = lprobs.shape
+        if step == 0:
+            lprobs = lprobs[:, :1, :]
+        allowed, ids = self._restrict(lprobs)
+        probs = allowed.exp().view(-1, allowed.size(-1))
+        if step == 0:
+            draws = torch.multinomial(probs, beam, replacement=True, generator=self.generator).view(bsz, 1, beam)
+            draws = draws.transpose(1, 2)  # bsz x beam x 1, every draw from hypothesis 0
+            source = allowed.expand(bsz, beam, allowed.size(-1))
+            ids = ids.expand(bsz, beam, ids.size(-1)) if ids is not None else None
+        else:
+            draws = torch.multinomial(probs, 1, replacement=True, generator=self.generator).view(bsz, beam, 1)
+            source = allowed
+        scores = source.gather(-1, draws).squeeze(-1)
+        tokens = (ids.gather(-1, draws) if ids is not None else draws).squeeze(-1)
+        if step == 0:
+            beams = torch.zeros_like(tokens)
+        else:
+            scores = scores + prev_scores
+            beams = torch.arange(beam, device=tokens.device).expand(bsz, beam)
+        return scores, tokens, beams

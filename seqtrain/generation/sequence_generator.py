@@ -1,0 +1,340 @@
+"""Batched beam search (and sampling) for encoder-decoder models, with fairseq's SequenceGenerator behaviour.
+
+The encoder runs once. The decoder starts every hypothesis from the start token (EOS, fairseq's convention) and is
+called once per step on all live hypotheses with an incremental key/value cache; the decoder batch is
+`beam` x the encoder batch and the encoder's keys/values stay once per sentence. Each step:
+
+1. log_softmax of the last position (float32, logits divided by the temperature), then masks: pad never, unk
+   penalty, EOS forced at a sentence's max length, prefix tokens forced, EOS forbidden below min length,
+   repeated n-grams blocked (on the device, no host sync).
+2. The search strategy proposes candidates (beam search: top 2*beam over beam x vocab, cumulative scores).
+3. EOS candidates among the top `beam` are finalized: score = cumulative log-prob / len**lenpen, where len counts
+   the EOS (fairseq's rule). A sentence is done when it has `beam` finalized hypotheses (fairseq's early stop) or
+   reaches its max length; done sentences leave the batch (encoder output and cache follow).
+4. The first `beam` non-EOS candidates continue.
+
+Lengths (fairseq's conventions; "tokens" excludes the start token, includes the final EOS):
+- step s (0-based) chooses the (s+1)-th output token; EOS is masked while s < min_len, so a hypothesis has at
+  least min_len tokens before its EOS.
+- max_len = min(int(max_len_a * src_len + max_len_b), max_target_positions - 1): at step max_len only EOS is
+  allowed, so a hypothesis has at most max_len tokens before its EOS. src_len is the sentence's own non-pad source
+  length (including its EOS). fairseq uses the padded batch width instead, which makes max_len_a > 0 depend on the
+  batch; with the per-sentence length, results never depend on batch composition (identical when max_len_a = 0).
+
+Output, per input sentence: up to nbest hypotheses, best first, each a dict like fairseq's:
+{"tokens": LongTensor ending with EOS, "score": 0-dim tensor (natural log, length-normalized),
+"positional_scores": FloatTensor (per-token natural-log probabilities, EOS included), "alignment": None,
+"attention": None}. Tensors are returned on the CPU.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.generation.ngram import NGramRepeatBlocker
+from seqtrain.generation.search import BeamSearch, Sampling
+
+Hypothesis = Dict[str, Any]
+
+
+class SequenceGenerator:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tgt_dict: Any,
+        beam_size: int = 5,
+        nbest: Optional[int] = None,
+        max_len_a: float = 0.0,
+        max_len_b: int = 200,
+        max_len: int = 0,
+        min_len: int = 1,
+        normalize_scores: bool = True,
+        len_penalty: float = 1.0,
+        unk_penalty: float = 0.0,
+        temperature: float = 1.0,
+        match_source_len: bool = False,
+        no_repeat_ngram_size: int = 0,
+        search_strategy: Any = None,
+        bos: Optional[int] = None,
+    ):
+        """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
+        max_positions()[1] - 1, as fairseq). `bos` is the decoder start token (default: EOS). `nbest` hypotheses are
+        returned per sentence (default: all `beam_size` finalized ones, as fairseq's generate() does)."""
+        if beam_size < 1:
+            raise SeqtrainError(f"--beam must be >= 1, got {beam_size}")
+        if temperature <= 0:
+            raise SeqtrainError(f"--temperature must be > 0, got {temperature}")
+        self.model = model
+        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
+        self.bos = self.eos if bos is None else bos
+        self.beam_size = beam_size
+        self.nbest = beam_size if nbest is None else nbest
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        target_positions = model.max_positions()[1] if hasattr(model, "max_positions") else 1024
+        self.max_len = max_len or target_positions
+        self.min_len = min_len
+        self.normalize_scores = normalize_scores
+        self.len_penalty = len_penalty
+        self.unk_penalty = unk_penalty
+        self.temperature = temperature
+        self.match_source_len = match_source_len
+        self.ngram_blocker = NGramRepeatBlocker(no_repeat_ngram_size) if no_repeat_ngram_size > 0 else None
+        self.search = search_strategy if search_strategy is not None else BeamSearch()
+        if self.max_len_a == 0 and not match_source_len and min_len > min(max_len_b, self.max_len - 1):
+            raise SeqtrainError(f"--min-len {min_len} is larger than the max length {min(max_len_b, self.max_len - 1)}")
+
+    # ------------------------------------------------------------------ public API
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src_tokens: Tensor,
+        src_lengths: Optional[Tensor] = None,
+        prefix_tokens: Optional[Tensor] = None,
+        bos_token: Optional[int] = None,
+    ) -> List[List[Hypothesis]]:
+        """src_tokens: B x S (left or right padded). prefix_tokens: B x P tokens to force first (pad = not forced).
+        Returns, per sentence in src_tokens' order, its hypotheses best first."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(src_tokens, src_lengths, prefix_tokens, self.bos if bos_token is None else bos_token)
+        finally:
+            self.model.train(was_training)
+
+    # ------------------------------------------------------------------ the loop
+
+    def _max_lengths(self, src_tokens: Tensor) -> Tensor:
+        """Per-sentence max output length (tokens before the final EOS). --match-source-len: the source's length
+        without pads and EOS (fairseq's src_lengths; it then scores longer hypotheses -inf, here they cannot occur)."""
+        if self.match_source_len:
+            return (src_tokens.ne(self.pad) & src_tokens.ne(self.eos)).sum(dim=1)
+        src_len = src_tokens.ne(self.pad).sum(dim=1).double()
+        lens = torch.floor(self.max_len_a * src_len + self.max_len_b).long()
+        return lens.clamp(min=0, max=self.max_len - 1)
+
+    def _generate(
+        self, src_tokens: Tensor, src_lengths: Optional[Tensor], prefix_tokens: Optional[Tensor], bos: int
+    ) -> List[List[Hypothesis]]:
+        model, beam, device = self.model, self.beam_size, src_tokens.device
+        bsz = src_tokens.size(0)
+        if bsz == 0:
+            return []
+        if src_lengths is None:
+            src_lengths = src_tokens.ne(self.pad).sum(dim=1)
+        encoder_out = model.encoder(src_tokens, src_lengths)
+
+        max_lens = self._max_lengths(src_tokens)  # bsz, on the device
+        max_lens_host: List[int] = max_lens.tolist()
+        steps = max(max_lens_host) if max_lens_host else 0
+
+        tokens = torch.full((bsz * beam, steps + 2), self.pad, dtype=torch.long, device=device)
+        tokens[:, 0] = bos
+        scores = torch.zeros(bsz * beam, steps + 1, dtype=torch.float32, device=device)  # cumulative
+        cands_to_ignore = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
+
+        finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
+        active: List[int] = list(range(bsz))  # original index of each sentence still in the batch
+        state: Dict[str, Any] = {}
+        reorder: Optional[Tuple[Tensor, Optional[Tensor]]] = None
+
+        for step in range(steps + 1):
+            if reorder is not None:
+                new_order, encoder_order = reorder
+                model.decoder.reorder_incremental_state(state, new_order, encoder_order)
+                if encoder_order is not None:
+                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, encoder_order)
+            n_sent = len(active)
+
+            logits, _ = model.decoder(tokens[:, : step + 1], encoder_out, incremental_state=state)
+            lprobs = F.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1)
+            lprobs = self._mask(step, lprobs, max_lens, prefix_tokens)
+            if prefix_tokens is not None and step < prefix_tokens.size(1):
+                tokens, scores, lprobs = self._replicate_first_beam_at_forced_eos(step, prefix_tokens, tokens, scores, lprobs)
+            if self.ngram_blocker is not None:
+                lprobs = self.ngram_blocker(tokens[:, : step + 1], lprobs)
+
+            prev = scores.view(n_sent, beam, -1)[:, :, step - 1] if step > 0 else None
+            cand_scores, cand_tokens, cand_beams = self.search.step(step, lprobs.view(n_sent, beam, -1), prev)
+            cand_size = cand_scores.size(1)
+            cand_rows = cand_beams + torch.arange(n_sent, device=device).unsqueeze(1) * beam
+
+            eos_mask = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
+            eos_mask[:, :beam] &= ~cands_to_ignore
+            eos_top = eos_mask[:, :beam]
+            if bool(eos_top.any()):
+                self._finalize(step, eos_top, cand_rows[:, :beam], cand_scores[:, :beam], tokens, scores,
+                               active, finalized)
+
+            keep = [j for j, s in enumerate(active) if len(finalized[s]) < beam and step < max_lens_host[j]]
+            if not keep:
+                break
+            encoder_order = None
+            if len(keep) < n_sent:
+                keep_idx = torch.tensor(keep, dtype=torch.long, device=device)
+                eos_mask, cand_rows = eos_mask[keep_idx], cand_rows[keep_idx]
+                cand_scores, cand_tokens = cand_scores[keep_idx], cand_tokens[keep_idx]
+                cands_to_ignore, max_lens = cands_to_ignore[keep_idx], max_lens[keep_idx]
+                if prefix_tokens is not None:
+                    prefix_tokens = prefix_tokens[keep_idx]
+                active = [active[j] for j in keep]
+                max_lens_host = [max_lens_host[j] for j in keep]
+                encoder_order = keep_idx
+
+            # The first `beam` candidates that neither ended (EOS) nor sit in an ignored slot continue.
+            eos_mask[:, :beam] |= cands_to_ignore
+            rank = eos_mask.long() * cand_size + torch.arange(cand_size, device=device)
+            new_rank, chosen = torch.topk(rank, k=beam, dim=1, largest=False)
+            cands_to_ignore = new_rank.ge(cand_size)
+            # Rows index the pre-removal batch, so one index_select both drops finished sentences and reorders beams.
+            rows = cand_rows.gather(1, chosen).view(-1)
+            tokens = tokens.index_select(0, rows)
+            tokens[:, step + 1] = cand_tokens.gather(1, chosen).view(-1)
+            scores = scores.index_select(0, rows)
+            scores[:, step] = cand_scores.gather(1, chosen).view(-1)
+            reorder = (rows, encoder_order)
+
+        for hypos in finalized:
+            hypos.sort(key=lambda h: float(h["score"]), reverse=True)  # stable: ties keep finalization order
+            del hypos[self.nbest :]
+        return finalized
+
+    def _mask(self, step: int, lprobs: Tensor, max_lens: Tensor, prefix_tokens: Optional[Tensor]) -> Tensor:
+        beam, eos = self.beam_size, self.eos
+        lprobs = lprobs.masked_fill(torch.isnan(lprobs), -math.inf)
+        lprobs[:, self.pad] = -math.inf
+        if self.unk_penalty:
+            lprobs[:, self.unk] -= self.unk_penalty
+        not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
+        not_eos[eos] = False
+        at_max = (step >= max_lens).repeat_interleave(beam)  # per decoder row
+        lprobs = lprobs.masked_fill(at_max.unsqueeze(1) & not_eos, -math.inf)
+        free = ~at_max
+        if prefix_tokens is not None and step < prefix_tokens.size(1):
+            forced_tok = prefix_tokens[:, step].repeat_interleave(beam)
+            forced = forced_tok.ne(self.pad) & free
+            kept = lprobs.gather(1, forced_tok.unsqueeze(1))
+            only_forced = torch.full_like(lprobs, -math.inf).scatter(1, forced_tok.unsqueeze(1), kept)
+            lprobs = torch.where(forced.unsqueeze(1), only_forced, lprobs)
+            free = free & ~forced
+        if step < self.min_len:
+            lprobs[:, eos] = torch.where(free, torch.full_like(lprobs[:, eos], -math.inf), lprobs[:, eos])
+        return lprobs
+
+    def _replicate_first_beam_at_forced_eos(
+        self, step: int, prefix_tokens: Tensor, tokens: Tensor, scores: Tensor, lprobs: Tensor
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """A prefix that contains EOS finishes the hypothesis; give every beam slot the first beam's state so the
+        sentence collects `beam` (identical) finalized hypotheses, as fairseq does."""
+        beam = self.beam_size
+        eos_sent = prefix_tokens[:, step].eq(self.eos)
+        if not bool(eos_sent.any()):
+            return tokens, scores, lprobs
+        rows = torch.arange(tokens.size(0), device=tokens.device)
+        first = rows - rows % beam
+        src = torch.where(eos_sent.repeat_interleave(beam), first, rows)
+        return tokens.index_select(0, src), scores.index_select(0, src), lprobs.index_select(0, src)
+
+    def _finalize(
+        self,
+        step: int,
+        eos_top: Tensor,
+        rows_top: Tensor,
+        scores_top: Tensor,
+        tokens: Tensor,
+        scores: Tensor,
+        active: List[int],
+        finalized: List[List[Hypothesis]],
+    ) -> None:
+        """Store the hypotheses that end with EOS at this step (in candidate order, best first within a
+        sentence), keeping at most `beam` per sentence: the first ones finalized win, as in fairseq."""
+        rows = rows_top[eos_top]
+        eos_scores = scores_top[eos_top]
+        hyp_tokens = tokens.index_select(0, rows)[:, 1 : step + 2].clone()
+        hyp_tokens[:, step] = self.eos
+        cum = scores.index_select(0, rows)[:, : step + 1].clone()
+        cum[:, step] = eos_scores
+        positional = torch.cat([cum[:, :1], cum[:, 1:] - cum[:, :-1]], dim=1)
+        final = eos_scores / ((step + 1) ** self.len_penalty) if self.normalize_scores else eos_scores.clone()
+        local = torch.div(rows, self.beam_size, rounding_mode="floor")
+        hyp_tokens, positional, final = hyp_tokens.cpu(), positional.cpu(), final.cpu()
+        for i, j in enumerate(local.tolist()):
+            sent = active[j]
+            if len(finalized[sent]) < self.beam_size:
+                finalized[sent].append(
+                    {
+                        "tokens": hyp_tokens[i],
+                        "score": final[i],
+                        "attention": None,
+                        "alignment": None,
+                        "positional_scores": positional[i],
+                    }
+                )
+
+
+# ---------------------------------------------------------------------- builders and the batch helper
+
+
+def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namespace) -> SequenceGenerator:
+    """A generator configured from the flags of `add_generation_args` (fairseq's names and defaults)."""
+    from seqtrain.generation.options import check_generation_args
+
+    check_generation_args(args)
+    if getattr(args, "sampling", False):
+        device = next(model.parameters()).device
+        gen = torch.Generator(device=device)
+        seed = getattr(args, "seed", None)
+        gen.manual_seed(1 if seed is None else seed)
+        search: Any = Sampling(args.sampling_topk, args.sampling_topp, gen)
+    else:
+        search = BeamSearch()
+    return SequenceGenerator(
+        model,
+        tgt_dict,
+        beam_size=args.beam,
+        nbest=args.nbest,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+        min_len=args.min_len,
+        normalize_scores=not getattr(args, "unnormalized", False),
+        len_penalty=args.lenpen,
+        unk_penalty=args.unkpen,
+        temperature=args.temperature,
+        match_source_len=args.match_source_len,
+        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        search_strategy=search,
+    )
+
+
+def generate_batch(
+    generator: SequenceGenerator,
+    sample: Dict[str, Any],
+    prefix_size: int = 0,
+    force_bos: Optional[int] = None,
+) -> List[Tuple[int, List[Hypothesis]]]:
+    """Run `generator` on a collated sample ({"id", "net_input": {"src_tokens", "src_lengths", ...}, "target"}).
+
+    Returns [(sample_id, hypotheses)] aligned with sample["id"] (row i of the batch is entry i), which is the
+    order fairseq prints S-/T-/H- lines in. `prefix_size` > 0 forces the first tokens of sample["target"]
+    (fairseq's --prefix-size). `force_bos` forces that token first (e.g. `<s>` for models trained with
+    --prepend-bos, as fairseq's BART hub does); it comes before any target prefix.
+    """
+    net_input = sample["net_input"]
+    src_tokens = net_input["src_tokens"]
+    prefix: Optional[Tensor] = None
+    if prefix_size > 0:
+        if sample.get("target") is None:
+            raise SeqtrainError("--prefix-size needs target data (the prefix is read from the references)")
+        prefix = sample["target"][:, :prefix_size].to(src_tokens.device)
+    if force_bos is not None:
+        first = torch.full((src_tokens.size(0), 1), force_bos, dtype=torch.long, device=src_tokens.device)
+        prefix = first if prefix is None else torch.cat([first, prefix], dim=1)
+    hypos = generator.generate(src_tokens, net_input.get("src_lengths"), prefix_tokens=prefix)
+    ids: Sequence[int] = sample["id"].tolist() if torch.is_tensor(sample["id"]) else list(sample["id"])
+    return list(zip(ids, hypos))
