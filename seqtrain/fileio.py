@@ -11,6 +11,23 @@ import tempfile
 from typing import IO, Iterator
 
 
+def _default_file_mode() -> int:
+    # mkstemp creates 0600 files; published files should get the usual 0666 & ~umask, like open() gives
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+DEFAULT_FILE_MODE = _default_file_mode()
+
+
+def publish(tmp: str, path: str) -> None:
+    """Give `tmp` normal permissions and rename it over `path` (atomic on POSIX), then fsync the folder."""
+    os.chmod(tmp, DEFAULT_FILE_MODE)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
 def fsync_dir(path: str) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -35,8 +52,7 @@ def atomic_write(path: str, mode: str = "wb", encoding: str | None = None) -> It
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(folder)
+        publish(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

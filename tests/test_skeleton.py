@@ -36,3 +36,12 @@ def test_bundled_sample_is_aligned(sample_dir):
         tgt = (sample_dir / f"{split}.target").read_text(encoding="utf-8").split("\n")[:-1]
         assert len(src) == len(tgt) == n
         assert all(s.strip() and t.strip() for s, t in zip(src, tgt))
+
+
+def test_atomic_write_publishes_with_normal_permissions(tmp_path):
+    from seqtrain.fileio import DEFAULT_FILE_MODE
+
+    p = tmp_path / "g.txt"
+    with atomic_write(str(p), "w") as f:
+        f.write("x")
+    assert os.stat(p).st_mode & 0o777 == DEFAULT_FILE_MODE

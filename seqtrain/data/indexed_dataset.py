@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import array
 import contextlib
 import os
 import shutil
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import fsync_dir
+from seqtrain.fileio import publish
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -192,7 +193,7 @@ class MMapIndexedDatasetBuilder:
         fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.bin_path) + ".", suffix=".tmp",
                                          dir=folder)
         self._file = os.fdopen(fd, "wb")
-        self._sizes: list = []
+        self._sizes = array.array("i")  # int32, 4 bytes a line: a 10M-line corpus costs 40 MB here, not 300+
         if self.dtype.kind in "iu":
             info = np.iinfo(self.dtype)
             self._range = (int(info.min), int(info.max))
@@ -219,7 +220,7 @@ class MMapIndexedDatasetBuilder:
         other = MMapIndexedDataset(other_prefix)  # validates both files
         if other.dtype != self.dtype:
             raise SeqtrainError(f"{index_file_path(other_prefix)}: dtype {other.dtype} differs from {self.dtype}")
-        self._sizes.extend(other.sizes.tolist())
+        self._sizes.frombytes(np.ascontiguousarray(other.sizes, dtype=np.int32).tobytes())
         with open(data_file_path(other_prefix), "rb") as f:
             shutil.copyfileobj(f, self._file)
 
@@ -228,9 +229,8 @@ class MMapIndexedDatasetBuilder:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        os.replace(self._tmp, self.bin_path)
-        fsync_dir(os.path.dirname(os.path.abspath(self.bin_path)))
-        write_index(os.fspath(idx_path), self.dtype, self._sizes)
+        publish(self._tmp, self.bin_path)
+        write_index(os.fspath(idx_path), self.dtype, np.frombuffer(self._sizes, dtype=np.int32))
 
     def abort(self) -> None:
         with contextlib.suppress(OSError):
