@@ -1,0 +1,629 @@
+"""seqtrain-preprocess: raw parallel text -> tokenizer, fairseq dict.txt files, mmap binarized data-bin.
+
+The steps are fairseq-preprocess's, streamed so memory does not grow with the number of lines:
+
+1. validate every input file in one streaming pass: it exists, is UTF-8, has no empty line, and source and target
+   have the same number of lines. Nothing is written before this passes.
+2. tokenizer: train one sentencepiece model on the train source and target text together (BART-style; a shared
+   model keeps copied words identical on both sides), or load `--spm-model`, GPT-2 BPE files, or `none`.
+3. dictionaries: counted from the tokenized train text (per side, or joined), or loaded from --srcdict/--tgtdict.
+4. binarize every split and side: each file is cut into byte ranges on line boundaries, each range becomes one
+   shard (in worker processes with --workers N), and the shards are merged in file order. The result depends only
+   on the input text, never on the worker count.
+5. everything is written into a temporary folder inside --destdir and moved into place at the end, so an
+   interrupted or failed run leaves no file that looks valid but is not; `preprocess.json` is moved last.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from tqdm import tqdm
+
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
+from seqtrain.data.tokenizer import (SentencePieceTokenizer, Tokenizer, build_tokenizer, save_databin_tokenizer,
+                                     tokenizer_from_args)
+from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import atomic_write, fsync_dir
+
+PERCENTILES = (50, 90, 95, 99)
+# Each file is cut into at least 4 ranges per worker (load balance) and ranges of at most 16 MiB (progress updates).
+_CHUNKS_PER_WORKER = 4
+_MAX_CHUNK_BYTES = 16 << 20
+_READ_BLOCK = 1 << 20
+# A line holding only whitespace (not newlines) followed by its newline: an empty example.
+_BLANK_LINE = re.compile(r"^[^\S\n]*\n", re.MULTILINE)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# flags
+
+
+def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """fairseq-preprocess's flags (same names and defaults) plus the tokenizer's."""
+    g = parser.add_argument_group("Preprocessing")
+    g.add_argument("-s", "--source-lang", default="source", metavar="SRC",
+                   help="source side: input files are PREFIX.SRC (default: source)")
+    g.add_argument("-t", "--target-lang", default="target", metavar="TGT",
+                   help="target side: input files are PREFIX.TGT (default: target)")
+    g.add_argument("--trainpref", metavar="FP", help="train file prefix (also used to build the tokenizer and dictionaries)")
+    g.add_argument("--validpref", metavar="FP",
+                   help="comma separated valid file prefixes (written as valid, valid1, valid2, ...)")
+    g.add_argument("--testpref", metavar="FP", help="comma separated test file prefixes (test, test1, ...)")
+    g.add_argument("--destdir", metavar="DIR", default="data-bin", help="destination dir (default: data-bin)")
+    g.add_argument("--only-source", action="store_true", help="only process the source language")
+    g.add_argument("--joined-dictionary", action="store_true", help="one dictionary for source and target")
+    g.add_argument("--srcdict", metavar="FP", help="reuse this source dictionary (fairseq dict.txt)")
+    g.add_argument("--tgtdict", metavar="FP", help="reuse this target dictionary (fairseq dict.txt)")
+    g.add_argument("--thresholdsrc", metavar="N", default=0, type=int,
+                   help="map words appearing less than N times in the source to <unk>")
+    g.add_argument("--thresholdtgt", metavar="N", default=0, type=int,
+                   help="map words appearing less than N times in the target to <unk>")
+    g.add_argument("--nwordssrc", metavar="N", default=-1, type=int, help="number of source words to retain")
+    g.add_argument("--nwordstgt", metavar="N", default=-1, type=int, help="number of target words to retain")
+    g.add_argument("--padding-factor", metavar="N", default=8, type=int,
+                   help="pad dictionary size to be a multiple of N (default: 8)")
+    g.add_argument("--workers", metavar="N", default=1, type=int, help="number of parallel workers (default: 1)")
+    g.add_argument("--dict-only", action="store_true", help="only build the tokenizer and dictionaries, then exit")
+    g.add_argument("--dataset-impl", default="mmap", choices=["mmap"],
+                   help="output format; only fairseq's mmap format is written (accepted for fairseq command lines)")
+    g.add_argument("--no-progress-bar", action="store_true", help="disable the progress bar")
+    g.add_argument("--debug", action="store_true", help="show a traceback on errors")
+
+    t = parser.add_argument_group(Tokenizer)
+    t.add_argument("--tokenizer", default="sentencepiece", choices=["sentencepiece", "gpt2", "none"],
+                   help="how raw text becomes dictionary symbols (default: sentencepiece; 'none' = the input is "
+                        "already tokenized, split on whitespace, as fairseq-preprocess does)")
+    t.add_argument("--spm-model", metavar="FP", help="use this sentencepiece model instead of training one")
+    t.add_argument("--spm-vocab-size", metavar="N", default=8000, type=int,
+                   help="sentencepiece vocabulary size to train (default: 8000)")
+    t.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"],
+                   help="sentencepiece model type to train (default: unigram)")
+    t.add_argument("--spm-character-coverage", metavar="F", default=1.0, type=float,
+                   help="share of characters the sentencepiece model covers (default: 1.0)")
+    t.add_argument("--spm-input-sentence-size", metavar="N", default=1_000_000, type=int,
+                   help="train sentencepiece on at most N train lines (source and target together), evenly spread "
+                        "over the files; bounds its memory on big corpora (default: 1000000; 0 = all lines)")
+    t.add_argument("--spm-num-threads", metavar="N", default=4, type=int,
+                   help="sentencepiece training threads (default: 4). The trained model depends on this number, "
+                        "so it is a flag of its own and not --workers")
+    t.add_argument("--gpt2-encoder-json", metavar="FP", help="GPT-2 BPE encoder.json (for --tokenizer gpt2)")
+    t.add_argument("--gpt2-vocab-bpe", metavar="FP", help="GPT-2 BPE vocab.bpe (for --tokenizer gpt2)")
+    return parser
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="seqtrain-preprocess",
+        description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
+    )
+    return add_args(parser)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = get_parser().parse_args(argv)
+    preprocess(args)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass
+class SplitInput:
+    """One split to binarize: its output name, the input prefix and the flag it came from."""
+
+    name: str  # train, valid, valid1, test, ...
+    prefix: str
+    flag: str
+    paths: Dict[str, str] = field(default_factory=dict)  # lang -> input file
+    n_lines: int = 0
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Flag combinations that cannot work, reported before any file is read."""
+    if not (args.trainpref or args.validpref or args.testpref):
+        raise SeqtrainError("nothing to preprocess: give --trainpref, --validpref and/or --testpref")
+    if args.workers < 1:
+        raise SeqtrainError(f"--workers must be at least 1, got {args.workers}")
+    if args.padding_factor < 1:
+        raise SeqtrainError(f"--padding-factor must be at least 1, got {args.padding_factor}")
+    if not args.only_source and args.source_lang == args.target_lang:
+        raise SeqtrainError(f"--source-lang and --target-lang are both {args.source_lang!r}; their files would collide")
+    if args.joined_dictionary and args.srcdict and args.tgtdict:
+        raise SeqtrainError("cannot use both --srcdict and --tgtdict with --joined-dictionary")
+    given_dict = args.srcdict or (args.tgtdict and not args.only_source)
+    if args.tokenizer == "sentencepiece" and not args.spm_model:
+        if given_dict:
+            raise SeqtrainError(
+                "--srcdict/--tgtdict with a newly trained sentencepiece model: the dictionary cannot match the new "
+                "pieces; pass the --spm-model it was made with, or --tokenizer none for already tokenized text")
+        if not args.trainpref:
+            raise SeqtrainError("--trainpref is needed to train the sentencepiece model (or give --spm-model)")
+        if args.spm_vocab_size < 2:
+            raise SeqtrainError(f"--spm-vocab-size must be at least 2, got {args.spm_vocab_size}")
+        if args.spm_num_threads < 1:
+            raise SeqtrainError(f"--spm-num-threads must be at least 1, got {args.spm_num_threads}")
+    if args.tokenizer == "gpt2" and not (args.gpt2_encoder_json and args.gpt2_vocab_bpe):
+        raise SeqtrainError("--tokenizer gpt2 needs --gpt2-encoder-json and --gpt2-vocab-bpe (GPT-2's encoder.json, vocab.bpe)")
+    if not args.trainpref:
+        if not args.srcdict:
+            raise SeqtrainError("--trainpref is needed to build the source dictionary (or give --srcdict)")
+        if not args.only_source and not args.tgtdict and not args.joined_dictionary:
+            raise SeqtrainError("--trainpref is needed to build the target dictionary (or give --tgtdict)")
+    for flag, path in (("--srcdict", args.srcdict), ("--tgtdict", args.tgtdict), ("--spm-model", args.spm_model),
+                       ("--gpt2-encoder-json", args.gpt2_encoder_json), ("--gpt2-vocab-bpe", args.gpt2_vocab_bpe)):
+        if path and not os.path.isfile(path):
+            raise SeqtrainError(f"{flag}: file not found: {path}")
+
+
+def languages(args: argparse.Namespace) -> List[str]:
+    return [args.source_lang] if args.only_source else [args.source_lang, args.target_lang]
+
+
+def collect_inputs(args: argparse.Namespace) -> List[SplitInput]:
+    """The splits fairseq-preprocess would write: train, then valid, valid1, ..., then test, test1, ..."""
+    splits = []
+    if args.trainpref:
+        splits.append(SplitInput("train", args.trainpref, "--trainpref"))
+    for flag, base, value in (("--validpref", "valid", args.validpref), ("--testpref", "test", args.testpref)):
+        if value:
+            for k, prefix in enumerate(value.split(",")):
+                splits.append(SplitInput(f"{base}{k}" if k else base, prefix, flag))
+    for s in splits:
+        for lang in languages(args):
+            s.paths[lang] = f"{s.prefix}.{lang}"
+    return splits
+
+
+def validate_inputs(args: argparse.Namespace, splits: List[SplitInput]) -> None:
+    """Every file exists, is valid UTF-8, has no empty line; source and target line counts agree."""
+    for s in splits:
+        for path in s.paths.values():
+            if not os.path.isfile(path):
+                raise SeqtrainError(f"{s.flag} {s.prefix}: input file not found: {path}")
+    for s in splits:
+        counts = {lang: scan_text_file(path) for lang, path in s.paths.items()}
+        if len(set(counts.values())) > 1:
+            (a, na), (b, nb) = list(counts.items())
+            raise SeqtrainError(
+                f"line count mismatch: {s.paths[a]} has {na} lines but {s.paths[b]} has {nb} (line i of each must belong together)")
+        s.n_lines = next(iter(counts.values()))
+
+
+def scan_text_file(path: str) -> int:
+    """Stream one input file and return its number of lines; raise naming file:line on bad UTF-8 or an empty line."""
+    n = 0
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(_READ_BLOCK)
+            if not block:
+                break
+            buf = carry + block
+            cut = buf.rfind(b"\n") + 1  # check whole lines only; a UTF-8 sequence never spans a newline byte
+            carry = buf[cut:]
+            if cut:
+                n = _check_lines(path, buf[:cut], n)
+    if carry:
+        n = _check_lines(path, carry + b"\n", n)
+    if n == 0:
+        raise SeqtrainError(f"{path}: file is empty")
+    return n
+
+
+def _check_lines(path: str, buf: bytes, lines_before: int) -> int:
+    try:
+        text = buf.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lines_before + buf.count(b"\n", 0, e.start) + 1
+        column = e.start - (buf.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SeqtrainError(
+            f"{path}:{line}: invalid UTF-8 (byte 0x{buf[e.start]:02x} at byte {column} of the line)") from None
+    blank = _BLANK_LINE.search(text)
+    if blank:
+        line = lines_before + text.count("\n", 0, blank.start()) + 1
+        raise SeqtrainError(f"{path}:{line}: empty line (every example needs text; remove the pair from both sides)")
+    return lines_before + text.count("\n")
+
+
+def line_chunks(path: str, n_chunks: int) -> List[Tuple[int, int]]:
+    """Cut a file into about n_chunks byte ranges that start and end on line boundaries (none empty)."""
+    size = os.path.getsize(path)
+    bounds = [0]
+    with open(path, "rb") as f:
+        for i in range(1, n_chunks):
+            f.seek(size * i // n_chunks)
+            f.readline()  # move to the start of the next line
+            pos = min(f.tell(), size)
+            if pos > bounds[-1]:
+                bounds.append(pos)
+    if size > bounds[-1]:
+        bounds.append(size)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _chunk_count(path: str, workers: int) -> int:
+    size = os.path.getsize(path)
+    return max(_CHUNKS_PER_WORKER * workers, math.ceil(size / _MAX_CHUNK_BYTES))
+
+
+def read_chunk(path: str, start: int, end: int) -> Iterator[str]:
+    """The lines (without line ending) in bytes [start, end) of an already validated file."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        pos = start
+        while pos < end:
+            raw = f.readline()
+            if not raw:
+                break
+            pos += len(raw)
+            yield raw.decode("utf-8").rstrip("\r\n")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# work on chunks, in this process or in a pool
+
+
+@dataclass
+class ChunkStats:
+    """What binarizing one range (or, merged, one file) found. `lengths`: histogram of item lengths."""
+
+    examples: int = 0
+    tokens: int = 0
+    unk: int = 0
+    lengths: Counter = field(default_factory=Counter)
+
+    def add(self, other: "ChunkStats") -> None:
+        self.examples += other.examples
+        self.tokens += other.tokens
+        self.unk += other.unk
+        self.lengths.update(other.lengths)
+
+
+class ChunkWorker:
+    """The tokenizer and dictionaries a worker needs, rebuilt from plain data so any process start method works."""
+
+    def __init__(self, tokenizer_spec: Dict[str, Any], dict_lists: Optional[Dict[str, list]] = None):
+        self.tokenizer = build_tokenizer(tokenizer_spec)
+        self.dicts = {lang: Dictionary.from_list(lst) for lang, lst in (dict_lists or {}).items()}
+
+    def count(self, path: str, start: int, end: int) -> Counter:
+        """Symbol counts of the tokenized lines of a range."""
+        counts: Counter = Counter()
+        for line in read_chunk(path, start, end):
+            counts.update(self.tokenizer.encode(line).split())
+        return counts
+
+    def binarize(self, path: str, start: int, end: int, lang: str, out_prefix: str) -> ChunkStats:
+        """Tokenize and encode a range into the shard `out_prefix.{bin,idx}`."""
+        d = self.dicts[lang]
+        unk = d.unk()
+        stats = ChunkStats()
+        with MMapIndexedDatasetBuilder(out_prefix + ".bin", best_fitting_dtype(len(d))) as builder:
+            for line in read_chunk(path, start, end):
+                ids = d.encode_line(self.tokenizer.encode(line), add_if_not_exist=False, append_eos=True)
+                builder.add_item(ids)
+                stats.examples += 1
+                stats.tokens += len(ids)
+                stats.unk += int((ids == unk).sum())
+                stats.lengths[len(ids)] += 1
+            builder.finalize(out_prefix + ".idx")
+        return stats
+
+
+_WORKER: Optional[ChunkWorker] = None  # set once per pool process by _init_worker
+
+
+def _init_worker(tokenizer_spec: Dict[str, Any], dict_lists: Optional[Dict[str, list]]) -> None:
+    global _WORKER
+    _WORKER = ChunkWorker(tokenizer_spec, dict_lists)
+
+
+def _run_task(task: Tuple[str, tuple]) -> Any:
+    method, task_args = task
+    return getattr(_WORKER, method)(*task_args)
+
+
+def run_tasks(method: str, tasks: List[tuple], line_counts: List[int], workers: int,
+              tokenizer_spec: Dict[str, Any], dict_lists: Optional[Dict[str, list]], desc: str,
+              no_progress_bar: bool) -> List[Any]:
+    """Run `ChunkWorker.<method>(*task)` for every task, results in task order, with a progress bar over lines."""
+    pool = None
+    if workers > 1 and len(tasks) > 1:
+        # fork is cheap and shares the loaded modules; elsewhere spawn works too (the state is plain data).
+        # The pool starts before the progress bar, so no bar thread exists when the workers fork.
+        methods = multiprocessing.get_all_start_methods()
+        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer_spec, dict_lists))
+    results = []
+    try:
+        with tqdm(total=sum(line_counts), desc=desc, unit=" lines", disable=True if no_progress_bar else None,
+                  leave=False) as bar:
+            if pool is None:
+                worker = ChunkWorker(tokenizer_spec, dict_lists)
+                outputs = (getattr(worker, method)(*task) for task in tasks)
+            else:
+                outputs = pool.imap(_run_task, [(method, task) for task in tasks])
+            for result, n in zip(outputs, line_counts):
+                results.append(result)
+                bar.update(n)
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    return results
+
+
+def _line_counts_of(path: str, chunks: List[Tuple[int, int]], n_lines: int) -> List[int]:
+    """Lines per chunk for the progress bar, estimated from bytes (exact counts are not needed there)."""
+    size = max(1, os.path.getsize(path))
+    est = [round(n_lines * (b - a) / size) for a, b in chunks]
+    est[-1] += n_lines - sum(est)
+    return est
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the run
+
+
+def preprocess(args: argparse.Namespace) -> Dict[str, Any]:
+    """Run all steps; return the summary also written to `preprocess.json`."""
+    check_args(args)
+    splits = collect_inputs(args)
+    validate_inputs(args, splits)
+    train = next((s for s in splits if s.name == "train"), None)
+
+    destdir = args.destdir
+    created = not os.path.isdir(destdir)
+    try:
+        os.makedirs(destdir, exist_ok=True)
+    except OSError as e:
+        raise SeqtrainError(f"--destdir {destdir}: cannot create the folder ({e.strerror})") from None
+    work = tempfile.mkdtemp(prefix=".preprocess-", dir=destdir)  # same filesystem: the final moves are renames
+    ok = False
+    try:
+        spec = make_tokenizer(args, train, work).spec()
+        dicts = make_dictionaries(args, spec, train)
+        for lang, d in dicts.items():
+            d.save(os.path.join(work, f"dict.{lang}.txt"))
+            print(f"[{lang}] Dictionary: {len(d)} types")
+        check_existing_dictionaries(destdir, work, list(dicts))
+        summary = {
+            "format": "seqtrain-preprocess",
+            "version": 1,
+            "source_lang": args.source_lang,
+            "target_lang": None if args.only_source else args.target_lang,
+            "tokenizer": spec.get("kind", args.tokenizer),
+            "dictionaries": {lang: {"file": f"dict.{lang}.txt", "size": len(d)} for lang, d in dicts.items()},
+            "splits": {},
+            "args": {k: v for k, v in sorted(vars(args).items())},
+        }
+        if not args.dict_only:
+            summary["splits"] = binarize_splits(args, splits, spec, dicts, work)
+        with atomic_write(os.path.join(work, "preprocess.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+            f.write("\n")
+        publish(work, destdir)
+        ok = True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        if not ok and created:
+            with contextlib.suppress(OSError):
+                os.rmdir(destdir)  # only succeeds if nothing else was put there
+    print(format_summary(summary, destdir))
+    return summary
+
+
+def publish(work: str, destdir: str) -> None:
+    """Move the finished files into destdir; preprocess.json last, so its presence means the rest is complete."""
+    names = sorted(n for n in os.listdir(work) if os.path.isfile(os.path.join(work, n)) and not n.startswith("."))
+    names.sort(key=lambda n: n == "preprocess.json")
+    for name in names:
+        os.replace(os.path.join(work, name), os.path.join(destdir, name))
+    fsync_dir(destdir)
+
+
+def check_existing_dictionaries(destdir: str, work: str, langs: List[str]) -> None:
+    """Refuse to mix data-bins: an existing dict.{lang}.txt must equal the new one (identical is fine)."""
+    for lang in langs:
+        old = os.path.join(destdir, f"dict.{lang}.txt")
+        if not os.path.exists(old):
+            continue
+        with open(old, "rb") as f_old, open(os.path.join(work, f"dict.{lang}.txt"), "rb") as f_new:
+            if f_old.read() != f_new.read():
+                raise SeqtrainError(
+                    f"{old} already exists and differs from the dictionary built now; "
+                    f"use another --destdir or remove the old data-bin")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tokenizer
+
+
+def make_tokenizer(args: argparse.Namespace, train: Optional[SplitInput], work: str) -> Tokenizer:
+    """Train or load the tokenizer and write tokenizer.json (+ model file copies) into the work folder."""
+    if args.tokenizer == "sentencepiece" and not args.spm_model:
+        tokenizer = train_sentencepiece(args, [train.paths[lang] for lang in languages(args)], train.n_lines)
+    else:
+        tokenizer = tokenizer_from_args(args)
+    save_databin_tokenizer(work, tokenizer)
+    return tokenizer
+
+
+def train_sentencepiece(args: argparse.Namespace, files: List[str], n_lines: int) -> Tokenizer:
+    """One model for all `files` (train source and target): BART-style, copied words get the same pieces.
+
+    Reproducible: a fixed thread count (--spm-num-threads, never --workers) and our own even sampling of at most
+    --spm-input-sentence-size lines (sentencepiece's own sampling is random on every run, even with a seed).
+    """
+    import sentencepiece as spm
+
+    total = n_lines * len(files)
+    keep = total if args.spm_input_sentence_size <= 0 else min(total, args.spm_input_sentence_size)
+
+    def sentences() -> Iterator[str]:
+        i = 0
+        for path in files:
+            for line in read_chunk(path, 0, os.path.getsize(path)):
+                if (i * keep) // total != ((i + 1) * keep) // total:  # exactly `keep` of `total`, evenly spread
+                    yield line
+                i += 1
+
+    out = io.BytesIO()
+    print(f"training sentencepiece ({args.spm_model_type}, vocab {args.spm_vocab_size}) on {keep:,} lines of "
+          f"{', '.join(files)}", flush=True)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=sentences(), model_writer=out, vocab_size=args.spm_vocab_size,
+            model_type=args.spm_model_type, character_coverage=args.spm_character_coverage,
+            num_threads=args.spm_num_threads, input_sentence_size=0, shuffle_input_sentence=False,
+            max_sentence_length=1 << 16, minloglevel=0 if args.debug else 2,
+        )
+    except RuntimeError as e:
+        # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5105."
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise SeqtrainError(f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece training failed: {msg}") from None
+    return SentencePieceTokenizer(out.getvalue())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dictionaries
+
+
+def make_dictionaries(args: argparse.Namespace, tokenizer_spec: Dict[str, Any],
+                      train: Optional[SplitInput]) -> Dict[str, Dictionary]:
+    """fairseq-preprocess's rules: given dictionaries are used as they are; built ones are finalized."""
+    src, tgt = args.source_lang, args.target_lang
+    langs = languages(args)
+    if args.joined_dictionary:
+        given = args.srcdict or args.tgtdict
+        d = Dictionary.load(given) if given else build_dictionary(
+            args, tokenizer_spec, train, langs, args.thresholdsrc, args.nwordssrc)
+        return {lang: d for lang in langs}
+    dicts = {src: Dictionary.load(args.srcdict) if args.srcdict else build_dictionary(
+        args, tokenizer_spec, train, [src], args.thresholdsrc, args.nwordssrc)}
+    if not args.only_source:
+        dicts[tgt] = Dictionary.load(args.tgtdict) if args.tgtdict else build_dictionary(
+            args, tokenizer_spec, train, [tgt], args.thresholdtgt, args.nwordstgt)
+    return dicts
+
+
+def build_dictionary(args: argparse.Namespace, tokenizer_spec: Dict[str, Any], train: SplitInput,
+                     langs: List[str], threshold: int, nwords: int) -> Dictionary:
+    """Count the tokenized train text of `langs` (one `</s>` per line, as fairseq) and finalize."""
+    tasks, line_counts = [], []
+    for lang in langs:
+        path = train.paths[lang]
+        chunks = line_chunks(path, _chunk_count(path, args.workers))
+        tasks += [(path, a, b) for a, b in chunks]
+        line_counts += _line_counts_of(path, chunks, train.n_lines)
+    total: Counter = Counter()
+    for counts in run_tasks("count", tasks, line_counts, args.workers, tokenizer_spec, None,
+                            f"count {'+'.join(langs)}", args.no_progress_bar):
+        total.update(counts)
+    d = Dictionary()
+    total[d.eos_word] += train.n_lines * len(langs)
+    d.add_counts(total)
+    d.finalize(threshold=threshold, nwords=nwords, padding_factor=args.padding_factor)
+    return d
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# binarization
+
+
+def binarize_splits(args: argparse.Namespace, splits: List[SplitInput], tokenizer_spec: Dict[str, Any],
+                    dicts: Dict[str, Dictionary], work: str) -> Dict[str, Dict[str, Any]]:
+    """Binarize every split and side in one pool (small valid/test files fill idle workers); merge shards in order."""
+    shard_dir = os.path.join(work, ".shards")
+    os.makedirs(shard_dir)
+    jobs = []  # (split, lang, output prefix, shard prefixes)
+    tasks, line_counts = [], []
+    for s in splits:
+        for lang, path in s.paths.items():
+            chunks = line_chunks(path, _chunk_count(path, args.workers))
+            shards = [os.path.join(shard_dir, f"{s.name}.{lang}.{i:05d}") for i in range(len(chunks))]
+            tasks += [(path, a, b, lang, shard) for (a, b), shard in zip(chunks, shards)]
+            line_counts += _line_counts_of(path, chunks, s.n_lines)
+            prefix = os.path.join(work, f"{s.name}.{args.source_lang}-{args.target_lang}.{lang}")
+            jobs.append((s, lang, prefix, shards))
+    dict_lists = {lang: d.to_list() for lang, d in dicts.items()}
+    results = iter(run_tasks("binarize", tasks, line_counts, args.workers, tokenizer_spec, dict_lists, "binarize",
+                             args.no_progress_bar))
+
+    report: Dict[str, Dict[str, Any]] = {}
+    for s, lang, prefix, shards in jobs:
+        stats = ChunkStats()
+        with MMapIndexedDatasetBuilder(prefix + ".bin", best_fitting_dtype(len(dicts[lang]))) as builder:
+            for shard in shards:
+                stats.add(next(results))
+                builder.merge_file_(shard)
+                os.unlink(shard + ".bin")
+                os.unlink(shard + ".idx")
+            builder.finalize(prefix + ".idx")
+        report.setdefault(s.name, {})[lang] = split_report(s.paths[lang], stats)
+    os.rmdir(shard_dir)
+    return report
+
+
+def split_report(path: str, stats: ChunkStats) -> Dict[str, Any]:
+    """Figures of one binarized file. Tokens and lengths count the `</s>` each item ends with, as fairseq does."""
+    return {
+        "input": path,
+        "examples": stats.examples,
+        "tokens": stats.tokens,
+        "unk": stats.unk,
+        "unk_rate": stats.unk / stats.tokens if stats.tokens else 0.0,
+        "length": length_percentiles(stats.lengths),
+    }
+
+
+def length_percentiles(hist: Counter, qs: Sequence[int] = PERCENTILES) -> Dict[str, int]:
+    """Nearest-rank percentiles from a histogram: the smallest length with at least q% of items at or below it."""
+    total = sum(hist.values())
+    out: Dict[str, int] = {}
+    if total == 0:
+        return out
+    lengths = sorted(hist)
+    for q in qs:
+        rank = max(1, math.ceil(q * total / 100))
+        seen = 0
+        for length in lengths:
+            seen += hist[length]
+            if seen >= rank:
+                out[f"p{q}"] = length
+                break
+    out["max"] = lengths[-1]
+    return out
+
+
+def format_summary(summary: Dict[str, Any], destdir: str) -> str:
+    dicts = ", ".join(f"dict.{lang}.txt {info['size']} symbols" for lang, info in summary["dictionaries"].items())
+    lines = [f"Wrote {destdir} (tokenizer {summary['tokenizer']}; {dicts})"]
+    if summary["splits"]:
+        head = ("split", "side", "examples", "tokens", "<unk>", "p50", "p90", "p95", "p99", "max")
+        rows = [head]
+        for split, sides in summary["splits"].items():
+            for lang, r in sides.items():
+                L = r["length"]
+                rows.append((split, lang, f"{r['examples']:,}", f"{r['tokens']:,}", f"{100 * r['unk_rate']:.2f}%",
+                             *(str(L[k]) for k in ("p50", "p90", "p95", "p99", "max"))))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        for r in rows:
+            lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append("tokens and lengths include the </s> that ends every item; <unk> = share of tokens")
+    return "\n".join(lines)
