@@ -1,0 +1,166 @@
+"""Progress reporting in fairseq's formats: tqdm | simple | json | none, optionally mirrored to TensorBoard.
+
+`log(stats, tag, step)` reports intermediate stats (every --log-interval updates, decided by the caller);
+`print(stats, tag, step)` reports an end-of-epoch or validation summary. Lines go through Python logging under the
+tag's logger name (train_inner, train, valid), so they read like fairseq's:
+
+    epoch 001:     10 / 16 loss=7.592, nll_loss=7.574, ppl=190.48, wps=284.2, ...      (simple, log)
+    epoch 001 | loss 7.454 | nll_loss 7.419 | ppl 171.09 | ...                          (simple/tqdm, print)
+    {"epoch": 1, "update": 0.625, "loss": 7.592, ...}                                   (json, log)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import numbers
+import sys
+from collections import OrderedDict
+from typing import Any, Iterable, Iterator, Mapping, Optional
+
+from seqtrain.logging.tensorboard import TensorboardWriter
+
+LOG_FORMATS = ("tqdm", "simple", "json", "none")
+
+
+def format_stat(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        return str(value)
+    return "{:g}".format(value)
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, numbers.Number) or isinstance(value, int):
+        return value
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf literals
+    return float("{:g}".format(value))  # the digits the simple format shows (no 0.0012000000000000001)
+
+
+class ProgressBar:
+    """Iterates over `iterable` and reports stats; subclasses choose the output format."""
+
+    def __init__(self, iterable: Iterable, epoch: Optional[int] = None, prefix: Optional[str] = None,
+                 total: Optional[int] = None, offset: int = 0):
+        self.iterable = iterable
+        self.epoch = epoch
+        self.offset = offset
+        self.n = offset  # items consumed so far (continues from `offset` on a mid-epoch resume)
+        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
+        self.prefix = ""
+        if epoch is not None:
+            self.prefix += "epoch {:03d}".format(epoch)
+        if prefix:
+            self.prefix += (" | " if self.prefix else "") + prefix
+        self.tensorboard: Optional[TensorboardWriter] = None
+
+    def __iter__(self) -> Iterator:
+        for item in self.iterable:
+            self.n += 1
+            yield item
+
+    def log(self, stats: Mapping[str, Any], tag: str = "train_inner", step: Optional[int] = None) -> None:
+        if self.tensorboard is not None and step is not None:
+            self.tensorboard.log_scalars(tag, stats, step)
+        self._log(stats, tag, step)
+
+    def print(self, stats: Mapping[str, Any], tag: str = "train", step: Optional[int] = None) -> None:
+        if self.tensorboard is not None and step is not None:
+            self.tensorboard.log_scalars(tag, stats, step)
+        self._print(stats, tag, step)
+
+    def _log(self, stats: Mapping[str, Any], tag: str, step: Optional[int]) -> None:
+        pass
+
+    def _print(self, stats: Mapping[str, Any], tag: str, step: Optional[int]) -> None:
+        pass
+
+    def _summary(self, stats: Mapping[str, Any]) -> str:
+        parts = [self.prefix] if self.prefix else []
+        parts += ["{} {}".format(k, format_stat(v)) for k, v in stats.items()]
+        return " | ".join(parts)
+
+    def _position(self) -> str:
+        total = self.total if self.total is not None else "?"
+        return "{:5d} / {}".format(self.n, total)
+
+
+class NoneProgressBar(ProgressBar):
+    pass
+
+
+class SimpleProgressBar(ProgressBar):
+    def _log(self, stats, tag, step):
+        body = ", ".join("{}={}".format(k, format_stat(v)) for k, v in stats.items())
+        logging.getLogger(tag).info("{}: {} {}".format(self.prefix, self._position(), body))
+
+    def _print(self, stats, tag, step):
+        logging.getLogger(tag).info(self._summary(stats))
+
+
+class JsonProgressBar(ProgressBar):
+    def _log(self, stats, tag, step):
+        out: "OrderedDict[str, Any]" = OrderedDict()
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+            if self.total:
+                out["update"] = round(self.epoch - 1 + self.n / float(self.total), 3)
+        for k, v in stats.items():
+            out[k] = _json_value(v)
+        logging.getLogger(tag).info(json.dumps(out))
+
+    def _print(self, stats, tag, step):
+        out: "OrderedDict[str, Any]" = OrderedDict()
+        if self.epoch is not None:
+            out["epoch"] = self.epoch
+        for k, v in stats.items():
+            out["{}_{}".format(tag, k)] = _json_value(v)
+        logging.getLogger(tag).info(json.dumps(out))
+
+
+class TqdmProgressBar(ProgressBar):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from tqdm import tqdm
+
+        self._tqdm = tqdm(total=self.total, initial=self.offset, desc=self.prefix, leave=False,
+                          file=sys.stderr, dynamic_ncols=True)
+
+    def __iter__(self):
+        try:
+            for item in super().__iter__():
+                self._tqdm.update(1)
+                yield item
+        finally:
+            self._tqdm.close()
+
+    def _log(self, stats, tag, step):
+        self._tqdm.set_postfix(OrderedDict((k, format_stat(v)) for k, v in stats.items()), refresh=False)
+
+    def _print(self, stats, tag, step):
+        # tqdm.write keeps the bar intact; the summary also goes to the log for log files.
+        logging.getLogger(tag).info(self._summary(stats))
+
+
+_BARS = {"tqdm": TqdmProgressBar, "simple": SimpleProgressBar, "json": JsonProgressBar, "none": NoneProgressBar}
+
+
+def default_log_format(no_progress_bar: bool = False) -> str:
+    """fairseq's default: tqdm on an interactive terminal, simple lines otherwise."""
+    if no_progress_bar:
+        return "simple"
+    return "tqdm" if sys.stderr.isatty() else "simple"
+
+
+def progress_bar(iterable: Iterable, log_format: Optional[str] = None, epoch: Optional[int] = None,
+                 prefix: Optional[str] = None, total: Optional[int] = None, offset: int = 0,
+                 tensorboard: Optional[TensorboardWriter] = None, no_progress_bar: bool = False) -> ProgressBar:
+    fmt = log_format or default_log_format(no_progress_bar)
+    if no_progress_bar and fmt == "tqdm":
+        fmt = "simple"
+    if fmt not in _BARS:
+        raise ValueError(f"unknown log format {fmt!r}; choose from: {', '.join(LOG_FORMATS)}")
+    bar = _BARS[fmt](iterable, epoch=epoch, prefix=prefix, total=total, offset=offset)
+    bar.tensorboard = tensorboard
+    return bar

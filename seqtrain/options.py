@@ -1,0 +1,457 @@
+"""The argparse parsers of the CLIs, assembled from each component's `add_args` (fairseq's flag names).
+
+Precedence, highest first: flags on the command line > `--config FILE` values > the `--arch` preset > each
+flag's default. Parsing takes two stages as in fairseq: first the component choices (--task, --arch,
+--criterion, --optimizer, --lr-scheduler) are read, then the chosen components add their own flags and the
+full command line is parsed. The arch preset runs last and only fills model fields still unset (None), so
+explicit flags and config values win over it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.logging.progress import LOG_FORMATS
+
+# The flags that pick a component; their values decide which further flags exist.
+_CHOICE_FLAGS = (("--task",), ("--arch", "-a"), ("--criterion",), ("--optimizer",), ("--lr-scheduler",))
+
+
+# ------------------------------------------------------------------------------------------------- small types
+def int_list(value: Any) -> List[int]:
+    """fairseq's list-valued int flags (--update-freq): "2", "1,2,4", "[1, 2]" or an int/list."""
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    text = str(value).strip().strip("[]()")
+    try:
+        out = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {value!r}")
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {value!r}")
+    return out
+
+
+def str2bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v in ("1", "true", "yes", "y", "on"):
+        return True
+    if v in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {value!r}")
+
+
+def _add(group: Any, parser: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:
+    """Add a flag unless a component already declared it (components own their flags; these are fallbacks)."""
+    if any(f in parser._option_string_actions for f in flags):
+        return
+    group.add_argument(*flags, **kw)
+
+
+# ------------------------------------------------------------------------------------------------- flag groups
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Common")
+    _add(g, parser, "--config", metavar="FILE",
+         help="JSON or YAML-style `key: value` file of flag defaults (keys: flag names with - or _); "
+              "flags given on the command line override it")
+    _add(g, parser, "--seed", type=int, default=1, metavar="N", help="random seed (default: 1)")
+    _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
+    _add(g, parser, "--fp16", action="store_true", help="fp16 autocast with dynamic loss scaling (CUDA)")
+    _add(g, parser, "--bf16", action="store_true", help="bf16 autocast (CUDA; no loss scaling needed)")
+    _add(g, parser, "--compile", action="store_true", help="torch.compile the model (CUDA recommended)")
+    _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
+
+
+def add_logging_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Logging")
+    _add(g, parser, "--log-format", default=None, choices=LOG_FORMATS,
+         help="progress output (default: tqdm on a terminal, simple otherwise)")
+    _add(g, parser, "--log-interval", type=int, default=100, metavar="N", help="log progress every N updates")
+    _add(g, parser, "--log-file", default=None, metavar="FILE", help="also write the log to this file")
+    _add(g, parser, "--no-progress-bar", action="store_true", help="disable the tqdm progress bar")
+    _add(g, parser, "--tensorboard-logdir", default=None, metavar="DIR",
+         help="write TensorBoard scalars (train_inner/, train/, valid/ subfolders) to DIR")
+    _add(g, parser, "--peak-flops", type=float, default=None, metavar="FLOPS",
+         help="peak FLOP/s of one device (e.g. 989e12 for H100 bf16); logs mfu = achieved / peak, "
+              "achieved ~ 6 x params x target tokens/s")
+    _add(g, parser, "--profile", type=int, default=0, metavar="N",
+         help="record a torch.profiler trace of N updates (after 1 warm-up) into --tensorboard-logdir or --save-dir")
+
+
+def add_distributed_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Distributed training")
+    _add(g, parser, "--distributed-world-size", type=int, default=1, metavar="N",
+         help="total number of processes (GPUs) across all nodes")
+    _add(g, parser, "--distributed-rank", type=int, default=0, metavar="N", help="rank of this process")
+    _add(g, parser, "--distributed-backend", default="nccl", metavar="NAME", help="torch.distributed backend")
+    _add(g, parser, "--distributed-init-method", default=None, metavar="URL",
+         help="init method, e.g. tcp://host:port (default: from torchrun's environment)")
+    _add(g, parser, "--distributed-port", type=int, default=-1, metavar="N", help="port for the init method")
+    _add(g, parser, "--device-id", "--local_rank", type=int, default=0, metavar="N", help="which local GPU to use")
+    _add(g, parser, "--distributed-no-spawn", action="store_true",
+         help="do not spawn one process per GPU (processes are launched externally, e.g. by torchrun)")
+    _add(g, parser, "--ddp-backend", default="pytorch_ddp", choices=("pytorch_ddp", "c10d", "fully_sharded", "no_c10d"),
+         help="data-parallel wrapper")
+    _add(g, parser, "--bucket-cap-mb", type=int, default=25, metavar="MB", help="DDP bucket size")
+    _add(g, parser, "--find-unused-parameters", action="store_true", help="DDP find_unused_parameters")
+
+
+def add_optimization_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Optimization")
+    _add(g, parser, "--max-epoch", type=int, default=0, metavar="N", help="stop after this epoch (0: no limit)")
+    _add(g, parser, "--max-update", type=int, default=0, metavar="N", help="stop after this many updates (0: no limit)")
+    _add(g, parser, "--stop-time-hours", type=float, default=0, metavar="H",
+         help="stop after this much cumulative training time (0: no limit)")
+    _add(g, parser, "--clip-norm", type=float, default=0.0, metavar="NORM", help="clip gradients to this L2 norm (0: off)")
+    _add(g, parser, "--sentence-avg", action="store_true",
+         help="normalize gradients by the number of sentences, not tokens")
+    _add(g, parser, "--update-freq", type=int_list, default=[1], metavar="N1,N2,...",
+         help="accumulate gradients over N batches per update (a list gives one value per epoch)")
+    _add(g, parser, "--stop-min-lr", type=float, default=-1.0, metavar="LR", help="stop when the lr falls to this")
+
+
+def add_validation_args(parser: argparse.ArgumentParser, group: Any = None) -> None:
+    g = group if group is not None else parser.add_argument_group("Validation")
+    _add(g, parser, "--train-subset", default="train", metavar="SPLIT", help="split to train on")
+    _add(g, parser, "--valid-subset", default="valid", metavar="SPLITS", help="comma-separated splits to validate on")
+    _add(g, parser, "--validate-interval", type=int, default=1, metavar="N", help="validate every N epochs")
+    _add(g, parser, "--validate-interval-updates", type=int, default=0, metavar="N",
+         help="also validate every N updates")
+    _add(g, parser, "--validate-after-updates", type=int, default=0, metavar="N", help="no validation before N updates")
+    _add(g, parser, "--disable-validation", action="store_true", help="never validate")
+    _add(g, parser, "--max-valid-steps", type=int, default=None, metavar="N", help="validate on at most N batches")
+
+
+def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("Checkpoint")
+    _add(g, parser, "--save-dir", default="checkpoints", metavar="DIR", help="where to save checkpoints")
+    _add(g, parser, "--restore-file", default="checkpoint_last.pt", metavar="FILE",
+         help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir; "
+              "any other path is used as given)")
+    _add(g, parser, "--finetune-from-model", default=None, metavar="FILE",
+         help="start from this model's weights (optimizer, lr scheduler, meters and data position reset) when "
+              "--save-dir has no checkpoint_last.pt yet")
+    _add(g, parser, "--reset-dataloader", action="store_true", help="do not restore the data position")
+    _add(g, parser, "--reset-lr-scheduler", action="store_true", help="do not restore the lr scheduler")
+    _add(g, parser, "--reset-meters", action="store_true", help="do not restore meters")
+    _add(g, parser, "--reset-optimizer", action="store_true",
+         help="do not restore the optimizer (nor the update count, lr scheduler and loss scale)")
+    _add(g, parser, "--optimizer-overrides", default="{}", metavar="DICT",
+         help="JSON dict of optimizer hyper-parameters to override when restoring, e.g. '{\"lr\": 1e-4}'")
+    _add(g, parser, "--save-interval", type=int, default=1, metavar="N", help="save a checkpoint every N epochs")
+    _add(g, parser, "--save-interval-updates", type=int, default=0, metavar="N",
+         help="also save checkpoint_{epoch}_{updates}.pt (and validate) every N updates")
+    _add(g, parser, "--keep-interval-updates", type=int, default=-1, metavar="N",
+         help="keep only the last N update checkpoints")
+    _add(g, parser, "--keep-last-epochs", type=int, default=-1, metavar="N", help="keep only the last N epoch checkpoints")
+    _add(g, parser, "--keep-best-checkpoints", type=int, default=-1, metavar="N",
+         help="keep the N best checkpoints as checkpoint.best_{metric}_{value}.pt")
+    _add(g, parser, "--no-save", action="store_true", help="save no checkpoints")
+    _add(g, parser, "--no-epoch-checkpoints", action="store_true", help="save only best and last checkpoints")
+    _add(g, parser, "--no-last-checkpoints", action="store_true", help="do not save checkpoint_last.pt")
+    _add(g, parser, "--no-save-optimizer-state", action="store_true",
+         help="leave optimizer state out of checkpoints (smaller; resuming then starts a fresh optimizer)")
+    _add(g, parser, "--best-checkpoint-metric", default="loss", metavar="METRIC", help="validation metric that picks the best checkpoint")
+    _add(g, parser, "--maximize-best-checkpoint-metric", action="store_true",
+         help="higher is better for --best-checkpoint-metric")
+    _add(g, parser, "--patience", type=int, default=-1, metavar="N",
+         help="stop when validation has not improved for N consecutive validations (-1: off)")
+    _add(g, parser, "--unsafe-load", action="store_true",
+         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)")
+
+
+# ------------------------------------------------------------------------------------------------- assembly
+# Help shows groups in this order (by title prefix); components own their groups, options.py only orders them.
+_GROUP_ORDER = ("positional", "options", "Common", "fp16", "Logging", "Dataset", "Task", "Model", "Criterion",
+                "Optimization", "Optimizer", "LR scheduler", "Checkpoint", "Distributed")
+
+
+def _order_groups(parser: argparse.ArgumentParser) -> None:
+    def rank(group: Any) -> int:
+        title = group.title or ""
+        for i, prefix in enumerate(_GROUP_ORDER):
+            if title.lower().startswith(prefix.lower()):
+                return i
+        return len(_GROUP_ORDER)
+
+    parser._action_groups.sort(key=rank)  # stable: groups of equal rank keep their order
+
+
+def _retitle(group: Any, title: str) -> None:
+    if group is not None and hasattr(group, "title"):
+        group.title = title
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each flag's default, unless it is empty (None/False/[]) or the help text already names it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default in (None, False, argparse.SUPPRESS) or default == []
+                or not action.option_strings):
+            return text
+        shown = ",".join(map(str, default)) if isinstance(default, list) else default
+        return f"{text} (default: {shown})".replace("%", "%%") if "%" not in text else text
+
+
+def get_parser(desc: str, default_task: str = "translation") -> argparse.ArgumentParser:
+    from seqtrain.optim import loss_scaler
+
+    parser = argparse.ArgumentParser(description=desc, allow_abbrev=False, formatter_class=HelpFormatter)
+    add_common_args(parser)
+    g = next(g for g in parser._action_groups if g.title == "Common")
+    g.add_argument("--task", default=default_task, metavar="TASK", help="task (default: %(default)s)")
+    _retitle(loss_scaler.add_args(parser), "fp16 loss scaling")
+    add_logging_args(parser)
+    return parser
+
+
+def get_training_parser(default_task: str = "translation") -> argparse.ArgumentParser:
+    """The seqtrain-train parser before the chosen task/optimizer/scheduler flags (parse_args_and_arch adds
+    those once the choices are known)."""
+    import seqtrain.criterions as criterions
+    import seqtrain.models as models
+    from seqtrain.data import options as data_options
+    from seqtrain.registry import ARCHS
+
+    parser = get_parser("Train a sequence-to-sequence model (fairseq-compatible flags).", default_task)
+    dataset = data_options.add_dataset_args(parser, train=True)
+    _retitle(dataset, "Dataset and batching")
+    add_validation_args(parser, dataset)
+    model = models.add_args(parser)
+    _retitle(model, "Model configuration")
+    model.add_argument("--arch", "-a", default=None, metavar="ARCH",
+                       help=f"model architecture preset, required: {', '.join(ARCHS.names())}")
+    _retitle(criterions.add_args(parser), "Criterion")
+    add_optimization_args(parser)
+    add_checkpoint_args(parser)
+    add_distributed_args(parser)
+    parser.set_defaults(_stage="train")
+    _order_groups(parser)
+    return parser
+
+
+def get_generation_parser(default_task: str = "translation") -> argparse.ArgumentParser:
+    """The common part of seqtrain-generate's parser; the generation flags (beam, lenpen, ...) are added by
+    seqtrain.generation's add_args, which the generate CLI calls (its own issue)."""
+    from seqtrain.data import options as data_options
+
+    parser = get_parser("Generate with a trained model (fairseq-compatible flags).", default_task)
+    _retitle(data_options.add_dataset_args(parser, train=False, gen=True), "Dataset and batching")
+    g = parser.add_argument_group("Checkpoint")
+    g.add_argument("--path", metavar="FILE", help="checkpoint(s) to generate with, colon-separated")
+    g.add_argument("--results-path", default=None, metavar="DIR", help="write generate-{split}.txt here")
+    _add(g, parser, "--unsafe-load", action="store_true",
+         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)")
+    add_distributed_args(parser)
+    parser.set_defaults(_stage="generate")
+    _order_groups(parser)
+    return parser
+
+
+def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
+    """Add the flags of the chosen task / optimizer / lr scheduler."""
+    import seqtrain.tasks  # noqa: F401  (registers tasks)
+    from seqtrain import registry
+    from seqtrain.optim import lr_scheduler, optimizers
+
+    table = {"task": registry.TASKS, "optimizer": registry.OPTIMIZERS, "lr_scheduler": registry.LR_SCHEDULERS}[dest]
+    if name not in table:
+        raise SeqtrainError(f"--{dest.replace('_', '-')}: unknown {table.kind} {name!r}; "
+                            f"choose from: {', '.join(table.names())}")
+    if dest == "task":
+        cls = table.get(name)
+        # a CLI that declared DATA itself (seqtrain-generate: optional with --input) keeps its own
+        if hasattr(cls, "add_args") and not any(a.dest == "data" for a in parser._actions):
+            cls.add_args(parser)
+    elif dest == "optimizer":
+        _retitle(optimizers.add_args(parser, name), f"Optimizer ({name})")
+    else:
+        _retitle(lr_scheduler.add_args(parser, name), f"LR scheduler ({name})")
+
+
+# ------------------------------------------------------------------------------------------------- config files
+def _parse_scalar(text: str) -> Any:
+    text = text.strip()
+    if not text or text in ("~", "null", "None"):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    low = text.lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    if text.startswith("[") and text.endswith("]"):
+        return [_parse_scalar(part) for part in text[1:-1].split(",") if part.strip()]
+    return text
+
+
+def load_config(path: str) -> Tuple[Dict[str, Any], Dict[str, int]]:
+    """Read a config file: JSON object, or YAML-style `key: value` lines (# comments). Returns (values,
+    line number of each key; 0 for JSON)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise SeqtrainError(f"--config {path}: cannot read ({e.strerror})") from None
+    if text.lstrip().startswith("{"):
+        try:
+            values = json.loads(text)
+        except ValueError as e:
+            raise SeqtrainError(f"--config {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        if not isinstance(values, dict):
+            raise SeqtrainError(f"--config {path}: expected a JSON object of flag values")
+        return values, {k: 0 for k in values}
+    values: Dict[str, Any] = {}
+    lines: Dict[str, int] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
+        if not line.strip() or line.strip() == "---":
+            continue
+        if line[0].isspace() or ":" not in line:
+            raise SeqtrainError(f"--config {path} line {n}: expected `key: value` (no nesting), got {raw.strip()!r}")
+        key, value = line.split(":", 1)
+        values[key.strip()] = _parse_scalar(value)
+        lines[key.strip()] = n
+    return values, lines
+
+
+def _convert(action: argparse.Action, value: Any, where: str) -> Any:
+    """Turn a config value into what argparse would have produced for it on the command line."""
+    if value is None:
+        return None
+    try:
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                               argparse.BooleanOptionalAction)):
+            return str2bool(value)
+        convert = action.type or (lambda v: v)
+        if action.nargs in ("+", "*") or isinstance(action.nargs, int):
+            items = value if isinstance(value, list) else [value]
+            out = [convert(v if not isinstance(v, (int, float)) or action.type in (None, str) else v) for v in items]
+            out = [str(v) if action.type is str else v for v in out]
+        elif isinstance(value, list) and action.type is not None and action.type not in (int, float, str):
+            out = convert(value)  # list-valued types (int_list, lr lists) accept lists
+        elif isinstance(value, (dict, list)):
+            out = json.dumps(value) if action.type in (None, str) else convert(value)
+        elif action.type in (None, str):
+            out = str(value)
+        else:
+            out = convert(value if action.type in (int, float) else str(value))
+    except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
+        raise SeqtrainError(f"{where}: invalid value {value!r} ({e})") from None
+    if action.choices is not None:
+        for v in out if isinstance(out, list) and action.nargs else [out]:
+            if v not in action.choices:
+                raise SeqtrainError(f"{where}: {v!r} is not one of {', '.join(map(str, action.choices))}")
+    return out
+
+
+def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
+    out: Dict[str, argparse.Action] = {}
+    for action in parser._actions:
+        if action.dest in ("help", "config"):
+            continue
+        out[action.dest] = action
+        for flag in action.option_strings:
+            out[flag.lstrip("-")] = action
+            out[flag.lstrip("-").replace("-", "_")] = action
+    return out
+
+
+def apply_config(parser: argparse.ArgumentParser, path: str, values: Dict[str, Any], lines: Dict[str, int],
+                 strict: bool = True) -> None:
+    """Set config values as parser defaults. With strict, a key that is no flag of this parser is an error."""
+    by_key = _actions_by_key(parser)
+    defaults: Dict[str, Any] = {}
+    for key, value in values.items():
+        where = f"--config {path}" + (f" line {lines.get(key)}" if lines.get(key) else "") + f" ({key})"
+        action = by_key.get(key.lstrip("-")) or by_key.get(key.lstrip("-").replace("-", "_"))
+        if action is None:
+            if strict:
+                raise SeqtrainError(f"{where}: unknown option {key!r}")
+            continue
+        defaults[action.dest] = _convert(action, value, where)
+        if not action.option_strings:
+            # A positional (DATA) given in the config becomes optional on the command line.
+            action.nargs, action.required = "?", False
+        elif action.required:
+            action.required = False
+    parser.set_defaults(**defaults)
+
+
+# ------------------------------------------------------------------------------------------------- parsing
+def _pre_parse(argv: Sequence[str], defaults: Dict[str, Any]) -> argparse.Namespace:
+    """Read --config and the component choices without failing on flags that do not exist yet."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default=None)
+    for flags in _CHOICE_FLAGS:
+        dest = flags[0].lstrip("-").replace("-", "_")
+        pre.add_argument(*flags, dest=dest, default=defaults.get(dest))
+    args, _ = pre.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    return args
+
+
+def _config_value(config: Dict[str, Any], dest: str) -> Any:
+    for key in (dest, dest.replace("_", "-"), "--" + dest.replace("_", "-")):
+        if key in config:
+            return config[key]
+    return None
+
+
+def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse `argv` with `parser` once the chosen components added their flags; then apply the arch preset."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    stage = parser.get_default("_stage")
+    # Choices default to the parser's defaults (fairseq's: adam is seqtrain's default optimizer, fixed the
+    # scheduler), then the config file, then the command line.
+    defaults = {"task": parser.get_default("task") or "translation", "optimizer": "adam", "lr_scheduler": "fixed"}
+    first = _pre_parse(argv, defaults)
+    config: Dict[str, Any] = {}
+    lines: Dict[str, int] = {}
+    if first.config:
+        config, lines = load_config(first.config)
+        for dest in ("task", "arch", "criterion", "optimizer", "lr_scheduler"):
+            if _config_value(config, dest) is not None:
+                defaults[dest] = _config_value(config, dest)
+        first = _pre_parse(argv, defaults)
+
+    _add_choice_args(parser, "task", first.task)
+    if stage == "train":
+        _add_choice_args(parser, "optimizer", first.optimizer)
+        _add_choice_args(parser, "lr_scheduler", first.lr_scheduler)
+        if first.arch is not None:
+            from seqtrain.registry import ARCHS
+
+            if first.arch not in ARCHS:
+                raise SeqtrainError(f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}")
+    _order_groups(parser)
+    if first.config:
+        apply_config(parser, first.config, config, lines)
+
+    args = parser.parse_args(argv)
+    if stage == "train":
+        from seqtrain.registry import ARCHS
+
+        if not args.arch:
+            raise SeqtrainError(f"--arch is required; choose from: {', '.join(ARCHS.names())}")
+        ARCHS.get(args.arch)(args)  # fills only fields still None: explicit flags and config values win
+    if hasattr(args, "_stage"):
+        del args._stage
+    if getattr(args, "config", None):
+        args.config = os.path.abspath(args.config)
+    return args

@@ -1,0 +1,210 @@
+"""fairseq's `translation` task (alias `summarization`): source -> target pairs from a data-bin.
+
+The task owns the dictionaries and the datasets of one data-bin, builds the model and criterion for them, and
+defines one training / validation step. The data-bin layout is fairseq's: dict.{src}.txt, dict.{tgt}.txt and
+{split}.{src}-{tgt}.{lang}.bin/.idx; `data` may list several data-bins separated by ':' (epoch k trains on the
+((k-1) mod n)-th, as fairseq does for sharded corpora; validation always reads the first).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.data.indexed_dataset import MMapIndexedDataset
+from seqtrain.data.iterators import EpochBatchIterator
+from seqtrain.data.pair_dataset import LanguagePairDataset
+from seqtrain.errors import SeqtrainError
+from seqtrain.registry import TASKS
+
+logger = logging.getLogger(__name__)
+
+
+def infer_language_pair(path: str) -> Tuple[Optional[str], Optional[str]]:
+    """(src, tgt) from the names of the data files, e.g. train.source-target.source.idx -> (source, target)."""
+    pair_re = re.compile(r"^[^.]+\.([^.-]+)-([^.-]+)\.([^.]+)\.idx$")
+    found = []
+    for name in sorted(os.listdir(path)) if os.path.isdir(path) else []:
+        m = pair_re.match(name)
+        if m and m.group(3) in (m.group(1), m.group(2)):
+            found.append((name.startswith("train."), m.group(1), m.group(2)))
+    if not found:
+        return None, None
+    found.sort(reverse=True)  # train files first: they name the pair the model is trained on
+    return found[0][1], found[0][2]
+
+
+@TASKS.register("translation", "summarization")
+class TranslationTask:
+    """Translate a source sequence into a target sequence (summarization is the same task)."""
+
+    @staticmethod
+    def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+        group = parser.add_argument_group("Task (translation)")
+        group.add_argument("data", metavar="DATA",
+                           help="data-bin folder (or several, separated by ':', used one per epoch in turn)")
+        return group
+
+    def __init__(self, args: argparse.Namespace, src_dict: Dictionary, tgt_dict: Dictionary,
+                 tokenizer_spec: Optional[dict] = None):
+        self.args = args
+        self.src_dict = src_dict
+        self.tgt_dict = tgt_dict
+        self.tokenizer_spec = tokenizer_spec
+        self.datasets: Dict[str, LanguagePairDataset] = {}
+        self._iterators: Dict[int, EpochBatchIterator] = {}
+
+    # fairseq's names, used by criteria and generation
+    @property
+    def source_dictionary(self) -> Dictionary:
+        return self.src_dict
+
+    @property
+    def target_dictionary(self) -> Dictionary:
+        return self.tgt_dict
+
+    @classmethod
+    def setup_task(cls, args: argparse.Namespace) -> "TranslationTask":
+        paths = cls._paths(args)
+        if args.source_lang is None or args.target_lang is None:
+            src, tgt = infer_language_pair(paths[0])
+            if src is None:
+                raise SeqtrainError(
+                    f"{paths[0]}: no data files like train.SRC-TGT.SRC.idx found to infer the languages from; "
+                    "pass --source-lang and --target-lang (or run seqtrain-preprocess)"
+                )
+            args.source_lang = args.source_lang or src
+            args.target_lang = args.target_lang or tgt
+        src_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{args.source_lang}.txt"))
+        tgt_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{args.target_lang}.txt"))
+        if (src_dict.pad(), src_dict.eos(), src_dict.unk()) != (tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()):
+            raise SeqtrainError(f"{paths[0]}: source and target dictionaries disagree on the special symbols")
+        logger.info(f"[{args.source_lang}] dictionary: {len(src_dict)} types")
+        logger.info(f"[{args.target_lang}] dictionary: {len(tgt_dict)} types")
+        from seqtrain.data.tokenizer import load_databin_tokenizer
+
+        spec = load_databin_tokenizer(paths[0]).spec()
+        return cls(args, src_dict, tgt_dict, spec)
+
+    @staticmethod
+    def _paths(args: argparse.Namespace) -> List[str]:
+        paths = [p for p in str(args.data).split(":") if p]
+        if not paths:
+            raise SeqtrainError("DATA: no data-bin folder given")
+        for p in paths:
+            if not os.path.isdir(p):
+                raise SeqtrainError(f"DATA {p}: not a folder (expected a data-bin made by seqtrain-preprocess)")
+        return paths
+
+    @staticmethod
+    def _load_dictionary(path: str) -> Dictionary:
+        if not os.path.exists(path):
+            raise SeqtrainError(f"{path}: dictionary not found (is this a data-bin from seqtrain-preprocess?)")
+        return Dictionary.load(path)
+
+    # ---------------------------------------------------------------------------------------------- data
+    def _prefix(self, folder: str, split: str, lang: str) -> str:
+        src, tgt = self.args.source_lang, self.args.target_lang
+        for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
+            prefix = os.path.join(folder, f"{split}.{pair}.{lang}")
+            if MMapIndexedDataset.exists(prefix):
+                return prefix
+        raise SeqtrainError(
+            f"{folder}: split {split!r} not found (expected {split}.{src}-{tgt}.{lang}.bin and .idx)")
+
+    def load_dataset(self, split: str, epoch: int = 1, **_: Any) -> LanguagePairDataset:
+        """Open `split` (memory-mapped; nothing is read until batches are built) and keep it in self.datasets."""
+        paths = self._paths(self.args)
+        folder = paths[(epoch - 1) % len(paths)] if split == getattr(self.args, "train_subset", "train") else paths[0]
+        src = MMapIndexedDataset(self._prefix(folder, split, self.args.source_lang))
+        tgt = MMapIndexedDataset(self._prefix(folder, split, self.args.target_lang))
+        a = self.args
+        dataset = LanguagePairDataset(
+            src, src.sizes, self.src_dict, tgt, tgt.sizes, self.tgt_dict,
+            left_pad_source=bool(getattr(a, "left_pad_source", True)),
+            left_pad_target=bool(getattr(a, "left_pad_target", False)),
+            prepend_bos=bool(getattr(a, "prepend_bos", False)),
+            truncate_source=bool(getattr(a, "truncate_source", False)),
+            max_source_positions=int(getattr(a, "max_source_positions", None) or 1024),
+            max_target_positions=int(getattr(a, "max_target_positions", None) or 1024),
+        )
+        logger.info(f"{folder} {split} {a.source_lang}-{a.target_lang} {len(dataset)} examples")
+        self.datasets[split] = dataset
+        return dataset
+
+    def dataset(self, split: str) -> LanguagePairDataset:
+        if split not in self.datasets:
+            raise KeyError(f"dataset {split!r} is not loaded (call load_dataset first)")
+        return self.datasets[split]
+
+    def max_positions(self) -> Tuple[int, int]:
+        return (int(getattr(self.args, "max_source_positions", None) or 1024),
+                int(getattr(self.args, "max_target_positions", None) or 1024))
+
+    def get_batch_iterator(self, dataset: LanguagePairDataset, max_tokens: Optional[int] = None,
+                           max_sentences: Optional[int] = None, max_positions: Any = None,
+                           ignore_invalid_inputs: bool = False, required_batch_size_multiple: int = 1,
+                           seed: int = 1, num_shards: int = 1, shard_id: int = 0, num_workers: int = 0,
+                           epoch: int = 1, data_buffer_size: int = 0, split: str = "train") -> EpochBatchIterator:
+        """Length-bucketed batches of `dataset` in an EpochBatchIterator. The same dataset object gives the same
+        iterator back (its batches are frozen; only the epoch order changes), as fairseq caches them."""
+        cached = self._iterators.get(id(dataset))
+        if cached is not None and cached.dataset is dataset:
+            return cached
+        indices = dataset.ordered_indices(seed)
+        max_positions = resolve_max_positions(max_positions, self.max_positions(), max_tokens)
+        indices = filter_by_size(indices, dataset, max_positions, ignore_invalid_inputs, split=split)
+        batches = batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens, max_sentences=max_sentences,
+                                required_batch_size_multiple=required_batch_size_multiple)
+        itr = EpochBatchIterator(dataset, dataset.collater, batches, seed=seed, num_shards=num_shards,
+                                 shard_id=shard_id, epoch=epoch, buffer_size=data_buffer_size,
+                                 num_workers=num_workers)
+        self._iterators[id(dataset)] = itr
+        return itr
+
+    # ---------------------------------------------------------------------------------------------- model
+    def build_model(self, args: argparse.Namespace) -> torch.nn.Module:
+        from seqtrain.models import build_model
+
+        return build_model(args, self.src_dict, self.tgt_dict)
+
+    def build_criterion(self, args: argparse.Namespace) -> Any:
+        from seqtrain.criterions import build_criterion
+
+        return build_criterion(args, self)
+
+    # ---------------------------------------------------------------------------------------------- steps
+    def train_step(self, sample: Dict[str, Any], model: torch.nn.Module, criterion: Any, optimizer: Any,
+                   update_num: int, ignore_grad: bool = False) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
+        """Forward and backward on one batch. `optimizer` may provide `autocast()` (mixed precision context for
+        the forward pass) and `backward(loss)` (loss scaling); a plain object gets loss.backward()."""
+        model.train()
+        autocast = getattr(optimizer, "autocast", None)
+        with torch.autograd.profiler.record_function("forward"):
+            with autocast() if autocast is not None else contextlib.nullcontext():
+                loss, sample_size, logging_output = criterion(model, sample)
+        if ignore_grad:
+            loss = loss * 0  # a dummy batch: keep the graph (collectives still run) but contribute nothing
+        with torch.autograd.profiler.record_function("backward"):
+            backward = getattr(optimizer, "backward", None)
+            if backward is not None:
+                backward(loss)
+            else:
+                loss.backward()
+        return loss, sample_size, logging_output
+
+    def valid_step(self, sample: Dict[str, Any], model: torch.nn.Module, criterion: Any
+                   ) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
+        model.eval()
+        with torch.no_grad():
+            return criterion(model, sample)
+
+    def reduce_metrics(self, logging_outputs: List[Dict[str, Any]], criterion: Any) -> Dict[str, float]:
+        return type(criterion).reduce_metrics(logging_outputs)

@@ -1,0 +1,244 @@
+"""Which checkpoints a training run writes, keeps and resumes from: fairseq's names and policy.
+
+Names, in the order fairseq evaluates them (the first one that applies is written, the rest are hard links to
+it, or copies where links are impossible):
+
+    checkpoint{epoch}.pt              end of every --save-interval-th epoch (unless --no-epoch-checkpoints)
+    checkpoint_{epoch}_{updates}.pt   every --save-interval-updates updates, mid-epoch
+    checkpoint_best.pt                when the validation --best-checkpoint-metric is the best so far (ties too)
+    checkpoint.best_{metric}_{value:.3f}.pt   the --keep-best-checkpoints best ones
+    checkpoint_last.pt                every save (unless --no-last-checkpoints)
+
+Every file is written atomically and never modified in place afterwards (a new save replaces the name with a
+new file), so names sharing one file via hard links never change under each other. The best value and the
+--patience counter live in this object, not in globals, and travel inside each checkpoint's extra_state.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from seqtrain.checkpoint import load_checkpoint_file, read_checkpoint
+from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import atomic_write, fsync_dir
+
+logger = logging.getLogger(__name__)
+
+
+def checkpoint_paths(folder: str, pattern: str) -> List[str]:
+    """Files in `folder` whose name fully matches `pattern`, sorted by the pattern's first group (a number),
+    largest first."""
+    regex = re.compile(pattern)
+    found = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        m = regex.fullmatch(name)
+        if m:
+            found.append((float(m.group(1)), name))
+    return [os.path.join(folder, name) for _, name in sorted(found, reverse=True)]
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """Make `dst` name the same bytes as `src`: a hard link when the filesystem allows, else an atomic copy.
+    Either way `dst` appears atomically (a link is made under a temporary name and renamed over `dst`)."""
+    folder = os.path.dirname(os.path.abspath(dst))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dst) + ".", suffix=".link", dir=folder)
+    os.close(fd)
+    os.unlink(tmp)
+    try:
+        os.link(src, tmp)
+        os.replace(tmp, dst)
+        fsync_dir(folder)
+    except OSError:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        with open(src, "rb") as fin, atomic_write(dst, "wb") as fout:
+            shutil.copyfileobj(fin, fout, 1 << 24)
+
+
+class CheckpointManager:
+    """Applies the checkpoint flags of one run: what to save after an update or epoch, what to prune, where to
+    resume from, and --patience."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.save_dir = args.save_dir
+        self.best: Optional[float] = None
+        self.patience_best: Optional[float] = None
+        self.patience_runs = 0
+
+    # -------------------------------------------------------------------------------------------- comparison
+    def is_better(self, a: float, b: float) -> bool:
+        """fairseq's tie rule for checkpoint_best: an equal value counts as better."""
+        return a >= b if self.args.maximize_best_checkpoint_metric else a <= b
+
+    def _strictly_better(self, a: float, b: float) -> bool:
+        return a > b if self.args.maximize_best_checkpoint_metric else a < b
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"best": self.best, "patience_best": self.patience_best, "patience_runs": self.patience_runs}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.best = state.get("best")
+        self.patience_best = state.get("patience_best")
+        self.patience_runs = int(state.get("patience_runs", 0))
+
+    # -------------------------------------------------------------------------------------------- early stop
+    def should_stop_early(self, val_metric: Optional[float]) -> bool:
+        """True once validation has not strictly improved for --patience consecutive validations."""
+        if val_metric is None or self.args.patience <= 0:
+            return False
+        if self.patience_best is None or self._strictly_better(val_metric, self.patience_best):
+            self.patience_best = val_metric
+            self.patience_runs = 0
+            return False
+        self.patience_runs += 1
+        if self.patience_runs >= self.args.patience:
+            logger.info(
+                f"early stop since valid performance hasn't improved for last {self.args.patience} runs")
+            return True
+        return False
+
+    # -------------------------------------------------------------------------------------------- saving
+    def checkpoint_names(self, epoch: int, updates: int, end_of_epoch: bool, val_metric: Optional[float]) -> List[str]:
+        """File names this save writes, updating the best value as a side effect (call once per save)."""
+        a = self.args
+        names: List[str] = []
+        if end_of_epoch and not a.no_epoch_checkpoints and epoch % a.save_interval == 0:
+            names.append(f"checkpoint{epoch}.pt")
+        if not end_of_epoch and a.save_interval_updates > 0 and updates % a.save_interval_updates == 0:
+            names.append(f"checkpoint_{epoch}_{updates}.pt")
+        if val_metric is not None:
+            if self.best is None or self.is_better(val_metric, self.best):
+                self.best = val_metric
+                names.append("checkpoint_best.pt")
+            if a.keep_best_checkpoints > 0:
+                kept = self._best_paths()
+                worst = None
+                if kept:
+                    worst = float(self._best_value(kept[-1]))
+                if len(kept) < a.keep_best_checkpoints or worst is None or self._strictly_better(val_metric, worst):
+                    names.append(f"checkpoint.best_{a.best_checkpoint_metric}_{val_metric:.3f}.pt")
+        if not a.no_last_checkpoints:
+            names.append("checkpoint_last.pt")
+        return names
+
+    def _best_paths(self) -> List[str]:
+        """checkpoint.best_* files, best first."""
+        metric = re.escape(self.args.best_checkpoint_metric)
+        paths = checkpoint_paths(self.save_dir, rf"checkpoint\.best_{metric}_(-?\d+\.?\d*)\.pt")
+        return paths if self.args.maximize_best_checkpoint_metric else paths[::-1]
+
+    @staticmethod
+    def _best_value(path: str) -> str:
+        return os.path.basename(path)[: -len(".pt")].rsplit("_", 1)[-1]
+
+    def save(self, trainer: Any, epoch_itr: Any, val_metric: Optional[float]) -> List[str]:
+        """Write this update's checkpoints (maybe none) and prune old ones. Returns the paths written."""
+        a = self.args
+        epoch, updates, end_of_epoch = epoch_itr.epoch, trainer.get_num_updates(), epoch_itr.end_of_epoch()
+        names = self.checkpoint_names(epoch, updates, end_of_epoch, val_metric)
+        if a.no_save or not names:
+            return []
+        os.makedirs(self.save_dir, exist_ok=True)
+        logger.info(f"Preparing to save checkpoint for epoch {epoch} @ {updates} updates")
+        start = time.perf_counter()
+        extra_state = {
+            "epoch": epoch,
+            "train_iterator": epoch_itr.state_dict(),
+            "val_loss": val_metric,
+            "checkpoint_manager": self.state_dict(),
+            "best": self.best,
+        }
+        paths = [os.path.join(self.save_dir, n) for n in names]
+        trainer.save_checkpoint(paths[0], extra_state, with_optimizer=not a.no_save_optimizer_state)
+        for path in paths[1:]:
+            link_or_copy(paths[0], path)
+        logger.info(
+            f"Saved checkpoint {paths[0]} (epoch {epoch} @ {updates} updates, score {val_metric}) "
+            f"(writing took {time.perf_counter() - start:.3f} seconds)"
+        )
+        self.prune()
+        return paths
+
+    def prune(self) -> None:
+        """Apply --keep-interval-updates, --keep-last-epochs and --keep-best-checkpoints."""
+        a = self.args
+        doomed: List[str] = []
+        if a.keep_interval_updates > 0:
+            doomed += checkpoint_paths(self.save_dir, r"checkpoint_\d+_(\d+)\.pt")[a.keep_interval_updates:]
+        if a.keep_last_epochs > 0:
+            doomed += checkpoint_paths(self.save_dir, r"checkpoint(\d+)\.pt")[a.keep_last_epochs:]
+        if a.keep_best_checkpoints > 0:
+            doomed += self._best_paths()[a.keep_best_checkpoints:]
+        for path in doomed:
+            if os.path.lexists(path):
+                os.remove(path)
+
+    # -------------------------------------------------------------------------------------------- resuming
+    def restore(self, trainer: Any, get_train_iterator: Callable[[int], Any]) -> Tuple[Optional[dict], Any]:
+        """fairseq's load_checkpoint: resume from --restore-file (default: checkpoint_last.pt in --save-dir),
+        or start from --finetune-from-model when this run has no checkpoint yet. Returns (extra_state or None,
+        the train EpochBatchIterator positioned where training continues)."""
+        a = self.args
+        reset_optimizer, reset_lr_scheduler = a.reset_optimizer, a.reset_lr_scheduler
+        reset_meters, reset_dataloader = a.reset_meters, a.reset_dataloader
+        try:
+            overrides = json.loads(a.optimizer_overrides) if a.optimizer_overrides else {}
+        except ValueError:
+            raise SeqtrainError(f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}") from None
+        default_restore = a.restore_file == "checkpoint_last.pt"
+        if a.finetune_from_model is not None:
+            if reset_optimizer or reset_lr_scheduler or reset_meters or reset_dataloader:
+                raise SeqtrainError("--finetune-from-model cannot be combined with --reset-optimizer, "
+                                    "--reset-lr-scheduler, --reset-meters or --reset-dataloader (it implies them)")
+            if not default_restore:
+                raise SeqtrainError("--finetune-from-model and --restore-file cannot be given together")
+
+        if default_restore:
+            path = os.path.join(self.save_dir, "checkpoint_last.pt")
+            if not os.path.exists(path) and a.finetune_from_model is not None:
+                if not os.path.exists(a.finetune_from_model):
+                    raise SeqtrainError(f"--finetune-from-model {a.finetune_from_model}: file not found")
+                logger.info(f"loading pretrained model from {a.finetune_from_model}: "
+                            "optimizer, lr scheduler, meters, dataloader will be reset")
+                trainer.load_model_weights(read_checkpoint(a.finetune_from_model, unsafe=a.unsafe_load,
+                                                           require_dict=False), a.finetune_from_model)
+                return None, get_train_iterator(1)
+        else:
+            path = a.restore_file
+            if not os.path.exists(path):
+                raise SeqtrainError(f"--restore-file {path}: file not found")
+
+        logger.info(f"Preparing to load checkpoint {path}")
+        if not os.path.exists(path):
+            logger.info(f"No existing checkpoint found {path}")
+            return None, get_train_iterator(1)
+
+        state = load_checkpoint_file(path, unsafe=a.unsafe_load)
+        if not (isinstance(state, dict) and state.get("format") == "seqtrain"):
+            # A fairseq or Hugging Face model (e.g. BART fine-tuning's --restore-file model.pt): weights only.
+            trainer.load_model_weights(read_checkpoint(path, unsafe=a.unsafe_load, require_dict=False), path)
+            logger.info(f"{path} is not a seqtrain checkpoint: loaded its weights only; optimizer, lr scheduler, "
+                        "meters and data position start fresh")
+            return None, get_train_iterator(1)
+
+        extra = trainer.load_state_dict(state, path, reset_optimizer=reset_optimizer,
+                                        reset_lr_scheduler=reset_lr_scheduler, reset_meters=reset_meters,
+                                        optimizer_overrides=overrides)
+        if not reset_optimizer and not reset_meters:
+            self.load_state_dict(extra.get("checkpoint_manager", {"best": extra.get("best")}))
+        if not reset_dataloader and extra.get("train_iterator") is not None:
+            itr_state = extra["train_iterator"]
+            epoch_itr = get_train_iterator(itr_state["epoch"])
+            epoch_itr.load_state_dict(itr_state)
+        else:
+            epoch_itr = get_train_iterator(1)
+        logger.info(f"Loaded checkpoint {path} (epoch {extra.get('epoch')} @ {trainer.get_num_updates()} updates)")
+        return extra, epoch_itr

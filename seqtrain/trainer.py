@@ -1,0 +1,363 @@
+"""Trainer: runs optimizer updates for a task's model and criterion, and holds all state a resume needs.
+
+It owns device placement, mixed precision (--fp16 autocast + dynamic loss scaling, --bf16 autocast), gradient
+accumulation (a list of batches per update, --update-freq), normalization by sample size, clipping (--clip-norm),
+skipping an update on CUDA out-of-memory or fp16 overflow, the learning-rate schedule calls, the training
+meters, and the checkpoint state (model, optimizer, scheduler, loss scaler, meters, RNG states, update count).
+It parses no flags and opens no files other than the checkpoints it is asked to write.
+
+Exact resume: every update first seeds torch's RNG from (--seed, num_updates), as fairseq does, so dropout
+masks depend only on the update number, not on what ran before; a resumed run repeats them bit for bit.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import random
+import time
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+import torch
+
+from seqtrain.checkpoint import check_state_fits, make_checkpoint_state, resize_embeddings, save_checkpoint_file
+from seqtrain.errors import SeqtrainError
+from seqtrain.logging.meters import MetersDict, TimeMeter, perplexity
+from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
+
+logger = logging.getLogger(__name__)
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+
+
+class _StepContext:
+    """What a task's train_step needs from the trainer: the autocast context and the (scaled) backward."""
+
+    def __init__(self, trainer: "Trainer"):
+        self.trainer = trainer
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return self.trainer.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        scaler = self.trainer.scaler
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+class Trainer:
+    def __init__(self, args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any):
+        self.args = args
+        self.task = task
+        self.criterion = criterion
+        use_cuda = torch.cuda.is_available() and not getattr(args, "cpu", False)
+        self.device = torch.device("cuda", getattr(args, "device_id", 0) or 0) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(self.device)
+        if getattr(args, "fp16", False) and getattr(args, "bf16", False):
+            raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
+        if getattr(args, "fp16", False) and not use_cuda:
+            raise SeqtrainError("--fp16 needs a CUDA device (use --bf16 on CPU, or drop --fp16)")
+        self.amp_dtype: Optional[torch.dtype] = (
+            torch.float16 if getattr(args, "fp16", False) else torch.bfloat16 if getattr(args, "bf16", False) else None
+        )
+        # Parameters stay fp32 (the optimizer's master copy); autocast runs matmuls in the low precision.
+        self.model = model.to(self.device)
+        if hasattr(criterion, "to"):
+            self.criterion = criterion.to(self.device)
+        self._forward_model = self.model
+        if getattr(args, "compile", False):
+            self._forward_model = torch.compile(self.model)
+        self.optimizer = build_optimizer(args, self.model.parameters())
+        self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
+        self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
+        self._step_context = _StepContext(self)
+        self.num_updates = 0
+        self.lr_step_update()
+        # meters: the epoch ("train"), the current log interval ("train_inner"), the last validation ("valid")
+        self.meters: Dict[str, MetersDict] = {"train": MetersDict(), "train_inner": MetersDict(),
+                                              "valid": MetersDict()}
+        self.wall = TimeMeter(round=0)
+        self.previous_training_time = 0.0
+        self._start_time = time.time()
+        self.num_params = sum(p.numel() for p in self.model.parameters())
+        self.num_trained_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self._dummy_batch: Optional[Dict[str, Any]] = None
+        self._valid_start: Optional[float] = None
+
+    # ------------------------------------------------------------------------------------------------ basics
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def get_num_updates(self) -> int:
+        return self.num_updates
+
+    def set_num_updates(self, num_updates: int) -> None:
+        self.num_updates = num_updates
+        self.lr_step_update()
+
+    def get_lr(self) -> float:
+        return self.optimizer.get_lr()
+
+    def lr_step_update(self) -> float:
+        return self.lr_scheduler.step_update(self.num_updates)
+
+    def lr_step_begin_epoch(self, epoch: int) -> float:
+        self.lr_scheduler.step_begin_epoch(epoch)
+        return self.lr_step_update()  # fairseq: the update count has the last word on the lr
+
+    def lr_step(self, epoch: int, val_loss: Optional[float] = None) -> float:
+        self.lr_scheduler.step(epoch, val_loss)
+        return self.lr_step_update()
+
+    def begin_epoch(self, epoch: int) -> None:
+        logger.info(f"begin training epoch {epoch}")
+        self.lr_step_begin_epoch(epoch)
+
+    def cumulative_training_time(self) -> float:
+        return self.previous_training_time + (time.time() - self._start_time)
+
+    def _set_seed(self) -> None:
+        # Seed from the update count so a resumed run draws the same dropout masks as an uninterrupted one.
+        torch.manual_seed(self.args.seed + self.num_updates)
+
+    def _prepare_sample(self, sample: Any) -> Any:
+        def move(x: Any) -> Any:
+            if torch.is_tensor(x):
+                return x.to(self.device, non_blocking=True)
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            if isinstance(x, list):
+                return [move(v) for v in x]
+            return x
+
+        return move(sample)
+
+    # ------------------------------------------------------------------------------------------------ training
+    def train_step(self, samples: List[Dict[str, Any]]) -> Optional[Dict[str, float]]:
+        """One optimizer update over `samples` (update_freq batches). Returns the update's stats, or None when
+        the update was skipped (CUDA out of memory, fp16 overflow)."""
+        self._set_seed()
+        self.model.train()
+        self.optimizer.zero_grad()
+        start = time.perf_counter()
+        logging_outputs: List[Dict[str, Any]] = []
+        sample_size = 0.0
+        for i, sample in enumerate(samples):
+            is_dummy = not sample  # an empty batch (a short shard) still runs, with zero weight
+            if is_dummy:
+                if self._dummy_batch is None:
+                    continue
+                sample = self._dummy_batch
+            else:
+                sample = self._prepare_sample(sample)
+                if self._dummy_batch is None:
+                    self._dummy_batch = sample
+            oom: Optional[str] = None
+            try:
+                with torch.autograd.profiler.record_function(f"train_step-{i}"):
+                    _, size, log = self.task.train_step(sample, self._forward_model, self.criterion,
+                                                        self._step_context, self.num_updates, ignore_grad=is_dummy)
+            except RuntimeError as e:
+                if not (self.device.type == "cuda" and _is_oom(e)):
+                    raise
+                oom = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if oom is not None:
+                # Recover outside the except block: the traceback's frames hold the step's tensors until then.
+                self._recover_from_oom(oom)
+                return None
+            if not is_dummy:
+                logging_outputs.append(log)
+                sample_size += float(size)
+
+        if not logging_outputs:
+            return None
+        # Gradients hold sums over tokens (or sentences); normalize them by the update's sample size and undo
+        # the loss scale in one pass.
+        scale = self.scaler.loss_scale if self.scaler is not None else 1.0
+        self.optimizer.multiply_grads(1.0 / (sample_size * scale) if sample_size > 0 else 0.0)
+        grad_norm = self.optimizer.clip_grad_norm(self.args.clip_norm)
+        gnorm = float(grad_norm)
+        if self.scaler is not None:
+            try:
+                self.scaler.check_overflow(gnorm)
+            except GradientOverflow as e:
+                logger.info(str(e))
+                self.optimizer.zero_grad()
+                return None
+        elif not math.isfinite(gnorm):
+            raise SeqtrainError(
+                f"gradients are NaN/inf at update {self.num_updates + 1}: the loss diverged; lower --lr, use "
+                "--clip-norm, or check the data")
+        with torch.autograd.profiler.record_function("optimizer"):
+            self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        self.set_num_updates(self.num_updates + 1)
+        return self._log_train_stats(logging_outputs, gnorm, start)
+
+    def _recover_from_oom(self, message: str) -> None:
+        logger.warning(f"out of memory in update {self.num_updates + 1}; skipping this update ({message})")
+        self.optimizer.zero_grad()
+        self._dummy_batch = None
+        for meters in (self.meters["train"], self.meters["train_inner"]):
+            meters.log_sum("oom", 1)
+        torch.cuda.empty_cache()
+
+    def _log_train_stats(self, logging_outputs: List[Dict[str, Any]], gnorm: float, start: float
+                         ) -> Dict[str, float]:
+        train_time = time.perf_counter() - start
+        stats = self.task.reduce_metrics(logging_outputs, self.criterion)
+        for meters in (self.meters["train"], self.meters["train_inner"]):
+            log_criterion_stats(meters, stats, start)
+            meters.log_speed("ups", 1.0, round=2, start=start)
+            meters.log_scalar("wpb", stats["ntokens"], round=1)
+            meters.log_scalar("bsz", stats["nsentences"], round=1)
+            meters.log_last("num_updates", self.num_updates)
+            meters.log_last("lr", self.get_lr())
+            meters.log_scalar("gnorm", gnorm, round=3)
+            if self.args.clip_norm > 0:
+                meters.log_scalar("clip", 100.0 if gnorm > self.args.clip_norm else 0.0, round=1)
+            if self.scaler is not None:
+                meters.log_last("loss_scale", self.scaler.loss_scale, round=4)
+            meters.log_sum("train_wall", train_time, round=0)
+        return {**stats, "gnorm": gnorm, "lr": self.get_lr(), "num_updates": self.num_updates}
+
+    # ------------------------------------------------------------------------------------------------ validation
+    def begin_valid(self) -> None:
+        self.meters["valid"].reset()
+        self._valid_start = time.perf_counter()
+
+    def valid_step(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+        """Loss on one batch without gradients; logged into meters["valid"]."""
+        if not sample:
+            return {}
+        sample = self._prepare_sample(sample)
+        with torch.no_grad(), self.autocast():
+            _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
+        stats = self.task.reduce_metrics([log], self.criterion)
+        meters = self.meters["valid"]
+        log_criterion_stats(meters, stats, self._valid_start)
+        meters.log_scalar("wpb", stats["ntokens"], round=1)
+        meters.log_scalar("bsz", stats["nsentences"], round=1)
+        return stats
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self, extra_state: Dict[str, Any], with_optimizer: bool = True) -> Dict[str, Any]:
+        extra = dict(extra_state)
+        extra.update({
+            "num_updates": self.num_updates,
+            "meters": {"train": self.meters["train"].state_dict(),
+                       "train_inner": self.meters["train_inner"].state_dict(),
+                       "wall": self.wall.state_dict()},
+            "rng": rng_state(),
+            "train_wall": self.cumulative_training_time(),
+            "previous_training_time": self.cumulative_training_time(),
+        })
+        return make_checkpoint_state(
+            self.args, self.model.state_dict(), self.task.src_dict, self.task.tgt_dict,
+            getattr(self.task, "tokenizer_spec", None),
+            optimizer=self.optimizer.state_dict() if with_optimizer else None,
+            lr_scheduler=self.lr_scheduler.state_dict() if with_optimizer else None,
+            loss_scaler=self.scaler.state_dict() if self.scaler is not None and with_optimizer else None,
+            extra_state=extra,
+        )
+
+    def save_checkpoint(self, path: str, extra_state: Dict[str, Any], with_optimizer: bool = True) -> None:
+        save_checkpoint_file(self.state_dict(extra_state, with_optimizer), path)
+
+    def _load_model_state(self, model_state: Dict[str, torch.Tensor], where: str) -> None:
+        state = resize_embeddings(model_state, len(self.task.src_dict), len(self.task.tgt_dict),
+                                  padding_idx=self.task.src_dict.pad(), where=where)
+        check_state_fits(self.model, state, where)
+        self.model.load_state_dict(state, strict=True)
+
+    def load_model_weights(self, contents: Any, where: str) -> None:
+        """Only the weights of a checkpoint of any supported format (--finetune-from-model, foreign files)."""
+        self._load_model_state(contents.model, where)
+
+    def load_state_dict(self, state: Dict[str, Any], where: str, reset_optimizer: bool = False,
+                        reset_lr_scheduler: bool = False, reset_meters: bool = False,
+                        optimizer_overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """Restore a seqtrain checkpoint dict; returns its extra_state."""
+        self._load_model_state(state["model"], where)
+        extra = dict(state.get("extra_state") or {})
+        saved_args = state.get("args") or {}
+        if not reset_optimizer and state.get("optimizer") is None:
+            logger.info(f"{where} has no optimizer state (--no-save-optimizer-state): starting a fresh optimizer")
+            reset_optimizer = True
+        if not reset_optimizer:
+            saved_opt = saved_args.get("optimizer")
+            if saved_opt is not None and saved_opt != getattr(self.args, "optimizer", saved_opt):
+                raise SeqtrainError(
+                    f"{where} was trained with --optimizer {saved_opt}, this run uses {self.args.optimizer}; "
+                    "pass --reset-optimizer to start the new optimizer fresh")
+            try:
+                self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
+            except (ValueError, KeyError) as e:
+                raise SeqtrainError(f"{where}: optimizer state does not fit this model/optimizer ({e}); "
+                                    "pass --reset-optimizer") from None
+            if not reset_lr_scheduler and state.get("lr_scheduler") is not None:
+                self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+            if self.scaler is not None and state.get("loss_scaler") is not None:
+                self.scaler.load_state_dict(state["loss_scaler"])
+            self.num_updates = int(extra.get("num_updates", 0))
+        else:
+            self.num_updates = 0
+        self.lr_step_update()
+        if not reset_meters and "meters" in extra:
+            meters = extra["meters"]
+            self.meters["train"].load_state_dict(meters["train"])
+            self.meters["train_inner"].load_state_dict(meters["train_inner"])
+            self.wall.load_state_dict(meters["wall"])
+            self.previous_training_time = float(extra.get("previous_training_time", 0.0))
+            self._start_time = time.time()
+        if extra.get("rng") is not None:
+            set_rng_state(extra["rng"])
+        return extra
+
+
+def log_criterion_stats(meters: MetersDict, stats: Dict[str, float], start: Optional[float] = None) -> None:
+    """loss (per sample_size), nll_loss (per token), ppl and wps into `meters`, weighted as fairseq does."""
+    meters.log_scalar("loss", stats["loss"], weight=stats["sample_size"], round=3)
+    if "nll_loss" in stats:
+        meters.log_scalar("nll_loss", stats["nll_loss"], weight=stats["ntokens"], round=3)
+        meters.log_derived("ppl", lambda m: perplexity(m.avg("nll_loss")))
+    if "accuracy" in stats:
+        meters.log_scalar("accuracy", stats["accuracy"], weight=stats.get("total", 1), round=3)
+    meters.log_speed("wps", stats["ntokens"], round=1, start=start)
+
+
+# ---------------------------------------------------------------------------------------------------- RNG states
+def rng_state() -> Dict[str, Any]:
+    """Every global RNG state, as plain data (tensors, ints, floats, lists) so weights_only loading accepts it."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: Dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    if state.get("python") is not None:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if state.get("numpy") is not None:
+        s = state["numpy"]
+        np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"],
+                             s["cached_gaussian"]))
+    if state.get("torch") is not None:
+        torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        cuda_states = state["cuda"]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)

@@ -1,0 +1,305 @@
+"""Console script `seqtrain-train`: fairseq-train's flow with seqtrain's components.
+
+main: task -> model, criterion -> Trainer -> resume (or --finetune-from-model) -> for each epoch: train ->
+validate and save (per --save-interval[-updates]) -> lr step; stops on --max-update, --max-epoch, --patience,
+--stop-time-hours or --stop-min-lr.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import math
+import os
+import sys
+from collections import OrderedDict
+from typing import Any, List, Optional
+
+import numpy as np
+import torch
+
+from seqtrain import options
+from seqtrain.data.iterators import GroupedIterator
+from seqtrain.data.options import check_dataset_args
+from seqtrain.distributed import call_main
+from seqtrain.errors import SeqtrainError
+from seqtrain.logging import progress as progress_lib
+from seqtrain.logging.tensorboard import TensorboardWriter
+from seqtrain.tasks import setup_task
+from seqtrain.train_checkpoints import CheckpointManager
+from seqtrain.trainer import Trainer
+from seqtrain_cli._main import run_cli
+
+logger = logging.getLogger("seqtrain_cli.train")
+
+LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
+
+
+def setup_logging(args: argparse.Namespace) -> Optional[logging.Handler]:
+    """fairseq's log line layout on stdout; --log-file adds a file handler (returned, so main can remove it)."""
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    if not args.log_file:
+        return None
+    file_handler = logging.FileHandler(args.log_file)
+    file_handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
+    root.addHandler(file_handler)
+    return file_handler
+
+
+def check_args(args: argparse.Namespace) -> None:
+    check_dataset_args(args)
+    for flag in ("log_interval", "save_interval", "validate_interval"):
+        if getattr(args, flag) < 1:
+            raise SeqtrainError(f"--{flag.replace('_', '-')} must be at least 1")
+    if any(n < 1 for n in args.update_freq):
+        raise SeqtrainError(f"--update-freq values must be at least 1, got {args.update_freq}")
+    if args.profile < 0:
+        raise SeqtrainError("--profile must be 0 (off) or a number of updates")
+
+
+# ---------------------------------------------------------------------------------------------------- main
+def main(args: argparse.Namespace) -> None:
+    file_handler = setup_logging(args)
+    try:
+        _main(args)
+    finally:
+        if file_handler is not None:
+            logging.getLogger().removeHandler(file_handler)
+            file_handler.close()
+
+
+def _main(args: argparse.Namespace) -> None:
+    check_args(args)
+    logger.info(args)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    task = setup_task(args)
+    for subset in args.valid_subset.split(","):
+        if not args.disable_validation:
+            task.load_dataset(subset)
+    model = task.build_model(args)
+    criterion = task.build_criterion(args)
+    logger.info(model)
+    logger.info(f"task: {type(task).__name__}")
+    logger.info(f"model: {type(model).__name__}")
+    logger.info(f"criterion: {type(criterion).__name__}")
+
+    trainer = Trainer(args, task, model, criterion)
+    logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
+    logger.info(f"training on 1 device ({trainer.device.type})")
+    logger.info(f"max tokens per device = {args.max_tokens} and max sentences per device = {args.batch_size}")
+
+    def get_train_iterator(epoch: int) -> Any:
+        split = args.train_subset
+        if split not in task.datasets or ":" in str(args.data):
+            logger.info(f"loading train data for epoch {epoch}")
+            task.load_dataset(split, epoch=epoch)
+        return task.get_batch_iterator(
+            task.dataset(split), max_tokens=args.max_tokens, max_sentences=args.batch_size,
+            max_positions=trainer.model.max_positions(), ignore_invalid_inputs=True,
+            required_batch_size_multiple=args.required_batch_size_multiple, seed=args.seed,
+            num_shards=args.distributed_world_size, shard_id=args.distributed_rank,
+            num_workers=args.num_workers, epoch=epoch, split=split)
+
+    manager = CheckpointManager(args)
+    _, epoch_itr = manager.restore(trainer, get_train_iterator)
+    tensorboard = TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir else None
+    loop = TrainLoop(args, trainer, task, manager, tensorboard)
+    try:
+        loop.run(epoch_itr, get_train_iterator)
+    finally:
+        if tensorboard is not None:
+            tensorboard.close()
+    logger.info(f"done training in {trainer.cumulative_training_time():.1f} seconds")
+
+
+class TrainLoop:
+    """The epoch loop of one run (fairseq_cli/train.py's main/train/validate_and_save/validate)."""
+
+    def __init__(self, args: argparse.Namespace, trainer: Trainer, task: Any, manager: CheckpointManager,
+                 tensorboard: Optional[TensorboardWriter]):
+        self.args, self.trainer, self.task, self.manager = args, trainer, task, manager
+        self.tensorboard = tensorboard
+        self.profiler: Optional[Any] = None
+
+    def run(self, epoch_itr: Any, get_train_iterator: Any) -> None:
+        args, trainer = self.args, self.trainer
+        max_epoch = args.max_epoch or math.inf
+        if args.max_update > 0 and trainer.get_num_updates() >= args.max_update:
+            logger.info(f"already at --max-update {args.max_update} ({trainer.get_num_updates()} updates): nothing to do")
+            return
+        lr = trainer.get_lr()
+        with self._profiling():
+            while epoch_itr.next_epoch_idx <= max_epoch:
+                if lr <= args.stop_min_lr:
+                    logger.info(f"stopping training because current learning rate ({lr}) is smaller than or equal "
+                                f"to minimum learning rate (--stop-min-lr={args.stop_min_lr})")
+                    break
+                should_stop = self.train_epoch(epoch_itr)
+                if should_stop:
+                    break
+                lr = trainer.get_lr()
+                epoch_itr = get_train_iterator(epoch_itr.next_epoch_idx)
+
+    # ------------------------------------------------------------------------------------------------ one epoch
+    def train_epoch(self, epoch_itr: Any) -> bool:
+        args, trainer = self.args, self.trainer
+        itr = epoch_itr.next_epoch_itr(shuffle=True)
+        epoch = epoch_itr.epoch
+        update_freq = args.update_freq[min(epoch, len(args.update_freq)) - 1]
+        grouped = GroupedIterator(itr, update_freq)
+        progress = progress_lib.progress_bar(
+            grouped, args.log_format, epoch=epoch, total=len(grouped), offset=grouped.n,
+            tensorboard=self.tensorboard, no_progress_bar=args.no_progress_bar)
+        trainer.begin_epoch(epoch)
+        logger.info("Start iterating over samples")
+        should_stop = False
+        for samples in progress:
+            with torch.autograd.profiler.record_function(f"update-{trainer.get_num_updates() + 1}"):
+                log_output = trainer.train_step(samples)
+            if self.profiler is not None:
+                self.profiler.step()
+            if log_output is not None:
+                num_updates = trainer.get_num_updates()
+                if num_updates % args.log_interval == 0:
+                    progress.log(self.training_stats("train_inner"), tag="train_inner", step=num_updates)
+                    trainer.meters["train_inner"].reset()
+            end_of_epoch = epoch_itr.end_of_epoch()
+            should_stop = self.validate_and_save(epoch_itr, end_of_epoch)
+            if should_stop:
+                break
+        logger.info(f"end of epoch {epoch} (average epoch stats below)")
+        progress.print(self.training_stats("train"), tag="train", step=trainer.get_num_updates())
+        trainer.meters["train"].reset()
+        trainer.meters["train_inner"].reset()
+        return should_stop
+
+    def training_stats(self, which: str) -> "OrderedDict[str, Any]":
+        stats = self.trainer.meters[which].smoothed_values()
+        if self.args.peak_flops and "wps" in stats:
+            # ~6 FLOPs per parameter per trained token (forward 2, backward 4); counts target tokens only.
+            stats["mfu"] = float("{:.4g}".format(6.0 * self.trainer.num_params * stats["wps"] / self.args.peak_flops))
+        stats["wall"] = round(self.trainer.cumulative_training_time(), 0)
+        return stats
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def validate_and_save(self, epoch_itr: Any, end_of_epoch: bool) -> bool:
+        args, trainer = self.args, self.trainer
+        num_updates = trainer.get_num_updates()
+        epoch = epoch_itr.epoch
+        should_stop = False
+        if args.max_update > 0 and num_updates >= args.max_update:
+            should_stop = True
+            logger.info(f"Stopping training due to num_updates: {num_updates} >= max_update: {args.max_update}")
+        hours = trainer.cumulative_training_time() / 3600
+        if args.stop_time_hours > 0 and hours > args.stop_time_hours:
+            should_stop = True
+            logger.info(f"Stopping training due to cumulative_training_time: {hours} > "
+                        f"stop_time_hours: {args.stop_time_hours} hour(s)")
+        do_save = (
+            (end_of_epoch and epoch % args.save_interval == 0)
+            or should_stop
+            or (args.save_interval_updates > 0 and num_updates > 0
+                and num_updates % args.save_interval_updates == 0
+                and num_updates >= args.validate_after_updates)
+        )
+        do_validate = (
+            ((not end_of_epoch and do_save)
+             or (end_of_epoch and epoch % args.validate_interval == 0)
+             or should_stop
+             or (args.validate_interval_updates > 0 and num_updates > 0
+                 and num_updates % args.validate_interval_updates == 0))
+            and not args.disable_validation
+            and num_updates >= args.validate_after_updates
+        )
+        valid_loss = self.validate(epoch) if do_validate else None
+        if end_of_epoch:
+            # Before saving (fairseq steps after), so an epoch-end checkpoint already holds this step and a
+            # resumed run continues with the same schedule (matters for reduce_lr_on_plateau).
+            trainer.lr_step(epoch, valid_loss)
+        should_stop |= self.manager.should_stop_early(valid_loss)
+        if do_save or should_stop:
+            self.manager.save(trainer, epoch_itr, valid_loss)
+        return should_stop
+
+    def validate(self, epoch: int) -> Optional[float]:
+        """Validate on each --valid-subset; returns the --best-checkpoint-metric of the first one."""
+        args, trainer, task = self.args, self.trainer, self.task
+        first: Optional[float] = None
+        for subset in args.valid_subset.split(","):
+            logger.info(f'begin validation on "{subset}" subset')
+            itr = task.get_batch_iterator(
+                task.dataset(subset), max_tokens=args.max_tokens_valid, max_sentences=args.batch_size_valid,
+                max_positions=trainer.model.max_positions(),
+                ignore_invalid_inputs=args.skip_invalid_size_inputs_valid_test,
+                required_batch_size_multiple=args.required_batch_size_multiple, seed=args.seed,
+                num_shards=args.distributed_world_size, shard_id=args.distributed_rank,
+                num_workers=args.num_workers, split=subset,
+            ).next_epoch_itr(shuffle=False)
+            progress = progress_lib.progress_bar(
+                itr, args.log_format, epoch=epoch, prefix=f"valid on '{subset}' subset",
+                tensorboard=self.tensorboard, no_progress_bar=args.no_progress_bar)
+            trainer.begin_valid()
+            for i, sample in enumerate(progress):
+                if args.max_valid_steps is not None and i >= args.max_valid_steps:
+                    break
+                trainer.valid_step(sample)
+            stats = trainer.meters["valid"].smoothed_values()
+            stats["num_updates"] = trainer.get_num_updates()
+            metric = args.best_checkpoint_metric
+            if metric not in stats:
+                raise SeqtrainError(f"--best-checkpoint-metric {metric}: validation reports no such value "
+                                    f"(it has: {', '.join(stats)})")
+            best = self.manager.best
+            if best is not None:
+                pick = max if args.maximize_best_checkpoint_metric else min
+                stats[f"best_{metric}"] = pick(best, stats[metric])
+            progress.print(stats, tag=subset, step=trainer.get_num_updates())
+            if first is None:
+                first = float(stats[metric])  # the logged (rounded) value, as fairseq compares them
+        return first
+
+    # ------------------------------------------------------------------------------------------------ profiling
+    @contextlib.contextmanager
+    def _profiling(self):
+        """--profile N: a torch.profiler trace of N updates (after one warm-up update), for TensorBoard."""
+        n = self.args.profile
+        if n <= 0:
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        folder = os.path.join(self.args.tensorboard_logdir or self.args.save_dir, "profile")
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.trainer.device.type == "cuda" else [])
+        logger.info(f"profiling {n} updates into {folder}")
+        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=n, repeat=1),
+                     on_trace_ready=tensorboard_trace_handler(folder), record_shapes=True,
+                     profile_memory=True) as prof:
+            self.profiler = prof
+            try:
+                yield
+            finally:
+                self.profiler = None
+
+
+# ---------------------------------------------------------------------------------------------------- entry
+def train_main(argv: Optional[List[str]] = None) -> int:
+    """Parse `argv` and train (raises SeqtrainError on user errors)."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, argv)
+    call_main(args, main)
+    return 0
+
+
+def cli_main(argv: Optional[List[str]] = None) -> None:
+    run_cli("seqtrain-train", train_main, argv)
+
+
+if __name__ == "__main__":
+    cli_main()
