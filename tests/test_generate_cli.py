@@ -148,3 +148,55 @@ def test_console_script_error_is_one_line(fairseq_tiny, tmp_path):
     assert proc.returncode == 1
     err = [l for l in proc.stderr.strip().split("\n") if l.startswith("seqtrain-generate: error:")]
     assert len(err) == 1 and "missing.pt" in err[0] and "Traceback" not in proc.stderr
+
+
+def test_end_to_end_on_bundled_sample(sample_dir, tmp_path):
+    """preprocess (sentencepiece) -> train a tiny BART -> generate: every output form, detokenized, plus ROUGE."""
+    import torch
+
+    from seqtrain.preprocess import main as preprocess
+    from seqtrain_cli.train import train_main
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split, n in (("train", 400), ("valid", 40), ("test", 25)):
+        for side in ("source", "target"):
+            lines = (sample_dir / f"{split}.{side}").read_text(encoding="utf-8").split("\n")[:n]
+            (raw / f"{split}.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = str(tmp_path / "bin")
+    preprocess(["--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--testpref",
+                str(raw / "test"), "--destdir", data, "--spm-vocab-size", "600", "--joined-dictionary",
+                "--no-progress-bar"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_main([data, "--arch", "bart_tiny", "--cpu", "--max-tokens", "2048", "--max-update", "40",
+                    "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
+                    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+                    "--truncate-source", "--max-source-positions", "128", "--save-dir", str(tmp_path / "ck"),
+                    "--log-format", "none", "--no-epoch-checkpoints"])
+        out = io.StringIO()
+        res = tmp_path / "res"
+        # no tokenizer or dictionary flags: the checkpoint carries them
+        r = generate_main([data, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"), "--beam", "3",
+                           "--max-len-b", "20", "--batch-size", "8", "--scoring", "rouge", "--results-path",
+                           str(res)], out=out)
+    finally:
+        torch.set_num_threads(threads)
+    text = out.getvalue()
+    parsed = _parse(text.split("\n"))
+    assert sorted(parsed) == list(range(25))
+    for kind in ("S-", "T-", "H-", "D-", "P-"):
+        assert sum(line.startswith(kind) for line in text.split("\n")) == 25
+    hyps = (res / "hypotheses-test.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    refs = (res / "references-test.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(hyps) == 25 and hyps == r["hypotheses"]
+    assert refs == (raw / "test.target").read_text(encoding="utf-8").split("\n")[:-1]
+    # D- lines and the hypothesis file are detokenized text, H- lines are sentencepiece pieces
+    assert all("\u2581" not in h for h in hyps)
+    assert any("\u2581" in e["H"][0][1] for e in parsed.values())
+    assert re.search(r"^Generate test with beam=3: ROUGE-1 [\d.]+ \| ROUGE-2 [\d.]+ \| ROUGE-L [\d.]+ \| "
+                     r"ROUGE-Lsum [\d.]+", text, re.M)
+    js = json.loads((res / "rouge-test.json").read_text())
+    assert set(js) >= {"rouge1", "rouge2", "rougeL", "rougeLsum"} and js["n"] == 25
+    assert (res / "generate-test.txt").read_text(encoding="utf-8").count("\nH-") + 1 >= 25
