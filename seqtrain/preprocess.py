@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import math
 import multiprocessing
@@ -35,6 +34,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from seqtrain.data.tokenizer import (SentencePieceTokenizer, Tokenizer, build_tokenizer, save_databin_tokenizer,
                                      tokenizer_from_args)
+from seqtrain.data.tokenizer import add_args as tokenizer_add_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
 
@@ -82,25 +82,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--no-progress-bar", action="store_true", help="disable the progress bar")
     g.add_argument("--debug", action="store_true", help="show a traceback on errors")
 
-    t = parser.add_argument_group(Tokenizer)
-    t.add_argument("--tokenizer", default="sentencepiece", choices=["sentencepiece", "gpt2", "none"],
-                   help="how raw text becomes dictionary symbols (default: sentencepiece; 'none' = the input is "
-                        "already tokenized, split on whitespace, as fairseq-preprocess does)")
-    t.add_argument("--spm-model", metavar="FP", help="use this sentencepiece model instead of training one")
-    t.add_argument("--spm-vocab-size", metavar="N", default=8000, type=int,
-                   help="sentencepiece vocabulary size to train (default: 8000)")
-    t.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"],
-                   help="sentencepiece model type to train (default: unigram)")
-    t.add_argument("--spm-character-coverage", metavar="F", default=1.0, type=float,
-                   help="share of characters the sentencepiece model covers (default: 1.0)")
-    t.add_argument("--spm-input-sentence-size", metavar="N", default=1_000_000, type=int,
-                   help="train sentencepiece on at most N train lines (source and target together), evenly spread "
-                        "over the files; bounds its memory on big corpora (default: 1000000; 0 = all lines)")
-    t.add_argument("--spm-num-threads", metavar="N", default=4, type=int,
-                   help="sentencepiece training threads (default: 4). The trained model depends on this number, "
-                        "so it is a flag of its own and not --workers")
-    t.add_argument("--gpt2-encoder-json", metavar="FP", help="GPT-2 BPE encoder.json (for --tokenizer gpt2)")
-    t.add_argument("--gpt2-vocab-bpe", metavar="FP", help="GPT-2 BPE vocab.bpe (for --tokenizer gpt2)")
+    tokenizer_add_args(parser)
     return parser
 
 
@@ -470,8 +452,6 @@ def train_sentencepiece(args: argparse.Namespace, files: List[str], n_lines: int
     Reproducible: a fixed thread count (--spm-num-threads, never --workers) and our own even sampling of at most
     --spm-input-sentence-size lines (sentencepiece's own sampling is random on every run, even with a seed).
     """
-    import sentencepiece as spm
-
     total = n_lines * len(files)
     keep = total if args.spm_input_sentence_size <= 0 else min(total, args.spm_input_sentence_size)
 
@@ -483,21 +463,12 @@ def train_sentencepiece(args: argparse.Namespace, files: List[str], n_lines: int
                     yield line
                 i += 1
 
-    out = io.BytesIO()
     print(f"training sentencepiece ({args.spm_model_type}, vocab {args.spm_vocab_size}) on {keep:,} lines of "
           f"{', '.join(files)}", flush=True)
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=sentences(), model_writer=out, vocab_size=args.spm_vocab_size,
-            model_type=args.spm_model_type, character_coverage=args.spm_character_coverage,
-            num_threads=args.spm_num_threads, input_sentence_size=0, shuffle_input_sentence=False,
-            max_sentence_length=1 << 16, minloglevel=0 if args.debug else 2,
-        )
-    except RuntimeError as e:
-        # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5105."
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        raise SeqtrainError(f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece training failed: {msg}") from None
-    return SentencePieceTokenizer(out.getvalue())
+    return SentencePieceTokenizer.train_iter(
+        sentences(), vocab_size=args.spm_vocab_size, model_type=args.spm_model_type,
+        character_coverage=args.spm_character_coverage, num_threads=args.spm_num_threads, verbose=args.debug,
+        what=f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece training")
 
 
 # ----------------------------------------------------------------------------------------------------------------

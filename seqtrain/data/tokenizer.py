@@ -16,7 +16,7 @@ import argparse
 import base64
 import json
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
@@ -108,39 +108,44 @@ class SentencePieceTokenizer(Tokenizer):
             raise SeqtrainError(f"{path}: {e}") from None
 
     @classmethod
-    def train(cls, files: Sequence[str], vocab_size: int = 8000, model_type: str = "unigram",
-              character_coverage: float = 0.9995, max_sentence_length: int = 1 << 16) -> "SentencePieceTokenizer":
-        """Train on the lines of `files` (in order). One thread and no sentence sampling make the model reproducible."""
+    def train_iter(cls, sentences: Iterable[str], vocab_size: int = 8000, model_type: str = "unigram",
+                   character_coverage: float = 1.0, num_threads: int = 1, max_sentence_length: int = 1 << 16,
+                   verbose: bool = False, what: str = "sentencepiece training") -> "SentencePieceTokenizer":
+        """Train on `sentences` as given: no sampling or shuffling of ours or sentencepiece's, so the same lines and
+        the same `num_threads` give a byte-identical model. Errors name `what` (a file or a flag)."""
         import io
 
         import sentencepiece as spm
 
-        from seqtrain.data.dictionary import iter_lines
-
         if model_type not in ("unigram", "bpe"):
             raise SeqtrainError(f"--spm-model-type: {model_type!r} is not one of unigram, bpe")
-        for path in files:
-            if not os.path.isfile(path):
-                raise SeqtrainError(f"{path}: no such file (sentencepiece training input)")
-
-        def sentences():
-            for path in files:
-                for line in iter_lines(path):
-                    if line.strip():
-                        yield line
-
         out = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=sentences(), model_writer=out, vocab_size=vocab_size, model_type=model_type,
-                character_coverage=character_coverage, num_threads=1, input_sentence_size=0,
-                shuffle_input_sentence=False, max_sentence_length=max_sentence_length, minloglevel=2,
+                sentence_iterator=iter(sentences), model_writer=out, vocab_size=vocab_size, model_type=model_type,
+                character_coverage=character_coverage, num_threads=num_threads, input_sentence_size=0,
+                shuffle_input_sentence=False, max_sentence_length=max_sentence_length,
+                minloglevel=0 if verbose else 2,
             )
         except RuntimeError as e:
             # e.g. "Vocabulary size too high (8000). Please set it to a value <= 5105."
             msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-            raise SeqtrainError(f"sentencepiece training on {', '.join(files)} failed: {msg}") from None
+            raise SeqtrainError(f"{what} failed: {msg}") from None
         return cls(out.getvalue())
+
+    @classmethod
+    def train(cls, files: Sequence[str], vocab_size: int = 8000, model_type: str = "unigram",
+              character_coverage: float = 0.9995, max_sentence_length: int = 1 << 16) -> "SentencePieceTokenizer":
+        """Train on the non-empty lines of `files` (in order), with one thread: reproducible."""
+        from seqtrain.data.dictionary import iter_lines
+
+        for path in files:
+            if not os.path.isfile(path):
+                raise SeqtrainError(f"{path}: no such file (sentencepiece training input)")
+        lines = (line for path in files for line in iter_lines(path) if line.strip())
+        return cls.train_iter(lines, vocab_size, model_type, character_coverage, num_threads=1,
+                              max_sentence_length=max_sentence_length,
+                              what=f"sentencepiece training on {', '.join(files)}")
 
     def encode(self, text: str) -> str:
         # Unicode whitespace other than ' ' could survive spm's normalization inside a piece and then split it;
@@ -305,16 +310,27 @@ def load_databin_tokenizer(data_dir: str) -> Tokenizer:
 
 
 # --- flags (for seqtrain-preprocess) --------------------------------------------------------------------------
-def add_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("tokenizer")
-    g.add_argument("--tokenizer", default="sentencepiece", choices=["sentencepiece", "gpt2", "none"],
-                   help="how raw text becomes dictionary symbols (none: input is already tokenized)")
-    g.add_argument("--spm-model", metavar="FILE", help="use this sentencepiece .model instead of training one")
-    g.add_argument("--spm-vocab-size", type=int, default=8000, metavar="N")
-    g.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"])
-    g.add_argument("--spm-character-coverage", type=float, default=0.9995, metavar="F")
-    g.add_argument("--gpt2-encoder-json", metavar="FILE", help="GPT-2 encoder.json (as released with BART)")
-    g.add_argument("--gpt2-vocab-bpe", metavar="FILE", help="GPT-2 vocab.bpe (as released with BART)")
+def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    t = parser.add_argument_group("Tokenizer")
+    t.add_argument("--tokenizer", default="sentencepiece", choices=["sentencepiece", "gpt2", "none"],
+                   help="how raw text becomes dictionary symbols (default: sentencepiece; 'none' = the input is "
+                        "already tokenized, split on whitespace, as fairseq-preprocess does)")
+    t.add_argument("--spm-model", metavar="FP", help="use this sentencepiece model instead of training one")
+    t.add_argument("--spm-vocab-size", metavar="N", default=8000, type=int,
+                   help="sentencepiece vocabulary size to train (default: 8000)")
+    t.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"],
+                   help="sentencepiece model type to train (default: unigram)")
+    t.add_argument("--spm-character-coverage", metavar="F", default=1.0, type=float,
+                   help="share of characters the sentencepiece model covers (default: 1.0)")
+    t.add_argument("--spm-input-sentence-size", metavar="N", default=1_000_000, type=int,
+                   help="train sentencepiece on at most N train lines (source and target together), evenly spread "
+                        "over the files; bounds its memory on big corpora (default: 1000000; 0 = all lines)")
+    t.add_argument("--spm-num-threads", metavar="N", default=4, type=int,
+                   help="sentencepiece training threads (default: 4). The trained model depends on this number, "
+                        "so it is a flag of its own and not --workers")
+    t.add_argument("--gpt2-encoder-json", metavar="FP", help="GPT-2 BPE encoder.json (for --tokenizer gpt2)")
+    t.add_argument("--gpt2-vocab-bpe", metavar="FP", help="GPT-2 BPE vocab.bpe (for --tokenizer gpt2)")
+    return t
 
 
 def tokenizer_from_args(args: argparse.Namespace, train_files: Sequence[str] = ()) -> Tokenizer:
