@@ -698,9 +698,35 @@ def resize_embeddings(
     return out
 
 
+POSITION_KEYS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
+
+
+def fit_positions(state: Dict[str, torch.Tensor], model: torch.nn.Module, where: str) -> Dict[str, torch.Tensor]:
+    """Cut learned position rows the model does not use (e.g. --max-source-positions 256 when fine-tuning
+    bart.base, which has 1024): positions are absolute, so the first rows are the ones kept. Logs one line."""
+    expected = model.state_dict()
+    out, cut = dict(state), []
+    for key in POSITION_KEYS:
+        if key in state and key in expected and state[key].shape[0] > expected[key].shape[0]:
+            rows = expected[key].shape[0]
+            out[key] = state[key][:rows].clone()
+            cut.append(f"{key.split('.')[0]} {state[key].shape[0]}->{rows}")
+    if cut:
+        logger.info(f"{where}: kept the first positions of the learned position embeddings ({'; '.join(cut)} "
+                    f"rows), as --max-source-positions / --max-target-positions ask")
+    return out
+
+
 def check_state_fits(model: torch.nn.Module, state: Dict[str, torch.Tensor], where: str) -> None:
     """Raise a SeqtrainError listing the first mismatching names and shapes, if `state` does not fit `model`."""
     expected = model.state_dict()
+    for key in POSITION_KEYS:
+        if key in state and key in expected and state[key].shape[0] < expected[key].shape[0]:
+            side = key.split(".")[0]
+            usable = state[key].shape[0] - 2  # fairseq's offset: padding index + 1 rows come first
+            raise SeqtrainError(
+                f"{where}: the checkpoint has learned positions for {usable} {side} tokens, fewer than the model "
+                f"asks for; pass --max-{'source' if side == 'encoder' else 'target'}-positions {usable} or less")
     shapes = [f"{k} {tuple(state[k].shape)} vs model {tuple(v.shape)}"
               for k, v in expected.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
     missing = [k for k in expected if k not in state]

@@ -25,6 +25,7 @@ from seqtrain.checkpoint import (
     CheckpointContents,
     args_to_hf_config,
     check_state_fits,
+    fit_positions,
     make_checkpoint_state,
     read_checkpoint,
     resize_embeddings,
@@ -68,6 +69,7 @@ def build_from_contents(
     if not getattr(ck.args, "share_all_embeddings", True):
         # separate embeddings: the file's tied tensors are copied into each
         state = {k: (v.clone() if k in EMBEDDING_KEYS else v) for k, v in state.items()}
+    state = fit_positions(state, model, ck.path)
     check_state_fits(model, state, ck.path)
     model.load_state_dict(state, strict=True)
     return model

@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from seqtrain.checkpoint import check_state_fits, make_checkpoint_state, resize_embeddings, save_checkpoint_file
+from seqtrain.checkpoint import (check_state_fits, fit_positions, make_checkpoint_state, resize_embeddings,
+                                 save_checkpoint_file)
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, TimeMeter, perplexity
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
@@ -57,6 +58,12 @@ class Trainer:
         self.device = torch.device("cuda", getattr(args, "device_id", 0) or 0) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
+        # fairseq's --memory-efficient-fp16/bf16 imply the plain flags; weights and optimizer state stay fp32
+        # here either way (autocast), so they mean the same thing.
+        if getattr(args, "memory_efficient_fp16", False):
+            args.fp16 = True
+        if getattr(args, "memory_efficient_bf16", False):
+            args.bf16 = True
         if getattr(args, "fp16", False) and getattr(args, "bf16", False):
             raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
         if getattr(args, "fp16", False) and not use_cuda:
@@ -274,6 +281,7 @@ class Trainer:
     def _load_model_state(self, model_state: Dict[str, torch.Tensor], where: str) -> None:
         state = resize_embeddings(model_state, len(self.task.src_dict), len(self.task.tgt_dict),
                                   padding_idx=self.task.src_dict.pad(), where=where)
+        state = fit_positions(state, self.model, where)
         check_state_fits(self.model, state, where)
         self.model.load_state_dict(state, strict=True)
 

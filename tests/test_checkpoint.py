@@ -346,3 +346,27 @@ def test_hf_import_brings_a_working_tokenizer(tmp_path, transformers, as_tokeniz
     export_seqtrain(lm, str(tmp_path / "st.pt"))  # the tokenizer travels inside seqtrain checkpoints
     again = load_model(str(tmp_path / "st.pt"))
     assert again.tokenizer.encode("hello world") == symbols and again.src_dict == lm.src_dict
+
+
+def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
+    """Fine-tuning with fewer positions than the checkpoint keeps the first rows; more positions is a clear error."""
+    from seqtrain.checkpoint import check_state_fits, fit_positions
+    from seqtrain.models.bart import build_model
+    from seqtrain.registry import ARCHS
+
+    d = Dictionary()
+    for i in range(20):
+        d.add_symbol(f"w{i}")
+
+    def model(positions):
+        a = argparse.Namespace(arch="bart_tiny", max_source_positions=positions, max_target_positions=positions)
+        ARCHS.get("bart_tiny")(a)
+        return build_model(a, d, d)
+
+    big, small = model(64), model(16)
+    state = fit_positions(big.state_dict(), small, "big.pt")
+    check_state_fits(small, state, "big.pt")
+    assert torch.equal(state["decoder.embed_positions.weight"], big.state_dict()["decoder.embed_positions.weight"][:18])
+    with pytest.raises(SeqtrainError, match=r"small.pt: the checkpoint has learned positions for 16 encoder tokens, "
+                                            r"fewer than the model asks for; pass --max-source-positions 16 or less"):
+        check_state_fits(big, small.state_dict(), "small.pt")
