@@ -72,6 +72,8 @@ def load_checkpoint_file(path: str, unsafe: bool = False) -> Any:
     _sniff(path)
     try:
         if unsafe:
+            logger.warning(f"--unsafe-load: unpickling {path} without restrictions; code inside it can run "
+                           "(use this only for files you trust)")
             return torch.load(path, map_location="cpu", weights_only=False)
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,26 +1,58 @@
-"""Launching training: one process today; torchrun and one-process-per-GPU spawning plug in here.
+"""Multi-process training on torch.distributed: launching, model wrapping, collective helpers, checkpoint state.
 
-`call_main(args, main)` is the only entry the CLIs use. For a single process it fills the rank fields and calls
-`main(args)` directly. Multi-process training is not implemented yet; rather than pretend, a request for it
-(--distributed-world-size > 1, or a torchrun environment with WORLD_SIZE > 1) fails with a clear message.
+Launching (`call_main(args, main)`, the only entry the CLIs use), first match wins:
+  1. torchrun: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT in the environment (WORLD_SIZE > 1):
+     this process is one rank; the process group is initialised from the environment (`env://`).
+  2. --distributed-world-size N > 1 with --distributed-no-spawn and --distributed-init-method URL: a rank started
+     by some other launcher (SLURM scripts): rank --distributed-rank, device --device-id.
+  3. --distributed-world-size N > 1: spawn N processes on this node (torch.multiprocessing.spawn), one per GPU,
+     or N CPU processes with gloo under --cpu / without CUDA.
+  4. Otherwise `main(args)` runs in this process.
+Backend: nccl on CUDA, gloo on the CPU (--distributed-backend overrides); collectives time out after
+--distributed-timeout seconds, so a rank waiting on a dead peer fails instead of hanging. A rank that raises
+prints its error with its rank; the spawn path then stops the other ranks and ends with a SeqtrainError naming the
+rank, and torchrun's agent tears the group down itself.
 
-Extension points (marked EXTENSION below) for the distributed issue:
-  1. torchrun: read RANK / LOCAL_RANK / WORLD_SIZE / MASTER_ADDR from the environment, init the process group
-     (backend --distributed-backend), set args.distributed_rank / device_id, then call main(args).
-  2. spawn: with --distributed-world-size N > 1 on one node and no torchrun environment, start N processes with
-     torch.multiprocessing.spawn, each doing (1) with its own rank.
-  3. The Trainer then wraps the model (DDP with --bucket-cap-mb / --find-unused-parameters, or FSDP for
-     --ddp-backend fully_sharded) and sums logging outputs across ranks; train_checkpoints writes on rank 0 only.
+Model wrapping (`wrap_model`): --ddp-backend c10d (alias pytorch_ddp, legacy_ddp, no_c10d) is
+DistributedDataParallel; fully_sharded is FSDP2 (`fully_shard` per transformer layer, then the root).
+DDP and FSDP both *average* gradients over ranks; the Trainer multiplies by world_size / (global sample size), so
+the update equals a one-process run over the same global batch.
+
+Checkpoint state: FSDP parameters and optimizer state are gathered into full (unsharded) tensors on rank 0, and the
+optimizer state is converted to torch's plain integer-keyed layout, so every checkpoint has one format and resumes
+at any world size, with or without FSDP, and loads in seqtrain-generate.
+
+Test hook: SEQTRAIN_TEST_FAIL_RANK=R[:U] makes rank R raise before update U+1 (default U=1); only tests set it.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime
+import logging
 import os
-from typing import Any, Callable
+import re
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
 
 from seqtrain.errors import SeqtrainError
 
+logger = logging.getLogger(__name__)
 
+DDP_ALIASES = ("c10d", "pytorch_ddp", "legacy_ddp", "no_c10d")
+FAIL_RANK_ENV = "SEQTRAIN_TEST_FAIL_RANK"
+SPAWN_GRACE_S = 5.0
+PEER_LOSS_DELAY_S = 2.0
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+# ---------------------------------------------------------------------------------------------------- queries
 def env_world_size() -> int:
     """WORLD_SIZE set by torchrun (1 when absent or malformed)."""
     try:
@@ -33,14 +65,366 @@ def is_master(args: argparse.Namespace) -> bool:
     return getattr(args, "distributed_rank", 0) == 0
 
 
+def get_world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def get_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def barrier() -> None:
+    if get_world_size() > 1:
+        dist.barrier()
+
+
+def _uses_cuda(args: argparse.Namespace) -> bool:
+    return torch.cuda.is_available() and not getattr(args, "cpu", False)
+
+
+def backend_for(args: argparse.Namespace) -> str:
+    backend = getattr(args, "distributed_backend", None) or ("nccl" if _uses_cuda(args) else "gloo")
+    if backend == "nccl" and not _uses_cuda(args):
+        raise SeqtrainError("--distributed-backend nccl needs CUDA devices; use gloo for CPU training")
+    return backend
+
+
+# ---------------------------------------------------------------------------------------------------- launching
+def _torchrun_env() -> Optional[Dict[str, int]]:
+    if not all(v in os.environ for v in _TORCHRUN_VARS):
+        if env_world_size() > 1:
+            missing = ", ".join(v for v in _TORCHRUN_VARS if v not in os.environ)
+            raise SeqtrainError(f"WORLD_SIZE={env_world_size()} is set but {missing} not: launch with torchrun "
+                                "(or unset WORLD_SIZE and use --distributed-world-size N)")
+        return None
+    try:
+        env = {k: int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    except ValueError:
+        raise SeqtrainError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (set by torchrun)") from None
+    return env if env["WORLD_SIZE"] > 1 else None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any]) -> Any:
-    """Run `main(args)` in this process (the only mode implemented so far)."""
+    """Run `main(args)` on every rank of the job this process belongs to (see the module docstring)."""
+    env = _torchrun_env()
     world_size = int(getattr(args, "distributed_world_size", 1) or 1)
-    if world_size > 1 or env_world_size() > 1:
-        # EXTENSION (torchrun / spawn): initialise torch.distributed here and run main on every rank.
-        raise SeqtrainError(
-            f"multi-process training (--distributed-world-size {max(world_size, env_world_size())}) is not "
-            "supported yet; run one process (--distributed-world-size 1, no torchrun)")
-    args.distributed_world_size = 1
-    args.distributed_rank = 0
-    return main(args)
+    if env is not None:
+        if world_size > 1 and world_size != env["WORLD_SIZE"]:
+            logger.warning(f"--distributed-world-size {world_size} ignored: torchrun started "
+                           f"{env['WORLD_SIZE']} processes")
+        args.distributed_world_size = env["WORLD_SIZE"]
+        args.distributed_rank = env["RANK"]
+        args.device_id = env["LOCAL_RANK"]
+        return distributed_main(args, main, "env://")
+    if world_size <= 1:
+        args.distributed_world_size = 1
+        args.distributed_rank = 0
+        return main(args)
+    if getattr(args, "distributed_no_spawn", False):
+        if not getattr(args, "distributed_init_method", None):
+            raise SeqtrainError("--distributed-no-spawn needs torchrun's environment (RANK, WORLD_SIZE, ...) or "
+                                "--distributed-init-method URL with --distributed-rank")
+        return distributed_main(args, main, args.distributed_init_method)
+    if _uses_cuda(args) and world_size > torch.cuda.device_count():
+        raise SeqtrainError(f"--distributed-world-size {world_size}: this node has {torch.cuda.device_count()} "
+                            "CUDA devices; for several nodes launch with torchrun (see the README)")
+    port = args.distributed_port if getattr(args, "distributed_port", -1) > 0 else _free_port()
+    init_method = getattr(args, "distributed_init_method", None) or f"tcp://127.0.0.1:{port}"
+    return _spawn(args, main, world_size, init_method)
+
+
+def _spawn(args: argparse.Namespace, main: Callable, world_size: int, init_method: str) -> None:
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    context = torch.multiprocessing.spawn(_spawned_rank, args=(args, main, init_method), nprocs=world_size,
+                                          join=False)
+    try:
+        # After a rank fails, the others get SPAWN_GRACE_S seconds to end by themselves (gloo peers notice the
+        # closed connection at once), then SIGTERM, then SIGKILL after as long again.
+        while not context.join(grace_period=SPAWN_GRACE_S):
+            pass
+    except ProcessRaisedException as e:
+        # spawn has already terminated the other ranks; the failed rank printed its own traceback.
+        # the exception's own line: the last unindented "Name: message" line of the child's traceback
+        lines = [line for line in str(e).splitlines() if re.match(r"[\w.]+: ", line)]
+        last = lines[-1] if lines else "see its error above"
+        prefix = f"{SeqtrainError.__module__}.{SeqtrainError.__name__}: "
+        message = last[len(prefix):] if last.startswith(prefix) else f"rank {e.error_index} failed: {last}"
+        raise SeqtrainError(f"{message} (the other ranks were stopped)") from None
+    except ProcessExitedException as e:
+        raise SeqtrainError(f"rank {e.error_index} exited with code {e.exit_code} (killed, e.g. out of "
+                            "memory?); the other ranks were stopped") from None
+
+
+def _spawned_rank(index: int, args: argparse.Namespace, main: Callable, init_method: str) -> None:
+    args.distributed_rank = index
+    args.device_id = index
+    distributed_main(args, main, init_method, print_traceback=True)
+
+
+def distributed_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any], init_method: str,
+                     print_traceback: bool = False) -> Any:
+    """One rank: set the device, join the process group, run `main`, leave the group cleanly. An error leaves
+    with its rank in the message (`print_traceback`: also print the traceback, which a spawned child's parent
+    would otherwise reduce to one line)."""
+    rank, world_size = args.distributed_rank, args.distributed_world_size
+    backend = backend_for(args)
+    device = None
+    if _uses_cuda(args):
+        torch.cuda.set_device(args.device_id)
+        device = torch.device("cuda", args.device_id)
+    timeout = datetime.timedelta(seconds=float(getattr(args, "distributed_timeout", 1800)))
+    dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout,
+                            **({"device_id": device} if device is not None and backend == "nccl" else {}))
+    logger.info(f"distributed init (rank {rank} of {world_size}, backend {backend}): {init_method}")
+    try:
+        result = main(args)
+    except SeqtrainError as e:
+        raise SeqtrainError(f"rank {rank}: {e}") from None
+    except BaseException as e:
+        # Peers blocked in a collective are stopped by the launcher (spawn / torchrun), or time out.
+        if print_traceback:
+            traceback.print_exc()
+        print(f"seqtrain: rank {rank} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if _lost_peer(e):
+            # Only a consequence of another rank's failure: leave after it, so that the launchers, which report
+            # the first rank to exit, name the rank that failed first.
+            time.sleep(PEER_LOSS_DELAY_S)
+        raise
+    dist.destroy_process_group()
+    return result
+
+
+def _lost_peer(e: BaseException) -> bool:
+    text = str(e)
+    return isinstance(e, getattr(dist, "DistNetworkError", ())) or any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+
+
+def maybe_fail_for_test(rank: int, num_updates: int) -> None:
+    """SEQTRAIN_TEST_FAIL_RANK=R[:U]: rank R raises before update U+1 (tests of failure handling only)."""
+    spec = os.environ.get(FAIL_RANK_ENV)
+    if not spec:
+        return
+    fail_rank, _, at = spec.partition(":")
+    if int(fail_rank) == rank and num_updates == int(at or 1):
+        raise RuntimeError(f"injected failure on rank {rank} at update {num_updates + 1} ({FAIL_RANK_ENV})")
+
+
+# ---------------------------------------------------------------------------------------------------- model wrapping
+def is_fsdp(model: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch < 2.6
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def transformer_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """The blocks FSDP shards one by one: the entries of every ModuleList named `layers` (encoder, decoder)."""
+    return [layer for name, module in model.named_modules()
+            if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] == "layers" for layer in module]
+
+
+def wrap_model(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The module the training forward pass runs through: `model` itself for one process, DDP around it, or
+    `model` sharded in place by FSDP2 (then the returned module *is* `model`; build the optimizer after this)."""
+    if get_world_size() <= 1:
+        return model
+    backend = getattr(args, "ddp_backend", "pytorch_ddp")
+    if backend == "fully_sharded":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        low = torch.float16 if getattr(args, "fp16", False) else torch.bfloat16 if getattr(args, "bf16", False) else None
+        # Parameters are gathered in the low precision for compute; gradients are reduced in fp32.
+        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low is not None else None)
+        for layer in transformer_layers(model):
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    if backend not in DDP_ALIASES:
+        raise SeqtrainError(f"--ddp-backend {backend}: choose from c10d (= {', '.join(DDP_ALIASES[1:])}) "
+                            "or fully_sharded")
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None,
+        output_device=device.index if device.type == "cuda" else None,
+        bucket_cap_mb=getattr(args, "bucket_cap_mb", 25),
+        find_unused_parameters=getattr(args, "find_unused_parameters", False),
+        broadcast_buffers=False,  # BART has no running statistics to keep in step
+    )
+
+
+@contextlib.contextmanager
+def no_sync(forward_model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+    """Within it, backward accumulates gradients locally without reducing them (all but the last micro-batch of
+    an --update-freq update)."""
+    if not skip_sync or get_world_size() <= 1:
+        yield
+        return
+    if is_fsdp(forward_model):
+        forward_model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            forward_model.set_requires_gradient_sync(True)
+        return
+    sync_off = getattr(forward_model, "no_sync", None)
+    with sync_off() if sync_off is not None else contextlib.nullcontext():
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------- collectives
+def _as_float(value: Any) -> float:
+    return float(value.item()) if torch.is_tensor(value) else float(value)
+
+
+def sum_logging_outputs(logging_outputs: List[Dict[str, Any]]) -> Dict[str, float]:
+    """One dict with each key summed over the list (the criteria's logging outputs are sums)."""
+    out: Dict[str, float] = {}
+    for log in logging_outputs:
+        for key, value in log.items():
+            out[key] = out.get(key, 0.0) + _as_float(value)
+    return out
+
+
+def all_reduce_sums(values: Dict[str, float], device: torch.device) -> Dict[str, float]:
+    """Sum every value over all ranks in one collective (fp64, so counts stay exact). Every rank must pass the
+    same keys; the order does not matter."""
+    if get_world_size() <= 1:
+        return dict(values)
+    keys = sorted(values)
+    buf = torch.tensor([values[k] for k in keys], dtype=torch.float64,
+                       device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(buf)
+    return dict(zip(keys, buf.tolist()))
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when `flag` is True on at least one (e.g. a stop signal only some ranks received)."""
+    if get_world_size() <= 1:
+        return flag
+    buf = torch.tensor([1.0 if flag else 0.0], device=device if device.type == "cuda" else "cpu")
+    dist.all_reduce(buf, op=dist.ReduceOp.MAX)
+    return bool(buf.item() > 0)
+
+
+def all_gather_lists(*lists: List[Any]) -> List[List[Any]]:
+    """Each list concatenated over ranks, in rank order (picklable items; for small validation outputs)."""
+    if get_world_size() <= 1:
+        return [list(x) for x in lists]
+    gathered: List[Any] = [None] * get_world_size()
+    dist.all_gather_object(gathered, [list(x) for x in lists])
+    return [[item for rank_lists in gathered for item in rank_lists[i]] for i in range(len(lists))]
+
+
+def clip_grad_norm_(params: List[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """The total gradient L2 norm over all ranks' shards (FSDP's DTensor gradients), clipping like
+    Optimizer.clip_grad_norm."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    norm = norm.float()
+    if max_norm > 0:
+        coef = min(max_norm / (float(norm) + 1e-6), 1.0)
+        torch._foreach_mul_(grads, coef)
+    return norm
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoint state
+def rescale_iterator_position(state: Dict[str, Any], saved_world_size: int, world_size: int) -> Dict[str, Any]:
+    """A train iterator position saved with `saved_world_size` ranks, for `world_size` ranks. Each rank takes
+    one batch per step, so `iterations_in_epoch` steps consumed iterations * saved_world_size batches of the
+    epoch's shared order; the new ranks continue after them."""
+    offset = int(state.get("iterations_in_epoch", 0))
+    if offset <= 0 or saved_world_size == world_size:
+        return state
+    consumed = offset * saved_world_size
+    if consumed % world_size:
+        logger.warning(f"resuming {consumed} batches into epoch {state.get('epoch')} with {world_size} ranks "
+                       f"(saved with {saved_world_size}): {consumed % world_size} batch(es) are trained again")
+    logger.info(f"train iterator position: {offset} steps of {saved_world_size} ranks = "
+                f"{consumed // world_size} steps of {world_size}")
+    return {**state, "iterations_in_epoch": consumed // world_size}
+
+
+
+def _full_options(**kw: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def model_state_dict(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The full state dict (FSDP: gathered to CPU on rank 0, empty elsewhere; a collective on every rank)."""
+    if not is_fsdp(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_full_options(cpu_offload=True))
+
+
+def load_model_state_dict(model: torch.nn.Module, state: Dict[str, torch.Tensor]) -> None:
+    """Load a full state dict on every rank (FSDP keeps each rank's shard of it)."""
+    if not is_fsdp(model):
+        model.load_state_dict(state, strict=True)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    # Tied weights (BART's embeddings and output projection) are one parameter under several names; torch
+    # distributes only the first name's tensor, so the aliases are left out and checked to be only aliases.
+    canonical = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    result = set_model_state_dict(model, {k: v for k, v in state.items() if k in canonical},
+                                  options=_full_options(strict=False))
+    unexpected = list(result.unexpected_keys) + [k for k in model.state_dict() if k not in state]
+    if unexpected or any(k in canonical for k in result.missing_keys):
+        raise ValueError(f"state dict does not fit the sharded model: missing "
+                         f"{[k for k in result.missing_keys if k in canonical][:4]}, unexpected {unexpected[:4]}")
+
+
+def _param_names(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer) -> List[List[str]]:
+    """Per param group, the name of each optimized parameter, in the optimizer's order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [[names[id(p)] for p in group["params"]] for group in torch_optimizer.param_groups]
+
+
+def optimizer_state_dict(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+    """torch's plain layout (state keyed by parameter index) for every backend; FSDP state is gathered to rank 0
+    (empty elsewhere; a collective on every rank)."""
+    if not is_fsdp(model):
+        return torch_optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    full = get_optimizer_state_dict(model, torch_optimizer, options=_full_options(cpu_offload=True))
+    if not full.get("state") and not full.get("param_groups"):
+        return {}
+    index = {name: i for i, name in enumerate(n for group in _param_names(model, torch_optimizer) for n in group)}
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
+              for g in full["param_groups"]]
+    return {"state": {index[name]: value for name, value in full["state"].items()}, "param_groups": groups}
+
+
+def load_optimizer_state_dict(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer,
+                              state: Dict[str, Any]) -> None:
+    """Load torch's plain layout into an FSDP model's optimizer (every rank holds the full state)."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    names = _param_names(model, torch_optimizer)
+    flat = [n for group in names for n in group]
+    if len(state["param_groups"]) != len(names) or any(
+            len(g["params"]) != len(n) for g, n in zip(state["param_groups"], names)):
+        raise ValueError("loaded state dict has a different number of parameters or parameter groups")
+    by_name = {"state": {flat[int(i)]: value for i, value in state["state"].items()},
+               "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": list(n)}
+                                for g, n in zip(state["param_groups"], names)]}
+    set_optimizer_state_dict(model, torch_optimizer, by_name, options=_full_options())

@@ -51,7 +51,8 @@ def get_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------------ inputs
 def _load(args: argparse.Namespace, device: torch.device):
     from seqtrain.data.dictionary import Dictionary
-    from seqtrain.hub import load_model
+    from seqtrain.checkpoint import find_dictionaries, read_checkpoint
+    from seqtrain.hub import model_from_contents
     from seqtrain.tasks.translation import infer_language_pair
 
     if not args.path:
@@ -72,14 +73,21 @@ def _load(args: argparse.Namespace, device: torch.device):
         overrides = json.loads(args.model_overrides)
     except json.JSONDecodeError as e:
         raise SeqtrainError(f"--model-overrides: not valid JSON ({e})") from None
-    lm = load_model(args.path, dict_path=dict_path, arch_overrides=overrides or None, unsafe=args.unsafe_load)
+    # A seqtrain checkpoint carries the dictionaries it was trained with: keep them, so the check below can
+    # catch a data-bin with other ones (load_model's dict_path would replace them and hide the mismatch).
+    ck = read_checkpoint(args.path, unsafe=args.unsafe_load, require_dict=False)
+    if ck.format != "seqtrain" and (dict_path is not None or ck.format == "fairseq"):
+        ck.src_dict, ck.tgt_dict, ck.tokenizer = find_dictionaries(args.path, ck.args, dict_path)
+    if ck.src_dict is None:
+        raise SeqtrainError(f"{args.path}: no dictionary found; give a data-bin (DATA) holding dict.{src_lang}.txt")
+    lm = model_from_contents(ck, overrides or None)
     if args.data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
         for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
             p = os.path.join(args.data, f"dict.{lang}.txt")
             if os.path.exists(p) and Dictionary.load(p) != have:
                 raise SeqtrainError(
-                    f"{p}: the {side} dictionary differs from the one in {args.path} ({len(Dictionary.load(p))} vs "
-                    f"{len(have)} symbols); generate with the data-bin the model was trained on")
+                    f"{p}: the {side} dictionary differs from the one in {args.path} "
+                    f"({Dictionary.load(p).difference(have)}); generate with the data-bin the model was trained on")
     tokenizer = lm.tokenizer
     if tokenizer is None:
         from seqtrain.data.tokenizer import load_databin_tokenizer
@@ -131,7 +139,9 @@ def _dataset(args: argparse.Namespace, lm: Any, tokenizer: Any, src_lang: str, t
         max_target_positions=max_tgt,
         shuffle=True,  # only orders ties in ordered_indices (seeded), as fairseq-generate does
     )
-    truncate = not args.skip_invalid_size_inputs_valid_test
+    # --truncate-source (as in training) wins over --skip-invalid-size-inputs-valid-test, so a preset holding
+    # both (fairseq's BART recipe) truncates long articles instead of leaving their summaries empty
+    truncate = bool(args.truncate_source) or not args.skip_invalid_size_inputs_valid_test
     if args.input is not None:
         lines = _read_text(args.input)
         src = [lm.src_dict.encode_line(tokenizer.encode(line), add_if_not_exist=False, append_eos=True).long()
@@ -159,6 +169,9 @@ def _dataset(args: argparse.Namespace, lm: Any, tokenizer: Any, src_lang: str, t
                             f"{args.gen_subset}.{src_lang}-{tgt_lang}.{src_lang}.bin/.idx)")
     src = MMapIndexedDataset(prefixes[src_lang])
     tgt = MMapIndexedDataset(prefixes[tgt_lang]) if tgt_lang in prefixes else None
+    if tgt is not None and len(tgt) != len(src):
+        raise SeqtrainError(f"{prefixes[src_lang]}.idx has {len(src)} examples but {prefixes[tgt_lang]}.idx has "
+                            f"{len(tgt)}: source and target of --gen-subset {args.gen_subset} must be aligned")
     ds = LanguagePairDataset(src, src.sizes, lm.src_dict, tgt, None if tgt is None else tgt.sizes, lm.tgt_dict,
                              truncate_source=truncate, **conv)
     return ds, np.asarray(src.sizes), None
@@ -209,7 +222,7 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = None) -> Dict[str, 
     too_long = np.flatnonzero(raw_src_sizes > max_src)
     keep = np.arange(n)
     if len(too_long):
-        if args.skip_invalid_size_inputs_valid_test:
+        if args.skip_invalid_size_inputs_valid_test and not args.truncate_source:
             keep = np.setdiff1d(keep, too_long)
             logger.warning(f"skipped {len(too_long)} of {n} sources longer than {max_src} tokens (their "
                            f"hypothesis lines are left empty); first ids: {too_long[:10].tolist()}")

@@ -94,8 +94,14 @@ def load_model(
         >>> lm.model(src_tokens, src_lengths, prev_output_tokens)[0].shape   # B x T x len(lm.tgt_dict)
     """
     ck = read_checkpoint(path, fmt=fmt, dict_path=dict_path, unsafe=unsafe)
+    return model_from_contents(ck, arch_overrides, device)
+
+
+def model_from_contents(ck: CheckpointContents, arch_overrides: Optional[Dict[str, Any]] = None,
+                        device: str | torch.device = "cpu") -> LoadedModel:
+    """load_model's second half, for callers that read (and adjusted) the checkpoint contents themselves."""
     for note in ck.notes:
-        logger.info(f"{path}: {note}")
+        logger.info(f"{ck.path}: {note}")
     model = build_from_contents(ck, arch_overrides).to(device).eval()
     tokenizer = None
     if ck.tokenizer:

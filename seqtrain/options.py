@@ -65,6 +65,11 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
     _add(g, parser, "--fp16", action="store_true", help="fp16 autocast with dynamic loss scaling (CUDA)")
     _add(g, parser, "--bf16", action="store_true", help="bf16 autocast (CUDA; no loss scaling needed)")
+    _add(g, parser, "--memory-efficient-fp16", action="store_true",
+         help="accepted for fairseq command lines; implies --fp16 (seqtrain always keeps fp32 master weights "
+              "and optimizer state, with fp16 autocast)")
+    _add(g, parser, "--memory-efficient-bf16", action="store_true",
+         help="accepted for fairseq command lines; implies --bf16")
     _add(g, parser, "--compile", action="store_true", help="torch.compile the model (CUDA recommended)")
     _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
 
@@ -90,15 +95,20 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--distributed-world-size", type=int, default=1, metavar="N",
          help="total number of processes (GPUs) across all nodes")
     _add(g, parser, "--distributed-rank", type=int, default=0, metavar="N", help="rank of this process")
-    _add(g, parser, "--distributed-backend", default="nccl", metavar="NAME", help="torch.distributed backend")
+    _add(g, parser, "--distributed-backend", default=None, metavar="NAME",
+         help="torch.distributed backend (default: nccl on CUDA, gloo on the CPU)")
+    _add(g, parser, "--distributed-timeout", type=float, default=1800, metavar="SECONDS",
+         help="a collective waiting longer than this on another rank fails (instead of hanging)")
     _add(g, parser, "--distributed-init-method", default=None, metavar="URL",
          help="init method, e.g. tcp://host:port (default: from torchrun's environment)")
     _add(g, parser, "--distributed-port", type=int, default=-1, metavar="N", help="port for the init method")
     _add(g, parser, "--device-id", "--local_rank", type=int, default=0, metavar="N", help="which local GPU to use")
     _add(g, parser, "--distributed-no-spawn", action="store_true",
          help="do not spawn one process per GPU (processes are launched externally, e.g. by torchrun)")
-    _add(g, parser, "--ddp-backend", default="pytorch_ddp", choices=("pytorch_ddp", "c10d", "fully_sharded", "no_c10d"),
-         help="data-parallel wrapper")
+    _add(g, parser, "--ddp-backend", default="pytorch_ddp",
+         choices=("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded"),
+         help="data-parallel wrapper: DistributedDataParallel (pytorch_ddp, c10d, legacy_ddp, no_c10d are one) or "
+              "fully_sharded (FSDP2: parameters, gradients and optimizer state sharded over ranks)")
     _add(g, parser, "--bucket-cap-mb", type=int, default=25, metavar="MB", help="DDP bucket size")
     _add(g, parser, "--find-unused-parameters", action="store_true", help="DDP find_unused_parameters")
 
@@ -232,6 +242,9 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
                        help=f"model architecture preset, required: {', '.join(ARCHS.names())}")
     _retitle(criterions.add_args(parser), "Criterion")
     add_optimization_args(parser)
+    from seqtrain import eval_rouge
+
+    eval_rouge.add_args(parser, dataset)
     add_checkpoint_args(parser)
     add_distributed_args(parser)
     parser.set_defaults(_stage="train")
@@ -372,16 +385,26 @@ def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Actio
 
 
 def apply_config(parser: argparse.ArgumentParser, path: str, values: Dict[str, Any], lines: Dict[str, int],
-                 strict: bool = True) -> None:
-    """Set config values as parser defaults. With strict, a key that is no flag of this parser is an error."""
+                 strict: bool = True, ignore: Optional[Dict[str, argparse.Action]] = None) -> None:
+    """Set config values as parser defaults. With strict, a key that is no flag of this parser is an error,
+    unless it is a key of `ignore` (the flags of the other CLI: one config serves training and generation)."""
     by_key = _actions_by_key(parser)
     defaults: Dict[str, Any] = {}
     for key, value in values.items():
         where = f"--config {path}" + (f" line {lines.get(key)}" if lines.get(key) else "") + f" ({key})"
         action = by_key.get(key.lstrip("-")) or by_key.get(key.lstrip("-").replace("-", "_"))
         if action is None:
+            other = (ignore or {}).get(key.lstrip("-")) or (ignore or {}).get(key.lstrip("-").replace("-", "_"))
+            if other is not None:
+                _convert(other, value, where)  # a bad value is an error even for the CLI that skips the key
+                continue
             if strict:
-                raise SeqtrainError(f"{where}: unknown option {key!r}")
+                import difflib
+
+                close = difflib.get_close_matches(key.lstrip("-"), [k for k in {**by_key, **(ignore or {})}
+                                                                     if "_" not in k], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise SeqtrainError(f"{where}: unknown option {key!r}{hint}")
             continue
         defaults[action.dest] = _convert(action, value, where)
         if not action.option_strings:
@@ -409,6 +432,26 @@ def _config_value(config: Dict[str, Any], dest: str) -> Any:
         if key in config:
             return config[key]
     return None
+
+
+def _other_cli_flags(stage: Optional[str], choices: argparse.Namespace) -> Dict[str, argparse.Action]:
+    """The flags of the other CLI (generate's for training, train's for generation), keyed as config keys: a
+    preset holds both, and each CLI skips the other's keys. Training flags follow the config's components."""
+    try:
+        if stage == "train":
+            from seqtrain.generate import get_parser
+
+            other = get_parser()
+            _add_choice_args(other, "task", choices.task)
+        elif stage == "generate":
+            other = get_training_parser()
+            for dest in ("task", "optimizer", "lr_scheduler"):
+                _add_choice_args(other, dest, getattr(choices, dest))
+        else:
+            return {}
+    except SeqtrainError:  # an unknown component is reported by the parser that owns it
+        return {}
+    return _actions_by_key(other)
 
 
 def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -441,7 +484,7 @@ def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence
                 raise SeqtrainError(f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}")
     _order_groups(parser)
     if first.config:
-        apply_config(parser, first.config, config, lines)
+        apply_config(parser, first.config, config, lines, ignore=_other_cli_flags(stage, first))
 
     args = parser.parse_args(argv)
     if stage == "train":
@@ -450,6 +493,11 @@ def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence
         if not args.arch:
             raise SeqtrainError(f"--arch is required; choose from: {', '.join(ARCHS.names())}")
         ARCHS.get(args.arch)(args)  # fills only fields still None: explicit flags and config values win
+    # fairseq: the memory-efficient variants imply the plain ones (seqtrain keeps fp32 master weights for both)
+    if getattr(args, "memory_efficient_fp16", False):
+        args.fp16 = True
+    if getattr(args, "memory_efficient_bf16", False):
+        args.bf16 = True
     if hasattr(args, "_stage"):
         del args._stage
     if getattr(args, "config", None):

@@ -16,6 +16,7 @@ new file), so names sharing one file via hard links never change under each othe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -23,8 +24,10 @@ import re
 import shutil
 import tempfile
 import time
+import zipfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from seqtrain import distributed
 from seqtrain.checkpoint import load_checkpoint_file, read_checkpoint
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
@@ -62,6 +65,45 @@ def link_or_copy(src: str, dst: str) -> None:
             shutil.copyfileobj(fin, fout, 1 << 24)
 
 
+# Temporary names of interrupted writes: atomic_write's ".NAME.XXXX.tmp" and link_or_copy's ".NAME.XXXX.link"
+# (and the --save-dir write probe of prepare_save_dir).
+_PARTIAL_WRITE = re.compile(r"\.(checkpoint[^/]*\.pt\.[A-Za-z0-9_]+\.(tmp|link)|write-test\.[A-Za-z0-9_]+)")
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why `path` is not an intact checkpoint file (None if it is). A torch zip archive must have its central
+    directory (missing when truncated) and every record must match its CRC-32 (torch.load itself checks neither,
+    so a flipped bit in a tensor would load silently)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            with open(path, "rb") as f:
+                head = f.read(4)
+            if head[:2] == b"\x80\x02":
+                return None  # torch's legacy format has no checksums; torch.load judges it
+            return "truncated (no zip central directory)" if head == b"PK\x03\x04" else "not a torch checkpoint"
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        return f"corrupted (record {bad} fails its checksum)" if bad is not None else None
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
+        return f"unreadable ({e})"
+
+
+def newest_intact_checkpoint(folder: str, exclude: str) -> Optional[str]:
+    """The most recently written intact checkpoint*.pt in `folder`, skipping `exclude` and its hard links."""
+    found = []
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        if not (name.startswith("checkpoint") and name.endswith(".pt")) or not os.path.isfile(path):
+            continue
+        if os.path.exists(exclude) and os.path.samefile(path, exclude):
+            continue
+        found.append((os.path.getmtime(path), name == "checkpoint_last.pt", path))
+    for _, _, path in sorted(found, reverse=True):
+        if checkpoint_problem(path) is None:
+            return path
+    return None
+
+
 class CheckpointManager:
     """Applies the checkpoint flags of one run: what to save after an update or epoch, what to prune, where to
     resume from, and --patience."""
@@ -72,6 +114,32 @@ class CheckpointManager:
         self.best: Optional[float] = None
         self.patience_best: Optional[float] = None
         self.patience_runs = 0
+        # update count held by checkpoint_last.pt (None: unknown / not written by this run), for graceful stops
+        self.last_saved_updates: Optional[int] = None
+
+    def prepare_save_dir(self) -> None:
+        """fairseq's verify_checkpoint_directory: fail at start-up, not hours later at the first save, when
+        --save-dir cannot be written; and remove temporary files that a killed save left behind."""
+        if self.args.no_save or getattr(self.args, "distributed_rank", 0) != 0:
+            return
+        try:
+            os.makedirs(self.save_dir, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=self.save_dir)
+            try:
+                os.write(fd, b"ok")
+            finally:
+                os.close(fd)
+                os.unlink(probe)
+        except OSError as e:
+            raise SeqtrainError(f"--save-dir {self.save_dir}: cannot write checkpoints there "
+                                f"({e.strerror or e}); pass a writable --save-dir or --no-save") from None
+        stale = [n for n in os.listdir(self.save_dir) if _PARTIAL_WRITE.fullmatch(n)]
+        for name in stale:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self.save_dir, name))
+        if stale:
+            logger.info(f"removed {len(stale)} incomplete checkpoint file(s) left by an interrupted save "
+                        f"in {self.save_dir}")
 
     # -------------------------------------------------------------------------------------------- comparison
     def is_better(self, a: float, b: float) -> bool:
@@ -146,7 +214,32 @@ class CheckpointManager:
         names = self.checkpoint_names(epoch, updates, end_of_epoch, val_metric)
         if a.no_save or not names:
             return []
-        os.makedirs(self.save_dir, exist_ok=True)
+        paths = self._write(trainer, epoch_itr, names, val_metric)
+        try:
+            if distributed.get_rank() == 0:
+                self.prune()
+        except OSError as e:  # an old file that cannot be removed costs disk space, not correctness
+            logger.warning(f"could not remove an old checkpoint in {self.save_dir}: {e}")
+        distributed.barrier()  # the other ranks wait until rank 0 has written (and pruned)
+        return paths
+
+    def save_last(self, trainer: Any, epoch_itr: Any) -> Optional[str]:
+        """Write checkpoint_last.pt at the current position (a graceful stop), unless it already holds this
+        update. Returns the path, or None when nothing was written (--no-save, or already saved)."""
+        if self.args.no_save:
+            logger.warning("--no-save: stopping without writing a checkpoint")
+            return None
+        if self.last_saved_updates == trainer.get_num_updates():
+            return os.path.join(self.save_dir, "checkpoint_last.pt")
+        path = self._write(trainer, epoch_itr, ["checkpoint_last.pt"], None)[0]
+        distributed.barrier()
+        return path
+
+    def _write(self, trainer: Any, epoch_itr: Any, names: List[str], val_metric: Optional[float]) -> List[str]:
+        """One file for the first name, hard links for the others. An OSError (disk full, permissions) becomes
+        a SeqtrainError; since every name is replaced atomically, the files written before stay intact."""
+        a = self.args
+        epoch, updates = epoch_itr.epoch, trainer.get_num_updates()
         logger.info(f"Preparing to save checkpoint for epoch {epoch} @ {updates} updates")
         start = time.perf_counter()
         extra_state = {
@@ -157,14 +250,26 @@ class CheckpointManager:
             "best": self.best,
         }
         paths = [os.path.join(self.save_dir, n) for n in names]
-        trainer.save_checkpoint(paths[0], extra_state, with_optimizer=not a.no_save_optimizer_state)
-        for path in paths[1:]:
-            link_or_copy(paths[0], path)
+        current = paths[0]
+        try:
+            os.makedirs(self.save_dir, exist_ok=True)
+            # every rank calls it (FSDP gathers the full state); only rank 0 writes
+            trainer.save_checkpoint(current, extra_state, with_optimizer=not a.no_save_optimizer_state)
+            for current in paths[1:] if distributed.get_rank() == 0 else []:
+                link_or_copy(paths[0], current)
+        except OSError as e:
+            kept = (f"checkpoint_last.pt (update {self.last_saved_updates}) is intact"
+                    if self.last_saved_updates is not None else "checkpoints written before are intact")
+            raise SeqtrainError(
+                f"could not write checkpoint {current} at update {updates}: {e.strerror or e}; {kept}. "
+                "Free disk space or fix permissions of --save-dir, then rerun the same command to resume"
+            ) from None
+        if "checkpoint_last.pt" in names:
+            self.last_saved_updates = updates
         logger.info(
             f"Saved checkpoint {paths[0]} (epoch {epoch} @ {updates} updates, score {val_metric}) "
             f"(writing took {time.perf_counter() - start:.3f} seconds)"
         )
-        self.prune()
         return paths
 
     def prune(self) -> None:
@@ -187,6 +292,7 @@ class CheckpointManager:
         or start from --finetune-from-model when this run has no checkpoint yet. Returns (extra_state or None,
         the train EpochBatchIterator positioned where training continues)."""
         a = self.args
+        self.prepare_save_dir()
         reset_optimizer, reset_lr_scheduler = a.reset_optimizer, a.reset_lr_scheduler
         reset_meters, reset_dataloader = a.reset_meters, a.reset_dataloader
         try:
@@ -221,6 +327,7 @@ class CheckpointManager:
             logger.info(f"No existing checkpoint found {path}")
             return None, get_train_iterator(1)
 
+        check_resumable(path)
         state = load_checkpoint_file(path, unsafe=a.unsafe_load)
         if not (isinstance(state, dict) and state.get("format") == "seqtrain"):
             # A fairseq or Hugging Face model (e.g. BART fine-tuning's --restore-file model.pt): weights only.
@@ -229,16 +336,54 @@ class CheckpointManager:
                         "meters and data position start fresh")
             return None, get_train_iterator(1)
 
+        check_same_dictionaries(state, trainer.task, path)
         extra = trainer.load_state_dict(state, path, reset_optimizer=reset_optimizer,
                                         reset_lr_scheduler=reset_lr_scheduler, reset_meters=reset_meters,
                                         optimizer_overrides=overrides)
         if not reset_optimizer and not reset_meters:
             self.load_state_dict(extra.get("checkpoint_manager", {"best": extra.get("best")}))
         if not reset_dataloader and extra.get("train_iterator") is not None:
-            itr_state = extra["train_iterator"]
+            # a position saved by another number of ranks counts batches per rank: rescale it
+            itr_state = distributed.rescale_iterator_position(
+                extra["train_iterator"], int((state.get("args") or {}).get("distributed_world_size", 1) or 1),
+                int(getattr(a, "distributed_world_size", 1) or 1))
             epoch_itr = get_train_iterator(itr_state["epoch"])
             epoch_itr.load_state_dict(itr_state)
         else:
             epoch_itr = get_train_iterator(1)
+        if os.path.abspath(path) == os.path.abspath(os.path.join(self.save_dir, "checkpoint_last.pt")):
+            self.last_saved_updates = trainer.get_num_updates()
         logger.info(f"Loaded checkpoint {path} (epoch {extra.get('epoch')} @ {trainer.get_num_updates()} updates)")
         return extra, epoch_itr
+
+
+def check_same_dictionaries(state: Dict[str, Any], task: Any, path: str) -> None:
+    """Token ids only mean the same words under the same dictionary: a seqtrain checkpoint must be resumed with
+    the data-bin it was trained on (embedding rows would otherwise be silently resized and misread)."""
+    from seqtrain.data.dictionary import Dictionary
+
+    args = getattr(task, "args", None)
+    data = str(getattr(args, "data", "") or "").split(":")[0]
+    for side, key, have in (("source", "src_dict", task.src_dict), ("target", "tgt_dict", task.tgt_dict)):
+        if state.get(key) is None or have is None:
+            continue
+        saved = Dictionary.from_list(state[key])
+        if saved != have:
+            lang = getattr(args, f"{side}_lang", None) or side
+            where = os.path.join(data, f"dict.{lang}.txt") if data else f"the {side} dictionary"
+            raise SeqtrainError(
+                f"{path} was trained with another {side} dictionary than {where} ({saved.difference(have)}); "
+                "resume with the data-bin it was trained on, or start from its weights with --finetune-from-model")
+
+
+def check_resumable(path: str) -> None:
+    """A damaged checkpoint to resume from is an error that names the newest intact one to use instead."""
+    problem = checkpoint_problem(path) if os.path.isfile(path) else None
+    if problem is None or (problem == "not a torch checkpoint" and not os.path.basename(path).startswith("checkpoint")):
+        return  # an unrelated file (not one of ours gone bad): the loader's own message says what it is
+    folder = os.path.dirname(os.path.abspath(path))
+    other = newest_intact_checkpoint(folder, exclude=path)
+    hint = (f"the newest intact checkpoint is {other}: resume from it with --restore-file {other} "
+            f"(or copy it over {os.path.basename(path)})" if other is not None else
+            f"no intact checkpoint in {folder}; move the damaged file away to start from scratch")
+    raise SeqtrainError(f"{path} is {problem}; {hint}")

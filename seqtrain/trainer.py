@@ -24,6 +24,7 @@ import torch
 
 from seqtrain.checkpoint import (check_state_fits, fit_positions, make_checkpoint_state, resize_embeddings,
                                  save_checkpoint_file)
+from seqtrain import distributed
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, TimeMeter, perplexity
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
@@ -75,9 +76,12 @@ class Trainer:
         self.model = model.to(self.device)
         if hasattr(criterion, "to"):
             self.criterion = criterion.to(self.device)
-        self._forward_model = self.model
+        # Several ranks: DDP around the model, or FSDP sharding it in place (before the optimizer sees it).
+        self.world_size = distributed.get_world_size()
+        self._forward_model = distributed.wrap_model(args, self.model, self.device)
+        self.is_fsdp = distributed.is_fsdp(self.model)
         if getattr(args, "compile", False):
-            self._forward_model = torch.compile(self.model)
+            self._forward_model = torch.compile(self._forward_model)
         self.optimizer = build_optimizer(args, self.model.parameters())
         self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
         self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
@@ -133,6 +137,12 @@ class Trainer:
         # Seed from the update count so a resumed run draws the same dropout masks as an uninterrupted one.
         torch.manual_seed(self.args.seed + self.num_updates)
 
+    def set_dummy_batch(self, batch: Dict[str, Any]) -> None:
+        """The batch a rank runs, with zero weight, when its shard has no batch left (epoch_itr.first_batch):
+        every rank must take part in each update's collectives."""
+        if batch:
+            self._dummy_batch = self._prepare_sample(batch)
+
     def _prepare_sample(self, sample: Any) -> Any:
         def move(x: Any) -> Any:
             if torch.is_tensor(x):
@@ -159,6 +169,9 @@ class Trainer:
             is_dummy = not sample  # an empty batch (a short shard) still runs, with zero weight
             if is_dummy:
                 if self._dummy_batch is None:
+                    if self.world_size > 1:  # skipping would leave the other ranks waiting in a collective
+                        raise SeqtrainError("internal: a rank got an empty batch before any dummy batch was set "
+                                            "(Trainer.set_dummy_batch)")
                     continue
                 sample = self._dummy_batch
             else:
@@ -167,12 +180,18 @@ class Trainer:
                     self._dummy_batch = sample
             oom: Optional[str] = None
             try:
-                with torch.autograd.profiler.record_function(f"train_step-{i}"):
+                # gradients are reduced across ranks only in the update's last backward pass
+                with torch.autograd.profiler.record_function(f"train_step-{i}"), \
+                        distributed.no_sync(self._forward_model, i < len(samples) - 1):
                     _, size, log = self.task.train_step(sample, self._forward_model, self.criterion,
                                                         self._step_context, self.num_updates, ignore_grad=is_dummy)
             except RuntimeError as e:
                 if not (self.device.type == "cuda" and _is_oom(e)):
                     raise
+                if self.world_size > 1:  # one rank cannot skip an update the others are reducing
+                    raise SeqtrainError(f"CUDA out of memory on rank {distributed.get_rank()} in update "
+                                        f"{self.num_updates + 1}; lower --max-tokens or use --ddp-backend "
+                                        "fully_sharded") from None
                 oom = str(e).splitlines()[0] if str(e) else type(e).__name__
             if oom is not None:
                 # Recover outside the except block: the traceback's frames hold the step's tensors until then.
@@ -181,14 +200,31 @@ class Trainer:
             if not is_dummy:
                 logging_outputs.append(log)
                 sample_size += float(size)
+            elif self.world_size > 1:  # zeros, so every rank reduces the same keys
+                logging_outputs.append({k: 0.0 for k in log})
 
+        if self.world_size > 1:
+            # Sum sample sizes and logged figures over ranks: the update and its logs equal one process's run
+            # over the global batch.
+            totals = distributed.sum_logging_outputs(logging_outputs)
+            totals["_sample_size"] = sample_size
+            totals = distributed.all_reduce_sums(totals, self.device)
+            sample_size = totals.pop("_sample_size")
+            if sample_size == 0:
+                self.optimizer.zero_grad()
+                return None
+            logging_outputs = [totals]
         if not logging_outputs:
             return None
         # Gradients hold sums over tokens (or sentences); normalize them by the update's sample size and undo
         # the loss scale in one pass.
         scale = self.scaler.loss_scale if self.scaler is not None else 1.0
-        self.optimizer.multiply_grads(1.0 / (sample_size * scale) if sample_size > 0 else 0.0)
-        grad_norm = self.optimizer.clip_grad_norm(self.args.clip_norm)
+        # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
+        self.optimizer.multiply_grads(self.world_size / (sample_size * scale) if sample_size > 0 else 0.0)
+        if self.is_fsdp:  # sharded gradients: the norm is taken over all ranks' shards
+            grad_norm = distributed.clip_grad_norm_(list(self.optimizer.params), self.args.clip_norm)
+        else:
+            grad_norm = self.optimizer.clip_grad_norm(self.args.clip_norm)
         gnorm = float(grad_norm)
         if self.scaler is not None:
             try:
@@ -197,16 +233,26 @@ class Trainer:
                 logger.info(str(e))
                 self.optimizer.zero_grad()
                 return None
-        elif not math.isfinite(gnorm):
-            raise SeqtrainError(
-                f"gradients are NaN/inf at update {self.num_updates + 1}: the loss diverged; lower --lr, use "
-                "--clip-norm, or check the data")
+        else:
+            self._check_finite(logging_outputs, gnorm)
         with torch.autograd.profiler.record_function("optimizer"):
             self.optimizer.step()
         if self.scaler is not None:
             self.scaler.update()
         self.set_num_updates(self.num_updates + 1)
         return self._log_train_stats(logging_outputs, gnorm, start)
+
+    def _check_finite(self, logging_outputs: List[Dict[str, Any]], gnorm: float) -> None:
+        """Without loss scaling a NaN/inf loss or gradient cannot be skipped away: stop before the optimizer
+        step spreads it into the weights, so the last checkpoint is a good place to resume from."""
+        loss = sum(float(log["loss"]) for log in logging_outputs if "loss" in log)
+        if math.isfinite(gnorm) and math.isfinite(loss):
+            return
+        what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {gnorm}"
+        raise SeqtrainError(
+            f"{what} at update {self.num_updates + 1}: training diverged; resume from the last checkpoint with a "
+            "lower --lr, a longer --warmup-updates, --clip-norm (e.g. 1.0) or --bf16, and check the data for "
+            "broken examples")
 
     def _recover_from_oom(self, message: str) -> None:
         logger.warning(f"out of memory in update {self.num_updates + 1}; skipping this update ({message})")
@@ -241,12 +287,24 @@ class Trainer:
         self._valid_start = time.perf_counter()
 
     def valid_step(self, sample: Dict[str, Any]) -> Dict[str, Any]:
-        """Loss on one batch without gradients; logged into meters["valid"]."""
-        if not sample:
+        """Loss on one batch without gradients; logged into meters["valid"]. With several ranks the figures are
+        summed over ranks first, and an empty batch runs the dummy batch (FSDP's forward is a collective)."""
+        is_dummy = not sample
+        if is_dummy and self.world_size <= 1:
             return {}
-        sample = self._prepare_sample(sample)
+        if is_dummy and self._dummy_batch is None:
+            raise SeqtrainError("internal: a rank got an empty validation batch and has no dummy batch "
+                                "(Trainer.set_dummy_batch)")
+        sample = self._dummy_batch if is_dummy else self._prepare_sample(sample)
         with torch.no_grad(), self.autocast():
             _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
+        if self.world_size > 1:
+            totals = distributed.sum_logging_outputs([log])
+            if is_dummy:
+                totals = {k: 0.0 for k in totals}
+            log = distributed.all_reduce_sums(totals, self.device)
+            if not log.get("sample_size"):
+                return {}
         stats = self.task.reduce_metrics([log], self.criterion)
         meters = self.meters["valid"]
         log_criterion_stats(meters, stats, self._valid_start)
@@ -267,23 +325,29 @@ class Trainer:
             "previous_training_time": self.cumulative_training_time(),
         })
         return make_checkpoint_state(
-            self.args, self.model.state_dict(), self.task.src_dict, self.task.tgt_dict,
+            self.args, distributed.model_state_dict(self.model), self.task.src_dict, self.task.tgt_dict,
             getattr(self.task, "tokenizer_spec", None),
-            optimizer=self.optimizer.state_dict() if with_optimizer else None,
+            optimizer=distributed.optimizer_state_dict(self.model, self.optimizer.optimizer) if with_optimizer else None,
             lr_scheduler=self.lr_scheduler.state_dict() if with_optimizer else None,
             loss_scaler=self.scaler.state_dict() if self.scaler is not None and with_optimizer else None,
             extra_state=extra,
         )
 
     def save_checkpoint(self, path: str, extra_state: Dict[str, Any], with_optimizer: bool = True) -> None:
-        save_checkpoint_file(self.state_dict(extra_state, with_optimizer), path)
+        """Rank 0 writes; under FSDP every rank must call this (gathering the full state is a collective)."""
+        master = distributed.get_rank() == 0
+        if not (master or self.is_fsdp):
+            return
+        state = self.state_dict(extra_state, with_optimizer)
+        if master:
+            save_checkpoint_file(state, path)
 
     def _load_model_state(self, model_state: Dict[str, torch.Tensor], where: str) -> None:
         state = resize_embeddings(model_state, len(self.task.src_dict), len(self.task.tgt_dict),
                                   padding_idx=self.task.src_dict.pad(), where=where)
         state = fit_positions(state, self.model, where)
         check_state_fits(self.model, state, where)
-        self.model.load_state_dict(state, strict=True)
+        distributed.load_model_state_dict(self.model, state)
 
     def load_model_weights(self, contents: Any, where: str) -> None:
         """Only the weights of a checkpoint of any supported format (--finetune-from-model, foreign files)."""
@@ -306,7 +370,12 @@ class Trainer:
                     f"{where} was trained with --optimizer {saved_opt}, this run uses {self.args.optimizer}; "
                     "pass --reset-optimizer to start the new optimizer fresh")
             try:
-                self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
+                if self.is_fsdp:  # each rank keeps its shard of the full saved state
+                    distributed.load_optimizer_state_dict(self.model, self.optimizer.optimizer, state["optimizer"])
+                    for group in self.optimizer.param_groups:
+                        group.update(optimizer_overrides or {})
+                else:
+                    self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
             except (ValueError, KeyError) as e:
                 raise SeqtrainError(f"{where}: optimizer state does not fit this model/optimizer ({e}); "
                                     "pass --reset-optimizer") from None

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import os
+import signal
 import sys
 from collections import OrderedDict
 from typing import Any, List, Optional
@@ -21,10 +22,12 @@ import torch
 from seqtrain import options
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
-from seqtrain.distributed import call_main
+from seqtrain import distributed
+from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging.tensorboard import TensorboardWriter
+from seqtrain.stop_signals import GracefulStop
 from seqtrain.tasks import setup_task
 from seqtrain.train_checkpoints import CheckpointManager
 from seqtrain.trainer import Trainer
@@ -43,6 +46,11 @@ def setup_logging(args: argparse.Namespace) -> Optional[logging.Handler]:
         handler.setFormatter(logging.Formatter(LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S"))
         root.addHandler(handler)
     root.setLevel(logging.INFO)
+    if not is_master(args):
+        # fairseq: only rank 0 reports; the others log warnings and errors (with their rank in the message)
+        root.setLevel(logging.WARNING)
+        args.log_format = "none"
+        return None
     if not args.log_file:
         return None
     file_handler = logging.FileHandler(args.log_file)
@@ -60,20 +68,34 @@ def check_args(args: argparse.Namespace) -> None:
         raise SeqtrainError(f"--update-freq values must be at least 1, got {args.update_freq}")
     if args.profile < 0:
         raise SeqtrainError("--profile must be 0 (off) or a number of updates")
+    metric = args.best_checkpoint_metric
+    if metric.startswith("rouge") and not getattr(args, "eval_rouge", False) and not args.disable_validation:
+        raise SeqtrainError(f"--best-checkpoint-metric {metric} needs --eval-rouge (validation only reports "
+                            "ROUGE when it generates)")
+    if getattr(args, "eval_rouge", False):
+        from seqtrain.eval_rouge import generation_args
+
+        if args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
+            # beam search runs a different number of forward passes per rank; FSDP's are collectives
+            raise SeqtrainError("--eval-rouge is not supported with --ddp-backend fully_sharded; use c10d, or "
+                                "score checkpoints with seqtrain-generate")
+
+        generation_args(args.eval_rouge_args)  # a bad --eval-rouge-args fails now, not after the first epoch
 
 
 # ---------------------------------------------------------------------------------------------------- main
-def main(args: argparse.Namespace) -> None:
+def main(args: argparse.Namespace) -> int:
+    """Train; returns the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.stop_signals)."""
     file_handler = setup_logging(args)
     try:
-        _main(args)
+        return _main(args)
     finally:
         if file_handler is not None:
             logging.getLogger().removeHandler(file_handler)
             file_handler.close()
 
 
-def _main(args: argparse.Namespace) -> None:
+def _main(args: argparse.Namespace) -> int:
     check_args(args)
     logger.info(args)
     np.random.seed(args.seed)
@@ -92,7 +114,9 @@ def _main(args: argparse.Namespace) -> None:
 
     trainer = Trainer(args, task, model, criterion)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
-    logger.info(f"training on 1 device ({trainer.device.type})")
+    world = args.distributed_world_size
+    logger.info(f"training on {world} device{'s' if world > 1 else ''} ({trainer.device.type}"
+                f"{', ' + args.ddp_backend if world > 1 else ''})")
     logger.info(f"max tokens per device = {args.max_tokens} and max sentences per device = {args.batch_size}")
 
     def get_train_iterator(epoch: int) -> Any:
@@ -109,14 +133,18 @@ def _main(args: argparse.Namespace) -> None:
 
     manager = CheckpointManager(args)
     _, epoch_itr = manager.restore(trainer, get_train_iterator)
-    tensorboard = TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir else None
+    tensorboard = TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir and is_master(args) else None
     loop = TrainLoop(args, trainer, task, manager, tensorboard)
     try:
-        loop.run(epoch_itr, get_train_iterator)
+        with loop.stop:
+            loop.run(epoch_itr, get_train_iterator)
     finally:
         if tensorboard is not None:
             tensorboard.close()
+    if loop.stop.requested:
+        return loop.stop.exit_code
     logger.info(f"done training in {trainer.cumulative_training_time():.1f} seconds")
+    return 0
 
 
 class TrainLoop:
@@ -127,6 +155,12 @@ class TrainLoop:
         self.args, self.trainer, self.task, self.manager = args, trainer, task, manager
         self.tensorboard = tensorboard
         self.profiler: Optional[Any] = None
+        self.stop = GracefulStop()
+        self.rouge: Optional[Any] = None
+        if getattr(args, "eval_rouge", False):
+            from seqtrain.eval_rouge import RougeValidator
+
+            self.rouge = RougeValidator(args, task)
 
     def run(self, epoch_itr: Any, get_train_iterator: Any) -> None:
         args, trainer = self.args, self.trainer
@@ -158,9 +192,12 @@ class TrainLoop:
             grouped, args.log_format, epoch=epoch, total=len(grouped), offset=grouped.n,
             tensorboard=self.tensorboard, no_progress_bar=args.no_progress_bar)
         trainer.begin_epoch(epoch)
+        if args.distributed_world_size > 1:  # a rank whose shard runs short steps on this, with zero weight
+            trainer.set_dummy_batch(epoch_itr.first_batch)
         logger.info("Start iterating over samples")
         should_stop = False
         for samples in progress:
+            distributed.maybe_fail_for_test(args.distributed_rank, trainer.get_num_updates())
             with torch.autograd.profiler.record_function(f"update-{trainer.get_num_updates() + 1}"):
                 log_output = trainer.train_step(samples)
             if self.profiler is not None:
@@ -172,6 +209,12 @@ class TrainLoop:
                     trainer.meters["train_inner"].reset()
             end_of_epoch = epoch_itr.end_of_epoch()
             should_stop = self.validate_and_save(epoch_itr, end_of_epoch)
+            # every rank must stop after the same update, even if only some of them got the signal
+            if distributed.any_rank(self.stop.requested, trainer.device) and not self.stop.requested:
+                self.stop.signum = signal.SIGTERM
+            if self.stop.requested:
+                self.save_and_stop(epoch_itr)
+                should_stop = True
             if should_stop:
                 break
         logger.info(f"end of epoch {epoch} (average epoch stats below)")
@@ -179,6 +222,15 @@ class TrainLoop:
         trainer.meters["train"].reset()
         trainer.meters["train_inner"].reset()
         return should_stop
+
+    def save_and_stop(self, epoch_itr: Any) -> None:
+        """After SIGTERM / SIGINT: the update in progress is done (and saved if the policy said so); make sure
+        checkpoint_last.pt holds exactly this position, then stop."""
+        path = self.manager.save_last(self.trainer, epoch_itr)
+        where = f"epoch {epoch_itr.epoch}, batch {epoch_itr.iterations_in_epoch}"
+        saved = f"saved {path} ({where}); run the same command to continue" if path else "nothing saved"
+        logger.warning(f"stopped by {self.stop.signal_name} after update {self.trainer.get_num_updates()}: "
+                       f"{saved} (exit code {self.stop.exit_code})")
 
     def training_stats(self, which: str) -> "OrderedDict[str, Any]":
         stats = self.trainer.meters[which].smoothed_values()
@@ -246,10 +298,20 @@ class TrainLoop:
                 itr, args.log_format, epoch=epoch, prefix=f"valid on '{subset}' subset",
                 tensorboard=self.tensorboard, no_progress_bar=args.no_progress_bar)
             trainer.begin_valid()
+            if self.rouge is not None:
+                self.rouge.reset()
             for i, sample in enumerate(progress):
                 if args.max_valid_steps is not None and i >= args.max_valid_steps:
                     break
                 trainer.valid_step(sample)
+                if self.rouge is not None and sample:
+                    self.rouge.add_batch(trainer.model, trainer._prepare_sample(sample), trainer.autocast)
+            if self.rouge is not None:
+                if args.distributed_world_size > 1:  # score every rank's pairs, so all ranks agree on "best"
+                    self.rouge.hypotheses, self.rouge.references = distributed.all_gather_lists(
+                        self.rouge.hypotheses, self.rouge.references)
+                for name, value in self.rouge.scores().items():
+                    trainer.meters["valid"].log_scalar(name, value, round=2)
             stats = trainer.meters["valid"].smoothed_values()
             stats["num_updates"] = trainer.get_num_updates()
             metric = args.best_checkpoint_metric
@@ -293,8 +355,7 @@ def train_main(argv: Optional[List[str]] = None) -> int:
     """Parse `argv` and train (raises SeqtrainError on user errors)."""
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, argv)
-    call_main(args, main)
-    return 0
+    return call_main(args, main) or 0
 
 
 def cli_main(argv: Optional[List[str]] = None) -> None:

@@ -87,6 +87,7 @@ def test_adam_matches_torch_adamw():
                   "--weight-decay", "0.1"])
     opt = build_optimizer(args, ours)
     assert isinstance(opt.optimizer, torch.optim.AdamW)
+    assert opt.optimizer.param_groups[0]["fused"] is True  # fused kernel on the CPU too (torch >= 2.4)
     ref_opt = torch.optim.AdamW(ref, lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1, foreach=False)
     for s in range(6):
         for i, (a, b) in enumerate(zip(ours, ref)):

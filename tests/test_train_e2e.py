@@ -245,19 +245,3 @@ def test_fp16_and_bf16_on_cuda(databin, tmp_path):
         else:
             assert last["loss_scaler"] is None
         assert inner[-1]["loss"] < 6
-
-
-def test_call_main_runs_one_process_and_refuses_more(monkeypatch):
-    import argparse
-
-    from seqtrain.distributed import call_main
-
-    seen = []
-    args = argparse.Namespace(distributed_world_size=1)
-    assert call_main(args, lambda a: seen.append(a.distributed_rank) or "done") == "done"
-    assert seen == [0]
-    with pytest.raises(SeqtrainError, match=r"multi-process training \(--distributed-world-size 2\) is not supported"):
-        call_main(argparse.Namespace(distributed_world_size=2), lambda a: None)
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    with pytest.raises(SeqtrainError, match="--distributed-world-size 4"):
-        call_main(argparse.Namespace(distributed_world_size=1), lambda a: None)

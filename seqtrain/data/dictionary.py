@@ -57,6 +57,13 @@ class Dictionary:
     def __repr__(self) -> str:
         return f"Dictionary({len(self)} symbols)"
 
+    def difference(self, other: "Dictionary") -> str:
+        """Where `other` first differs from this dictionary, for error messages ('' when equal)."""
+        for i, (a, b) in enumerate(zip(self.symbols, other.symbols)):
+            if a != b:
+                return f"{len(self)} vs {len(other)} symbols, first difference at index {i}: {a!r} vs {b!r}"
+        return "" if len(self) == len(other) else f"{len(self)} vs {len(other)} symbols"
+
     def index(self, sym: str) -> int:
         return self.indices.get(sym, self.unk_index)
 

@@ -13,6 +13,7 @@ every device.
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -24,8 +25,10 @@ class NGramRepeatBlocker:
             raise ValueError(f"n-gram size must be >= 1, got {n}")
         self.n = n
 
-    def __call__(self, tokens: Tensor, lprobs: Tensor) -> Tensor:
-        """tokens: R x t (start token first, then the generated prefix); lprobs: R x V, masked in place."""
+    def __call__(self, tokens: Tensor, lprobs: Tensor, sink: Optional[int] = None) -> Tensor:
+        """tokens: R x t (start token first, then the generated prefix); lprobs: R x V, masked in place.
+        `sink`: a column that is -inf in every row already (the generator's pad); lets the blocker write -inf
+        straight into lprobs instead of building an R x V mask."""
         n, t = self.n, tokens.size(1)
         if n == 1:
             if t > 1:
@@ -39,6 +42,9 @@ class NGramRepeatBlocker:
         match = windows.eq(last.unsqueeze(1)).all(dim=2)  # R x num
         following = tokens[:, n - 1 :]  # R x num: the token after each window
         # Unmatched windows write into a spare column, so one scatter handles every row without a host sync.
+        if sink is not None:
+            index = torch.where(match, following, following.new_full((), sink))
+            return lprobs.scatter_(1, index, -math.inf)
         vocab = lprobs.size(1)
         sink = following.new_full((), vocab)
         index = torch.where(match, following, sink)

@@ -147,18 +147,26 @@ class SequenceGenerator:
         for step in range(steps + 1):
             if reorder is not None:
                 new_order, encoder_order = reorder
+                if step == 1 and beam > 1:
+                    new_order = torch.div(new_order, beam, rounding_mode="floor")
                 model.decoder.reorder_incremental_state(state, new_order, encoder_order)
                 if encoder_order is not None:
                     encoder_out = model.encoder.reorder_encoder_out(encoder_out, encoder_order)
             n_sent = len(active)
 
-            logits, _ = model.decoder(tokens[:, : step + 1], encoder_out, incremental_state=state)
+            if step == 0 and beam > 1:
+                # The beams of a sentence are identical until the first choice: decode one row per sentence. Its
+                # cache rows are per sentence, so the first reorder maps beam rows to sentences.
+                logits, _ = model.decoder(tokens[::beam, :1], encoder_out, incremental_state=state)
+                logits = logits.repeat_interleave(beam, dim=0)
+            else:
+                logits, _ = model.decoder(tokens[:, : step + 1], encoder_out, incremental_state=state)
             lprobs = F.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1)
-            lprobs = self._mask(step, lprobs, max_lens, prefix_tokens)
+            lprobs = self._mask(step, lprobs, max_lens, prefix_tokens, step >= min(max_lens_host))
             if prefix_tokens is not None and step < prefix_tokens.size(1):
                 tokens, scores, lprobs = self._replicate_first_beam_at_forced_eos(step, prefix_tokens, tokens, scores, lprobs)
             if self.ngram_blocker is not None:
-                lprobs = self.ngram_blocker(tokens[:, : step + 1], lprobs)
+                lprobs = self.ngram_blocker(tokens[:, : step + 1], lprobs, sink=self.pad)  # pad is -inf already
 
             prev = scores.view(n_sent, beam, -1)[:, :, step - 1] if step > 0 else None
             cand_scores, cand_tokens, cand_beams = self.search.step(step, lprobs.view(n_sent, beam, -1), prev)
@@ -205,16 +213,20 @@ class SequenceGenerator:
             del hypos[self.nbest :]
         return finalized
 
-    def _mask(self, step: int, lprobs: Tensor, max_lens: Tensor, prefix_tokens: Optional[Tensor]) -> Tensor:
+    def _mask(
+        self, step: int, lprobs: Tensor, max_lens: Tensor, prefix_tokens: Optional[Tensor], any_at_max: bool = True
+    ) -> Tensor:
+        """`any_at_max` False (the caller knows no sentence is at its max length) skips the forced-EOS pass."""
         beam, eos = self.beam_size, self.eos
-        lprobs = lprobs.masked_fill(torch.isnan(lprobs), -math.inf)
+        lprobs = torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
         lprobs[:, self.pad] = -math.inf
         if self.unk_penalty:
             lprobs[:, self.unk] -= self.unk_penalty
-        not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
-        not_eos[eos] = False
         at_max = (step >= max_lens).repeat_interleave(beam)  # per decoder row
-        lprobs = lprobs.masked_fill(at_max.unsqueeze(1) & not_eos, -math.inf)
+        if any_at_max:
+            not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
+            not_eos[eos] = False
+            lprobs = lprobs.masked_fill(at_max.unsqueeze(1) & not_eos, -math.inf)
         free = ~at_max
         if prefix_tokens is not None and step < prefix_tokens.size(1):
             forced_tok = prefix_tokens[:, step].repeat_interleave(beam)

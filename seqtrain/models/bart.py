@@ -31,7 +31,9 @@ from seqtrain.models.transformer import (
     TransformerEncoderLayer,
     embed_scale,
     init_bert_params,
+    reorder_cache,
 )
+from seqtrain.models.transformer import Packing
 from seqtrain.registry import ARCHS, MODELS
 
 EncoderOut = Dict[str, Tensor]
@@ -127,6 +129,13 @@ class BartEncoder(nn.Module):
         x = F.dropout(self.layernorm_embedding(x), self.dropout, self.training)
         attn_mask = _attn_mask(padding_mask)
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
+        if attn_mask is not None:
+            # Padded batch: the layers' position-wise work runs on the real tokens only (zeros at pads after).
+            packing = Packing(~padding_mask)
+            x = packing.pack(x)
+            for layer in self.layers:
+                x = _run_layer(layer, use_ckpt, x, attn_mask, packing)
+            return {"encoder_out": packing.unpack(x), "encoder_padding_mask": padding_mask}
         for layer in self.layers:
             x = _run_layer(layer, use_ckpt, x, attn_mask)
         return {"encoder_out": x, "encoder_padding_mask": padding_mask}
@@ -200,6 +209,9 @@ class BartDecoder(nn.Module):
             else:
                 memory_mask = _attn_mask(encoder_out["encoder_padding_mask"])
 
+        if state is None and memory is not None and x.size(0) % memory.size(0) == 0 and (
+                memory_mask is not None or bool(prev_output_tokens.eq(self.padding_idx).any())):
+            return self._forward_packed(prev_output_tokens, x, encoder_out, memory_mask, features_only)
         inner_states: List[Tensor] = [x]
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and state is None
         for i, layer in enumerate(self.layers):
@@ -215,14 +227,28 @@ class BartDecoder(nn.Module):
         extra = {"attn": [None], "inner_states": inner_states}
         return (x if features_only else self.output_layer(x)), extra
 
+    def _forward_packed(self, prev_output_tokens: Tensor, x: Tensor, encoder_out: EncoderOut,
+                        memory_mask: Optional[Tensor], features_only: bool) -> Tuple[Tensor, Dict[str, Any]]:
+        """The full-sequence forward of a padded batch with position-wise work on real tokens only (Packing)."""
+        packing = Packing(prev_output_tokens.ne(self.padding_idx))
+        memory_packing = Packing(~encoder_out["encoder_padding_mask"])
+        memory = memory_packing.pack(encoder_out["encoder_out"])
+        use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
+        inner_states: List[Tensor] = [x]
+        x = packing.pack(x)
+        for layer in self.layers:
+            x = _run_layer(layer, use_ckpt, x, memory, memory_mask, None, None, packing, memory_packing)
+            inner_states.append(packing.unpack(x))
+        x = inner_states[-1]
+        return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": inner_states}
+
     def reorder_incremental_state(
         self, incremental_state: Dict[str, Any], new_order: Tensor, encoder_order: Optional[Tensor] = None
     ) -> None:
         """In place: decoder-row caches follow `new_order`; encoder-row caches follow `encoder_order` if given."""
         for key, value in incremental_state.items():
             if key.endswith(".self_attn"):
-                for name in value:
-                    value[name] = value[name].index_select(0, new_order)
+                reorder_cache(value, new_order)
             elif encoder_order is not None and key.endswith(".encoder_attn"):
                 for name in value:
                     value[name] = value[name].index_select(0, encoder_order)

@@ -11,14 +11,73 @@ the same order as a fairseq checkpoint.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# One cache entry per attention module: {"k": B x H x T x d, "v": B x H x T x d}.
+# One cache entry per attention module: {"k": B x H x T x d, "v": B x H x T x d}. Self-attention caches also
+# hold "k_buf"/"v_buf" (the storage "k"/"v" view) and "k_spare"/"v_spare" (see append_to_cache).
 Cache = Dict[str, Tensor]
+
+
+def _time_major(buf: Tensor, t: int, b: int, h: int, d: int) -> Tensor:
+    return buf[: t * b * h * d].view(t, b, h, d)
+
+
+def _is_buffer_view(cache: Cache, name: str) -> bool:
+    """True if cache[name] is the time-major view of cache[name + "_buf"] that append_to_cache made."""
+    x, buf = cache.get(name), cache.get(name + "_buf")
+    if x is None or buf is None or x.data_ptr() != buf.data_ptr() or x.dtype != buf.dtype:
+        return False
+    b, h, _, d = x.shape
+    return x.stride() == (h * d, d, b * h * d, 1)
+
+
+def append_to_cache(cache: Cache, name: str, new: Tensor) -> Tensor:
+    """Append `new` (B x H x T' x d) to the cached keys or values `name`; returns all of them, B x H x T x d.
+
+    Decoding appends one position per step and beam search reorders every step. A growing time-major buffer
+    (T x B x H x d, stored flat, capacity doubled when full) makes the append a write into place instead of a
+    torch.cat that copies the whole cache, and lets `reorder_cache` gather straight into a spare buffer. The
+    returned B x H x T x d tensor is a strided view of the buffer (what scaled_dot_product_attention reads)."""
+    b, h, t_new, d = new.shape
+    old = cache.get(name)
+    t_old = 0 if old is None else old.size(2)
+    need = (t_old + t_new) * b * h * d
+    buf = cache.get(name + "_buf")
+    in_place = old is not None and old.size(0) == b and _is_buffer_view(cache, name)
+    if buf is None or not in_place or buf.numel() < need or buf.dtype != new.dtype or buf.device != new.device:
+        grown = new.new_empty(max(need, 2 * buf.numel() if in_place and buf is not None else need * 16))
+        if old is not None:
+            _time_major(grown, t_old, b, h, d).copy_(old.permute(2, 0, 1, 3))
+        buf = cache[name + "_buf"] = grown
+    full = _time_major(buf, t_old + t_new, b, h, d)
+    full[t_old:].copy_(new.permute(2, 0, 1, 3))
+    cache[name] = full.permute(1, 2, 0, 3)
+    return cache[name]
+
+
+def reorder_cache(cache: Cache, new_order: Tensor) -> None:
+    """In place: cache rows (keys and values) follow `new_order`; gathers into the spare buffer, then swaps."""
+    for name in ("k", "v"):
+        x = cache.get(name)
+        if x is None:
+            continue
+        if not _is_buffer_view(cache, name):
+            cache[name] = x.index_select(0, new_order)
+            continue
+        b, h, t, d = x.shape
+        n = new_order.numel()
+        buf, spare = cache[name + "_buf"], cache.get(name + "_spare")
+        need = t * n * h * d
+        if spare is None or spare.numel() < need or spare.dtype != buf.dtype or spare.device != buf.device:
+            spare = buf.new_empty(max(need, buf.numel()))
+        out = _time_major(spare, t, n, h, d)
+        torch.index_select(_time_major(buf, t, b, h, d), 1, new_order, out=out)
+        cache[name + "_buf"], cache[name + "_spare"] = spare, buf
+        cache[name] = out.permute(1, 2, 0, 3)
 
 
 def _gelu_accurate(x: Tensor) -> Tensor:
@@ -100,10 +159,7 @@ class MultiheadAttention(nn.Module):
         to the cached ones, and queries attend to all of them (the caller feeds one step at a time)."""
         q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         if cache is not None:
-            if "k" in cache:
-                k = torch.cat([cache["k"], k], dim=2)
-                v = torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
+            k, v = append_to_cache(cache, "k", k), append_to_cache(cache, "v", v)
             is_causal = False  # one new query sees every cached key
         return self.out_proj(self._merge(self._sdpa(q, k, v, mask, is_causal)))
 
@@ -169,7 +225,9 @@ class TransformerEncoderLayer(_FeedForward):
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
         self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor]) -> Tensor:
+    def forward(self, x: Tensor, mask: Optional[Tensor], packing: Optional["Packing"] = None) -> Tensor:
+        if packing is not None:  # x is packed (N x C); dispatched here so module hooks (FSDP's) run around it
+            return encoder_layer_packed(self, x, packing, mask)
         x = self.self_attn_layer_norm(x + self._drop(self.self_attn.self_attention(x, mask)))
         return self._ffn_block(x)
 
@@ -192,7 +250,10 @@ class TransformerDecoderLayer(_FeedForward):
     def forward(
         self, x: Tensor, memory: Optional[Tensor], memory_mask: Optional[Tensor],
         self_cache: Optional[Cache] = None, cross_cache: Optional[Cache] = None,
+        packing: Optional["Packing"] = None, memory_packing: Optional["Packing"] = None,
     ) -> Tensor:
+        if packing is not None:  # x and memory are packed; dispatched here so module hooks (FSDP's) run around it
+            return decoder_layer_packed(self, x, packing, memory, memory_packing, memory_mask)
         # Decoder inputs are right-padded, so the causal mask alone is exact for real positions, and pad
         # positions always see at least position 0 (no all-masked rows, hence no NaN).
         h = self.self_attn.self_attention(x, is_causal=x.size(1) > 1, cache=self_cache)
@@ -217,3 +278,115 @@ def init_bert_params(module: nn.Module) -> None:
 
 def embed_scale(dim: int, no_scale_embedding: bool) -> float:
     return 1.0 if no_scale_embedding else math.sqrt(dim)
+
+
+# ------------------------------------------------------------------------------------------------ packed layers
+class Packing:
+    """The real (non-pad) tokens of a padded B x T batch, to run position-wise work on them alone.
+
+    Projections, feed-forward blocks, layer norms and dropout treat every position alike, so on a padded batch
+    they can run on the N real tokens (packed, N x C) and skip the padding, which is often half of a batch. Only
+    attention needs the B x T layout: its projected inputs are scattered into zeros and its output gathered back.
+    Results at real positions are those of the padded computation (pads never reach a real token: keys at pads
+    are masked, or lie after every real query under the causal mask of a right-padded decoder)."""
+
+    def __init__(self, keep: Tensor):
+        self.batch, self.length = keep.shape
+        flat = keep.reshape(-1)
+        self.index = flat.nonzero().squeeze(1)
+        self.pad_index = (~flat).nonzero().squeeze(1)
+
+    def pack(self, x: Tensor) -> Tensor:
+        """B x T x C -> N x C."""
+        return _Pack.apply(x.reshape(self.batch * self.length, x.size(-1)), self.index, self.pad_index)
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """N x C -> B x T x C, zeros at pads."""
+        out = _Unpack.apply(x, self.index, self.pad_index, self.batch * self.length)
+        return out.view(self.batch, self.length, x.size(-1))
+
+
+def _scatter_rows(x: Tensor, index: Tensor, pad_index: Tensor, rows: int) -> Tensor:
+    """rows x C with x's rows at `index` and zeros at `pad_index` (only the pad rows are zero-filled: filling the
+    whole buffer first was a tenth of a CPU training step)."""
+    out = x.new_empty(rows, x.size(-1))
+    out.index_copy_(0, index, x)
+    out.index_fill_(0, pad_index, 0)
+    return out
+
+
+class _Pack(torch.autograd.Function):
+    """Row gather whose backward scatters into a buffer zeroed at the pad rows only (see _scatter_rows)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, index: Tensor, pad_index: Tensor) -> Tensor:
+        ctx.save_for_backward(index, pad_index)
+        ctx.rows = x.size(0)
+        return x.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Tensor, None, None]:
+        index, pad_index = ctx.saved_tensors
+        return _scatter_rows(grad, index, pad_index, ctx.rows), None, None
+
+
+class _Unpack(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, index: Tensor, pad_index: Tensor, rows: int) -> Tensor:
+        ctx.save_for_backward(index)
+        return _scatter_rows(x, index, pad_index, rows)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tuple[Tensor, None, None, None]:
+        (index,) = ctx.saved_tensors
+        return grad.index_select(0, index), None, None, None
+
+
+def _fused_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
+    """Several projections of the same input as one matrix product (one pass over x, one larger GEMM)."""
+    weight = torch.cat([m.weight for m in layers])
+    bias = torch.cat([m.bias for m in layers]) if all(m.bias is not None for m in layers) else None
+    return F.linear(x, weight, bias)
+
+
+def packed_self_attention(attn: MultiheadAttention, x: Tensor, packing: Packing, mask: Optional[Tensor],
+                          is_causal: bool) -> Tensor:
+    """Self-attention of packed x (N x C) over the padded layout `packing` describes; returns N x C."""
+    q, k, v = packing.unpack(_fused_linear(x, attn.q_proj, attn.k_proj, attn.v_proj)).chunk(3, dim=-1)
+    o = attn._sdpa(attn._heads(q), attn._heads(k), attn._heads(v), mask, is_causal)
+    return attn.out_proj(packing.pack(attn._merge(o)))
+
+
+def packed_cross_attention(attn: MultiheadAttention, x: Tensor, packing: Packing, memory: Tensor,
+                           memory_packing: Packing, memory_mask: Optional[Tensor]) -> Tensor:
+    """Cross-attention of packed queries (N x C) to packed memory (M x kdim); returns N x C. The query batch may
+    be `beam` times the memory batch (folded into the query axis, as MultiheadAttention.cross_attention does)."""
+    q = packing.unpack(attn.q_proj(x))
+    k, v = memory_packing.unpack(_fused_linear(memory, attn.k_proj, attn.v_proj)).chunk(2, dim=-1)
+    k, v = attn._heads(k), attn._heads(v)
+    bq, t, _ = q.shape
+    bk = k.size(0)
+    if bq == bk:
+        o = attn._merge(attn._sdpa(attn._heads(q), k, v, memory_mask))
+    else:
+        beam, h, d = bq // bk, attn.num_heads, attn.head_dim
+        q = q.view(bk, beam, t, h, d).permute(0, 3, 1, 2, 4).reshape(bk, h, beam * t, d)
+        o = attn._sdpa(q, k, v, memory_mask).view(bk, h, beam, t, d).permute(0, 2, 3, 1, 4).reshape(bq, t, -1)
+    return attn.out_proj(packing.pack(o))
+
+
+def encoder_layer_packed(layer: "TransformerEncoderLayer", x: Tensor, packing: Packing,
+                         mask: Optional[Tensor]) -> Tensor:
+    """TransformerEncoderLayer.forward on packed tokens."""
+    x = layer.self_attn_layer_norm(x + layer._drop(packed_self_attention(layer.self_attn, x, packing, mask, False)))
+    return layer._ffn_block(x)
+
+
+def decoder_layer_packed(layer: "TransformerDecoderLayer", x: Tensor, packing: Packing, memory: Tensor,
+                         memory_packing: Packing, memory_mask: Optional[Tensor]) -> Tensor:
+    """TransformerDecoderLayer.forward (no cache) on packed tokens; `memory` is the packed encoder output."""
+    h = packed_self_attention(layer.self_attn, x, packing, None, packing.length > 1)
+    x = layer.self_attn_layer_norm(x + layer._drop(h))
+    h = packed_cross_attention(layer.encoder_attn, x, packing, memory, memory_packing, memory_mask)
+    x = layer.encoder_attn_layer_norm(x + layer._drop(h))
+    return layer._ffn_block(x)

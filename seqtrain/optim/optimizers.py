@@ -377,11 +377,6 @@ def _trainable(params: Iterable) -> list:
     return [p for p in params if p.requires_grad]
 
 
-def _on_cuda(params: list) -> bool:
-    tensors = [p for g in params for p in g["params"]] if params and isinstance(params[0], dict) else params
-    return bool(tensors) and all(p.is_cuda for p in tensors)
-
-
 @OPTIMIZERS.register("adam")
 def build_adam(args: Any, params: Iterable) -> Optimizer:
     """fairseq's adam (decoupled weight decay, i.e. AdamW). Differs from fairseq's own loop only in where eps
@@ -395,12 +390,12 @@ def build_adam(args: Any, params: Iterable) -> Optimizer:
         eps=float(flag_value(args, t, "adam", "adam_eps")),
         weight_decay=float(flag_value(args, t, "adam", "weight_decay")),
     )
-    if _on_cuda(params):
-        try:  # fused: one kernel for all parameters, the fastest path on GPU
-            return Optimizer(torch.optim.AdamW(params, fused=True, **kw), "adam")
-        except (RuntimeError, ValueError):
-            pass
-    return Optimizer(torch.optim.AdamW(params, foreach=True, **kw), "adam")
+    # fused: one kernel for all parameters, on CUDA and (torch >= 2.4) on the CPU too, where it is also several
+    # times faster than foreach and needs no parameter-sized temporaries (bart_base: 408 MiB less at the step)
+    try:
+        return Optimizer(torch.optim.AdamW(params, fused=True, **kw), "adam")
+    except (RuntimeError, ValueError, TypeError):
+        return Optimizer(torch.optim.AdamW(params, foreach=True, **kw), "adam")
 
 
 @OPTIMIZERS.register("nag")

@@ -123,8 +123,15 @@ class TranslationTask:
         """Open `split` (memory-mapped; nothing is read until batches are built) and keep it in self.datasets."""
         paths = self._paths(self.args)
         folder = paths[(epoch - 1) % len(paths)] if split == getattr(self.args, "train_subset", "train") else paths[0]
-        src = MMapIndexedDataset(self._prefix(folder, split, self.args.source_lang))
-        tgt = MMapIndexedDataset(self._prefix(folder, split, self.args.target_lang))
+        src_prefix = self._prefix(folder, split, self.args.source_lang)
+        tgt_prefix = self._prefix(folder, split, self.args.target_lang)
+        src, tgt = MMapIndexedDataset(src_prefix), MMapIndexedDataset(tgt_prefix)
+        if len(src) == 0:
+            raise SeqtrainError(f"{src_prefix}.idx: split {split!r} has no examples")
+        if len(src) != len(tgt):
+            raise SeqtrainError(f"{src_prefix}.idx has {len(src)} examples but {tgt_prefix}.idx has {len(tgt)}: "
+                                f"source and target of split {split!r} must be aligned (run seqtrain-preprocess "
+                                "again)")
         a = self.args
         dataset = LanguagePairDataset(
             src, src.sizes, self.src_dict, tgt, tgt.sizes, self.tgt_dict,
