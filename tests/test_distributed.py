@@ -62,13 +62,6 @@ def databin(tmp_path_factory):
     return make_databin(str(tmp_path_factory.mktemp("toy")), n_train=100, n_valid=40)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def train_args(data: str, save_dir: str, *extra: str) -> list:
     return [data, "--arch", "bart_tiny", "--cpu", "--dropout", "0", "--attention-dropout", "0",

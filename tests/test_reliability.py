@@ -31,13 +31,6 @@ def databin(tmp_path_factory):
     return make_databin(str(tmp_path_factory.mktemp("toy")), n_train=120, n_valid=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def targs(data: str, save_dir: str, *extra: str) -> list:
     # 120 examples at --max-tokens 256: 5 updates an epoch; dropout on, so resume must restore the RNG stream

@@ -21,13 +21,6 @@ def databin(tmp_path_factory):
     return make_databin(str(tmp_path_factory.mktemp("toy")))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def args_for(data: str, save_dir: str, *extra: str) -> list:
     # dropout 0.1 (bart_tiny's default) and label smoothing: resume must restore the RNG stream, not only weights

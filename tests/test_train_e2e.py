@@ -42,14 +42,6 @@ def databin(tmp_path_factory):
     return make_databin(str(tmp_path_factory.mktemp("toy")))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # A tiny model gains nothing from intra-op threads, and on a busy machine their spin-waits cost seconds.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def base_args(data: str, save_dir: str, *extra: str) -> list:
     return [data, "--arch", "bart_tiny", "--cpu", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt",

@@ -20,13 +20,6 @@ def databin(tmp_path_factory):
     return make_databin(str(tmp_path_factory.mktemp("toy")))
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def load(path):
     return torch.load(path, weights_only=True)

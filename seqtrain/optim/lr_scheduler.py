@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.optim.optimizers import FlagSpec, Optimizer, add_component_args, flag_value, parse_lr_list
@@ -77,6 +77,8 @@ def add_args(parser: argparse.ArgumentParser, name: Optional[str] = None) -> arg
 
 class LRScheduler:
     name = ""
+    # attributes the schedule depends on besides `best`: saved and restored, so a resumed run continues exactly
+    state_keys: Tuple[str, ...] = ()
 
     def __init__(self, args: Any, optimizer: Optimizer):
         self.args = args
@@ -94,10 +96,13 @@ class LRScheduler:
         return self.lrs[0]
 
     def state_dict(self) -> dict:
-        return {"best": self.best}
+        return {"best": self.best, **{k: getattr(self, k) for k in self.state_keys}}
 
     def load_state_dict(self, state: dict) -> None:
         self.best = state.get("best", self.best)
+        for key in self.state_keys:
+            if key in state:
+                setattr(self, key, state[key])
 
     def step_begin_epoch(self, epoch: int) -> float:
         return self.optimizer.get_lr()
@@ -114,22 +119,14 @@ class LRScheduler:
 @LR_SCHEDULERS.register("fixed")
 class FixedSchedule(LRScheduler):
     """lr = lrs[epoch - 1] (last one repeated); from --force-anneal on, lrs[-1] * lr_shrink^(epoch + 1 - fa)."""
-
     name = "fixed"
+    state_keys = ("lr", "warmup_factor")
 
     def __init__(self, args: Any, optimizer: Optimizer):
         super().__init__(args, optimizer)
         self.lr = self.lrs[0]
         self.warmup_updates = int(self.opt("warmup_updates") or 0)
         self.warmup_factor = 1.0 / self.warmup_updates if self.warmup_updates > 0 else 1.0
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "lr": self.lr, "warmup_factor": self.warmup_factor}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.lr = state.get("lr", self.lr)
-        self.warmup_factor = state.get("warmup_factor", self.warmup_factor)
 
     def get_next_lr(self, epoch: int) -> float:
         fa = self.opt("force_anneal")
@@ -154,8 +151,8 @@ class FixedSchedule(LRScheduler):
 @LR_SCHEDULERS.register("inverse_sqrt")
 class InverseSquareRootSchedule(LRScheduler):
     """Linear warmup from --warmup-init-lr to --lr over W updates, then lr * sqrt(W) / sqrt(num_updates)."""
-
     name = "inverse_sqrt"
+    state_keys = ("lr",)
 
     def __init__(self, args: Any, optimizer: Optimizer):
         super().__init__(args, optimizer)
@@ -170,13 +167,6 @@ class InverseSquareRootSchedule(LRScheduler):
         self.lr = self.warmup_init_lr
         self.optimizer.set_lr(self.lr)
 
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "lr": self.lr}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.lr = state.get("lr", self.lr)
-
     def step_update(self, num_updates: int) -> float:
         if num_updates < self.warmup_updates:
             self.lr = self.warmup_init_lr + num_updates * self.lr_step
@@ -189,8 +179,8 @@ class InverseSquareRootSchedule(LRScheduler):
 @LR_SCHEDULERS.register("polynomial_decay")
 class PolynomialDecaySchedule(LRScheduler):
     """Warmup lr * n/W for n <= W, then end + (lr - end) * (1 - (n - W)/(T - W))^power, end after T updates."""
-
     name = "polynomial_decay"
+    state_keys = ("lr", "warmup_factor")
 
     def __init__(self, args: Any, optimizer: Optimizer):
         super().__init__(args, optimizer)
@@ -205,14 +195,6 @@ class PolynomialDecaySchedule(LRScheduler):
         self.end_learning_rate = float(self.opt("end_learning_rate"))
         self.power = float(self.opt("power"))
         self.optimizer.set_lr(self.warmup_factor * self.lr)
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "lr": self.lr, "warmup_factor": self.warmup_factor}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.lr = state.get("lr", self.lr)
-        self.warmup_factor = state.get("warmup_factor", self.warmup_factor)
 
     def get_next_lr(self, epoch: int) -> float:
         fa = self.opt("force_anneal")
@@ -245,8 +227,8 @@ class ReduceLROnPlateauSchedule(LRScheduler):
     """Optional linear warmup; afterwards, at each epoch end, lr *= lr_shrink once the validation metric has not
     improved by a relative --lr-threshold for more than --lr-patience epochs (torch's ReduceLROnPlateau rule,
     which fairseq wraps; kept here with its full state so resume is exact)."""
-
     name = "reduce_lr_on_plateau"
+    state_keys = ("last_epoch", "num_bad_epochs", "lr", "warmup_end")
 
     def __init__(self, args: Any, optimizer: Optimizer):
         super().__init__(args, optimizer)
@@ -265,16 +247,6 @@ class ReduceLROnPlateauSchedule(LRScheduler):
         self.last_epoch = 0
         self.lr = self.warmup_init_lr
         self.optimizer.set_lr(self.lr)
-
-    def state_dict(self) -> dict:
-        return {"best": self.best, "last_epoch": self.last_epoch, "num_bad_epochs": self.num_bad_epochs,
-                "lr": self.lr, "warmup_end": self.warmup_end}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.best = state["best"]
-        for key in ("last_epoch", "num_bad_epochs", "lr", "warmup_end"):
-            if key in state:
-                setattr(self, key, state[key])
 
     def _improved(self, metric: float) -> bool:
         if self.maximize:
@@ -311,8 +283,8 @@ class ReduceLROnPlateauSchedule(LRScheduler):
 class CosineSchedule(LRScheduler):
     """SGDR (Loshchilov & Hutter): warmup to max_lr, then per period i of length period * t_mult^i,
     lr = min_i + (max_i - min_i) * (1 + cos(pi * t_curr / t_i)) / 2 with min_i, max_i shrunk by lr_shrink^i."""
-
     name = "cosine"
+    state_keys = ("lr",)
 
     def __init__(self, args: Any, optimizer: Optimizer):
         super().__init__(args, optimizer)
@@ -339,13 +311,6 @@ class CosineSchedule(LRScheduler):
                         if self.warmup_updates > 0 else 1.0)
         self.lr = self.warmup_init_lr
         self.optimizer.set_lr(self.lr)
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "lr": self.lr}
-
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.lr = state.get("lr", self.lr)
 
     def step_update(self, num_updates: int) -> float:
         if num_updates < self.warmup_updates:
