@@ -63,6 +63,15 @@ def run_cli(main, argv, capsys) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------------ graceful stop
+@pytest.fixture
+def python_sigint():
+    """Python's usual SIGINT handler: a shell starts background jobs (and so CI steps, sometimes) with SIGINT
+    ignored, and an ignored signal rightly stays ignored by the graceful stop."""
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, outer)
+
+
 def stop_at_update(monkeypatch, update: int, signum: int) -> None:
     """Deliver `signum` to this process while update `update` is being computed."""
     real = Trainer.train_step
@@ -82,7 +91,8 @@ def stop_at_update(monkeypatch, update: int, signum: int) -> None:
     (signal.SIGINT, 4, (2, 0), ("--save-interval", "2")),
 ], ids=["sigterm-mid-epoch", "sigint-epoch-end"])
 def test_graceful_stop_saves_exact_position_and_resumes_bitwise(databin, uninterrupted, tmp_path, monkeypatch,
-                                                                  caplog, signum, update, where, flags):
+                                                                  caplog, python_sigint, signum, update, where,
+                                                                  flags):
     save_dir = str(tmp_path / "stopped")
     with monkeypatch.context() as m:
         stop_at_update(m, update, signum)
@@ -100,14 +110,15 @@ def test_graceful_stop_saves_exact_position_and_resumes_bitwise(databin, uninter
                       load_checkpoint_file(os.path.join(save_dir, "checkpoint_last.pt")))
 
 
-def test_graceful_stop_second_signal_acts_at_once():
-    # a shell starts background jobs with SIGINT ignored; this test needs Python's usual handler
-    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+def test_graceful_stop_second_signal_acts_at_once(python_sigint):
     previous = signal.getsignal(signal.SIGINT)
-    try:
-        _second_signal_acts_at_once(previous)
-    finally:
-        signal.signal(signal.SIGINT, outer)
+    with GracefulStop() as stop:
+        assert not stop.requested
+        signal.raise_signal(signal.SIGINT)
+        assert stop.requested and stop.exit_code == 130 and stop.signal_name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # the previous handler (Python's: KeyboardInterrupt) is back
+    assert signal.getsignal(signal.SIGINT) is previous
 
 
 def test_ignored_signal_stays_ignored():
@@ -118,16 +129,6 @@ def test_ignored_signal_stays_ignored():
             assert not stop.requested and signal.getsignal(signal.SIGINT) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, outer)
-
-
-def _second_signal_acts_at_once(previous):
-    with GracefulStop() as stop:
-        assert not stop.requested
-        signal.raise_signal(signal.SIGINT)
-        assert stop.requested and stop.exit_code == 130 and stop.signal_name == "SIGINT"
-        with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)  # the previous handler (Python's: KeyboardInterrupt) is back
-    assert signal.getsignal(signal.SIGINT) is previous
 
 
 @pytest.mark.timeout(120)
