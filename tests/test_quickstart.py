@@ -1,0 +1,105 @@
+"""The helper scripts of the quickstart and the quality run: lead baseline, curve plotting from json logs, and the
+shell scripts' syntax and failure modes (the full quickstart takes minutes; it is run by hand, not here)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import lead_baseline  # noqa: E402
+import plot_curves  # noqa: E402
+from seqtrain.errors import SeqtrainError  # noqa: E402
+
+
+def test_lead_baseline_is_first_sentence_cut_to_12_words(tmp_path):
+    assert lead_baseline.lead("GNU Emacs editor. It is extensible.") == "GNU Emacs editor"
+    long = " ".join(f"w{i}" for i in range(20)) + ". Second."
+    assert lead_baseline.lead(long) == " ".join(f"w{i}" for i in range(12))
+    assert lead_baseline.lead("version 1.2.3 of the tool") == "version 1.2.3 of the tool"  # '.' without space
+    (tmp_path / "d.source").write_text("fast json parser library. It parses json.\nsmall tool. More text here.\n")
+    (tmp_path / "d.target").write_text("fast json parser library\nsome other words\n")
+    out = tmp_path / "scores.json"
+    assert lead_baseline.main([str(tmp_path / "d"), "--json", str(out), "--hypotheses", str(tmp_path / "h")]) == 0
+    scores = json.loads(out.read_text())
+    # pair 1 is exact (100); pair 2 shares nothing (0)
+    assert (scores["rouge1"], scores["rouge2"], scores["rougeLsum"], scores["n"]) == (50.0, 50.0, 50.0, 2)
+    assert (tmp_path / "h").read_text() == "fast json parser library\nsmall tool\n"
+
+
+def _json_log(path, records):
+    """Write records exactly as seqtrain-train's json progress bar and --log-file formatter do."""
+    from seqtrain.logging.progress import progress_bar
+
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        bar = progress_bar(range(100), "json", epoch=1)
+        for tag, step, stats in records:
+            (bar.log if tag == "train_inner" else bar.print)(stats, tag=tag, step=step)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+        handler.close()
+
+
+def test_plot_curves_reads_train_and_valid_points(tmp_path):
+    log = tmp_path / "train.log"
+    _json_log(log, [
+        ("train_inner", 10, {"loss": 9.5, "nll_loss": 9.4, "num_updates": 10, "wall": 30.0}),
+        ("train_inner", 20, {"loss": 8.25, "nll_loss": 8.0, "num_updates": 20, "wall": 60.0}),
+        ("valid", 20, {"loss": 8.5, "nll_loss": 8.3, "num_updates": 20}),
+        ("valid1", 20, {"loss": 8.75, "num_updates": 20}),  # a second --valid-subset
+        ("train", 20, {"loss": 8.9, "num_updates": 20, "wall": 61.0}),  # epoch summary: not a curve point
+        ("train_inner", 30, {"loss": 7.75, "nll_loss": 7.5, "num_updates": 30, "wall": 90.0}),
+    ])
+    curves = plot_curves.read_json_log(str(log))
+    assert curves["train"]["loss"] == [(10.0, 30.0, 9.5), (20.0, 60.0, 8.25), (30.0, 90.0, 7.75)]
+    assert curves["valid"]["loss"] == [(20.0, 60.0, 8.5)]
+    assert curves["valid"]["nll_loss"] == [(20.0, 60.0, 8.3)]
+    assert curves["valid1"] == {"loss": [(20.0, 60.0, 8.75)]}
+    assert sorted(curves) == ["train", "valid", "valid1"]
+
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "img" / "curves.png"
+    assert plot_curves.main([str(log), "-o", str(png)]) == 0
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", head[16:24]) == (1210, 462)  # 11 x 4.2 inches at 110 dpi
+
+
+def test_plot_curves_refuses_a_log_without_json_lines(tmp_path):
+    log = tmp_path / "simple.log"
+    log.write_text("2026-11-29 21:02:08 | INFO | train_inner | epoch 003:     2 / 4 loss=4.882, num_updates=10\n")
+    with pytest.raises(SeqtrainError, match="no train_inner JSON lines"):
+        plot_curves.read_json_log(str(log))
+
+
+@pytest.mark.parametrize("script", ["quickstart.sh", "quality_run.sh", "gpu_check.sh"])
+def test_shell_scripts_parse(script):
+    out = subprocess.run(["bash", "-n", os.path.join(ROOT, "scripts", script)], capture_output=True, text=True)
+    assert (out.returncode, out.stderr) == (0, "")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_gpu_check_fails_clearly_without_cuda(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path)}
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 1
+    assert "sees no CUDA device" in out.stderr
+    assert out.stderr.strip().endswith("gpu_check.sh: error: no usable CUDA device (see the line above); "
+                                       "this script needs one GPU")
+    assert os.listdir(tmp_path) == []  # stopped before writing anything
