@@ -13,6 +13,7 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from seqtrain.data.options import str2bool
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.progress import LOG_FORMATS
 
@@ -35,17 +36,6 @@ def int_list(value: Any) -> List[int]:
     if not out:
         raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {value!r}")
     return out
-
-
-def str2bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    v = str(value).strip().lower()
-    if v in ("1", "true", "yes", "y", "on"):
-        return True
-    if v in ("0", "false", "no", "n", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {value!r}")
 
 
 def _add(group: Any, parser: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:

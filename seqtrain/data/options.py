@@ -6,11 +6,15 @@ defined elsewhere.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from seqtrain.errors import SeqtrainError
 
 
-def str2bool(value: str) -> bool:
+def str2bool(value: Any) -> bool:
+    """A boolean flag value: true/false, yes/no, on/off, 1/0 (any case); bools pass through (config files)."""
+    if isinstance(value, bool):
+        return value
     low = str(value).strip().lower()
     if low in ("true", "1", "yes", "y", "on"):
         return True
