@@ -197,6 +197,9 @@ def distributed_main(args: argparse.Namespace, main: Callable[[argparse.Namespac
             # the first rank to exit, name the rank that failed first.
             time.sleep(PEER_LOSS_DELAY_S)
         raise
+    # Leave together: a rank that tears down its gloo connections while a peer still uses them can make the
+    # peer abort (SIGABRT in gloo's background thread) after a run that itself succeeded.
+    dist.barrier()
     dist.destroy_process_group()
     return result
 
