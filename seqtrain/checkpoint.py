@@ -255,7 +255,7 @@ MODEL_ARG_NAMES = (
 
 # (field, value seqtrain's BART implements): a checkpoint with another value would load but compute differently
 FAIRSEQ_REQUIRED = (
-    ("encoder_normalize_before", False), ("decoder_normalize_before", False), ("layernorm_embedding", True),
+    ("layernorm_embedding", True),
     ("encoder_learned_pos", True), ("decoder_learned_pos", True), ("no_token_positional_embeddings", False),
     ("adaptive_softmax_cutoff", None), ("adaptive_input", False), ("cross_self_attention", False),
     ("no_cross_attention", False), ("encoder_layers_to_keep", None), ("decoder_layers_to_keep", None),
@@ -461,7 +461,8 @@ def args_to_hf_config(args: argparse.Namespace, vocab_size: int, pad: int = 1, b
     act = g("activation_fn", "gelu")
     if act not in HF_ACTIVATIONS.values():
         raise SeqtrainError(f"activation_fn {act!r} has no Hugging Face BART equivalent here (gelu or relu)")
-    for name, want in FAIRSEQ_REQUIRED[:3]:
+    for name, want in (("encoder_normalize_before", False), ("decoder_normalize_before", False),
+                       ("layernorm_embedding", True)):
         if g(name, want) != want:
             raise SeqtrainError(f"{name}={g(name)!r} has no Hugging Face BART equivalent")
     return {

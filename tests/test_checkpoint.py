@@ -177,9 +177,9 @@ def test_fairseq_without_dictionary_and_unsupported_variant(tmp_path):
     save_checkpoint_file({"args": ns, "model": model.state_dict()}, path)
     with pytest.raises(SeqtrainError, match="--dict"):
         load_model(path)
-    ns.encoder_normalize_before = True
+    ns.cross_self_attention = True
     save_checkpoint_file({"args": ns, "model": model.state_dict()}, path)
-    with pytest.raises(SeqtrainError, match="encoder_normalize_before=True"):
+    with pytest.raises(SeqtrainError, match="cross_self_attention=True"):
         read_checkpoint(path, require_dict=False)
     with pytest.raises(SeqtrainError, match="is a fairseq checkpoint, not seqtrain"):
         read_checkpoint(path, fmt="seqtrain", require_dict=False)
@@ -370,3 +370,37 @@ def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
     with pytest.raises(SeqtrainError, match=r"small.pt: the checkpoint has learned positions for 16 encoder tokens, "
                                             r"fewer than the model asks for; pass --max-source-positions 16 or less"):
         check_state_fits(big, small.state_dict(), "small.pt")
+
+
+def test_prenorm_model_round_trips_and_hf_export_refuses(tmp_path):
+    """A pre-norm model (--encoder/--decoder-normalize-before) loads back from a seqtrain checkpoint and from a
+    fairseq one with its final layer norms; Hugging Face BART has no pre-norm layout, so export says so."""
+    from seqtrain.hub import export_hf
+
+    d = make_dict(20)
+    torch.manual_seed(0)
+    args = argparse.Namespace(arch="bart_tiny", encoder_layers=1, decoder_layers=1, dropout=0.0,
+                              encoder_normalize_before=True, decoder_normalize_before=True)
+    model = build_model(args, d, d).eval()
+    with torch.no_grad():
+        model.encoder.layer_norm.weight.uniform_(0.5, 1.5)
+        model.decoder.layer_norm.bias.uniform_(-0.5, 0.5)
+    src, lengths, prev = batch(len(d))
+    want = logits(model, src, lengths, prev)
+
+    path = str(tmp_path / "ours.pt")
+    save_checkpoint_file(make_checkpoint_state(args, model.state_dict(), d, d), path)
+    lm = load_model(path)
+    assert lm.model.encoder.layer_norm is not None
+    torch.testing.assert_close(logits(lm.model, src, lengths, prev), want, rtol=0, atol=0)
+
+    ns = fairseq_namespace(args)
+    ns.encoder_normalize_before = ns.decoder_normalize_before = True
+    (tmp_path / "fs").mkdir()
+    save_checkpoint_file({"args": ns, "model": model.state_dict()}, str(tmp_path / "fs" / "model.pt"))
+    d.save(str(tmp_path / "fs" / "dict.txt"))
+    lm = load_model(str(tmp_path / "fs" / "model.pt"))
+    torch.testing.assert_close(logits(lm.model, src, lengths, prev), want, rtol=0, atol=0)
+
+    with pytest.raises(SeqtrainError, match="encoder_normalize_before=True has no Hugging Face BART equivalent"):
+        export_hf(lm, str(tmp_path / "hf"))

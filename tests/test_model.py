@@ -382,3 +382,74 @@ def test_cuda_fp32_and_bf16_match_cpu():
             half, _ = m(src, None, prev)
         assert torch.isfinite(half).all()
         torch.testing.assert_close(half.float().cpu(), ref, atol=0.1, rtol=0)
+
+
+@pytest.mark.parametrize("activation_fn", ["gelu", "relu", "gelu_accurate"])
+def test_ffn_recomputing_activation_matches_plain_autograd(activation_fn):
+    """The training FFN keeps fc1's output, not the activation's, and recomputes it in the backward pass: the
+    output and every gradient equal plain autograd's (fp64), and it runs under bf16 autocast too."""
+    from seqtrain.models.transformer import TransformerEncoderLayer
+
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayer(16, 40, 2, dropout=0.0, activation_fn=activation_fn).double().train()
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(3, 5, 16, dtype=torch.float64)
+    out = layer._ffn(x)
+    out.backward(g)
+    got = [x.grad.clone()] + [p.grad.clone() for p in (layer.fc1.weight, layer.fc1.bias, layer.fc2.weight,
+                                                       layer.fc2.bias)]
+    assert out.grad_fn.name().endswith("_FFNBackward")
+    layer.zero_grad()
+    x.grad = None
+    ref = layer.fc2(layer.activation(layer.fc1(x)))
+    ref.backward(g)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    want = [x.grad] + [p.grad for p in (layer.fc1.weight, layer.fc1.bias, layer.fc2.weight, layer.fc2.bias)]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+    layer = layer.float()
+    xf = x.detach().float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer._ffn(xf)
+    assert out.dtype == torch.bfloat16
+    out.float().backward(g.float())
+    assert layer.fc1.weight.grad.dtype == torch.float32 and xf.grad.dtype == torch.float32
+    torch.testing.assert_close(layer.fc1.weight.grad, want[1].float(), rtol=0.05, atol=0.05)
+    torch.testing.assert_close(xf.grad, want[0].float(), rtol=0.05, atol=0.05)
+
+
+def test_weight_init_xavier_and_bert():
+    """--weight-init: bert is BART's N(0, 0.02) everywhere; xavier is fairseq's transformer init (xavier-uniform
+    layers, q/k/v with gain 1/sqrt(2), zero biases, N(0, dim^-0.5) embeddings with a zero pad row), and the output
+    projection stays tied."""
+    import argparse
+    import math
+
+    from seqtrain.errors import SeqtrainError
+    from seqtrain.models.bart import BARTModel, BartConfig, build_model
+
+    cfg = dict(vocab_size=3000, encoder_layers=1, decoder_layers=1, encoder_embed_dim=128, decoder_embed_dim=128,
+               encoder_ffn_embed_dim=512, decoder_ffn_embed_dim=512, encoder_attention_heads=4,
+               decoder_attention_heads=4)
+    torch.manual_seed(0)
+    bert = BARTModel(BartConfig(**cfg))
+    torch.manual_seed(0)
+    xav = BARTModel(BartConfig(weight_init="xavier", **cfg))
+    assert bert.encoder.layers[0].fc1.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert bert.encoder.embed_tokens.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    fc1 = xav.encoder.layers[0].fc1.weight
+    assert fc1.abs().max().item() <= math.sqrt(6 / (128 + 512)) + 1e-6
+    assert fc1.std().item() == pytest.approx(math.sqrt(2 / (128 + 512)), rel=0.05)
+    q = xav.decoder.layers[0].encoder_attn.q_proj.weight
+    assert q.std().item() == pytest.approx(math.sqrt(2 / 256) / math.sqrt(2), rel=0.05)
+    assert not xav.encoder.layers[0].fc1.bias.any()
+    emb = xav.encoder.embed_tokens.weight
+    assert emb.std().item() == pytest.approx(128 ** -0.5, rel=0.05) and not emb[1].any()
+    assert xav.decoder.output_projection.weight is emb
+    with pytest.raises(SeqtrainError, match="--weight-init 'normal'"):
+        BARTModel(BartConfig(weight_init="normal", **cfg))
+    parser = argparse.ArgumentParser()
+    add_args(parser)
+    ns = parser.parse_args(["--weight-init", "xavier", "--encoder-normalize-before", "--decoder-normalize-before"])
+    assert ns.weight_init == "xavier" and ns.encoder_normalize_before and ns.decoder_normalize_before

@@ -29,16 +29,20 @@ def hf_to_seqtrain(hf_state: dict) -> dict:
     return out
 
 
-def build_pair(vocab, dim, layers, heads, ffn, max_pos=64, seed=0):
+def build_pair(vocab, dim, layers, heads, ffn, max_pos=64, seed=0, prenorm=False):
+    """prenorm: seqtrain's --encoder/--decoder-normalize-before against HF's MBart (the same network as BART
+    with pre-norm layers and a final layer norm after each stack)."""
     torch.manual_seed(seed)
-    hf_cfg = transformers.BartConfig(
+    hf_config_cls = transformers.MBartConfig if prenorm else transformers.BartConfig
+    hf_model_cls = transformers.MBartForConditionalGeneration if prenorm else transformers.BartForConditionalGeneration
+    hf_cfg = hf_config_cls(
         vocab_size=vocab, d_model=dim, encoder_layers=layers, decoder_layers=layers,
         encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
         max_position_embeddings=max_pos, scale_embedding=False, activation_function="gelu",
         pad_token_id=PAD, bos_token_id=0, eos_token_id=EOS, decoder_start_token_id=EOS,
         attn_implementation="eager",  # a different attention code path from ours
     )
-    hf = transformers.BartForConditionalGeneration(hf_cfg).eval()
+    hf = hf_model_cls(hf_cfg).eval()
     with torch.no_grad():  # HF zero-inits biases and unit-inits LayerNorms: perturb so misplaced ones would show
         for name, p in hf.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -47,6 +51,7 @@ def build_pair(vocab, dim, layers, heads, ffn, max_pos=64, seed=0):
         vocab_size=vocab, encoder_layers=layers, decoder_layers=layers, encoder_embed_dim=dim, decoder_embed_dim=dim,
         encoder_ffn_embed_dim=ffn, decoder_ffn_embed_dim=ffn, encoder_attention_heads=heads,
         decoder_attention_heads=heads, max_source_positions=max_pos, max_target_positions=max_pos,
+        encoder_normalize_before=prenorm, decoder_normalize_before=prenorm,
     )
     with torch.device("meta"):  # skip our own random init: every value is overwritten below
         ours = BARTModel(cfg, padding_idx=PAD)
@@ -99,3 +104,22 @@ def test_parity_bart_base_shapes():
     hf, ours = build_pair(vocab=1000, dim=768, layers=6, heads=12, ffn=3072)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
     check(hf, ours, 1000, src_lengths=[12, 7, 3], tgt_lengths=[5, 3, 2])
+
+
+def test_parity_prenorm_against_mbart():
+    """--encoder-normalize-before / --decoder-normalize-before: the padded (packed) forward and incremental
+    decoding both match transformers' MBartForConditionalGeneration on the same weights."""
+    hf, ours = build_pair(vocab=64, dim=32, layers=2, heads=4, ffn=48, prenorm=True)
+    assert ours.encoder.layer_norm is not None and ours.decoder.layer_norm is not None
+    assert set(ours.state_dict()) >= {"encoder.layer_norm.weight", "decoder.layer_norm.bias"}
+    ref = check(hf, ours, 64, src_lengths=[9, 5, 2, 9], tgt_lengths=[4, 7, 1, 6])
+    assert ref.abs().max() > 0.1
+    # training mode without dropout takes the same packed path and gives the same logits
+    ours.train()
+    for m in ours.modules():
+        if hasattr(m, "dropout") and isinstance(m.dropout, float):
+            m.dropout = 0.0
+    src = padded([9, 5, 2, 9], 64, seed=1, last=EOS)
+    prev = padded([4, 7, 1, 6], 64, seed=2, first=EOS)
+    real = prev.ne(PAD)
+    torch.testing.assert_close(ours(src, None, prev)[0][real], ref[real], atol=1e-5, rtol=0)

@@ -26,11 +26,11 @@ from torch.utils.checkpoint import checkpoint
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.transformer import (
     ACTIVATIONS,
+    INITS,
     LearnedPositionalEmbedding,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
     embed_scale,
-    init_bert_params,
     reorder_cache,
 )
 from seqtrain.models.transformer import Packing
@@ -59,6 +59,11 @@ class BartConfig:
     max_target_positions: int = 1024
     share_all_embeddings: bool = True
     no_scale_embedding: bool = True
+    # pre-norm layers and a final layer norm after each stack (fairseq's flags; mBART's layout; BART: False)
+    encoder_normalize_before: bool = False
+    decoder_normalize_before: bool = False
+    # how a model trained from scratch starts: "bert" (BART's N(0, 0.02)) or "xavier" (fairseq's transformer)
+    weight_init: str = "bert"
     checkpoint_activations: bool = False
 
     @classmethod
@@ -86,6 +91,8 @@ def _check_config(cfg: BartConfig) -> None:
             f"--share-all-embeddings needs --encoder-embed-dim ({cfg.encoder_embed_dim}) "
             f"== --decoder-embed-dim ({cfg.decoder_embed_dim})"
         )
+    if cfg.weight_init not in INITS:
+        raise SeqtrainError(f"--weight-init {cfg.weight_init!r}: choose from {', '.join(INITS)}")
     if cfg.activation_fn not in ACTIVATIONS:
         raise SeqtrainError(f"--activation-fn {cfg.activation_fn!r}: choose from {', '.join(ACTIVATIONS)}")
 
@@ -111,10 +118,12 @@ class BartEncoder(nn.Module):
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(
                 dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout, cfg.attention_dropout,
-                cfg.activation_dropout, cfg.activation_fn,
+                cfg.activation_dropout, cfg.activation_fn, cfg.encoder_normalize_before,
             )
             for _ in range(cfg.encoder_layers)
         )
+        # pre-norm stacks end with a layer norm (fairseq's encoder.layer_norm); post-norm ones have none
+        self.layer_norm = nn.LayerNorm(dim) if cfg.encoder_normalize_before else None
 
     def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
         """src_tokens: B x S (left or right padded). Returns {"encoder_out": B x S x C,
@@ -135,9 +144,13 @@ class BartEncoder(nn.Module):
             x = packing.pack(x)
             for layer in self.layers:
                 x = _run_layer(layer, use_ckpt, x, attn_mask, packing)
+            if self.layer_norm is not None:
+                x = self.layer_norm(x)
             return {"encoder_out": packing.unpack(x), "encoder_padding_mask": padding_mask}
         for layer in self.layers:
             x = _run_layer(layer, use_ckpt, x, attn_mask)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
         return {"encoder_out": x, "encoder_padding_mask": padding_mask}
 
     @staticmethod
@@ -161,10 +174,11 @@ class BartDecoder(nn.Module):
         self.layers = nn.ModuleList(
             TransformerDecoderLayer(
                 dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.encoder_embed_dim, cfg.dropout,
-                cfg.attention_dropout, cfg.activation_dropout, cfg.activation_fn,
+                cfg.attention_dropout, cfg.activation_dropout, cfg.activation_fn, cfg.decoder_normalize_before,
             )
             for _ in range(cfg.decoder_layers)
         )
+        self.layer_norm = nn.LayerNorm(dim) if cfg.decoder_normalize_before else None
         # Tied to embed_tokens (BARTModel.tie_weights): one tensor, three names in the state dict, as fairseq.
         self.output_projection = nn.Linear(dim, embed_tokens.num_embeddings, bias=False)
 
@@ -224,6 +238,8 @@ class BartDecoder(nn.Module):
             inner_states.append(x)
         if state is not None:
             state["steps"] = t
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
         extra = {"attn": [None], "inner_states": inner_states}
         return (x if features_only else self.output_layer(x)), extra
 
@@ -239,7 +255,7 @@ class BartDecoder(nn.Module):
         for layer in self.layers:
             x = _run_layer(layer, use_ckpt, x, memory, memory_mask, None, None, packing, memory_packing)
             inner_states.append(packing.unpack(x))
-        x = inner_states[-1]
+        x = inner_states[-1] if self.layer_norm is None else packing.unpack(self.layer_norm(x))
         return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": inner_states}
 
     def reorder_incremental_state(
@@ -282,7 +298,7 @@ class BARTModel(nn.Module):
         self.encoder = BartEncoder(cfg, enc_embed, padding_idx)
         self.decoder = BartDecoder(cfg, dec_embed, padding_idx)
         self.tie_weights()
-        self.apply(init_bert_params)
+        INITS[cfg.weight_init](self)
         # The tied output projection is a Linear that apply() re-drew after the embedding; zero the pad rows last.
         with torch.no_grad():
             for emb in (enc_embed, dec_embed):
@@ -342,6 +358,9 @@ def _fill_common(args: argparse.Namespace, dim: int, ffn: int, layers: int, head
         share_decoder_input_output_embed=True,
         layernorm_embedding=True,
         no_scale_embedding=True,
+        encoder_normalize_before=False,
+        decoder_normalize_before=False,
+        weight_init="bert",
         checkpoint_activations=False,
     )
 
@@ -396,6 +415,13 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         help="tie decoder input and output embeddings (bart: on)")
     add("--layernorm-embedding", action="store_true", help="layer norm after the embeddings (bart: on)")
     add("--no-scale-embedding", action="store_true", help="do not scale embeddings by sqrt(dim) (bart: on)")
+    for side in ("encoder", "decoder"):
+        add(f"--{side}-normalize-before", action="store_true",
+            help=f"pre-norm {side} layers and a final layer norm (mBART's layout; bart presets: off)")
+    add("--weight-init", choices=["bert", "xavier"],
+        help="initial weights of a model trained from scratch: bert (BART's N(0, 0.02); default) or xavier "
+             "(fairseq's transformer init: xavier-uniform layers, N(0, dim^-0.5) embeddings; learns far faster "
+             "for small models). Ignored when weights are loaded")
     add("--checkpoint-activations", action="store_true",
         help="recompute each layer's activations in the backward pass (less memory, more compute)")
     return group

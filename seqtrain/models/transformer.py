@@ -1,4 +1,5 @@
-"""Transformer building blocks for BART: attention with a key/value cache, post-norm layers, positions.
+"""Transformer building blocks for BART: attention with a key/value cache, post-norm (or pre-norm) layers,
+positions.
 
 Tensors are batch-first (B x T x C) everywhere. Attention runs through
 `torch.nn.functional.scaled_dot_product_attention` so PyTorch picks the fastest kernel (flash / memory-efficient
@@ -192,10 +193,55 @@ class MultiheadAttention(nn.Module):
         return self.out_proj(o)
 
 
+def _is_meta_or_compiling(x: Tensor) -> bool:
+    return x.is_meta or torch.compiler.is_compiling()
+
+
+class _FFN(torch.autograd.Function):
+    """fc2(act(fc1(x))) that keeps x and fc1's output for the backward pass but not act's output (the same size,
+    FFN-wide): the backward pass recomputes the activation, an elementwise op, instead of storing it. For
+    BART layers this drops about a quarter of the activation memory a training step holds (bart_base: 12 KiB of
+    ~50 KiB per token and layer), at the cost of one activation per layer in the backward pass.
+
+    Matrix products run under whatever autocast is active in the forward pass; the backward pass casts the
+    weights to the dtype those products used, and autograd casts the weight gradients back to the weights'."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                activation: Callable[[Tensor], Tensor]) -> Tensor:
+        h = F.linear(x, w1, b1)
+        y = F.linear(activation(h), w2, b2)
+        ctx.save_for_backward(x, h, w1, w2)
+        ctx.activation = activation
+        ctx.has_bias = (b1 is not None, b2 is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, gy: Tensor) -> Tuple[Optional[Tensor], ...]:
+        x, h, w1, w2 = ctx.saved_tensors
+        dt = h.dtype
+        with torch.enable_grad():
+            hh = h.detach().requires_grad_()
+            a = ctx.activation(hh)
+        gy2 = gy.reshape(-1, gy.size(-1)).to(dt)
+        a2 = a.detach().reshape(-1, a.size(-1))
+        gw2 = gy2.t() @ a2
+        gb2 = gy2.sum(0) if ctx.has_bias[1] else None
+        ga = (gy2 @ w2.to(dt)).view(h.shape)
+        (gh,) = torch.autograd.grad(a, hh, ga)
+        gh2 = gh.reshape(-1, gh.size(-1))
+        gw1 = gh2.t() @ x.reshape(-1, x.size(-1)).to(dt)
+        gb1 = gh2.sum(0) if ctx.has_bias[0] else None
+        gx = (gh2 @ w1.to(dt)).view(x.shape).to(x.dtype)
+        return gx, gw1, gb1, gw2, gb2, None
+
+
 class _FeedForward(nn.Module):
     """Mixin holding fc1/fc2 and the dropout settings shared by both layer kinds."""
 
-    def _init_ffn(self, embed_dim: int, ffn_dim: int, dropout: float, activation_dropout: float, activation_fn: str):
+    def _init_ffn(self, embed_dim: int, ffn_dim: int, dropout: float, activation_dropout: float, activation_fn: str,
+                  normalize_before: bool = False):
+        self.normalize_before = normalize_before
         if activation_fn not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation_fn!r}; choose from {', '.join(ACTIVATIONS)}")
         self.activation = ACTIVATIONS[activation_fn]
@@ -208,44 +254,58 @@ class _FeedForward(nn.Module):
     def _drop(self, x: Tensor) -> Tensor:
         return F.dropout(x, self.dropout, self.training)
 
+    def _residual(self, x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """Post-norm (BART): LN(x + drop(sublayer(x))). Pre-norm (normalize_before, mBART's layout):
+        x + drop(sublayer(LN(x))), which keeps the input on the residual path untouched."""
+        if self.normalize_before:
+            return x + self._drop(sublayer(norm(x)))
+        return norm(x + self._drop(sublayer(x)))
+
+    def _ffn(self, x: Tensor) -> Tensor:
+        if self.activation_dropout and self.training:
+            return self.fc2(F.dropout(self.activation(self.fc1(x)), self.activation_dropout, True))
+        if torch.is_grad_enabled() and not _is_meta_or_compiling(x):
+            return _FFN.apply(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation)
+        return self.fc2(self.activation(self.fc1(x)))
+
     def _ffn_block(self, x: Tensor) -> Tensor:
-        h = F.dropout(self.activation(self.fc1(x)), self.activation_dropout, self.training)
-        return self.final_layer_norm(x + self._drop(self.fc2(h)))
+        return self._residual(x, self.final_layer_norm, self._ffn)
 
 
 class TransformerEncoderLayer(_FeedForward):
-    """Post-norm encoder layer (fairseq's with normalize_before=False): x = LN(x + drop(sublayer(x)))."""
+    """Encoder layer, post-norm as BART's (x = LN(x + drop(sublayer(x)))) or, with normalize_before, pre-norm."""
 
     def __init__(
         self, embed_dim: int, ffn_dim: int, heads: int, dropout: float = 0.1, attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0, activation_fn: str = "gelu",
+        activation_dropout: float = 0.0, activation_fn: str = "gelu", normalize_before: bool = False,
     ):
         super().__init__()
         self.self_attn = MultiheadAttention(embed_dim, heads, dropout=attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
-        self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn)
+        self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn, normalize_before)
 
     def forward(self, x: Tensor, mask: Optional[Tensor], packing: Optional["Packing"] = None) -> Tensor:
         if packing is not None:  # x is packed (N x C); dispatched here so module hooks (FSDP's) run around it
             return encoder_layer_packed(self, x, packing, mask)
-        x = self.self_attn_layer_norm(x + self._drop(self.self_attn.self_attention(x, mask)))
+        x = self._residual(x, self.self_attn_layer_norm, lambda h: self.self_attn.self_attention(h, mask))
         return self._ffn_block(x)
 
 
 class TransformerDecoderLayer(_FeedForward):
-    """Post-norm decoder layer: causal self-attention, cross-attention to the encoder, feed-forward."""
+    """Decoder layer (post-norm, or pre-norm with normalize_before): causal self-attention, cross-attention to
+    the encoder, feed-forward."""
 
     def __init__(
         self, embed_dim: int, ffn_dim: int, heads: int, encoder_embed_dim: Optional[int] = None,
         dropout: float = 0.1, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-        activation_fn: str = "gelu",
+        activation_fn: str = "gelu", normalize_before: bool = False,
     ):
         super().__init__()
         self.self_attn = MultiheadAttention(embed_dim, heads, dropout=attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
         self.encoder_attn = MultiheadAttention(embed_dim, heads, kdim=encoder_embed_dim, dropout=attention_dropout)
         self.encoder_attn_layer_norm = nn.LayerNorm(embed_dim)
-        self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn)
+        self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn, normalize_before)
 
     def forward(
         self, x: Tensor, memory: Optional[Tensor], memory_mask: Optional[Tensor],
@@ -256,10 +316,11 @@ class TransformerDecoderLayer(_FeedForward):
             return decoder_layer_packed(self, x, packing, memory, memory_packing, memory_mask)
         # Decoder inputs are right-padded, so the causal mask alone is exact for real positions, and pad
         # positions always see at least position 0 (no all-masked rows, hence no NaN).
-        h = self.self_attn.self_attention(x, is_causal=x.size(1) > 1, cache=self_cache)
-        x = self.self_attn_layer_norm(x + self._drop(h))
-        h = self.encoder_attn.cross_attention(x, memory, memory_mask, cache=cross_cache)
-        x = self.encoder_attn_layer_norm(x + self._drop(h))
+        causal = x.size(1) > 1
+        x = self._residual(x, self.self_attn_layer_norm,
+                           lambda h: self.self_attn.self_attention(h, is_causal=causal, cache=self_cache))
+        x = self._residual(x, self.encoder_attn_layer_norm,
+                           lambda h: self.encoder_attn.cross_attention(h, memory, memory_mask, cache=cross_cache))
         return self._ffn_block(x)
 
 
@@ -274,6 +335,30 @@ def init_bert_params(module: nn.Module) -> None:
         if module.padding_idx is not None:
             with torch.no_grad():
                 module.weight[module.padding_idx].zero_()
+
+
+def init_xavier_params(model: nn.Module) -> None:
+    """fairseq's `transformer` initialization, for models trained from scratch: xavier-uniform linear weights
+    (q/k/v projections with gain 1/sqrt(2), as fairseq's MultiheadAttention), zero biases, embeddings
+    N(0, dim^-0.5) with zero padding rows. BART's N(0, 0.02) suits its 768/1024-wide layers and pretrained
+    starts; for narrow models trained from scratch it leaves attention nearly uniform and the tied output
+    embeddings tiny, and learning to use the source stalls (see README, quality run)."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            if name.endswith("output_projection"):
+                continue  # tied to the embeddings, initialized below
+            gain = 1 / math.sqrt(2) if name.rsplit(".", 1)[-1] in ("q_proj", "k_proj", "v_proj") else 1.0
+            nn.init.xavier_uniform_(module.weight, gain=gain)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=module.embedding_dim ** -0.5)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+
+
+INITS = {"bert": lambda model: model.apply(init_bert_params), "xavier": init_xavier_params}
 
 
 def embed_scale(dim: int, no_scale_embedding: bool) -> float:
@@ -378,15 +463,17 @@ def packed_cross_attention(attn: MultiheadAttention, x: Tensor, packing: Packing
 def encoder_layer_packed(layer: "TransformerEncoderLayer", x: Tensor, packing: Packing,
                          mask: Optional[Tensor]) -> Tensor:
     """TransformerEncoderLayer.forward on packed tokens."""
-    x = layer.self_attn_layer_norm(x + layer._drop(packed_self_attention(layer.self_attn, x, packing, mask, False)))
+    x = layer._residual(x, layer.self_attn_layer_norm,
+                        lambda h: packed_self_attention(layer.self_attn, h, packing, mask, False))
     return layer._ffn_block(x)
 
 
 def decoder_layer_packed(layer: "TransformerDecoderLayer", x: Tensor, packing: Packing, memory: Tensor,
                          memory_packing: Packing, memory_mask: Optional[Tensor]) -> Tensor:
     """TransformerDecoderLayer.forward (no cache) on packed tokens; `memory` is the packed encoder output."""
-    h = packed_self_attention(layer.self_attn, x, packing, None, packing.length > 1)
-    x = layer.self_attn_layer_norm(x + layer._drop(h))
-    h = packed_cross_attention(layer.encoder_attn, x, packing, memory, memory_packing, memory_mask)
-    x = layer.encoder_attn_layer_norm(x + layer._drop(h))
+    x = layer._residual(x, layer.self_attn_layer_norm,
+                        lambda h: packed_self_attention(layer.self_attn, h, packing, None, packing.length > 1))
+    x = layer._residual(x, layer.encoder_attn_layer_norm,
+                        lambda h: packed_cross_attention(layer.encoder_attn, h, packing, memory, memory_packing,
+                                                         memory_mask))
     return layer._ffn_block(x)
