@@ -216,3 +216,70 @@ def test_real_bart_tiny_matches_full_logits():
     eps_i = 0.1 / (logits.size(-1) - 1)
     ref = ((1 - 0.1 - eps_i) * -lprobs.gather(-1, t)[keep].sum() + eps_i * -lprobs.sum(-1, keepdim=True)[keep].sum())
     assert loss.item() == pytest.approx(ref.item(), rel=1e-10)
+
+
+def _tiny_bart(vocab, dtype=torch.float64, seed=0):
+    bart = pytest.importorskip("seqtrain.models.bart")
+    torch.manual_seed(seed)
+    cfg = bart.BartConfig(vocab_size=vocab, encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
+                          decoder_embed_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
+                          encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0)
+    return bart.BARTModel(cfg, padding_idx=PAD).to(dtype).train()
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+@pytest.mark.parametrize("chunk_elements", [1, 40, 1 << 22])
+def test_projected_loss_matches_full_logits_values_gradients_and_accuracy(eps, chunk_elements, monkeypatch):
+    """BART's path (projection and loss chunk by chunk, gradients made in the forward pass) gives the loss, nll,
+    accuracy and every parameter gradient of the plain full-logits computation; chunks of 1 row, 2 rows (40
+    elements / 16 symbols) and all rows."""
+    import seqtrain.criterions.cross_entropy as ce
+
+    real = ce.projected_nll_loss
+    monkeypatch.setattr(ce, "projected_nll_loss",
+                        lambda h, w, t, e: real(h, w, t, e, chunk_elements=chunk_elements))
+    model, sample = _tiny_bart(V + 5), make_sample()
+    crit = LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=eps, report_accuracy=True)
+    loss, _, log = crit(model, sample)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    logits = model(**sample["net_input"])[0]
+    keep = sample["target"].ne(PAD)
+    lp = F.log_softmax(logits[keep], -1)
+    t = sample["target"][keep]
+    eps_i = eps / (logits.size(-1) - 1)
+    nll = -lp.gather(-1, t[:, None]).sum()
+    ref = (1 - eps - eps_i) * nll + eps_i * -lp.sum()
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
+    assert log["nll_loss"].item() == pytest.approx(nll.item(), rel=1e-12)
+    assert int(log["n_correct"]) == int(lp.argmax(-1).eq(t).sum()) and log["total"] == 9
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, rtol=1e-10, atol=1e-12, msg=n)
+
+
+def test_projected_loss_under_bf16_autocast_and_without_grad():
+    """Under autocast the projection runs in bf16 like the model's own F.linear would, the loss in fp32, and the
+    gradients land in fp32 parameters; under no_grad (validation) no gradient work is done and values agree."""
+    model, sample = _tiny_bart(V + 5, torch.float32), make_sample()
+    crit = LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=0.1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, _, _ = crit(model, sample)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(**sample["net_input"])[0]
+    keep = sample["target"].ne(PAD)
+    ref, _ = smoothed_nll_loss(logits[keep], sample["target"][keep], 0.1)
+    ref.sum().backward()
+    assert loss.item() == pytest.approx(ref.sum().item(), rel=1e-3)
+    for n, p in model.named_parameters():
+        assert got[n].dtype == torch.float32
+        torch.testing.assert_close(got[n], p.grad, rtol=0.05, atol=2e-3, msg=n)
+    with torch.no_grad():
+        plain, _, _ = crit(model, sample)
+    fresh, _, _ = crit(model, sample)
+    assert not plain.requires_grad and plain.item() == pytest.approx(fresh.item(), rel=1e-6)

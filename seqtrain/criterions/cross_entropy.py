@@ -3,9 +3,12 @@
 Speed: the output projection to the vocabulary is the largest matrix product of a BART step, and most target
 positions of a padded batch are padding. So the criterion asks the model for hidden states
 (`model(**net_input, features_only=True)`), keeps only the rows whose target is not padding, and projects those
-(`model.output_layer`). The loss itself is a custom autograd function working from logsumexp: no log-softmax
-tensor is kept, and the backward pass builds the gradient (softmax - smoothing - one-hot) in a single
-vocabulary-sized buffer. Models without `output_layer` fall back to full logits from `model(**net_input)`.
+(`model.output_layer`). For BART (a bias-free output projection) projection and loss run together over chunks of
+rows (_ProjectedSmoothedNLL): each chunk's logits, loss and gradient are computed and folded into the gradients
+of the hidden states and the projection at once, so no N x V tensor is kept for the backward pass. Otherwise
+(reduce=False, other output layers) the logits are made whole and the loss is a custom autograd function working
+from logsumexp that builds the gradient (softmax - smoothing - one-hot) in a single vocabulary-sized buffer.
+Models without `output_layer` fall back to full logits from `model(**net_input)`.
 """
 from __future__ import annotations
 
@@ -76,6 +79,72 @@ class _SmoothedNLL(torch.autograd.Function):
         return grad.to(logits.dtype), None, None
 
 
+class _ProjectedSmoothedNLL(torch.autograd.Function):
+    """Output projection and _SmoothedNLL's loss in one, over row chunks, summed: the N x V logits never exist
+    whole. For each chunk of hidden rows h (n x C) the forward pass computes the logits h W^T, the loss, and the
+    gradient of the loss with respect to those logits, which it folds straight into the gradients with respect
+    to h (n x C) and W (V x C, accumulated). The backward pass only scales the stored gradients by the incoming
+    one. Peak memory for the loss: one chunk of logits instead of three N x V tensors (logits, their gradient,
+    the output layer's input gradient work), which for summarization batches (thousands of target tokens, a
+    vocabulary of 8k-50k) is a large share of a training step's memory.
+
+    Matrix products run under whatever autocast is active (as the model's own F.linear would), the softmax and
+    the loss in fp32. Returns (loss sum, nll sum, number of correct argmax predictions)."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk: int,
+                need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+        n, vocab = hidden.size(0), weight.size(0)
+        eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
+        c_target = 1.0 - epsilon - eps_i
+        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        loss = torch.zeros((), dtype=acc, device=hidden.device)
+        nll_sum = torch.zeros((), dtype=acc, device=hidden.device)
+        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        grad_h = torch.empty_like(hidden) if need_grad else None
+        grad_w = torch.zeros_like(weight) if need_grad else None
+        for start in range(0, n, chunk):
+            h, t = hidden[start:start + chunk], target[start:start + chunk]
+            z = torch.nn.functional.linear(h, weight)
+            x = z if z.dtype == torch.float64 else z.float()
+            lse = torch.logsumexp(x, dim=-1)
+            nll = lse - x.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+            nll_sum += nll.sum()
+            if epsilon > 0:
+                loss += c_target * nll.sum() + eps_i * (vocab * lse - x.sum(dim=-1)).sum()
+            else:
+                loss += nll.sum()
+            correct += x.argmax(-1).eq(t).sum()
+            if need_grad:
+                g = x.sub_(lse.unsqueeze(-1)).exp_()  # softmax, in place of the logits
+                if eps_i:
+                    g.sub_(eps_i)
+                g.scatter_add_(-1, t.unsqueeze(-1), g.new_full((g.size(0), 1), -c_target))
+                g = g.to(z.dtype)
+                grad_h[start:start + chunk] = torch.matmul(g, weight)
+                grad_w += torch.matmul(g.t(), h)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.mark_non_differentiable(nll_sum, correct)
+        return loss, nll_sum, correct
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, _g1: Any, _g2: Any) -> Tuple[Optional[Tensor], ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        if grad_h is None:
+            raise RuntimeError("backward through a projected loss computed without gradients (need_grad=False)")
+        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None, None
+
+
+def projected_nll_loss(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float = 0.0,
+                       chunk_elements: int = 1 << 22) -> Tuple[Tensor, Tensor, Tensor]:
+    """Summed (loss, nll, n_correct) of the rows `hidden` (N x C) projected by `weight` (V x C, no bias);
+    equal to smoothed_nll_loss(hidden @ weight.T, target, epsilon) summed, computed chunk by chunk
+    (about `chunk_elements` logits at a time). See _ProjectedSmoothedNLL."""
+    chunk = max(1, chunk_elements // max(1, weight.size(0)))
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return _ProjectedSmoothedNLL.apply(hidden, weight, target, float(epsilon), chunk, need_grad)
+
+
 def smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> Tuple[Tensor, Tensor]:
     """Per-row (loss, nll) for N x V logits and N targets; see _SmoothedNLL. Computed in fp32 (fp64 kept)."""
     return _SmoothedNLL.apply(logits, target, float(epsilon))
@@ -88,22 +157,34 @@ def _output_layer(model: Any):
     return getattr(inner, "output_layer", None)
 
 
-def target_logits(model: Any, sample: Dict[str, Any], padding_idx: int,
-                  ignore_prefix_size: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
-    """Logits for the non-pad target positions only: (logits N x V, targets N, mask B x T')."""
+def _output_weight(model: Any) -> Optional[Tensor]:
+    """The output projection's weight when the model's output layer is a plain bias-free linear map (BART's,
+    tied to the embeddings), so the loss can project chunk by chunk; None otherwise."""
+    inner = getattr(model, "module", model)  # DistributedDataParallel and similar wrappers
+    proj = getattr(getattr(inner, "decoder", None), "output_projection", None)
+    if isinstance(proj, torch.nn.Linear) and proj.bias is None and hasattr(inner, "output_layer"):
+        return proj.weight
+    return None
+
+
+def _target_hidden(model: Any, sample: Dict[str, Any], padding_idx: int, ignore_prefix_size: int,
+                   features_only: bool) -> Tuple[Tensor, Tensor, Tensor]:
     target = sample["target"]
-    project = _output_layer(model)
-    if project is not None:
-        hidden = model(**sample["net_input"], features_only=True)[0]
-    else:
-        hidden = model(**sample["net_input"])[0]
+    hidden = model(**sample["net_input"], features_only=True)[0] if features_only else model(**sample["net_input"])[0]
     if ignore_prefix_size > 0:
         hidden = hidden[:, ignore_prefix_size:]
         target = target[:, ignore_prefix_size:]
     mask = target.ne(padding_idx)
-    selected = hidden[mask]
+    return hidden[mask], target[mask], mask
+
+
+def target_logits(model: Any, sample: Dict[str, Any], padding_idx: int,
+                  ignore_prefix_size: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+    """Logits for the non-pad target positions only: (logits N x V, targets N, mask B x T')."""
+    project = _output_layer(model)
+    selected, target, mask = _target_hidden(model, sample, padding_idx, ignore_prefix_size, project is not None)
     logits = project(selected) if project is not None else selected
-    return logits, target[mask], mask
+    return logits, target, mask
 
 
 def _scatter_back(values: Tensor, mask: Tensor) -> Tensor:
@@ -150,12 +231,22 @@ class CrossEntropyCriterion:
         return self.forward(model, sample, reduce)
 
     def forward(self, model: Any, sample: Dict[str, Any], reduce: bool = True) -> Tuple[Tensor, Any, Dict[str, Any]]:
-        logits, target, mask = target_logits(model, sample, self.padding_idx, self.ignore_prefix_size)
-        loss, nll = smoothed_nll_loss(logits, target, self.eps)
-        if reduce:
-            loss, nll = loss.sum(), nll.sum()
+        n_correct = None
+        if reduce and _output_weight(model) is not None:
+            # the usual path: projection and loss chunk by chunk, no N x V tensor kept. The weight is read after
+            # the forward pass: FSDP swaps sharded parameters for gathered ones during it.
+            hidden, target, mask = _target_hidden(model, sample, self.padding_idx, self.ignore_prefix_size, True)
+            loss, nll, n_correct = projected_nll_loss(hidden, _output_weight(model), target, self.eps)
         else:
-            loss, nll = _scatter_back(loss, mask), _scatter_back(nll, mask)
+            logits, target, mask = target_logits(model, sample, self.padding_idx, self.ignore_prefix_size)
+            loss, nll = smoothed_nll_loss(logits, target, self.eps)
+            if reduce:
+                loss, nll = loss.sum(), nll.sum()
+            else:
+                loss, nll = _scatter_back(loss, mask), _scatter_back(nll, mask)
+            if self.report_accuracy:
+                with torch.no_grad():
+                    n_correct = logits.argmax(-1).eq(target).sum()
         nsentences = sample["target"].size(0)
         ntokens = sample.get("ntokens", int(mask.sum()))
         sample_size = nsentences if self.sentence_avg else ntokens
@@ -168,9 +259,8 @@ class CrossEntropyCriterion:
             "sample_size": sample_size,
         }
         if self.report_accuracy:
-            with torch.no_grad():
-                logging_output["n_correct"] = logits.argmax(-1).eq(target).sum()
-                logging_output["total"] = target.numel()
+            logging_output["n_correct"] = n_correct
+            logging_output["total"] = target.numel()
         return loss, sample_size, logging_output
 
     @staticmethod
