@@ -103,3 +103,32 @@ def test_gpu_check_fails_clearly_without_cuda(tmp_path):
     assert out.stderr.strip().endswith("gpu_check.sh: error: no usable CUDA device (see the line above); "
                                        "this script needs one GPU")
     assert os.listdir(tmp_path) == []  # stopped before writing anything
+
+
+def test_source_dependence_gap_is_zero_exactly_when_the_source_is_cut_off():
+    """scripts/source_dependence.py: a model whose cross-attention outputs are zeroed scores rotated sources
+    exactly like true ones (gap 0); the same model with its cross-attention intact does not."""
+    import source_dependence
+    from seqtrain.data.dictionary import Dictionary
+    from seqtrain.data.pair_dataset import LanguagePairDataset
+    from seqtrain.models.bart import BARTModel, BartConfig
+
+    d = Dictionary()
+    for i in range(40):
+        d.add_symbol(f"w{i}")
+    g = torch.Generator().manual_seed(0)
+    src = [torch.cat([torch.randint(4, len(d), (n,), generator=g), torch.tensor([2])]) for n in (5, 9, 3, 7, 6)]
+    tgt = [torch.cat([torch.randint(4, len(d), (n,), generator=g), torch.tensor([2])]) for n in (3, 2, 4, 3, 5)]
+    ds = LanguagePairDataset(src, [len(s) for s in src], d, tgt, [len(t) for t in tgt], d)
+    torch.manual_seed(0)
+    model = BARTModel(BartConfig(vocab_size=len(d), encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
+                                 decoder_embed_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
+                                 encoder_attention_heads=2, decoder_attention_heads=2, weight_init="xavier"))
+    live = source_dependence.source_dependence(model, ds, batch_size=5)
+    assert abs(live["gap"]) > 1e-3 and live["real"] > 0
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            layer.encoder_attn.out_proj.weight.zero_()
+            layer.encoder_attn.out_proj.bias.zero_()
+    cut = source_dependence.source_dependence(model, ds, batch_size=5)
+    assert cut["gap"] == 0.0 and cut["real"] == cut["shuffled"] > 0
