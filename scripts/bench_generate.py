@@ -224,21 +224,25 @@ def seqtrain_decode(model: BARTModel, batch: List[List[int]], s: Settings, d: Di
     return [h[0]["tokens"].tolist() for h in gen.generate(pad_batch(batch, left=True))]
 
 
-def hf_decode(model, batch: List[List[int]], s: Settings) -> List[List[int]]:
+def fairseq_forced_eos(max_length: int, eos: int = EOS) -> Any:
+    """A transformers LogitsProcessor forcing EOS at `max_length` the way fairseq does: every other token gets
+    -inf and EOS keeps its log-prob (HF's forced_eos_token_id would give it 0). Also used by
+    tests/test_sequence_generator.py."""
     import transformers
 
     class ForceEosKeepScore(transformers.LogitsProcessor):
-        """fairseq's forced EOS at max length: every other token -inf, EOS keeps its log-prob."""
-
-        def __init__(self, max_length: int):
-            self.max_length = max_length
-
         def __call__(self, input_ids, scores):
-            if input_ids.shape[-1] == self.max_length - 1:
-                eos = scores[:, EOS].clone()
+            if input_ids.shape[-1] == max_length - 1:
+                kept = scores[:, eos].clone()
                 scores = torch.full_like(scores, -math.inf)
-                scores[:, EOS] = eos
+                scores[:, eos] = kept
             return scores
+
+    return ForceEosKeepScore()
+
+
+def hf_decode(model, batch: List[List[int]], s: Settings) -> List[List[int]]:
+    import transformers
 
     # transformers' learned positions count pads, so sources are right-padded for it (fairseq's skip pads)
     src = pad_batch(batch, left=False)
@@ -247,7 +251,7 @@ def hf_decode(model, batch: List[List[int]], s: Settings) -> List[List[int]]:
         input_ids=src, attention_mask=src.ne(PAD), num_beams=s.beam, length_penalty=s.lenpen, early_stopping=True,
         no_repeat_ngram_size=s.no_repeat_ngram_size, min_length=s.min_len + 1, max_length=max_length,
         decoder_start_token_id=EOS, forced_bos_token_id=None, forced_eos_token_id=None, suppress_tokens=[PAD],
-        logits_processor=transformers.LogitsProcessorList([ForceEosKeepScore(max_length)]),
+        logits_processor=transformers.LogitsProcessorList([fairseq_forced_eos(max_length)]),
         do_sample=False, num_return_sequences=1,
     )
     hyps = []

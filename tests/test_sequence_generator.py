@@ -2,6 +2,7 @@
 and Hugging Face transformers' beam search on the same weights."""
 import argparse
 import math
+import sys
 
 import pytest
 import torch
@@ -12,7 +13,10 @@ from seqtrain.generation.options import add_generation_args, check_generation_ar
 from seqtrain.generation.search import Sampling
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
 from seqtrain.models.bart import BARTModel, BartConfig
+from tests.conftest import REPO
 from tests.reference_beam_search import reference_beam_search
+
+sys.path.insert(0, str(REPO / "scripts"))  # bench_generate's fairseq_forced_eos, for the transformers comparison
 
 PAD, EOS, UNK, V = 1, 2, 3, 24
 
@@ -70,15 +74,6 @@ def sources(n, seed=1, lo=3, hi=10):
 def left_pad(seqs):
     width = max(map(len, seqs))
     return torch.tensor([[PAD] * (width - len(s)) + s for s in seqs])
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices: extra intra-op threads only add synchronization (40x slower on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
@@ -317,18 +312,8 @@ def test_matches_transformers_generate():
     length_penalty and, with early_stopping=True, stop a sentence at num_beams finished hypotheses. The best
     hypothesis agrees; lower ranks can differ because HF keeps the best num_beams finished, fairseq the first."""
     transformers = pytest.importorskip("transformers")
+    from bench_generate import fairseq_forced_eos
     from seqtrain.checkpoint import hf_state_to_seqtrain
-
-    class ForceEosKeepScore(transformers.LogitsProcessor):
-        def __init__(self, max_length):
-            self.max_length = max_length
-
-        def __call__(self, input_ids, scores):
-            if input_ids.shape[-1] == self.max_length - 1:
-                eos = scores[:, EOS].clone()
-                scores = torch.full_like(scores, -math.inf)
-                scores[:, EOS] = eos
-            return scores
 
     torch.manual_seed(0)
     cfg = transformers.BartConfig(
@@ -361,7 +346,7 @@ def test_matches_transformers_generate():
             input_ids=hf_src, attention_mask=hf_src.ne(PAD), num_beams=beam, length_penalty=lenpen,
             early_stopping=True, no_repeat_ngram_size=ngram, min_length=min_len + 1, max_length=max_len + 2,
             decoder_start_token_id=EOS, forced_bos_token_id=None, forced_eos_token_id=None, suppress_tokens=[PAD],
-            logits_processor=transformers.LogitsProcessorList([ForceEosKeepScore(max_len + 2)]),
+            logits_processor=transformers.LogitsProcessorList([fairseq_forced_eos(max_len + 2, EOS)]),
             do_sample=False, num_return_sequences=1, output_scores=True, return_dict_in_generate=True,
         )
         for i, h in enumerate(mine):
