@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
+import sys
 
 import pytest
 import torch
@@ -15,26 +15,16 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import AverageMeter, MetersDict, TimeMeter
 from seqtrain.logging.progress import progress_bar
 from seqtrain_cli.train import train_main
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import chaos_resume  # noqa: E402  (its toy data-bin builder)
 
 
 def make_databin(folder, n_train: int = 200, n_valid: int = 40, seed: int = 0) -> str:
-    """A data-bin for a learnable toy task: the target is the first 4 source words, reversed."""
-    from seqtrain.preprocess import main as preprocess
-
-    r = random.Random(seed)
-    raw = os.path.join(folder, "raw")
-    os.makedirs(raw, exist_ok=True)
-    for split, n in (("train", n_train), ("valid", n_valid)):
-        with open(f"{raw}/{split}.src", "w") as fs, open(f"{raw}/{split}.tgt", "w") as ft:
-            for _ in range(n):
-                toks = [f"w{r.randrange(30)}" for _ in range(r.randint(4, 9))]
-                fs.write(" ".join(toks) + "\n")
-                ft.write(" ".join(reversed(toks[:4])) + "\n")
-    dest = os.path.join(folder, "bin")
-    preprocess(["--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
-                "--validpref", f"{raw}/valid", "--destdir", dest, "--joined-dictionary", "--tokenizer", "none",
-                "--no-progress-bar"])
-    return dest
+    """A data-bin for a learnable toy task: the target is the first 4 source words, reversed (the builder of
+    scripts/chaos_resume.py, which the chaos harness uses too)."""
+    return chaos_resume.make_databin(str(folder), n_train, n_valid, seed)
 
 
 @pytest.fixture(scope="module")
