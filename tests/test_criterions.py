@@ -237,7 +237,8 @@ def test_projected_loss_matches_full_logits_values_gradients_and_accuracy(eps, c
 
     real = ce.projected_nll_loss
     monkeypatch.setattr(ce, "projected_nll_loss",
-                        lambda h, w, t, e: real(h, w, t, e, chunk_elements=chunk_elements))
+                        lambda h, w, t, e, accuracy: real(h, w, t, e, chunk_elements=chunk_elements,
+                                                          accuracy=accuracy))
     model, sample = _tiny_bart(V + 5), make_sample()
     crit = LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=eps, report_accuracy=True)
     loss, _, log = crit(model, sample)

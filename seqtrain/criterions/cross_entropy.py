@@ -89,11 +89,11 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     vocabulary of 8k-50k) is a large share of a training step's memory.
 
     Matrix products run under whatever autocast is active (as the model's own F.linear would), the softmax and
-    the loss in fp32. Returns (loss sum, nll sum, number of correct argmax predictions)."""
+    the loss in fp32. Returns (loss sum, nll sum, number of correct argmax predictions; 0 unless `accuracy`)."""
 
     @staticmethod
     def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk: int,
-                need_grad: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                need_grad: bool, accuracy: bool) -> Tuple[Tensor, Tensor, Tensor]:
         n, vocab = hidden.size(0), weight.size(0)
         eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
         c_target = 1.0 - epsilon - eps_i
@@ -114,7 +114,8 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
                 loss += c_target * nll.sum() + eps_i * (vocab * lse - x.sum(dim=-1)).sum()
             else:
                 loss += nll.sum()
-            correct += x.argmax(-1).eq(t).sum()
+            if accuracy:
+                correct += x.argmax(-1).eq(t).sum()
             if need_grad:
                 g = x.sub_(lse.unsqueeze(-1)).exp_()  # softmax, in place of the logits
                 if eps_i:
@@ -132,17 +133,18 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         grad_h, grad_w = ctx.saved_tensors
         if grad_h is None:
             raise RuntimeError("backward through a projected loss computed without gradients (need_grad=False)")
-        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None, None
+        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None, None, None
 
 
 def projected_nll_loss(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float = 0.0,
-                       chunk_elements: int = 1 << 22) -> Tuple[Tensor, Tensor, Tensor]:
+                       chunk_elements: int = 1 << 22, accuracy: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """Summed (loss, nll, n_correct) of the rows `hidden` (N x C) projected by `weight` (V x C, no bias);
+    n_correct (the argmax pass over the logits) only with `accuracy`, else 0;
     equal to smoothed_nll_loss(hidden @ weight.T, target, epsilon) summed, computed chunk by chunk
     (about `chunk_elements` logits at a time). See _ProjectedSmoothedNLL."""
     chunk = max(1, chunk_elements // max(1, weight.size(0)))
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return _ProjectedSmoothedNLL.apply(hidden, weight, target, float(epsilon), chunk, need_grad)
+    return _ProjectedSmoothedNLL.apply(hidden, weight, target, float(epsilon), chunk, need_grad, accuracy)
 
 
 def smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> Tuple[Tensor, Tensor]:
@@ -236,7 +238,8 @@ class CrossEntropyCriterion:
             # the usual path: projection and loss chunk by chunk, no N x V tensor kept. The weight is read after
             # the forward pass: FSDP swaps sharded parameters for gathered ones during it.
             hidden, target, mask = _target_hidden(model, sample, self.padding_idx, self.ignore_prefix_size, True)
-            loss, nll, n_correct = projected_nll_loss(hidden, _output_weight(model), target, self.eps)
+            loss, nll, n_correct = projected_nll_loss(hidden, _output_weight(model), target, self.eps,
+                                                      accuracy=self.report_accuracy)
         else:
             logits, target, mask = target_logits(model, sample, self.padding_idx, self.ignore_prefix_size)
             loss, nll = smoothed_nll_loss(logits, target, self.eps)
