@@ -26,14 +26,16 @@ from seqtrain.errors import SeqtrainError  # noqa: E402
 
 
 def source_dependence(model: torch.nn.Module, dataset: LanguagePairDataset, batch_size: int = 50,
-                      pad: int = 1) -> Dict[str, float]:
-    """{"real": nll, "shuffled": nll, "gap": shuffled - real} in bits per target token (no label smoothing)."""
+                      pad: int = 1, limit: Optional[int] = None) -> Dict[str, float]:
+    """{"real": nll, "shuffled": nll, "gap": shuffled - real} in bits per target token (no label smoothing), over
+    the first `limit` examples (all by default)."""
+    n_examples = len(dataset) if limit is None else min(limit, len(dataset))
     model.eval()
     total = {"real": 0.0, "shuffled": 0.0}
     ntokens = 0
     with torch.no_grad():
-        for start in range(0, len(dataset), batch_size):
-            sample = dataset.collater([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        for start in range(0, n_examples, batch_size):
+            sample = dataset.collater([dataset[i] for i in range(start, min(start + batch_size, n_examples))])
             net, target = sample["net_input"], sample["target"]
             n = target.size(0)
             for name, order in (("real", torch.arange(n)), ("shuffled", torch.roll(torch.arange(n), 1))):
@@ -68,10 +70,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         dataset = LanguagePairDataset(src, src.sizes, lm.src_dict, tgt, tgt.sizes, lm.tgt_dict, truncate_source=True,
                                       max_source_positions=args.max_source_positions or max_src,
                                       max_target_positions=max_tgt)
-        if args.limit:
-            dataset = torch.utils.data.Subset(dataset, range(min(args.limit, len(dataset))))
-            dataset.collater = dataset.dataset.collater
-        r = source_dependence(lm.model, dataset)
+        r = source_dependence(lm.model, dataset, limit=args.limit)
     except SeqtrainError as e:
         print(f"source_dependence.py: error: {e}", file=sys.stderr)
         return 1
