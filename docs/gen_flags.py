@@ -1,0 +1,126 @@
+"""Write docs/flags.md from the programs' own argument parsers.
+
+    PYTHONPATH=. python docs/gen_flags.py > docs/flags.md
+
+One table per parser group (flag, default, help), in the order `--help` shows them; seqtrain-train's optimizer
+and LR-scheduler groups are listed for every registered choice.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Iterable, List
+
+import seqtrain.tasks  # noqa: F401  (registers the tasks)
+from seqtrain import generate, options, preprocess, registry
+from seqtrain.optim import lr_scheduler, optimizers
+from seqtrain_cli import convert, score
+
+CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
+
+
+def fmt_default(a: argparse.Action) -> str:
+    d = a.default
+    if d is argparse.SUPPRESS or d is None:
+        return ""
+    if isinstance(a, argparse._StoreTrueAction):
+        return "off"
+    if isinstance(a, argparse._StoreFalseAction):
+        return "on"
+    if isinstance(d, list):
+        d = ",".join(map(str, d))
+    return f"`{d}`"
+
+
+def fmt_help(a: argparse.Action) -> str:
+    h = a.help or ""
+    params = {k: ("==SUPPRESS==" if v is argparse.SUPPRESS else v) for k, v in vars(a).items()}
+    params["prog"] = ""
+    if isinstance(params.get("choices"), (list, tuple, set, dict)):
+        params["choices"] = ", ".join(map(str, params["choices"]))
+    try:
+        h = h % params
+    except (KeyError, TypeError, ValueError):
+        pass
+    h = " ".join(h.split())
+    d = ",".join(map(str, a.default)) if isinstance(a.default, list) else a.default
+    h = h.replace(f" (default: {d})", "")
+    h = h.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    if a.choices and "choose" not in h and "{" not in h:
+        h += f" (choices: {', '.join(map(str, a.choices))})"
+    return h
+
+
+def table(title: str, actions: Iterable[argparse.Action], out: List[str], skip: set = frozenset()) -> None:
+    rows = []
+    for a in actions:
+        if isinstance(a, argparse._HelpAction) or a.help is argparse.SUPPRESS or set(a.option_strings) & skip:
+            continue
+        flag = ", ".join(f"`{s}`" for s in a.option_strings) or f"`{a.metavar or a.dest.upper()}`"
+        rows.append(f"| {flag} | {fmt_default(a)} | {fmt_help(a)} |")
+    if rows:
+        out += [f"### {title}\n", "| flag | default | meaning |", "|---|---|---|", *rows, ""]
+
+
+def parser_tables(parser: argparse.ArgumentParser, out: List[str], skip: set = frozenset()) -> None:
+    names = {"positional arguments": "Positional", "options": "General", "optional arguments": "General"}
+    for g in parser._action_groups:
+        table(names.get(g.title, g.title), g._group_actions, out, skip)
+
+
+def choice_group(add_args, name: str) -> List[argparse.Action]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_args(parser, name)
+    return parser._actions
+
+
+def main() -> None:
+    out = [
+        "# Flag reference\n",
+        "Every flag of the five command-line programs, with its default and help text, grouped as `--help` groups "
+        "them. The tables are generated from the programs' own argument parsers by `docs/gen_flags.py`; "
+        "`PROG --help` prints the same. Flag names and defaults are fairseq 0.12's wherever fairseq has the flag.\n",
+        "Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) · "
+        "[seqtrain-generate](#seqtrain-generate) · [seqtrain-convert](#seqtrain-convert) · "
+        "[seqtrain-score](#seqtrain-score)\n",
+        "Precedence, highest first: the command line, then `--config FILE`, then the `--arch` preset, then the "
+        "defaults below. A config file holds `key: value` lines whose keys are these flag names "
+        "(see [the README's presets section](../README.md#presets-configs)).\n",
+        "## seqtrain-preprocess\n",
+    ]
+    parser_tables(preprocess.get_parser(), out)
+
+    out.append("## seqtrain-train\n")
+    out.append("`seqtrain-train DATA --arch ARCH [flags]`. The flags of the chosen optimizer and learning-rate "
+               "scheduler appear in `--help` once they are chosen (`--lr-scheduler polynomial_decay --help`); "
+               "all of them are listed below.\n")
+    parser = options.get_training_parser()
+    options._add_choice_args(parser, "task", "translation")
+    options._order_groups(parser)
+    parser_tables(parser, out)
+    choice = [a for a in choice_group(optimizers.add_args, "adam") if a.dest in ("optimizer", "lr")]
+    choice += [a for a in choice_group(lr_scheduler.add_args, "fixed") if a.dest == "lr_scheduler"]
+    table("Optimizer and LR scheduler choice", choice, out)
+    for name in registry.OPTIMIZERS.names():
+        table(f"Optimizer `{name}` (`--optimizer {name}`)", choice_group(optimizers.add_args, name), out,
+              CHOICE_FLAGS)
+    for name in registry.LR_SCHEDULERS.names():
+        table(f"LR scheduler `{name}` (`--lr-scheduler {name}`)", choice_group(lr_scheduler.add_args, name), out,
+              CHOICE_FLAGS)
+
+    out.append("## seqtrain-generate\n")
+    out.append("`seqtrain-generate [DATA] --path CHECKPOINT [flags]` (DATA is optional with `--input`).\n")
+    parser = generate.get_parser()
+    options._add_choice_args(parser, "task", "translation")
+    options._order_groups(parser)
+    parser_tables(parser, out)
+
+    out.append("## seqtrain-convert\n")
+    parser_tables(convert.get_parser(), out)
+    out.append("## seqtrain-score\n")
+    parser_tables(score.get_parser(), out)
+    sys.stdout.write("\n".join(out).rstrip() + "\n")
+
+
+if __name__ == "__main__":
+    main()
