@@ -17,6 +17,32 @@ from seqtrain.optim import lr_scheduler, optimizers
 from seqtrain_cli import convert, score
 
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
+INTRO = """# Flag reference
+
+Every flag of the five command-line programs, with its default and help text, grouped as `--help` groups them.
+The tables are generated from the programs' own argument parsers by `docs/gen_flags.py`; `PROG --help` prints
+the same. Flag names and defaults are fairseq 0.12's wherever fairseq has the flag.
+
+Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) ·
+[seqtrain-generate](#seqtrain-generate) · [seqtrain-convert](#seqtrain-convert) ·
+[seqtrain-score](#seqtrain-score)
+
+Precedence, highest first: the command line, then `--config FILE`, then the `--arch` preset, then the defaults
+below. A config file holds `key: value` lines whose keys are these flag names (see
+[the README's presets section](../README.md#presets-configs)).
+
+## seqtrain-preprocess
+"""
+TRAIN = """## seqtrain-train
+
+`seqtrain-train DATA --arch ARCH [flags]`. The flags of the chosen optimizer and learning-rate scheduler
+appear in `--help` once they are chosen (`--lr-scheduler polynomial_decay --help`); all of them are listed
+below.
+"""
+GENERATE = """## seqtrain-generate
+
+`seqtrain-generate [DATA] --path CHECKPOINT [flags]` (DATA is optional with `--input`).
+"""
 
 
 def fmt_default(a: argparse.Action) -> str:
@@ -75,25 +101,9 @@ def choice_group(add_args, name: str) -> List[argparse.Action]:
 
 
 def main() -> None:
-    out = [
-        "# Flag reference\n",
-        "Every flag of the five command-line programs, with its default and help text, grouped as `--help` groups "
-        "them. The tables are generated from the programs' own argument parsers by `docs/gen_flags.py`; "
-        "`PROG --help` prints the same. Flag names and defaults are fairseq 0.12's wherever fairseq has the flag.\n",
-        "Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) · "
-        "[seqtrain-generate](#seqtrain-generate) · [seqtrain-convert](#seqtrain-convert) · "
-        "[seqtrain-score](#seqtrain-score)\n",
-        "Precedence, highest first: the command line, then `--config FILE`, then the `--arch` preset, then the "
-        "defaults below. A config file holds `key: value` lines whose keys are these flag names "
-        "(see [the README's presets section](../README.md#presets-configs)).\n",
-        "## seqtrain-preprocess\n",
-    ]
+    out = [INTRO]
     parser_tables(preprocess.get_parser(), out)
-
-    out.append("## seqtrain-train\n")
-    out.append("`seqtrain-train DATA --arch ARCH [flags]`. The flags of the chosen optimizer and learning-rate "
-               "scheduler appear in `--help` once they are chosen (`--lr-scheduler polynomial_decay --help`); "
-               "all of them are listed below.\n")
+    out.append(TRAIN)
     parser = options.get_training_parser()
     options._add_choice_args(parser, "task", "translation")
     options._order_groups(parser)
@@ -102,14 +112,13 @@ def main() -> None:
     choice += [a for a in choice_group(lr_scheduler.add_args, "fixed") if a.dest == "lr_scheduler"]
     table("Optimizer and LR scheduler choice", choice, out)
     for name in registry.OPTIMIZERS.names():
-        table(f"Optimizer `{name}` (`--optimizer {name}`)", choice_group(optimizers.add_args, name), out,
-              CHOICE_FLAGS)
+        actions = choice_group(optimizers.add_args, name)
+        table(f"Optimizer `{name}` (`--optimizer {name}`)", actions, out, CHOICE_FLAGS)
     for name in registry.LR_SCHEDULERS.names():
-        table(f"LR scheduler `{name}` (`--lr-scheduler {name}`)", choice_group(lr_scheduler.add_args, name), out,
-              CHOICE_FLAGS)
+        actions = choice_group(lr_scheduler.add_args, name)
+        table(f"LR scheduler `{name}` (`--lr-scheduler {name}`)", actions, out, CHOICE_FLAGS)
 
-    out.append("## seqtrain-generate\n")
-    out.append("`seqtrain-generate [DATA] --path CHECKPOINT [flags]` (DATA is optional with `--input`).\n")
+    out.append(GENERATE)
     parser = generate.get_parser()
     options._add_choice_args(parser, "task", "translation")
     options._order_groups(parser)
