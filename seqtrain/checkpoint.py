@@ -2,12 +2,12 @@
 
 Every reader (this module's for seqtrain files, `seqtrain.formats.fairseq`, `seqtrain.formats.hf`) ends in one
 shape, `CheckpointContents`: model args with fairseq's names, a state dict with fairseq's parameter names
-(seqtrain's names are fairseq's), and the dictionaries when known. `seqtrain.formats.read_checkpoint` reads any of
-them; `seqtrain.hub` builds models from the contents.
+(seqtrain's names are fairseq's), and the dictionaries when known. `seqtrain.formats.read_checkpoint` reads
+any of them; `seqtrain.hub` builds models from the contents.
 
-Loading is safe by default: `torch.load(weights_only=True)` with an allowlist of the few classes that our own and
-fairseq's checkpoints legitimately pickle (argparse.Namespace, numpy scalars). Anything else needs `unsafe=True`
-(`--unsafe-load`), because arbitrary unpickling can run code.
+Loading is safe by default: `torch.load(weights_only=True)` with an allowlist of the few classes that our own
+and fairseq's checkpoints legitimately pickle (argparse.Namespace, numpy scalars). Anything else needs
+`unsafe=True` (`--unsafe-load`), because arbitrary unpickling can run code.
 """
 from __future__ import annotations
 
@@ -30,8 +30,9 @@ FORMAT_VERSION = 1
 
 
 def _numpy_safe_globals() -> list:
-    # fairseq stored some scalars (best loss, meters) as numpy scalars; these rebuild a number from a dtype and
-    # raw bytes, nothing more. Pickles written under numpy 1 name the function numpy.core.multiarray.scalar.
+    # fairseq stored some scalars (best loss, meters) as numpy scalars; these rebuild a number from a dtype
+    # and raw bytes, nothing more. Pickles written under numpy 1 name the function
+    # numpy.core.multiarray.scalar.
     scalar = np._core.multiarray.scalar if hasattr(np, "_core") else np.core.multiarray.scalar
     items: list = [scalar, (scalar, "numpy.core.multiarray.scalar"), np.dtype]
     for name in ("Float64DType", "Float32DType", "Float16DType", "Int64DType", "Int32DType", "BoolDType"):
@@ -44,7 +45,7 @@ def _numpy_safe_globals() -> list:
 SAFE_GLOBALS: list = [argparse.Namespace] + _numpy_safe_globals()
 
 
-# --------------------------------------------------------------------------------------------------- file level
+# ------------------------------------------------------------------------------------------------- file level
 def save_checkpoint_file(state: Dict[str, Any], path: str) -> None:
     """torch.save `state` to `path` atomically: a crash or error mid-write leaves any old file intact."""
     with atomic_write(path, "wb") as f:
@@ -61,7 +62,8 @@ def _sniff(path: str) -> None:
         head = f.read(4)
     if not head:
         raise SeqtrainError(f"{path} is empty, not a checkpoint")
-    # zip archive (torch >= 1.6) or the legacy format, which starts with a protocol-2 pickle of a long magic number
+    # zip archive (torch >= 1.6) or the legacy format, which starts with a protocol-2 pickle of a long magic
+    # number
     if head != b"PK\x03\x04" and head[:2] != b"\x80\x02":
         raise SeqtrainError(f"{path} is not a PyTorch checkpoint (neither a torch zip archive nor a legacy torch file)")
 
@@ -108,7 +110,8 @@ class CheckpointContents:
     src_dict: Any = None  # seqtrain.data.dictionary.Dictionary, when known
     tgt_dict: Any = None
     tokenizer: Optional[dict] = None  # a tokenizer spec (seqtrain.data.tokenizer.build_tokenizer)
-    state: Optional[dict] = None  # the whole seqtrain checkpoint dict (optimizer, extra_state...) for resuming
+    # the whole seqtrain checkpoint dict (optimizer, extra_state...) for resuming
+    state: Optional[dict] = None
     notes: List[str] = field(default_factory=list)  # what was dropped or adjusted while reading
 
 
@@ -123,7 +126,8 @@ def make_checkpoint_state(
     loss_scaler: Any = None,
     extra_state: Optional[dict] = None,
 ) -> Dict[str, Any]:
-    """The seqtrain checkpoint dict (docs/internals.md), plain data only so weights_only loading accepts it."""
+    """The seqtrain checkpoint dict (docs/internals.md), plain data only so weights_only loading accepts
+    it."""
     return {
         "format": "seqtrain",
         "version": FORMAT_VERSION,

@@ -3,7 +3,7 @@
     >>> from seqtrain.hub import load_model
     >>> lm = load_model("checkpoints/checkpoint_best.pt")                  # seqtrain
     >>> lm = load_model("bart.base/model.pt", dict_path="bart.base/dict.txt")  # fairseq
-    >>> lm = load_model("hf-bart-folder/")                                 # Hugging Face (config.json + weights)
+    >>> lm = load_model("hf-bart-folder/")               # Hugging Face (config.json + weights)
     >>> logits, extra = lm.model(src_tokens, src_lengths, prev_output_tokens)   # B x T x V
 
 Embedding rows are fitted to the dictionary (see `seqtrain.models.resize.resize_embeddings`), so fairseq's
@@ -70,11 +70,11 @@ def load_model(
     device: str | torch.device = "cpu",
     fmt: str = "auto",
 ) -> LoadedModel:
-    """Load a seqtrain checkpoint, a fairseq checkpoint (dictionary from `dict_path` or dict.txt next to it) or a
-    Hugging Face BART folder, as an eval-mode model on `device`.
+    """Load a seqtrain checkpoint, a fairseq checkpoint (dictionary from `dict_path` or dict.txt next to it)
+    or a Hugging Face BART folder, as an eval-mode model on `device`.
 
-    `arch_overrides` (e.g. {"dropout": 0.2}) replaces the checkpoint's model args; `unsafe=True` allows arbitrary
-    unpickling for trusted files that need it (fairseq checkpoints with custom classes).
+    `arch_overrides` (e.g. {"dropout": 0.2}) replaces the checkpoint's model args; `unsafe=True` allows
+    arbitrary unpickling for trusted files that need it (fairseq checkpoints with custom classes).
 
     Example:
         >>> lm = load_model("checkpoint_last.pt", dict_path="data-bin/dict.src.txt")

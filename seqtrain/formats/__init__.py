@@ -53,8 +53,8 @@ def read_checkpoint(
     unsafe: bool = False,
     require_dict: bool = True,
 ) -> CheckpointContents:
-    """Read any supported checkpoint. `fmt` overrides detection; `dict_path` gives fairseq's dict.txt (a file, or
-    a folder holding dict.txt or dict.{src,tgt}.txt) and replaces the dictionaries of other formats."""
+    """Read any supported checkpoint. `fmt` overrides detection; `dict_path` gives fairseq's dict.txt (a file,
+    or a folder holding dict.txt or dict.{src,tgt}.txt) and replaces the dictionaries of other formats."""
     if fmt not in ("auto",) + FORMATS:
         raise SeqtrainError(f"--from must be one of auto, {', '.join(FORMATS)}; got {fmt!r}")
     if not os.path.exists(path):
@@ -69,7 +69,8 @@ def read_checkpoint(
         ck = read_loaded(path, load_checkpoint_file(path, unsafe=unsafe), fmt)
     if dict_path is not None or (ck.format == "fairseq" and require_dict):
         ck.src_dict, ck.tgt_dict, spec = find_dictionaries(path, ck.args, dict_path)
-        # a tokenizer belongs with its dictionary: the one stored with the replaced dictionary no longer applies
+        # a tokenizer belongs with its dictionary: the one stored with the replaced dictionary no longer
+        # applies
         ck.tokenizer = spec
     if require_dict and ck.src_dict is None:
         raise SeqtrainError(f"{path}: no dictionary found; pass --dict PATH (dict.txt)")

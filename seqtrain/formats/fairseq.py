@@ -12,7 +12,8 @@ from seqtrain.checkpoint import CheckpointContents, cpu_state, save_checkpoint_f
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 
-# Model fields copied from a fairseq checkpoint's args; the arch preset's own fields are added to these at runtime.
+# Model fields copied from a fairseq checkpoint's args; the arch preset's own fields are added to these at
+# runtime.
 MODEL_ARG_NAMES = (
     "arch", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_layers", "encoder_attention_heads",
     "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_layers", "decoder_attention_heads",
@@ -25,7 +26,8 @@ MODEL_ARG_NAMES = (
     "source_lang", "target_lang", "left_pad_source", "left_pad_target", "truncate_source", "prepend_bos",
 )
 
-# (field, value seqtrain's BART implements): a checkpoint with another value would load but compute differently
+# (field, value seqtrain's BART implements): a checkpoint with another value would load but compute
+# differently
 FAIRSEQ_REQUIRED = (
     ("layernorm_embedding", True),
     ("encoder_learned_pos", True), ("decoder_learned_pos", True), ("no_token_positional_embeddings", False),
@@ -97,7 +99,8 @@ def fairseq_args(path: str, obj: dict) -> argparse.Namespace:
 
 
 def fairseq_state_dict(path: str, state: Dict[str, torch.Tensor], notes: List[str]) -> Dict[str, torch.Tensor]:
-    """fairseq's names are ours; drop fairseq-only extras and tie output_projection where older files lack it."""
+    """fairseq's names are ours; drop fairseq-only extras and tie output_projection where older files lack
+    it."""
     out, dropped = {}, []
     for k, v in state.items():
         if k.endswith(".version") or k.endswith("_float_tensor") or k.startswith("classification_heads."):
@@ -129,7 +132,8 @@ def read_fairseq(path: str, obj: dict) -> CheckpointContents:
 def find_dictionaries(
     ckpt_path: str, args: argparse.Namespace, dict_path: Optional[str]
 ) -> Tuple[Any, Any, Optional[dict]]:
-    """(src_dict, tgt_dict, tokenizer spec or None): `dict_path` (file or folder), else next to the checkpoint."""
+    """(src_dict, tgt_dict, tokenizer spec or None): `dict_path` (file or folder), else next to the
+    checkpoint."""
     folder = dict_path if dict_path and os.path.isdir(dict_path) else None
     if dict_path and folder is None:
         if not os.path.isfile(dict_path):
@@ -164,8 +168,8 @@ def find_dictionaries(
 
 
 def export_fairseq(lm: Any, path: str, write_dict: bool = True) -> None:
-    """A fairseq-layout model.pt of a `seqtrain.hub.LoadedModel` (`args` Namespace, `model` with fairseq names and
-    version entries, as the released bart.*/model.pt files are), plus dict.txt next to it (fairseq keeps
+    """A fairseq-layout model.pt of a `seqtrain.hub.LoadedModel` (`args` Namespace, `model` with fairseq names
+    and version entries, as the released bart.*/model.pt files are), plus dict.txt next to it (fairseq keeps
     dictionaries outside)."""
     args = argparse.Namespace(**vars(lm.args))
     args.task = getattr(args, "task", None) or "translation"

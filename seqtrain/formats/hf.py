@@ -1,4 +1,5 @@
-"""Hugging Face BART folders (config.json + safetensors or pytorch_model.bin + tokenizer files): read and write."""
+"""Hugging Face BART folders (config.json + safetensors or pytorch_model.bin + tokenizer files): read and
+write."""
 from __future__ import annotations
 
 import argparse
@@ -109,8 +110,8 @@ def args_to_hf_config(args: argparse.Namespace, vocab_size: int, pad: int = 1, b
 
 
 def hf_state_to_seqtrain(state: Dict[str, torch.Tensor], where: str, notes: List[str]) -> Dict[str, torch.Tensor]:
-    """Hugging Face BART names -> fairseq / seqtrain names. Below `model.` the layer names are already fairseq's;
-    the embedding (model.shared, tied to lm_head) becomes the three tied fairseq embeddings."""
+    """Hugging Face BART names -> fairseq / seqtrain names. Below `model.` the layer names are already
+    fairseq's; the embedding (model.shared, tied to lm_head) becomes the three tied fairseq embeddings."""
     out: Dict[str, torch.Tensor] = {}
     embeds: Dict[str, torch.Tensor] = {}
     dropped = []
@@ -231,9 +232,10 @@ def _hf_bpe_files(folder: str) -> Tuple[Optional[dict], Optional[str]]:
 
 
 def _hf_dictionary(folder: str, rows: int) -> Tuple[Any, Optional[dict]]:
-    """(Dictionary, gpt2 tokenizer spec or None) for an HF folder. Dictionary index i is HF token id i; with the
-    BPE files its symbols are the ids as decimal strings (fairseq's GPT-2 convention, with HF's vocab.json as the
-    id table), so seqtrain's gpt2 tokenizer built from vocab.json + merges.txt encodes text to these indices."""
+    """(Dictionary, gpt2 tokenizer spec or None) for an HF folder. Dictionary index i is HF token id i; with
+    the BPE files its symbols are the ids as decimal strings (fairseq's GPT-2 convention, with HF's vocab.json
+    as the id table), so seqtrain's gpt2 tokenizer built from vocab.json + merges.txt encodes text to these
+    indices."""
     vocab, merges = _hf_bpe_files(folder)
     if not vocab:
         return placeholder_dictionary(rows), None

@@ -25,8 +25,8 @@ def resize_embeddings(
     seed: int = 0,
 ) -> Dict[str, torch.Tensor]:
     """Make the embedding rows match the dictionaries: extra rows (bart.base's padded 51201 rows, bart.large's
-    <mask>) are cut; missing rows are appended, initialized to the mean of the existing rows (init="mean", so new
-    tokens start with average logits) or normal(0, 0.02) (init="normal"); a new padding row is zero. Tied
+    <mask>) are cut; missing rows are appended, initialized to the mean of the existing rows (init="mean", so
+    new tokens start with average logits) or normal(0, 0.02) (init="normal"); a new padding row is zero. Tied
     tensors stay tied. Logs one line when anything changed."""
     if init not in ("mean", "normal"):
         raise ValueError(f"init must be 'mean' or 'normal', got {init!r}")
@@ -92,7 +92,8 @@ def fit_positions(state: Dict[str, torch.Tensor], model: torch.nn.Module, where:
 
 
 def check_state_fits(model: torch.nn.Module, state: Dict[str, torch.Tensor], where: str) -> None:
-    """Raise a SeqtrainError listing the first mismatching names and shapes, if `state` does not fit `model`."""
+    """Raise a SeqtrainError listing the first mismatching names and shapes, if `state` does not fit
+    `model`."""
     expected = model.state_dict()
     for key in POSITION_KEYS:
         if key in state and key in expected and state[key].shape[0] < expected[key].shape[0]:
