@@ -1,9 +1,9 @@
 """Build and load a BART model from any supported checkpoint (writing one: `seqtrain.formats.EXPORTERS`).
 
     >>> from seqtrain.hub import load_model
-    >>> lm = load_model("checkpoints/checkpoint_best.pt")                  # seqtrain
+    >>> lm = load_model("checkpoints/checkpoint_best.pt")                      # seqtrain
     >>> lm = load_model("bart.base/model.pt", dict_path="bart.base/dict.txt")  # fairseq
-    >>> lm = load_model("hf-bart-folder/")               # Hugging Face (config.json + weights)
+    >>> lm = load_model("hf-bart-folder/")  # Hugging Face (config.json + weights)
     >>> logits, extra = lm.model(src_tokens, src_lengths, prev_output_tokens)   # B x T x V
 
 Embedding rows are fitted to the dictionary (see `seqtrain.models.resize.resize_embeddings`), so fairseq's

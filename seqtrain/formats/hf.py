@@ -1,5 +1,5 @@
-"""Hugging Face BART folders (config.json + safetensors or pytorch_model.bin + tokenizer files): read and
-write."""
+"""Hugging Face BART folders: read and write config.json, the weights (safetensors or pytorch_model.bin) and
+the tokenizer files."""
 from __future__ import annotations
 
 import argparse
