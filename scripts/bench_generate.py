@@ -48,7 +48,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from seqtrain.checkpoint import hf_state_to_seqtrain, seqtrain_state_to_hf  # noqa: E402
+from seqtrain.formats.hf import hf_state_to_seqtrain, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
 from seqtrain.data.tokenizer import SentencePieceTokenizer  # noqa: E402
 from seqtrain.generation.sequence_generator import SequenceGenerator  # noqa: E402

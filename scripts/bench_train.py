@@ -50,7 +50,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from seqtrain import options  # noqa: E402
-from seqtrain.checkpoint import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
+from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.batching import batch_by_size  # noqa: E402
 from seqtrain.tasks import setup_task  # noqa: E402
 from seqtrain.trainer import Trainer  # noqa: E402

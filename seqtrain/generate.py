@@ -51,7 +51,8 @@ def get_parser() -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------------------------ inputs
 def _load(args: argparse.Namespace, device: torch.device):
     from seqtrain.data.dictionary import Dictionary
-    from seqtrain.checkpoint import find_dictionaries, read_checkpoint
+    from seqtrain.formats import read_checkpoint
+    from seqtrain.formats.fairseq import find_dictionaries
     from seqtrain.hub import model_from_contents
     from seqtrain.tasks.translation import infer_language_pair
 

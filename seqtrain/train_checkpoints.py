@@ -28,9 +28,10 @@ import zipfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from seqtrain import distributed
-from seqtrain.checkpoint import load_checkpoint_file, read_checkpoint
+from seqtrain.checkpoint import CheckpointContents, load_checkpoint_file
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
+from seqtrain.formats import read_checkpoint, read_loaded
 
 logger = logging.getLogger(__name__)
 
@@ -327,17 +328,18 @@ class CheckpointManager:
             logger.info(f"No existing checkpoint found {path}")
             return None, get_train_iterator(1)
 
+        # one pass: the file's integrity, one load, then checks on the loaded contents
         check_resumable(path)
-        state = load_checkpoint_file(path, unsafe=a.unsafe_load)
-        if not (isinstance(state, dict) and state.get("format") == "seqtrain"):
-            # A fairseq or Hugging Face model (e.g. BART fine-tuning's --restore-file model.pt): weights only.
-            trainer.load_model_weights(read_checkpoint(path, unsafe=a.unsafe_load, require_dict=False), path)
+        ck = read_loaded(path, load_checkpoint_file(path, unsafe=a.unsafe_load))
+        if ck.format != "seqtrain":
+            # A fairseq model (e.g. BART fine-tuning's --restore-file model.pt): weights only.
+            trainer.load_model_weights(ck, path)
             logger.info(f"{path} is not a seqtrain checkpoint: loaded its weights only; optimizer, lr scheduler, "
                         "meters and data position start fresh")
             return None, get_train_iterator(1)
 
-        check_same_dictionaries(state, trainer.task, path)
-        extra = trainer.load_state_dict(state, path, reset_optimizer=reset_optimizer,
+        check_same_dictionaries(ck, trainer.task)
+        extra = trainer.load_state_dict(ck.state, path, reset_optimizer=reset_optimizer,
                                         reset_lr_scheduler=reset_lr_scheduler, reset_meters=reset_meters,
                                         optimizer_overrides=overrides)
         if not reset_optimizer and not reset_meters:
@@ -345,7 +347,7 @@ class CheckpointManager:
         if not reset_dataloader and extra.get("train_iterator") is not None:
             # a position saved by another number of ranks counts batches per rank: rescale it
             itr_state = distributed.rescale_iterator_position(
-                extra["train_iterator"], int((state.get("args") or {}).get("distributed_world_size", 1) or 1),
+                extra["train_iterator"], int(getattr(ck.args, "distributed_world_size", 1) or 1),
                 int(getattr(a, "distributed_world_size", 1) or 1))
             epoch_itr = get_train_iterator(itr_state["epoch"])
             epoch_itr.load_state_dict(itr_state)
@@ -357,22 +359,19 @@ class CheckpointManager:
         return extra, epoch_itr
 
 
-def check_same_dictionaries(state: Dict[str, Any], task: Any, path: str) -> None:
+def check_same_dictionaries(ck: CheckpointContents, task: Any) -> None:
     """Token ids only mean the same words under the same dictionary: a seqtrain checkpoint must be resumed with
     the data-bin it was trained on (embedding rows would otherwise be silently resized and misread)."""
-    from seqtrain.data.dictionary import Dictionary
-
     args = getattr(task, "args", None)
     data = str(getattr(args, "data", "") or "").split(":")[0]
-    for side, key, have in (("source", "src_dict", task.src_dict), ("target", "tgt_dict", task.tgt_dict)):
-        if state.get(key) is None or have is None:
+    for side, saved, have in (("source", ck.src_dict, task.src_dict), ("target", ck.tgt_dict, task.tgt_dict)):
+        if saved is None or have is None:
             continue
-        saved = Dictionary.from_list(state[key])
         if saved != have:
             lang = getattr(args, f"{side}_lang", None) or side
             where = os.path.join(data, f"dict.{lang}.txt") if data else f"the {side} dictionary"
             raise SeqtrainError(
-                f"{path} was trained with another {side} dictionary than {where} ({saved.difference(have)}); "
+                f"{ck.path} was trained with another {side} dictionary than {where} ({saved.difference(have)}); "
                 "resume with the data-bin it was trained on, or start from its weights with --finetune-from-model")
 
 

@@ -22,11 +22,11 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from seqtrain.checkpoint import (check_state_fits, fit_positions, make_checkpoint_state, resize_embeddings,
-                                 save_checkpoint_file)
+from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
 from seqtrain import distributed
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, TimeMeter, perplexity
+from seqtrain.models.resize import check_state_fits, fit_positions, resize_embeddings
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,10 @@ import logging
 import os
 from typing import List, Optional
 
-from seqtrain.checkpoint import FORMATS, placeholder_dictionary, read_checkpoint
+from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
-from seqtrain.hub import EXPORTERS, LoadedModel, build_from_contents
+from seqtrain.formats import EXPORTERS, FORMATS, read_checkpoint
+from seqtrain.hub import LoadedModel, build_from_contents
 from seqtrain_cli._main import run_cli
 
 

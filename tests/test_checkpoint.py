@@ -1,4 +1,4 @@
-"""seqtrain.checkpoint / seqtrain.hub: safe loading, atomic save, fairseq and Hugging Face import, vocab resize."""
+"""seqtrain.checkpoint / formats / models.resize / hub: safe loading, atomic save, fairseq and Hugging Face import, vocab resize."""
 import argparse
 import json
 import logging
@@ -7,18 +7,14 @@ import os
 import pytest
 import torch
 
-from seqtrain.checkpoint import (
-    hf_config_to_args,
-    load_checkpoint_file,
-    make_checkpoint_state,
-    read_checkpoint,
-    resize_embeddings,
-    save_checkpoint_file,
-)
+from seqtrain.checkpoint import export_seqtrain, load_checkpoint_file, make_checkpoint_state, save_checkpoint_file
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
-from seqtrain.hub import export_seqtrain, load_model
+from seqtrain.formats import read_checkpoint
+from seqtrain.formats.hf import hf_config_to_args
+from seqtrain.hub import load_model
 from seqtrain.models.bart import build_model
+from seqtrain.models.resize import resize_embeddings
 
 
 def make_dict(n_words: int) -> Dictionary:
@@ -205,14 +201,14 @@ def test_resize_embeddings_truncate_and_extend(caplog):
     emb = torch.randn(20, 8)
     state = {"encoder.embed_tokens.weight": emb, "decoder.embed_tokens.weight": emb,
              "decoder.output_projection.weight": emb, "other": torch.ones(2)}
-    with caplog.at_level(logging.INFO, logger="seqtrain.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="seqtrain.models.resize"):
         small = resize_embeddings(state, 16, 16, where="x.pt")
     assert len(caplog.records) == 1 and "truncated 4 rows" in caplog.records[0].getMessage()
     for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight"):
         assert small[k].shape == (16, 8) and torch.equal(small[k], emb[:16])
     assert small["encoder.embed_tokens.weight"] is small["decoder.output_projection.weight"]  # still tied
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="seqtrain.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="seqtrain.models.resize"):
         big = resize_embeddings(state, 25, 25)
     assert len(caplog.records) == 1 and "added 5 rows (mean init)" in caplog.records[0].getMessage()
     w = big["decoder.output_projection.weight"]
@@ -222,7 +218,7 @@ def test_resize_embeddings_truncate_and_extend(caplog):
     normal = resize_embeddings(state, 25, 25, init="normal")["encoder.embed_tokens.weight"]
     assert torch.equal(normal[:20], emb) and 0.005 < normal[20:].std().item() < 0.05
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="seqtrain.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="seqtrain.models.resize"):
         same = resize_embeddings(state, 20, 20)
     assert not caplog.records and same["encoder.embed_tokens.weight"] is emb
 
@@ -350,7 +346,7 @@ def test_hf_import_brings_a_working_tokenizer(tmp_path, transformers, as_tokeniz
 
 def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
     """Fine-tuning with fewer positions than the checkpoint keeps the first rows; more positions is a clear error."""
-    from seqtrain.checkpoint import check_state_fits, fit_positions
+    from seqtrain.models.resize import check_state_fits, fit_positions
     from seqtrain.models.bart import build_model
     from seqtrain.registry import ARCHS
 
@@ -375,7 +371,7 @@ def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
 def test_prenorm_model_round_trips_and_hf_export_refuses(tmp_path):
     """A pre-norm model (--encoder/--decoder-normalize-before) loads back from a seqtrain checkpoint and from a
     fairseq one with its final layer norms; Hugging Face BART has no pre-norm layout, so export says so."""
-    from seqtrain.hub import export_hf
+    from seqtrain.formats.hf import export_hf
 
     d = make_dict(20)
     torch.manual_seed(0)

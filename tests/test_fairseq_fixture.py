@@ -4,8 +4,10 @@ import argparse
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file, read_checkpoint
-from seqtrain.hub import export_hf, load_model
+from seqtrain.checkpoint import load_checkpoint_file
+from seqtrain.formats import read_checkpoint
+from seqtrain.formats.hf import export_hf
+from seqtrain.hub import load_model
 
 
 def test_fixture_checkpoint_loads_safely(fairseq_tiny):

@@ -313,7 +313,7 @@ def test_matches_transformers_generate():
     hypothesis agrees; lower ranks can differ because HF keeps the best num_beams finished, fairseq the first."""
     transformers = pytest.importorskip("transformers")
     from bench_generate import fairseq_forced_eos
-    from seqtrain.checkpoint import hf_state_to_seqtrain
+    from seqtrain.formats.hf import hf_state_to_seqtrain
 
     torch.manual_seed(0)
     cfg = transformers.BartConfig(

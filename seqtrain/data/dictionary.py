@@ -232,6 +232,19 @@ class Dictionary:
         return d
 
 
+def placeholder_dictionary(rows: int, tokens: Optional[List[Optional[str]]] = None) -> Dictionary:
+    """A Dictionary of `rows` symbols: the four specials, then `tokens[i]` where given, else madeupwordNNNN (the
+    names fairseq pads dictionaries with). Used where a checkpoint carries no dictionary and none is needed."""
+    d = Dictionary()
+    tokens = tokens or [None] * rows
+    for i in range(len(d), rows):
+        tok = tokens[i] if i < len(tokens) else None
+        if tok is None or tok in d or not tok or any(c.isspace() for c in tok):
+            tok = f"madeupword{i:04d}"
+        d.add_symbol(tok)
+    return d
+
+
 def post_process(sentence: str, symbol: Optional[str]) -> str:
     """Undo subword segmentation as fairseq's data_utils.post_process does for the common schemes."""
     if symbol is None or symbol == "none":

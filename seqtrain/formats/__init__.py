@@ -1,0 +1,77 @@
+"""Checkpoint formats: tell which one a file or folder is, read any of them into `CheckpointContents`, and the
+exporter of each (`EXPORTERS`). seqtrain's own format lives in `seqtrain.checkpoint`; fairseq's and Hugging
+Face's in the modules beside this one."""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import torch
+
+from seqtrain.checkpoint import CheckpointContents, export_seqtrain, load_checkpoint_file, read_seqtrain
+from seqtrain.errors import SeqtrainError
+from seqtrain.formats.fairseq import export_fairseq, find_dictionaries, read_fairseq
+from seqtrain.formats.hf import export_hf, read_hf
+
+FORMATS = ("seqtrain", "fairseq", "hf")
+EXPORTERS = {"seqtrain": export_seqtrain, "fairseq": export_fairseq, "hf": export_hf}
+
+
+def detect_format(path: str, obj: Any = None) -> str:
+    """'hf' for a Hugging Face model folder, else 'seqtrain' or 'fairseq' from the loaded checkpoint `obj`."""
+    if os.path.isdir(path):
+        if os.path.exists(os.path.join(path, "config.json")):
+            return "hf"
+        raise SeqtrainError(f"{path} is a directory without config.json: not a Hugging Face model folder")
+    if obj is None:
+        raise ValueError("detect_format needs the loaded object for a checkpoint file")
+    if isinstance(obj, dict) and obj.get("format") == "seqtrain":
+        return "seqtrain"
+    if isinstance(obj, dict) and "model" in obj and ("args" in obj or "cfg" in obj):
+        return "fairseq"
+    if isinstance(obj, dict) and obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        if any(k.startswith(("model.encoder.", "model.shared.")) for k in obj):
+            raise SeqtrainError(
+                f"{path} looks like Hugging Face weights; pass the folder holding it and its config.json instead"
+            )
+        raise SeqtrainError(f"{path} is a bare state dict without model args; cannot tell its architecture")
+    raise SeqtrainError(f"{path} is not a seqtrain, fairseq or Hugging Face BART checkpoint")
+
+
+def read_loaded(path: str, obj: Any, fmt: str = "auto") -> CheckpointContents:
+    """The contents of checkpoint file `path`, already loaded as `obj` (seqtrain or fairseq)."""
+    found = detect_format(path, obj)
+    if fmt != "auto" and fmt != found:
+        raise SeqtrainError(f"{path} is a {found} checkpoint, not {fmt} (--from {fmt})")
+    return read_seqtrain(path, obj) if found == "seqtrain" else read_fairseq(path, obj)
+
+
+def read_checkpoint(
+    path: str,
+    fmt: str = "auto",
+    dict_path: Optional[str] = None,
+    unsafe: bool = False,
+    require_dict: bool = True,
+) -> CheckpointContents:
+    """Read any supported checkpoint. `fmt` overrides detection; `dict_path` gives fairseq's dict.txt (a file,
+    or a folder holding dict.txt or dict.{src,tgt}.txt) and replaces the dictionaries of other formats."""
+    if fmt not in ("auto",) + FORMATS:
+        raise SeqtrainError(f"--from must be one of auto, {', '.join(FORMATS)}; got {fmt!r}")
+    if not os.path.exists(path):
+        raise SeqtrainError(f"checkpoint not found: {path}")
+    if os.path.isdir(path) or fmt == "hf":
+        if fmt not in ("auto", "hf"):
+            raise SeqtrainError(f"{path} is a directory; --from {fmt} expects a checkpoint file")
+        folder = path if os.path.isdir(path) else (os.path.dirname(path) or ".")
+        detect_format(folder)
+        ck = read_hf(folder)
+    else:
+        ck = read_loaded(path, load_checkpoint_file(path, unsafe=unsafe), fmt)
+    if dict_path is not None or (ck.format == "fairseq" and require_dict):
+        ck.src_dict, ck.tgt_dict, spec = find_dictionaries(path, ck.args, dict_path)
+        # a tokenizer belongs with its dictionary: the one stored with the replaced dictionary no longer
+        # applies
+        ck.tokenizer = spec
+    if require_dict and ck.src_dict is None:
+        raise SeqtrainError(f"{path}: no dictionary found; pass --dict PATH (dict.txt)")
+    return ck

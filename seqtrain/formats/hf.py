@@ -1,0 +1,277 @@
+"""Hugging Face BART folders: read and write config.json, the weights (safetensors or pytorch_model.bin) and
+the tokenizer files."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from seqtrain.checkpoint import CheckpointContents, cpu_state, load_checkpoint_file
+from seqtrain.data.dictionary import placeholder_dictionary
+from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import atomic_write
+from seqtrain.models.resize import EMBEDDING_KEYS
+
+HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
+# Old (transformers < 4) BART configs describe mBART-style variants with these switches.
+HF_REQUIRED = (
+    ("normalize_before", False), ("add_final_layer_norm", False), ("static_position_embeddings", False),
+    ("normalize_embedding", True), ("add_bias_logits", False), ("extra_pos_embeddings", 2),
+    ("pad_token_id", 1),
+)
+
+
+def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
+    """A Hugging Face BartConfig (as a dict) -> seqtrain model args with fairseq's names."""
+    if config.get("model_type") != "bart":
+        raise SeqtrainError(f"{where}: not a BART config (model_type {config.get('model_type')!r}, expected 'bart')")
+    for name, want in HF_REQUIRED:
+        if name in config and config[name] != want:
+            raise SeqtrainError(f"{where}: {name}={config[name]!r} is not supported (seqtrain's BART needs {want!r})")
+    act = config.get("activation_function", "gelu")
+    if act not in HF_ACTIVATIONS:
+        raise SeqtrainError(
+            f"{where}: activation_function {act!r} is not supported (use one of {', '.join(HF_ACTIVATIONS)})"
+        )
+    if config.get("tie_word_embeddings", True) is False:
+        raise SeqtrainError(f"{where}: tie_word_embeddings=false is not supported (seqtrain ties the embeddings)")
+    d = int(config.get("d_model", 1024))
+    max_pos = int(config.get("max_position_embeddings", 1024))
+    fields = dict(
+        encoder_embed_dim=d, decoder_embed_dim=d, decoder_output_dim=d, decoder_input_dim=d,
+        encoder_layers=int(config.get("encoder_layers", 12)), decoder_layers=int(config.get("decoder_layers", 12)),
+        encoder_ffn_embed_dim=int(config.get("encoder_ffn_dim", 4096)),
+        decoder_ffn_embed_dim=int(config.get("decoder_ffn_dim", 4096)),
+        encoder_attention_heads=int(config.get("encoder_attention_heads", 16)),
+        decoder_attention_heads=int(config.get("decoder_attention_heads", 16)),
+        max_source_positions=max_pos, max_target_positions=max_pos,
+        dropout=float(config.get("dropout", 0.1)), attention_dropout=float(config.get("attention_dropout", 0.0)),
+        activation_dropout=float(config.get("activation_dropout", 0.0)), activation_fn=HF_ACTIVATIONS[act],
+        no_scale_embedding=not config.get("scale_embedding", False),
+        share_all_embeddings=True, share_decoder_input_output_embed=True, layernorm_embedding=True,
+        encoder_normalize_before=False, decoder_normalize_before=False,
+        encoder_layerdrop=float(config.get("encoder_layerdrop", 0.0)),
+        decoder_layerdrop=float(config.get("decoder_layerdrop", 0.0)),
+        # HF BART tokenizers put <s> first in both sequences; seqtrain's --prepend-bos does the same
+        prepend_bos=True,
+    )
+    return argparse.Namespace(arch=_closest_arch(fields), **fields)
+
+
+def _closest_arch(fields: dict) -> str:
+    """The preset whose sizes match (only a label: every size is also set explicitly)."""
+    from seqtrain.registry import ARCHS
+    import seqtrain.models.bart  # noqa: F401
+
+    keys = ("encoder_embed_dim", "encoder_layers", "encoder_ffn_embed_dim", "encoder_attention_heads")
+    for arch in ARCHS.names():
+        ns = argparse.Namespace()
+        ARCHS.get(arch)(ns)
+        if all(getattr(ns, k, None) == fields[k] for k in keys):
+            return arch
+    return "bart_large"
+
+
+def args_to_hf_config(args: argparse.Namespace, vocab_size: int, pad: int = 1, bos: int = 0, eos: int = 2) -> dict:
+    """seqtrain model args -> a Hugging Face BartConfig dict (for BartForConditionalGeneration)."""
+    g = lambda k, d=None: getattr(args, k, d)  # noqa: E731
+    if g("encoder_embed_dim") != g("decoder_embed_dim"):
+        raise SeqtrainError("Hugging Face BART needs encoder_embed_dim == decoder_embed_dim")
+    if g("max_source_positions", 1024) != g("max_target_positions", 1024):
+        raise SeqtrainError("Hugging Face BART needs max_source_positions == max_target_positions")
+    act = g("activation_fn", "gelu")
+    if act not in HF_ACTIVATIONS.values():
+        raise SeqtrainError(f"activation_fn {act!r} has no Hugging Face BART equivalent here (gelu or relu)")
+    for name, want in (("encoder_normalize_before", False), ("decoder_normalize_before", False),
+                       ("layernorm_embedding", True)):
+        if g(name, want) != want:
+            raise SeqtrainError(f"{name}={g(name)!r} has no Hugging Face BART equivalent")
+    return {
+        "model_type": "bart", "architectures": ["BartForConditionalGeneration"],
+        "vocab_size": int(vocab_size), "d_model": int(g("encoder_embed_dim")),
+        "max_position_embeddings": int(g("max_source_positions", 1024)),
+        "encoder_layers": int(g("encoder_layers")), "decoder_layers": int(g("decoder_layers")),
+        "encoder_ffn_dim": int(g("encoder_ffn_embed_dim")), "decoder_ffn_dim": int(g("decoder_ffn_embed_dim")),
+        "encoder_attention_heads": int(g("encoder_attention_heads")),
+        "decoder_attention_heads": int(g("decoder_attention_heads")),
+        "activation_function": act, "dropout": float(g("dropout", 0.1)),
+        "attention_dropout": float(g("attention_dropout", 0.0)),
+        "activation_dropout": float(g("activation_dropout", 0.0)),
+        "encoder_layerdrop": float(g("encoder_layerdrop", 0.0) or 0.0),
+        "decoder_layerdrop": float(g("decoder_layerdrop", 0.0) or 0.0),
+        "scale_embedding": not g("no_scale_embedding", True), "init_std": 0.02,
+        "pad_token_id": pad, "bos_token_id": bos, "eos_token_id": eos,
+        "decoder_start_token_id": eos, "forced_eos_token_id": eos,
+        "is_encoder_decoder": True, "tie_word_embeddings": True, "use_cache": True,
+    }
+
+
+def hf_state_to_seqtrain(state: Dict[str, torch.Tensor], where: str, notes: List[str]) -> Dict[str, torch.Tensor]:
+    """Hugging Face BART names -> fairseq / seqtrain names. Below `model.` the layer names are already
+    fairseq's; the embedding (model.shared, tied to lm_head) becomes the three tied fairseq embeddings."""
+    out: Dict[str, torch.Tensor] = {}
+    embeds: Dict[str, torch.Tensor] = {}
+    dropped = []
+    for k, v in state.items():
+        name = k[len("model."):] if k.startswith("model.") else k
+        if name == "final_logits_bias":
+            # seqtrain's output layer has no bias; a zero bias (every released BART) changes nothing
+            if torch.count_nonzero(v).item():
+                raise SeqtrainError(
+                    f"{where}: final_logits_bias is nonzero; seqtrain's BART has no output bias, "
+                    "so its logits would differ"
+                )
+            continue
+        if name in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+            embeds[name] = v
+        elif name.startswith(("encoder.layer_norm.", "decoder.layer_norm.")):
+            raise SeqtrainError(f"{where}: has a final {name.split('.')[0]} layer_norm (mBART-style); not a BART model")
+        elif name.startswith(("encoder.", "decoder.")):
+            out[name] = v
+        else:
+            dropped.append(k)  # classification / QA heads
+    if not embeds:
+        raise SeqtrainError(f"{where}: no token embedding (model.shared.weight) in the weights")
+    order = ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight")
+    emb = next(embeds[n] for n in order if n in embeds)
+    for n, t in embeds.items():
+        if t.shape != emb.shape or not torch.equal(t, emb):
+            raise SeqtrainError(f"{where}: {n} differs from model.shared.weight; seqtrain needs tied embeddings")
+    for k in EMBEDDING_KEYS:
+        out[k] = emb
+    if dropped:
+        notes.append(f"dropped {len(dropped)} non-BART-LM entries ({', '.join(dropped[:4])})")
+    return out
+
+
+def seqtrain_state_to_hf(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The inverse mapping, one copy of the tied embedding (safetensors refuses shared storage)."""
+    out = {"model.shared.weight": state["encoder.embed_tokens.weight"].contiguous().clone()}
+    for k, v in state.items():
+        if k in EMBEDDING_KEYS:
+            continue
+        out["model." + k] = v.contiguous().clone()
+    shared = out["model.shared.weight"]
+    out["final_logits_bias"] = torch.zeros(1, shared.shape[0], dtype=shared.dtype)
+    return out
+
+
+def _load_hf_weights(folder: str) -> Tuple[Dict[str, torch.Tensor], str]:
+    names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    st, index, binf = (os.path.join(folder, n) for n in names)
+    try:
+        if os.path.isfile(st) or os.path.isfile(index):
+            from safetensors.torch import load_file
+
+            if os.path.isfile(st):
+                return load_file(st, device="cpu"), st
+            with open(index, encoding="utf-8") as f:
+                shards = sorted(set(json.load(f)["weight_map"].values()))
+            state: Dict[str, torch.Tensor] = {}
+            for shard in shards:
+                state.update(load_file(os.path.join(folder, shard), device="cpu"))
+            return state, index
+    except SeqtrainError:
+        raise
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise SeqtrainError(f"{folder}: could not read the safetensors weights ({first})") from None
+    if os.path.isfile(binf):
+        obj = load_checkpoint_file(binf)
+        if not isinstance(obj, dict):
+            raise SeqtrainError(f"{binf} is not a state dict")
+        return obj, binf
+    raise SeqtrainError(f"{folder}: no model.safetensors or pytorch_model.bin found")
+
+
+def read_hf(folder: str) -> CheckpointContents:
+    """A Hugging Face BART folder (config.json + model.safetensors or pytorch_model.bin)."""
+    cfg_path = os.path.join(folder, "config.json")
+    try:
+        with open(cfg_path, encoding="utf-8") as f:
+            config = json.load(f)
+    except FileNotFoundError:
+        raise SeqtrainError(f"{cfg_path} not found: not a Hugging Face model folder") from None
+    except ValueError as e:
+        raise SeqtrainError(f"{cfg_path}: invalid JSON ({e})") from None
+    args = hf_config_to_args(config, cfg_path)
+    state, weights_path = _load_hf_weights(folder)
+    ck = CheckpointContents(path=folder, format="hf", args=args, model={})
+    ck.model = hf_state_to_seqtrain(state, weights_path, ck.notes)
+    ck.src_dict, ck.tokenizer = _hf_dictionary(folder, ck.model["encoder.embed_tokens.weight"].shape[0])
+    ck.tgt_dict = ck.src_dict
+    return ck
+
+
+
+def _hf_bpe_files(folder: str) -> Tuple[Optional[dict], Optional[str]]:
+    """(vocab token -> id, merges text) from vocab.json + merges.txt, else from a BPE tokenizer.json."""
+    names = ("vocab.json", "merges.txt", "tokenizer.json")
+    vocab_file, merges_file, tok_file = (os.path.join(folder, n) for n in names)
+    try:
+        if os.path.isfile(vocab_file):
+            with open(vocab_file, encoding="utf-8") as f:
+                vocab = json.load(f)
+            merges = None
+            if os.path.isfile(merges_file):
+                with open(merges_file, encoding="utf-8", newline="") as f:
+                    merges = f.read()
+            return vocab, merges
+        if os.path.isfile(tok_file):
+            with open(tok_file, encoding="utf-8") as f:
+                model = json.load(f).get("model") or {}
+            if model.get("type") == "BPE" and isinstance(model.get("vocab"), dict):
+                pairs = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+                return model["vocab"], "#version: 0.2\n" + "\n".join(pairs) + "\n"
+    except (OSError, ValueError) as e:
+        raise SeqtrainError(f"{folder}: unreadable tokenizer files ({e})") from None
+    return None, None
+
+
+def _hf_dictionary(folder: str, rows: int) -> Tuple[Any, Optional[dict]]:
+    """(Dictionary, gpt2 tokenizer spec or None) for an HF folder. Dictionary index i is HF token id i; with
+    the BPE files its symbols are the ids as decimal strings (fairseq's GPT-2 convention, with HF's vocab.json
+    as the id table), so seqtrain's gpt2 tokenizer built from vocab.json + merges.txt encodes text to these
+    indices."""
+    vocab, merges = _hf_bpe_files(folder)
+    if not vocab:
+        return placeholder_dictionary(rows), None
+    names: List[Optional[str]] = [None] * rows
+    for tok, i in vocab.items():
+        if isinstance(i, int) and 4 <= i < rows:
+            names[i] = tok if tok == "<mask>" else str(i)
+    spec = None
+    if merges is not None:
+        from seqtrain.data.tokenizer import GPT2BPETokenizer
+
+        try:
+            spec = GPT2BPETokenizer(json.dumps(vocab, ensure_ascii=False), merges).spec()
+        except SeqtrainError as e:
+            raise SeqtrainError(f"{folder}: {e}") from None
+    return placeholder_dictionary(rows, names), spec
+
+
+
+
+def export_hf(lm: Any, folder: str) -> None:
+    """A Hugging Face folder (config.json + model.safetensors) of a `seqtrain.hub.LoadedModel`, that
+    transformers.BartForConditionalGeneration.from_pretrained loads."""
+    from safetensors.torch import save as st_save
+
+    if not getattr(lm.args, "share_all_embeddings", True):
+        raise SeqtrainError("Hugging Face BART shares one embedding; this model has --no-share-all-embeddings")
+    state = cpu_state(lm.model)
+    vocab = state["encoder.embed_tokens.weight"].shape[0]
+    d = lm.src_dict
+    ids = dict(pad=d.pad(), bos=d.bos(), eos=d.eos()) if d is not None else {}
+    config = args_to_hf_config(lm.args, vocab, **ids)
+    os.makedirs(folder, exist_ok=True)
+    blob = st_save(seqtrain_state_to_hf(state), metadata={"format": "pt"})
+    with atomic_write(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.write(blob)
+    with atomic_write(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
