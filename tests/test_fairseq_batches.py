@@ -129,3 +129,24 @@ def test_resumed_run_continues_on_the_uninterrupted_runs_batches(fixture_dir, na
         after = itr.next_epoch_itr(shuffle=True)
         assert itr.epoch == 2
         assert sorted(next(after)["id"].tolist()) == sorted(fairseq_batches(lists, "epoch2")[0].tolist())
+
+
+def test_order_seed_is_seed_plus_1_or_the_epoch_when_each_epoch_has_its_own_data_bin():
+    """fairseq orders under seed + the epoch an iterator is made in: 1 for a single data-bin (whose batches an
+    uninterrupted run keeps), the epoch itself when `data` lists one data-bin per epoch (no fixture needed)."""
+    rng = np.random.RandomState(0)
+    src, tgt = rng.randint(2, 40, 600), rng.randint(2, 12, 600)  # many ties: the order depends on the seed
+    d = Dictionary()
+
+    def frozen(data, seed, epoch):
+        args = argparse.Namespace(data=data, train_subset="train", max_source_positions=1024,
+                                  max_target_positions=1024)
+        dataset = LanguagePairDataset(Stored(src, d.eos()), src, d, Stored(tgt, d.eos()), tgt, d)
+        itr = TranslationTask(args, d, d).get_batch_iterator(dataset, max_tokens=64, seed=seed, epoch=epoch)
+        return [b.tolist() for b in itr.frozen_batches]
+
+    first = frozen("bin", seed=1, epoch=1)
+    assert frozen("bin", seed=1, epoch=3) == first  # a run resumed in epoch 3 trains the same batches
+    assert frozen("bin", seed=3, epoch=1) != first
+    assert frozen("bin0:bin1", seed=1, epoch=3) == frozen("bin", seed=3, epoch=1)
+    assert frozen("bin0:bin1", seed=1, epoch=1) == first

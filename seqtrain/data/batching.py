@@ -132,8 +132,8 @@ def batch_by_size(
         k = int(too_big[0])
         raise SeqtrainError(
             f"{split + ': ' if split else ''}Sentences lengths should not exceed max_tokens={max_tokens} "
-            f"(example {int(indices[k])} has {int(num_tokens_vec[k])} tokens); raise --max-tokens "
-            f"(--max-tokens-valid for validation): --skip-invalid-size-inputs-valid-test does not skip these"
+            f"(example {int(indices[k])} has {int(num_tokens_vec[k])} tokens); raise --max-tokens (for "
+            f"validation: --max-tokens-valid; --skip-invalid-size-inputs-valid-test does not skip these)"
         )
     ends = _batch_ends(num_tokens_vec.tolist(), max_tokens, max_sentences, mult)
     return np.split(indices, ends[:-1])
