@@ -22,8 +22,7 @@ def check_batches(batches, indices, ntok_by_index, max_tokens, max_sentences, mu
             assert len(b) * ntok_by_index[b].max() <= max_tokens
         if max_sentences:
             assert len(b) <= max_sentences
-        if k < len(batches) - 1:  # only the last batch may have an arbitrary size
-            assert len(b) % mult == 0 or len(b) < mult
+        assert len(b) % mult == 0 or len(b) < mult  # the last one too: a tail left over is a batch of its own
 
 
 @pytest.mark.parametrize("seed", range(300))
@@ -54,6 +53,16 @@ def test_uniform_lengths_give_full_multiples():
     assert [len(b) for b in batches] == [100] * 10
 
 
+def test_tail_after_the_last_multiple_is_a_batch_of_its_own():
+    # as fairseq's batch_by_size_vec: 10 examples that fit in one batch make 8 + 2 with a multiple of 8
+    batches = batch_by_size(np.arange(10), num_tokens_vec=np.full(10, 3), max_tokens=1000,
+                            required_batch_size_multiple=8)
+    assert [len(b) for b in batches] == [8, 2]
+    batches = batch_by_size(np.arange(21), num_tokens_vec=np.full(21, 3), max_tokens=48,
+                            required_batch_size_multiple=4)
+    assert [len(b) for b in batches] == [16, 4, 1]
+
+
 def test_tail_that_cannot_join_a_longer_example_becomes_its_own_batch():
     # 4 x 1 fits (multiple of 4); 1,1,1 + a 5 would be 4 x 5 = 20 > 15, so the three ones stand alone.
     ntok = np.array([1] * 7 + [5])
@@ -74,8 +83,10 @@ def test_padding_is_counted():
 
 
 def test_example_longer_than_max_tokens_is_an_error():
-    with pytest.raises(SeqtrainError, match=r"example 7 has 50 tokens, more than --max-tokens 40"):
-        batch_by_size(np.array([5, 7]), num_tokens_vec=np.array([3, 50]), max_tokens=40)
+    # fairseq's words (an AssertionError there), then which example
+    with pytest.raises(SeqtrainError, match=r"^valid: Sentences lengths should not exceed max_tokens=40 "
+                                            r"\(example 7 has 50 tokens\)"):
+        batch_by_size(np.array([5, 7]), num_tokens_vec=np.array([3, 50]), max_tokens=40, split="valid")
 
 
 def test_token_count_sources_agree():
@@ -120,7 +131,8 @@ def test_filter_by_size_error_names_split_example_and_limit():
     with pytest.raises(SeqtrainError) as e:
         filter_by_size(np.array([0, 2, 1, 3]), ds, (10, 10), split="valid")
     msg = str(e.value)
-    assert msg.startswith("valid: example 2 is too long (6 source / 20 target tokens, limit 10 / 10")
+    assert msg.startswith("valid: Size of sample #2 is invalid (=(6, 20)) since max_positions=(10, 10), "
+                          "skip this example with --skip-invalid-size-inputs-valid-test")  # fairseq's words
     assert "--skip-invalid-size-inputs-valid-test" in msg and "\n" not in msg
 
 

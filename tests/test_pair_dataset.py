@@ -87,16 +87,22 @@ def test_prepend_bos_on_both_sides():
     assert b["ntokens"] == 3 + 3 + 5
 
 
-def test_truncate_source_keeps_eos_and_sizes_match_items():
-    src = [T(3, 4, 5, 6, 7, EOS), T(8, 9, EOS), T(10, 11, 12, EOS)]
-    tgt = [T(20, EOS)] * 3
+def test_truncate_source_keeps_eos_and_sizes_are_fairseqs():
+    src = [T(3, 4, 5, 6, 7, EOS), T(8, 9, EOS), T(10, 11, 12, EOS), T(13, EOS)]
+    tgt = [T(20, EOS)] * 4
     ds = make(src, tgt, truncate_source=True, max_source_positions=4)
-    assert [ds[i]["source"].tolist() for i in range(3)] == [[3, 4, 5, EOS], [8, 9, EOS], [10, 11, 12, EOS]]
-    assert ds.src_sizes.tolist() == [4, 3, 4]
+    items = [[3, 4, 5, EOS], [8, 9, EOS], [10, 11, 12, EOS], [13, EOS]]
+    assert [ds[i]["source"].tolist() for i in range(4)] == items
+    # the sizes batching uses are fairseq's: a source that is not cut counts one more token (its recorded size
+    # keeps </s> through the strip / truncate / append chain), one that is cut counts max_source_positions
+    assert ds.src_sizes.tolist() == [4, 4, 4, 3]
+    assert ds.num_tokens(3) == 3 and ds.size(1) == (4, 2)
     # with <s>, the whole item still fits the limit
     ds = make(src, tgt, truncate_source=True, max_source_positions=4, prepend_bos=True)
-    assert [ds[i]["source"].tolist() for i in range(3)] == [[BOS, 3, 4, EOS], [BOS, 8, 9, EOS], [BOS, 10, 11, EOS]]
-    assert ds.src_sizes.tolist() == [len(ds[i]["source"]) for i in range(3)] == [4, 4, 4]
+    assert [ds[i]["source"].tolist() for i in range(4)] == [[BOS, 3, 4, EOS], [BOS, 8, 9, EOS],
+                                                            [BOS, 10, 11, EOS], [BOS, 13, EOS]]
+    assert ds.src_sizes.tolist() == [4, 4, 4, 4]
+    assert make(src, tgt).src_sizes.tolist() == [len(s) for s in src]  # without truncation: the lengths
 
 
 def test_truncation_needs_room_for_eos():

@@ -257,7 +257,8 @@ class EpochBatchIterator:
             self.epoch, self.shuffle, self.fix_batches_to_gpus, offset
         )
 
-    def _epoch_batches(self, epoch: int, shuffle: bool, fix_batches_to_gpus: bool) -> List:
+    def epoch_batches(self, epoch: int, shuffle: bool = True, fix_batches_to_gpus: bool = False) -> List:
+        """This rank's batches of `epoch` (index arrays, `[]` for filler), in the order it trains them."""
         batches = list(self.frozen_batches)
         if shuffle and not fix_batches_to_gpus:
             # Legacy RandomState: the same permutation as fairseq's `numpy_seed(seed + epoch)` + np.random.shuffle.
@@ -270,7 +271,7 @@ class EpochBatchIterator:
     def _iterator_for_epoch(
         self, epoch: int, shuffle: bool, fix_batches_to_gpus: bool, offset: int = 0
     ) -> CountingIterator:
-        batches = self._epoch_batches(epoch, shuffle, fix_batches_to_gpus)[offset:]
+        batches = self.epoch_batches(epoch, shuffle, fix_batches_to_gpus)[offset:]
         if self.num_workers > 0:
             itr: Iterable = torch.utils.data.DataLoader(
                 self.dataset,

@@ -47,8 +47,11 @@ def shift_eos_to_front(target: torch.Tensor, eos_idx: int) -> torch.Tensor:
 class LanguagePairDataset(torch.utils.data.Dataset):
     """Pairs `src[i]` with `tgt[i]`; `src`/`tgt` are any indexables of 1-D integer tensors (e.g. MMapIndexedDataset).
 
-    `src_sizes`/`tgt_sizes` give the stored lengths; `self.src_sizes`/`self.tgt_sizes` are the lengths of what
-    `__getitem__` returns (after truncation and `<s>`), so batching and filtering never need to read the data.
+    `src_sizes`/`tgt_sizes` give the stored lengths; `self.src_sizes`/`self.tgt_sizes` are the sizes that
+    ordering, filtering and batching use, so they never read the data: the lengths of what `__getitem__`
+    returns (after truncation and `<s>`), except that with `truncate_source` a source that is not cut counts
+    one token more. That is the size fairseq records for it (its strip-`</s>` / truncate / append-`</s>` chain
+    keeps the stored length, `</s>` included, then adds one), so the batches are fairseq's.
     """
 
     def __init__(
@@ -101,8 +104,8 @@ class LanguagePairDataset(torch.utils.data.Dataset):
                 f"--truncate-source needs --max-source-positions of at least {2 + int(prepend_bos)}"
             )
         src_sizes = np.asarray(src_sizes, dtype=np.int64)
-        if truncate_source:
-            src_sizes = np.minimum(src_sizes, self._src_limit)
+        if truncate_source:  # fairseq's recorded sizes: see the class docstring
+            src_sizes = np.minimum(src_sizes + 1, self._src_limit)
         self.src_sizes = src_sizes + int(prepend_bos)
         self.tgt_sizes = (
             None if tgt is None else np.asarray(tgt_sizes, dtype=np.int64) + int(prepend_bos)
@@ -185,7 +188,8 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         """Indices sorted by source length, then target length, ties in a random order drawn from `seed`.
 
         Matches fairseq's order for the same seed (it calls this inside `numpy_seed(seed)`; a private RandomState
-        gives the same permutation without touching numpy's global state).
+        gives the same permutation without touching numpy's global state). Its training and validation
+        iterators pass `--seed` + 1 (see TranslationTask.get_batch_iterator).
         """
         if self.shuffle:
             indices = np.random.RandomState(seed).permutation(len(self)).astype(np.int64)

@@ -161,15 +161,25 @@ class TranslationTask:
                            seed: int = 1, num_shards: int = 1, shard_id: int = 0, num_workers: int = 0,
                            epoch: int = 1, data_buffer_size: int = 0, split: str = "train") -> EpochBatchIterator:
         """Length-bucketed batches of `dataset` in an EpochBatchIterator. The same dataset object gives the same
-        iterator back (its batches are frozen; only the epoch order changes), as fairseq caches them."""
+        iterator back (its batches are frozen; only the epoch order changes), as fairseq caches them.
+
+        fairseq 0.12's batches: examples are ordered under `seed + 1` (fairseq: `seed` + the epoch its
+        iterator is made in, 1 in an uninterrupted run; a run resumed in a later epoch gets the uninterrupted
+        run's batches here, where fairseq's would differ), or `seed + epoch` when each epoch reads its own
+        data-bin.
+        The training split skips examples longer than `max_tokens`; other splits are not filtered by it, so
+        such an example is an error there, as in fairseq."""
         cached = self._iterators.get(id(dataset))
         if cached is not None and cached.dataset is dataset:
             return cached
-        indices = dataset.ordered_indices(seed)
-        max_positions = resolve_max_positions(max_positions, self.max_positions(), max_tokens)
+        train = split == getattr(self.args, "train_subset", "train")
+        per_epoch_data = len([p for p in str(getattr(self.args, "data", "")).split(":") if p]) > 1
+        indices = dataset.ordered_indices(seed + (epoch if train and per_epoch_data else 1))
+        limits = (max_positions, self.max_positions(), max_tokens if train else None)
+        max_positions = resolve_max_positions(*limits)
         indices = filter_by_size(indices, dataset, max_positions, ignore_invalid_inputs, split=split)
         batches = batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens, max_sentences=max_sentences,
-                                required_batch_size_multiple=required_batch_size_multiple)
+                                required_batch_size_multiple=required_batch_size_multiple, split=split)
         itr = EpochBatchIterator(dataset, dataset.collater, batches, seed=seed, num_shards=num_shards,
                                  shard_id=shard_id, epoch=epoch, buffer_size=data_buffer_size,
                                  num_workers=num_workers)
