@@ -21,6 +21,18 @@ from seqtrain.logging.progress import LOG_FORMATS
 _CHOICE_FLAGS = (("--task",), ("--arch", "-a"), ("--criterion",), ("--optimizer",), ("--lr-scheduler",))
 
 
+class UsageError(SeqtrainError):
+    """A command-line syntax error found by argparse (the CLIs exit with 2 on it, as argparse does)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line; the usage is what --help is for) instead of printing the usage
+    block and exiting, like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see --help)")
+
+
 # ------------------------------------------------------------------------------------------------- small types
 def int_list(value: Any) -> List[int]:
     """fairseq's list-valued int flags (--update-freq): "2", "1,2,4", "[1, 2]" or an int/list."""
@@ -205,7 +217,7 @@ class HelpFormatter(argparse.HelpFormatter):
 def get_parser(desc: str, default_task: str = "translation") -> argparse.ArgumentParser:
     from seqtrain.optim import loss_scaler
 
-    parser = argparse.ArgumentParser(description=desc, allow_abbrev=False, formatter_class=HelpFormatter)
+    parser = ArgumentParser(description=desc, allow_abbrev=False, formatter_class=HelpFormatter)
     add_common_args(parser)
     g = next(g for g in parser._action_groups if g.title == "Common")
     g.add_argument("--task", default=default_task, metavar="TASK", help="task (default: %(default)s)")
@@ -242,9 +254,8 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     return parser
 
 
-def get_generation_parser(default_task: str = "translation") -> argparse.ArgumentParser:
-    """The common part of seqtrain-generate's parser; the generation flags (beam, lenpen, ...) are added by
-    seqtrain.generation's add_args, which the generate CLI calls (its own issue)."""
+def _generation_base_parser(default_task: str = "translation") -> argparse.ArgumentParser:
+    """The flags seqtrain-generate shares with seqtrain-train (common, dataset, checkpoint, distributed)."""
     from seqtrain.data import options as data_options
 
     parser = get_parser("Generate with a trained model (fairseq-compatible flags).", default_task)
@@ -258,6 +269,74 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
     parser.set_defaults(_stage="generate")
     _order_groups(parser)
     return parser
+
+
+def get_generation_parser(default_task: str = "translation") -> argparse.ArgumentParser:
+    """The seqtrain-generate parser before the chosen task's flags (parse_args_and_arch adds those)."""
+    from seqtrain.generation.options import add_generation_args
+
+    parser = _generation_base_parser(default_task)
+    parser.prog = "seqtrain-generate"
+    parser.add_argument("data", nargs="?", default=None, metavar="DATA",
+                        help="data-bin folder (optional with --input when the checkpoint carries its tokenizer)")
+    g = add_generation_args(parser)
+    g.add_argument("--input", default=None, metavar="FILE",
+                   help="summarize raw text, one document per line ('-' for stdin), instead of a data-bin split")
+    g.add_argument("--reference", default=None, metavar="FILE",
+                   help="reference summaries for --input (one per line), for --scoring rouge")
+    g.add_argument("--scoring", default="none", choices=["none", "rouge"],
+                   help="score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)")
+    g.add_argument("--post-process", "--remove-bpe", default=None, nargs="?", const="@@ ", dest="post_process",
+                   metavar="SYMBOL", help="undo subword splitting in S-/T-/H- lines (sentencepiece, subword_nmt, "
+                                          "'@@ '); D- lines and the hypothesis file are always detokenized")
+    g.add_argument("--quiet", action="store_true", help="print only the summary lines, not S-/T-/H-/D-/P-")
+    g.add_argument("--model-overrides", default="{}", metavar="JSON",
+                   help="model args to override, e.g. '{\"dropout\": 0.0}'")
+    _order_groups(parser)
+    return parser
+
+
+def get_preprocessing_parser() -> argparse.ArgumentParser:
+    from seqtrain.preprocess import add_args
+
+    parser = ArgumentParser(
+        prog="seqtrain-preprocess",
+        description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
+    )
+    return add_args(parser)
+
+
+def get_convert_parser() -> argparse.ArgumentParser:
+    from seqtrain.checkpoint import FORMATS
+
+    p = ArgumentParser(
+        prog="seqtrain-convert",
+        description="Convert a BART checkpoint between seqtrain, fairseq and Hugging Face formats.",
+    )
+    p.add_argument("input", help="checkpoint file (seqtrain / fairseq) or Hugging Face model folder")
+    p.add_argument("output", help="output file (--to seqtrain / fairseq) or folder (--to hf)")
+    p.add_argument("--to", required=True, choices=FORMATS, help="output format")
+    p.add_argument("--from", dest="from_format", default="auto", choices=("auto",) + FORMATS,
+                   help="input format (default: detect)")
+    p.add_argument("--dict", dest="dict_path", metavar="PATH",
+                   help="dict.txt (or a data-bin folder) for fairseq inputs; default: dict.txt next to the input")
+    p.add_argument("--unsafe-load", action="store_true",
+                   help="allow arbitrary unpickling of the input (may run code; only for trusted files)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def get_score_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
+        prog="seqtrain-score",
+        description="ROUGE F1 x 100 (rouge-score, Porter stemming) averaged over lines; ROUGE-Lsum splits "
+                    "sentences at '.', '!', '?' followed by whitespace.",
+    )
+    p.add_argument("--sys", required=True, metavar="HYP", help="hypotheses, one per line")
+    p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
+    p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
 
 
 def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
@@ -408,7 +487,7 @@ def apply_config(parser: argparse.ArgumentParser, path: str, values: Dict[str, A
 # ------------------------------------------------------------------------------------------------- parsing
 def _pre_parse(argv: Sequence[str], defaults: Dict[str, Any]) -> argparse.Namespace:
     """Read --config and the component choices without failing on flags that do not exist yet."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
     for flags in _CHOICE_FLAGS:
         dest = flags[0].lstrip("-").replace("-", "_")
@@ -429,9 +508,7 @@ def _other_cli_flags(stage: Optional[str], choices: argparse.Namespace) -> Dict[
     preset holds both, and each CLI skips the other's keys. Training flags follow the config's components."""
     try:
         if stage == "train":
-            from seqtrain.generate import get_parser
-
-            other = get_parser()
+            other = get_generation_parser()
             _add_choice_args(other, "task", choices.task)
         elif stage == "generate":
             other = get_training_parser()
@@ -442,6 +519,16 @@ def _other_cli_flags(stage: Optional[str], choices: argparse.Namespace) -> Dict[
     except SeqtrainError:  # an unknown component is reported by the parser that owns it
         return {}
     return _actions_by_key(other)
+
+
+def parse_train_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:])."""
+    return parse_args_and_arch(get_training_parser(), argv)
+
+
+def parse_generation_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """seqtrain-generate's flags, parsed; --config FILE supplies defaults, as in seqtrain-train."""
+    return parse_args_and_arch(get_generation_parser(), argv)
 
 
 def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
