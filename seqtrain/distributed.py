@@ -21,8 +21,6 @@ the update equals a one-process run over the same global batch.
 Checkpoint state: FSDP parameters and optimizer state are gathered into full (unsharded) tensors on rank 0, and the
 optimizer state is converted to torch's plain integer-keyed layout, so every checkpoint has one format and resumes
 at any world size, with or without FSDP, and loads in seqtrain-generate.
-
-Test hook: SEQTRAIN_TEST_FAIL_RANK=R[:U] makes rank R raise before update U+1 (default U=1); only tests set it.
 """
 from __future__ import annotations
 
@@ -46,7 +44,6 @@ from seqtrain.errors import SeqtrainError
 logger = logging.getLogger(__name__)
 
 DDP_ALIASES = ("c10d", "pytorch_ddp", "legacy_ddp", "no_c10d")
-FAIL_RANK_ENV = "SEQTRAIN_TEST_FAIL_RANK"
 SPAWN_GRACE_S = 5.0
 PEER_LOSS_DELAY_S = 2.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -208,16 +205,6 @@ def _lost_peer(e: BaseException) -> bool:
     text = str(e)
     return isinstance(e, getattr(dist, "DistNetworkError", ())) or any(
         marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
-
-
-def maybe_fail_for_test(rank: int, num_updates: int) -> None:
-    """SEQTRAIN_TEST_FAIL_RANK=R[:U]: rank R raises before update U+1 (tests of failure handling only)."""
-    spec = os.environ.get(FAIL_RANK_ENV)
-    if not spec:
-        return
-    fail_rank, _, at = spec.partition(":")
-    if int(fail_rank) == rank and num_updates == int(at or 1):
-        raise RuntimeError(f"injected failure on rank {rank} at update {num_updates + 1} ({FAIL_RANK_ENV})")
 
 
 # ---------------------------------------------------------------------------------------------------- model wrapping

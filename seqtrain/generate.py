@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 import numpy as np
 import torch

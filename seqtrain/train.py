@@ -190,7 +190,6 @@ class TrainLoop:
         logger.info("Start iterating over samples")
         should_stop = False
         for samples in progress:
-            distributed.maybe_fail_for_test(args.distributed_rank, trainer.get_num_updates())
             with torch.autograd.profiler.record_function(f"update-{trainer.get_num_updates() + 1}"):
                 log_output = trainer.train_step(samples)
             if self.profiler is not None:
@@ -298,7 +297,7 @@ class TrainLoop:
                     break
                 trainer.valid_step(sample)
                 if self.rouge is not None and sample:
-                    self.rouge.add_batch(trainer.model, trainer._prepare_sample(sample), trainer.autocast)
+                    self.rouge.add_batch(trainer.model, trainer.prepare_sample(sample), trainer.autocast)
             if self.rouge is not None:
                 if args.distributed_world_size > 1:  # score every rank's pairs, so all ranks agree on "best"
                     self.rouge.hypotheses, self.rouge.references = distributed.all_gather_lists(

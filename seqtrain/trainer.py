@@ -8,6 +8,24 @@ It parses no flags and opens no files other than the checkpoints it is asked to 
 
 Exact resume: every update first seeds torch's RNG from (--seed, num_updates), as fairseq does, so dropout
 masks depend only on the update number, not on what ran before; a resumed run repeats them bit for bit.
+
+The step contract: for each batch of an update, Trainer.train_step calls
+`task.train_step(sample, model, criterion, step, update_num, ignore_grad)`, where `step` is a StepContext (the
+autocast context and the loss-scaled backward); the task returns (loss, sample_size, logging_output), with the
+logging output's figures left as device tensors (the criterion does not sync).
+
+Host-device syncs per update (CUDA; each waits for the device's queued work):
+  1. `float(grad_norm)` after the backward passes: the gradient norm, needed on the host for the fp16 overflow
+     check, the divergence check and the log (under FSDP the norm is first all-reduced across ranks).
+  2. without fp16 loss scaling, `_check_finite` reads each batch's loss (`float(log["loss"])`), right after 1.
+  3. `_log_train_stats` -> task.reduce_metrics: `float()` of each tensor in the logging outputs (loss, nll_loss,
+     n_correct with --report-accuracy), per batch; the first waits for the optimizer step queued after 1.
+  4. several ranks only: `distributed.sum_logging_outputs` reads every logging-output tensor before the backward
+     of the update is finished, then `all_reduce_sums` (one collective; `.tolist()` of its result); and the
+     training loop's `distributed.any_rank` stop check (one collective and `.item()`) after each update.
+  5. criteria only: `int(mask.sum())` when a batch carries no "ntokens" (seqtrain's collater always sets it).
+Batches move to the device with `non_blocking=True` (prepare_sample); that is no sync, but the copy from pageable
+memory is not asynchronous either.
 """
 from __future__ import annotations
 
@@ -26,7 +44,7 @@ from seqtrain.checkpoint import (check_state_fits, fit_positions, make_checkpoin
                                  save_checkpoint_file)
 from seqtrain import distributed
 from seqtrain.errors import SeqtrainError
-from seqtrain.logging.meters import MetersDict, TimeMeter, perplexity
+from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
 
 logger = logging.getLogger(__name__)
@@ -36,18 +54,21 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
 
 
-class _StepContext:
-    """What a task's train_step needs from the trainer: the autocast context and the (scaled) backward."""
+class StepContext:
+    """What a task's train_step gets from the Trainer for each batch: `autocast()`, the mixed-precision context
+    for the forward pass, and `backward(loss)`, the backward pass with the fp16 loss scale applied."""
 
-    def __init__(self, trainer: "Trainer"):
-        self.trainer = trainer
+    def __init__(self, amp_dtype: Optional[torch.dtype], device: torch.device,
+                 scaler: Optional[DynamicLossScaler]):
+        self.amp_dtype, self.device, self.scaler = amp_dtype, device, scaler
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        return self.trainer.autocast()
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
-        scaler = self.trainer.scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
 
 class Trainer:
@@ -85,13 +106,12 @@ class Trainer:
         self.optimizer = build_optimizer(args, self.model.parameters())
         self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
         self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
-        self._step_context = _StepContext(self)
+        self.step_context = StepContext(self.amp_dtype, self.device, self.scaler)
         self.num_updates = 0
         self.lr_step_update()
         # meters: the epoch ("train"), the current log interval ("train_inner"), the last validation ("valid")
         self.meters: Dict[str, MetersDict] = {"train": MetersDict(), "train_inner": MetersDict(),
                                               "valid": MetersDict()}
-        self.wall = TimeMeter(round=0)
         self.previous_training_time = 0.0
         self._start_time = time.time()
         self.num_params = sum(p.numel() for p in self.model.parameters())
@@ -101,9 +121,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ basics
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        return self.step_context.autocast()
 
     def get_num_updates(self) -> int:
         return self.num_updates
@@ -141,9 +159,10 @@ class Trainer:
         """The batch a rank runs, with zero weight, when its shard has no batch left (epoch_itr.first_batch):
         every rank must take part in each update's collectives."""
         if batch:
-            self._dummy_batch = self._prepare_sample(batch)
+            self._dummy_batch = self.prepare_sample(batch)
 
-    def _prepare_sample(self, sample: Any) -> Any:
+    def prepare_sample(self, sample: Any) -> Any:
+        """`sample` with every tensor moved to the training device."""
         def move(x: Any) -> Any:
             if torch.is_tensor(x):
                 return x.to(self.device, non_blocking=True)
@@ -175,7 +194,7 @@ class Trainer:
                     continue
                 sample = self._dummy_batch
             else:
-                sample = self._prepare_sample(sample)
+                sample = self.prepare_sample(sample)
                 if self._dummy_batch is None:
                     self._dummy_batch = sample
             oom: Optional[str] = None
@@ -184,7 +203,7 @@ class Trainer:
                 with torch.autograd.profiler.record_function(f"train_step-{i}"), \
                         distributed.no_sync(self._forward_model, i < len(samples) - 1):
                     _, size, log = self.task.train_step(sample, self._forward_model, self.criterion,
-                                                        self._step_context, self.num_updates, ignore_grad=is_dummy)
+                                                        self.step_context, self.num_updates, ignore_grad=is_dummy)
             except RuntimeError as e:
                 if not (self.device.type == "cuda" and _is_oom(e)):
                     raise
@@ -295,7 +314,7 @@ class Trainer:
         if is_dummy and self._dummy_batch is None:
             raise SeqtrainError("internal: a rank got an empty validation batch and has no dummy batch "
                                 "(Trainer.set_dummy_batch)")
-        sample = self._dummy_batch if is_dummy else self._prepare_sample(sample)
+        sample = self._dummy_batch if is_dummy else self.prepare_sample(sample)
         with torch.no_grad(), self.autocast():
             _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
         if self.world_size > 1:
@@ -318,8 +337,7 @@ class Trainer:
         extra.update({
             "num_updates": self.num_updates,
             "meters": {"train": self.meters["train"].state_dict(),
-                       "train_inner": self.meters["train_inner"].state_dict(),
-                       "wall": self.wall.state_dict()},
+                       "train_inner": self.meters["train_inner"].state_dict()},
             "rng": rng_state(),
             "train_wall": self.cumulative_training_time(),
             "previous_training_time": self.cumulative_training_time(),
@@ -391,7 +409,6 @@ class Trainer:
             meters = extra["meters"]
             self.meters["train"].load_state_dict(meters["train"])
             self.meters["train_inner"].load_state_dict(meters["train_inner"])
-            self.wall.load_state_dict(meters["wall"])
             self.previous_training_time = float(extra.get("previous_training_time", 0.0))
             self._start_time = time.time()
         if extra.get("rng") is not None:
