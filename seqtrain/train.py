@@ -1,8 +1,9 @@
-"""Training (fairseq_cli/train.py's flow with seqtrain's components); `seqtrain-train` parses and calls `train`.
+"""Training: fairseq_cli/train.py's flow with seqtrain's components (`seqtrain-train` parses, then calls `train`).
 
-train(args) starts one process per rank (seqtrain.distributed.call_main), each running main: task -> model, criterion -> Trainer -> resume (or --finetune-from-model) -> for each epoch: train ->
-validate and save (per --save-interval[-updates]) -> lr step; stops on --max-update, --max-epoch, --patience,
---stop-time-hours or --stop-min-lr.
+train(args) runs main on one process or on each rank (seqtrain.distributed.call_main). main: task -> model,
+criterion -> Trainer -> resume (or --finetune-from-model) -> for each epoch: train -> validate and save (per
+--save-interval[-updates]) -> lr step; stops on --max-update, --max-epoch, --patience, --stop-time-hours or
+--stop-min-lr.
 """
 from __future__ import annotations
 
@@ -47,18 +48,19 @@ def setup_train_logging(args: argparse.Namespace) -> Optional[logging.Handler]:
 
 def check_args(args: argparse.Namespace) -> None:
     check_dataset_args(args)
-    for flag in ("log_interval", "save_interval", "validate_interval"):
-        if getattr(args, flag) < 1:
-            raise SeqtrainError(f"--{flag.replace('_', '-')} must be at least 1")
+    for flag, value in (("log-interval", args.log_interval), ("save-interval", args.save_interval),
+                        ("validate-interval", args.validate_interval)):
+        if value < 1:
+            raise SeqtrainError(f"--{flag} must be at least 1")
     if any(n < 1 for n in args.update_freq):
         raise SeqtrainError(f"--update-freq values must be at least 1, got {args.update_freq}")
     if args.profile < 0:
         raise SeqtrainError("--profile must be 0 (off) or a number of updates")
     metric = args.best_checkpoint_metric
-    if metric.startswith("rouge") and not getattr(args, "eval_rouge", False) and not args.disable_validation:
+    if metric.startswith("rouge") and not args.eval_rouge and not args.disable_validation:
         raise SeqtrainError(f"--best-checkpoint-metric {metric} needs --eval-rouge (validation only reports "
                             "ROUGE when it generates)")
-    if getattr(args, "eval_rouge", False):
+    if args.eval_rouge:
         from seqtrain.eval_rouge import generation_args
 
         if args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
@@ -150,7 +152,7 @@ class TrainLoop:
         self.profiler: Optional[Any] = None
         self.stop = GracefulStop()
         self.rouge: Optional[Any] = None
-        if getattr(args, "eval_rouge", False):
+        if args.eval_rouge:
             from seqtrain.eval_rouge import RougeValidator
 
             self.rouge = RougeValidator(args, task)
