@@ -76,7 +76,7 @@ START_LINE = "Start iterating over samples"
 
 def make_databin(folder: str, n_train: int = 160, n_valid: int = 24, seed: int = 0) -> str:
     """A toy copy-and-reverse data-bin (the target is the first 4 source words, reversed)."""
-    from seqtrain.preprocess import main as preprocess
+    from seqtrain_cli.preprocess import preprocess_main as preprocess
 
     r = random.Random(seed)
     raw = os.path.join(folder, "raw")

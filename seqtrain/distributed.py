@@ -21,8 +21,6 @@ the update equals a one-process run over the same global batch.
 Checkpoint state: FSDP parameters and optimizer state are gathered into full (unsharded) tensors on rank 0, and the
 optimizer state is converted to torch's plain integer-keyed layout, so every checkpoint has one format and resumes
 at any world size, with or without FSDP, and loads in seqtrain-generate.
-
-Test hook: SEQTRAIN_TEST_FAIL_RANK=R[:U] makes rank R raise before update U+1 (default U=1); only tests set it.
 """
 from __future__ import annotations
 
@@ -36,20 +34,57 @@ import socket
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
 
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 
 logger = logging.getLogger(__name__)
 
 DDP_ALIASES = ("c10d", "pytorch_ddp", "legacy_ddp", "no_c10d")
-FAIL_RANK_ENV = "SEQTRAIN_TEST_FAIL_RANK"
 SPAWN_GRACE_S = 5.0
 PEER_LOSS_DELAY_S = 2.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass
+class LaunchConfig:
+    """How the ranks are started and joined (the --distributed-* flags, --device-id, --cpu)."""
+
+    distributed_world_size: int = 1
+    distributed_rank: int = 0
+    device_id: int = 0
+    distributed_backend: Optional[str] = None
+    distributed_init_method: Optional[str] = None
+    distributed_port: int = -1
+    distributed_no_spawn: bool = False
+    distributed_timeout: float = 1800
+    cpu: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "LaunchConfig":
+        return from_args(cls, args)
+
+    @property
+    def uses_cuda(self) -> bool:
+        return torch.cuda.is_available() and not self.cpu
+
+
+@dataclass
+class DataParallelConfig:
+    """How the model is wrapped when there are several ranks (--ddp-backend and its DDP settings)."""
+
+    ddp_backend: str = "pytorch_ddp"
+    bucket_cap_mb: int = 25
+    find_unused_parameters: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "DataParallelConfig":
+        return from_args(cls, args)
 
 
 # ---------------------------------------------------------------------------------------------------- queries
@@ -62,7 +97,7 @@ def env_world_size() -> int:
 
 
 def is_master(args: argparse.Namespace) -> bool:
-    return getattr(args, "distributed_rank", 0) == 0
+    return LaunchConfig.from_args(args).distributed_rank == 0
 
 
 def get_world_size() -> int:
@@ -78,13 +113,9 @@ def barrier() -> None:
         dist.barrier()
 
 
-def _uses_cuda(args: argparse.Namespace) -> bool:
-    return torch.cuda.is_available() and not getattr(args, "cpu", False)
-
-
-def backend_for(args: argparse.Namespace) -> str:
-    backend = getattr(args, "distributed_backend", None) or ("nccl" if _uses_cuda(args) else "gloo")
-    if backend == "nccl" and not _uses_cuda(args):
+def backend_for(cfg: LaunchConfig) -> str:
+    backend = cfg.distributed_backend or ("nccl" if cfg.uses_cuda else "gloo")
+    if backend == "nccl" and not cfg.uses_cuda:
         raise SeqtrainError("--distributed-backend nccl needs CUDA devices; use gloo for CPU training")
     return backend
 
@@ -113,7 +144,8 @@ def _free_port() -> int:
 def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any]) -> Any:
     """Run `main(args)` on every rank of the job this process belongs to (see the module docstring)."""
     env = _torchrun_env()
-    world_size = int(getattr(args, "distributed_world_size", 1) or 1)
+    cfg = LaunchConfig.from_args(args)
+    world_size = cfg.distributed_world_size
     if env is not None:
         if world_size > 1 and world_size != env["WORLD_SIZE"]:
             logger.warning(f"--distributed-world-size {world_size} ignored: torchrun started "
@@ -126,16 +158,16 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
         args.distributed_world_size = 1
         args.distributed_rank = 0
         return main(args)
-    if getattr(args, "distributed_no_spawn", False):
-        if not getattr(args, "distributed_init_method", None):
+    if cfg.distributed_no_spawn:
+        if not cfg.distributed_init_method:
             raise SeqtrainError("--distributed-no-spawn needs torchrun's environment (RANK, WORLD_SIZE, ...) or "
                                 "--distributed-init-method URL with --distributed-rank")
-        return distributed_main(args, main, args.distributed_init_method)
-    if _uses_cuda(args) and world_size > torch.cuda.device_count():
+        return distributed_main(args, main, cfg.distributed_init_method)
+    if cfg.uses_cuda and world_size > torch.cuda.device_count():
         raise SeqtrainError(f"--distributed-world-size {world_size}: this node has {torch.cuda.device_count()} "
                             "CUDA devices; for several nodes launch with torchrun (see the README)")
-    port = args.distributed_port if getattr(args, "distributed_port", -1) > 0 else _free_port()
-    init_method = getattr(args, "distributed_init_method", None) or f"tcp://127.0.0.1:{port}"
+    port = cfg.distributed_port if cfg.distributed_port > 0 else _free_port()
+    init_method = cfg.distributed_init_method or f"tcp://127.0.0.1:{port}"
     return _spawn(args, main, world_size, init_method)
 
 
@@ -173,13 +205,14 @@ def distributed_main(args: argparse.Namespace, main: Callable[[argparse.Namespac
     """One rank: set the device, join the process group, run `main`, leave the group cleanly. An error leaves
     with its rank in the message (`print_traceback`: also print the traceback, which a spawned child's parent
     would otherwise reduce to one line)."""
-    rank, world_size = args.distributed_rank, args.distributed_world_size
-    backend = backend_for(args)
+    cfg = LaunchConfig.from_args(args)
+    rank, world_size = cfg.distributed_rank, cfg.distributed_world_size
+    backend = backend_for(cfg)
     device = None
-    if _uses_cuda(args):
-        torch.cuda.set_device(args.device_id)
-        device = torch.device("cuda", args.device_id)
-    timeout = datetime.timedelta(seconds=float(getattr(args, "distributed_timeout", 1800)))
+    if cfg.uses_cuda:
+        torch.cuda.set_device(cfg.device_id)
+        device = torch.device("cuda", cfg.device_id)
+    timeout = datetime.timedelta(seconds=float(cfg.distributed_timeout))
     dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout,
                             **({"device_id": device} if device is not None and backend == "nccl" else {}))
     logger.info(f"distributed init (rank {rank} of {world_size}, backend {backend}): {init_method}")
@@ -210,16 +243,6 @@ def _lost_peer(e: BaseException) -> bool:
         marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
 
 
-def maybe_fail_for_test(rank: int, num_updates: int) -> None:
-    """SEQTRAIN_TEST_FAIL_RANK=R[:U]: rank R raises before update U+1 (tests of failure handling only)."""
-    spec = os.environ.get(FAIL_RANK_ENV)
-    if not spec:
-        return
-    fail_rank, _, at = spec.partition(":")
-    if int(fail_rank) == rank and num_updates == int(at or 1):
-        raise RuntimeError(f"injected failure on rank {rank} at update {num_updates + 1} ({FAIL_RANK_ENV})")
-
-
 # ---------------------------------------------------------------------------------------------------- model wrapping
 def is_fsdp(model: torch.nn.Module) -> bool:
     try:
@@ -235,16 +258,17 @@ def transformer_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
             if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] == "layers" for layer in module]
 
 
-def wrap_model(args: argparse.Namespace, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def wrap_model(cfg: DataParallelConfig, model: torch.nn.Module, device: torch.device,
+               low: Optional[torch.dtype] = None) -> torch.nn.Module:
     """The module the training forward pass runs through: `model` itself for one process, DDP around it, or
-    `model` sharded in place by FSDP2 (then the returned module *is* `model`; build the optimizer after this)."""
+    `model` sharded in place by FSDP2 (then the returned module *is* `model`; build the optimizer after this).
+    `low`: the autocast dtype (fp16 / bf16), FSDP's compute dtype for the gathered parameters."""
     if get_world_size() <= 1:
         return model
-    backend = getattr(args, "ddp_backend", "pytorch_ddp")
+    backend = cfg.ddp_backend
     if backend == "fully_sharded":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        low = torch.float16 if getattr(args, "fp16", False) else torch.bfloat16 if getattr(args, "bf16", False) else None
         # Parameters are gathered in the low precision for compute; gradients are reduced in fp32.
         policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low is not None else None)
         for layer in transformer_layers(model):
@@ -259,8 +283,8 @@ def wrap_model(args: argparse.Namespace, model: torch.nn.Module, device: torch.d
     return DistributedDataParallel(
         model, device_ids=[device.index] if device.type == "cuda" else None,
         output_device=device.index if device.type == "cuda" else None,
-        bucket_cap_mb=getattr(args, "bucket_cap_mb", 25),
-        find_unused_parameters=getattr(args, "find_unused_parameters", False),
+        bucket_cap_mb=cfg.bucket_cap_mb,
+        find_unused_parameters=cfg.find_unused_parameters,
         broadcast_buffers=False,  # BART has no running statistics to keep in step
     )
 

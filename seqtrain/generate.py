@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 import numpy as np
 import torch
@@ -22,30 +22,6 @@ import torch
 from seqtrain.errors import SeqtrainError
 
 logger = logging.getLogger("seqtrain.generate")
-
-
-def get_parser() -> argparse.ArgumentParser:
-    from seqtrain.generation.options import add_generation_args
-    from seqtrain.options import get_generation_parser
-
-    parser = get_generation_parser()
-    parser.prog = "seqtrain-generate"
-    parser.add_argument("data", nargs="?", default=None, metavar="DATA",
-                        help="data-bin folder (optional with --input when the checkpoint carries its tokenizer)")
-    g = add_generation_args(parser)
-    g.add_argument("--input", default=None, metavar="FILE",
-                   help="summarize raw text, one document per line ('-' for stdin), instead of a data-bin split")
-    g.add_argument("--reference", default=None, metavar="FILE",
-                   help="reference summaries for --input (one per line), for --scoring rouge")
-    g.add_argument("--scoring", default="none", choices=["none", "rouge"],
-                   help="score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)")
-    g.add_argument("--post-process", "--remove-bpe", default=None, nargs="?", const="@@ ", dest="post_process",
-                   metavar="SYMBOL", help="undo subword splitting in S-/T-/H- lines (sentencepiece, subword_nmt, "
-                                          "'@@ '); D- lines and the hypothesis file are always detokenized")
-    g.add_argument("--quiet", action="store_true", help="print only the summary lines, not S-/T-/H-/D-/P-")
-    g.add_argument("--model-overrides", default="{}", metavar="JSON",
-                   help="model args to override, e.g. '{\"dropout\": 0.0}'")
-    return parser
 
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -190,16 +166,14 @@ def _write_lines(path: str, lines: Sequence[str]) -> None:
         f.writelines(line + "\n" for line in lines)
 
 
-def main(argv: Optional[Sequence[str]] = None, out: TextIO = None) -> Dict[str, Any]:
-    """Run generation; returns {"hypotheses": [...], "rouge": {...} or None, "n": ...} (for tests and scripts)."""
+def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str, Any]:
+    """Generate with the parsed flags (seqtrain.options.parse_generation_args), printing to `out` (stdout);
+    returns {"hypotheses": [...], "references": ..., "rouge": {...} or None, "n": ..., "lines": [...]}."""
     from seqtrain.generation.sequence_generator import build_generator, generate_batch
+    from seqtrain.logging import setup_logging
 
     out = out or sys.stdout
-    from seqtrain.options import parse_args_and_arch
-
-    args = parse_args_and_arch(get_parser(), argv)  # --config FILE supplies defaults, as in seqtrain-train
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-                        stream=sys.stderr)
+    setup_logging(sys.stderr)
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
     for flag in ("batch_size", "max_tokens"):

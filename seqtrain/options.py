@@ -1,24 +1,35 @@
 """The argparse parsers of the CLIs, assembled from each component's `add_args` (fairseq's flag names).
 
-Precedence, highest first: flags on the command line > `--config FILE` values > the `--arch` preset > each
-flag's default. Parsing takes two stages as in fairseq: first the component choices (--task, --arch,
---criterion, --optimizer, --lr-scheduler) are read, then the chosen components add their own flags and the
-full command line is parsed. The arch preset runs last and only fills model fields still unset (None), so
+Precedence, highest first: flags on the command line > `--config FILE` values (seqtrain.config_file) > the
+`--arch` preset > each flag's default. Parsing takes two stages as in fairseq: first the component choices
+(--task, --arch, --criterion, --optimizer, --lr-scheduler) are read, then the chosen components add their own
+flags and the full command line is parsed. The arch preset runs last and only fills model fields still unset (None), so
 explicit flags and config values win over it.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-from seqtrain.data.options import str2bool
+from seqtrain.config_file import actions_by_key, apply_config, load_config
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.progress import LOG_FORMATS
 
 # The flags that pick a component; their values decide which further flags exist.
 _CHOICE_FLAGS = (("--task",), ("--arch", "-a"), ("--criterion",), ("--optimizer",), ("--lr-scheduler",))
+
+
+class UsageError(SeqtrainError):
+    """A command-line syntax error found by argparse (the CLIs exit with 2 on it, as argparse does)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises UsageError (one line; the usage is what --help is for) instead of printing the usage
+    block and exiting, like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see --help)")
 
 
 # ------------------------------------------------------------------------------------------------- small types
@@ -205,7 +216,7 @@ class HelpFormatter(argparse.HelpFormatter):
 def get_parser(desc: str, default_task: str = "translation") -> argparse.ArgumentParser:
     from seqtrain.optim import loss_scaler
 
-    parser = argparse.ArgumentParser(description=desc, allow_abbrev=False, formatter_class=HelpFormatter)
+    parser = ArgumentParser(description=desc, allow_abbrev=False, formatter_class=HelpFormatter)
     add_common_args(parser)
     g = next(g for g in parser._action_groups if g.title == "Common")
     g.add_argument("--task", default=default_task, metavar="TASK", help="task (default: %(default)s)")
@@ -242,9 +253,8 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     return parser
 
 
-def get_generation_parser(default_task: str = "translation") -> argparse.ArgumentParser:
-    """The common part of seqtrain-generate's parser; the generation flags (beam, lenpen, ...) are added by
-    seqtrain.generation's add_args, which the generate CLI calls (its own issue)."""
+def _generation_base_parser(default_task: str = "translation") -> argparse.ArgumentParser:
+    """The flags seqtrain-generate shares with seqtrain-train (common, dataset, checkpoint, distributed)."""
     from seqtrain.data import options as data_options
 
     parser = get_parser("Generate with a trained model (fairseq-compatible flags).", default_task)
@@ -258,6 +268,74 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
     parser.set_defaults(_stage="generate")
     _order_groups(parser)
     return parser
+
+
+def get_generation_parser(default_task: str = "translation") -> argparse.ArgumentParser:
+    """The seqtrain-generate parser before the chosen task's flags (parse_args_and_arch adds those)."""
+    from seqtrain.generation.options import add_generation_args
+
+    parser = _generation_base_parser(default_task)
+    parser.prog = "seqtrain-generate"
+    parser.add_argument("data", nargs="?", default=None, metavar="DATA",
+                        help="data-bin folder (optional with --input when the checkpoint carries its tokenizer)")
+    g = add_generation_args(parser)
+    g.add_argument("--input", default=None, metavar="FILE",
+                   help="summarize raw text, one document per line ('-' for stdin), instead of a data-bin split")
+    g.add_argument("--reference", default=None, metavar="FILE",
+                   help="reference summaries for --input (one per line), for --scoring rouge")
+    g.add_argument("--scoring", default="none", choices=["none", "rouge"],
+                   help="score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)")
+    g.add_argument("--post-process", "--remove-bpe", default=None, nargs="?", const="@@ ", dest="post_process",
+                   metavar="SYMBOL", help="undo subword splitting in S-/T-/H- lines (sentencepiece, subword_nmt, "
+                                          "'@@ '); D- lines and the hypothesis file are always detokenized")
+    g.add_argument("--quiet", action="store_true", help="print only the summary lines, not S-/T-/H-/D-/P-")
+    g.add_argument("--model-overrides", default="{}", metavar="JSON",
+                   help="model args to override, e.g. '{\"dropout\": 0.0}'")
+    _order_groups(parser)
+    return parser
+
+
+def get_preprocessing_parser() -> argparse.ArgumentParser:
+    from seqtrain.preprocess import add_args
+
+    parser = ArgumentParser(
+        prog="seqtrain-preprocess",
+        description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
+    )
+    return add_args(parser)
+
+
+def get_convert_parser() -> argparse.ArgumentParser:
+    from seqtrain.formats import FORMATS
+
+    p = ArgumentParser(
+        prog="seqtrain-convert",
+        description="Convert a BART checkpoint between seqtrain, fairseq and Hugging Face formats.",
+    )
+    p.add_argument("input", help="checkpoint file (seqtrain / fairseq) or Hugging Face model folder")
+    p.add_argument("output", help="output file (--to seqtrain / fairseq) or folder (--to hf)")
+    p.add_argument("--to", required=True, choices=FORMATS, help="output format")
+    p.add_argument("--from", dest="from_format", default="auto", choices=("auto",) + FORMATS,
+                   help="input format (default: detect)")
+    p.add_argument("--dict", dest="dict_path", metavar="PATH",
+                   help="dict.txt (or a data-bin folder) for fairseq inputs; default: dict.txt next to the input")
+    p.add_argument("--unsafe-load", action="store_true",
+                   help="allow arbitrary unpickling of the input (may run code; only for trusted files)")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return p
+
+
+def get_score_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
+        prog="seqtrain-score",
+        description="ROUGE F1 x 100 (rouge-score, Porter stemming) averaged over lines; ROUGE-Lsum splits "
+                    "sentences at '.', '!', '?' followed by whitespace.",
+    )
+    p.add_argument("--sys", required=True, metavar="HYP", help="hypotheses, one per line")
+    p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
+    p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return p
 
 
 def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
@@ -281,134 +359,10 @@ def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> N
         _retitle(lr_scheduler.add_args(parser, name), f"LR scheduler ({name})")
 
 
-# ------------------------------------------------------------------------------------------------- config files
-def _parse_scalar(text: str) -> Any:
-    text = text.strip()
-    if not text or text in ("~", "null", "None"):
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    low = text.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    if text.startswith("[") and text.endswith("]"):
-        return [_parse_scalar(part) for part in text[1:-1].split(",") if part.strip()]
-    return text
-
-
-def load_config(path: str) -> Tuple[Dict[str, Any], Dict[str, int]]:
-    """Read a config file: JSON object, or YAML-style `key: value` lines (# comments). Returns (values,
-    line number of each key; 0 for JSON)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise SeqtrainError(f"--config {path}: cannot read ({e.strerror})") from None
-    if text.lstrip().startswith("{"):
-        try:
-            values = json.loads(text)
-        except ValueError as e:
-            raise SeqtrainError(f"--config {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
-        if not isinstance(values, dict):
-            raise SeqtrainError(f"--config {path}: expected a JSON object of flag values")
-        return values, {k: 0 for k in values}
-    values: Dict[str, Any] = {}
-    lines: Dict[str, int] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip() or line.strip() == "---":
-            continue
-        if line[0].isspace() or ":" not in line:
-            raise SeqtrainError(f"--config {path} line {n}: expected `key: value` (no nesting), got {raw.strip()!r}")
-        key, value = line.split(":", 1)
-        values[key.strip()] = _parse_scalar(value)
-        lines[key.strip()] = n
-    return values, lines
-
-
-def _convert(action: argparse.Action, value: Any, where: str) -> Any:
-    """Turn a config value into what argparse would have produced for it on the command line."""
-    if value is None:
-        return None
-    try:
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                               argparse.BooleanOptionalAction)):
-            return str2bool(value)
-        convert = action.type or (lambda v: v)
-        if action.nargs in ("+", "*") or isinstance(action.nargs, int):
-            items = value if isinstance(value, list) else [value]
-            out = [convert(v if not isinstance(v, (int, float)) or action.type in (None, str) else v) for v in items]
-            out = [str(v) if action.type is str else v for v in out]
-        elif isinstance(value, list) and action.type is not None and action.type not in (int, float, str):
-            out = convert(value)  # list-valued types (int_list, lr lists) accept lists
-        elif isinstance(value, (dict, list)):
-            out = json.dumps(value) if action.type in (None, str) else convert(value)
-        elif action.type in (None, str):
-            out = str(value)
-        else:
-            out = convert(value if action.type in (int, float) else str(value))
-    except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
-        raise SeqtrainError(f"{where}: invalid value {value!r} ({e})") from None
-    if action.choices is not None:
-        for v in out if isinstance(out, list) and action.nargs else [out]:
-            if v not in action.choices:
-                raise SeqtrainError(f"{where}: {v!r} is not one of {', '.join(map(str, action.choices))}")
-    return out
-
-
-def _actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
-    out: Dict[str, argparse.Action] = {}
-    for action in parser._actions:
-        if action.dest in ("help", "config"):
-            continue
-        out[action.dest] = action
-        for flag in action.option_strings:
-            out[flag.lstrip("-")] = action
-            out[flag.lstrip("-").replace("-", "_")] = action
-    return out
-
-
-def apply_config(parser: argparse.ArgumentParser, path: str, values: Dict[str, Any], lines: Dict[str, int],
-                 strict: bool = True, ignore: Optional[Dict[str, argparse.Action]] = None) -> None:
-    """Set config values as parser defaults. With strict, a key that is no flag of this parser is an error,
-    unless it is a key of `ignore` (the flags of the other CLI: one config serves training and generation)."""
-    by_key = _actions_by_key(parser)
-    defaults: Dict[str, Any] = {}
-    for key, value in values.items():
-        where = f"--config {path}" + (f" line {lines.get(key)}" if lines.get(key) else "") + f" ({key})"
-        action = by_key.get(key.lstrip("-")) or by_key.get(key.lstrip("-").replace("-", "_"))
-        if action is None:
-            other = (ignore or {}).get(key.lstrip("-")) or (ignore or {}).get(key.lstrip("-").replace("-", "_"))
-            if other is not None:
-                _convert(other, value, where)  # a bad value is an error even for the CLI that skips the key
-                continue
-            if strict:
-                import difflib
-
-                close = difflib.get_close_matches(key.lstrip("-"), [k for k in {**by_key, **(ignore or {})}
-                                                                     if "_" not in k], n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise SeqtrainError(f"{where}: unknown option {key!r}{hint}")
-            continue
-        defaults[action.dest] = _convert(action, value, where)
-        if not action.option_strings:
-            # A positional (DATA) given in the config becomes optional on the command line.
-            action.nargs, action.required = "?", False
-        elif action.required:
-            action.required = False
-    parser.set_defaults(**defaults)
-
-
 # ------------------------------------------------------------------------------------------------- parsing
 def _pre_parse(argv: Sequence[str], defaults: Dict[str, Any]) -> argparse.Namespace:
     """Read --config and the component choices without failing on flags that do not exist yet."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre = ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
     for flags in _CHOICE_FLAGS:
         dest = flags[0].lstrip("-").replace("-", "_")
@@ -429,9 +383,7 @@ def _other_cli_flags(stage: Optional[str], choices: argparse.Namespace) -> Dict[
     preset holds both, and each CLI skips the other's keys. Training flags follow the config's components."""
     try:
         if stage == "train":
-            from seqtrain.generate import get_parser
-
-            other = get_parser()
+            other = get_generation_parser()
             _add_choice_args(other, "task", choices.task)
         elif stage == "generate":
             other = get_training_parser()
@@ -441,7 +393,17 @@ def _other_cli_flags(stage: Optional[str], choices: argparse.Namespace) -> Dict[
             return {}
     except SeqtrainError:  # an unknown component is reported by the parser that owns it
         return {}
-    return _actions_by_key(other)
+    return actions_by_key(other)
+
+
+def parse_train_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:])."""
+    return parse_args_and_arch(get_training_parser(), argv)
+
+
+def parse_generation_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """seqtrain-generate's flags, parsed; --config FILE supplies defaults, as in seqtrain-train."""
+    return parse_args_and_arch(get_generation_parser(), argv)
 
 
 def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

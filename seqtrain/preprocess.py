@@ -86,20 +86,6 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
-def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="seqtrain-preprocess",
-        description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
-    )
-    return add_args(parser)
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = get_parser().parse_args(argv)
-    preprocess(args)
-    return 0
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # inputs
 

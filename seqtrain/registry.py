@@ -41,7 +41,6 @@ class Registry(Generic[T]):
 
 
 ARCHS: Registry[Callable] = Registry("arch")
-MODELS: Registry[Callable] = Registry("model")
 TASKS: Registry[Callable] = Registry("task")
 CRITERIONS: Registry[Callable] = Registry("criterion")
 OPTIMIZERS: Registry[Callable] = Registry("optimizer")

@@ -8,6 +8,24 @@ It parses no flags and opens no files other than the checkpoints it is asked to 
 
 Exact resume: every update first seeds torch's RNG from (--seed, num_updates), as fairseq does, so dropout
 masks depend only on the update number, not on what ran before; a resumed run repeats them bit for bit.
+
+The step contract: for each batch of an update, Trainer.train_step calls
+`task.train_step(sample, model, criterion, step, update_num, ignore_grad)`, where `step` is a StepContext (the
+autocast context and the loss-scaled backward); the task returns (loss, sample_size, logging_output), with the
+logging output's figures left as device tensors (the criterion does not sync).
+
+Host-device syncs per update (CUDA; each waits for the device's queued work):
+  1. `float(grad_norm)` after the backward passes: the gradient norm, needed on the host for the fp16 overflow
+     check, the divergence check and the log (under FSDP the norm is first all-reduced across ranks).
+  2. without fp16 loss scaling, `_check_finite` reads each batch's loss (`float(log["loss"])`), right after 1.
+  3. `_log_train_stats` -> task.reduce_metrics: `float()` of each tensor in the logging outputs (loss, nll_loss,
+     n_correct with --report-accuracy), per batch; the first waits for the optimizer step queued after 1.
+  4. several ranks only: `distributed.sum_logging_outputs` reads every logging-output tensor before the backward
+     of the update is finished, then `all_reduce_sums` (one collective; `.tolist()` of its result); and the
+     training loop's `distributed.any_rank` stop check (one collective and `.item()`) after each update.
+  5. criteria only: `int(mask.sum())` when a batch carries no "ntokens" (seqtrain's collater always sets it).
+Batches move to the device with `non_blocking=True` (prepare_sample); that is no sync, but the copy from pageable
+memory is not asynchronous either.
 """
 from __future__ import annotations
 
@@ -17,6 +35,7 @@ import logging
 import math
 import random
 import time
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import numpy as np
@@ -24,8 +43,9 @@ import torch
 
 from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
 from seqtrain import distributed
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
-from seqtrain.logging.meters import MetersDict, TimeMeter, perplexity
+from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.resize import check_state_fits, fit_positions, resize_embeddings
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
 
@@ -36,41 +56,59 @@ def _is_oom(e: BaseException) -> bool:
     return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
 
 
-class _StepContext:
-    """What a task's train_step needs from the trainer: the autocast context and the (scaled) backward."""
+@dataclass
+class TrainerConfig:
+    """The Trainer's own settings (the flags of the same names); TrainerConfig.from_args(args) reads them."""
 
-    def __init__(self, trainer: "Trainer"):
-        self.trainer = trainer
+    seed: int = 1
+    cpu: bool = False
+    device_id: int = 0
+    fp16: bool = False
+    bf16: bool = False
+    compile: bool = False
+    clip_norm: float = 0.0
+    optimizer: str = "adam"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "TrainerConfig":
+        return from_args(cls, args)
+
+
+class StepContext:
+    """What a task's train_step gets from the Trainer for each batch: `autocast()`, the mixed-precision context
+    for the forward pass, and `backward(loss)`, the backward pass with the fp16 loss scale applied."""
+
+    def __init__(self, amp_dtype: Optional[torch.dtype], device: torch.device,
+                 scaler: Optional[DynamicLossScaler]):
+        self.amp_dtype, self.device, self.scaler = amp_dtype, device, scaler
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        return self.trainer.autocast()
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
-        scaler = self.trainer.scaler
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
 
 class Trainer:
     def __init__(self, args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any):
+        """`args`: the parsed flags; the Trainer's own come from TrainerConfig, the optimizer's, scheduler's,
+        loss scaler's and DDP/FSDP's from their builders, and the whole Namespace goes into checkpoints."""
         self.args = args
+        self.cfg = cfg = TrainerConfig.from_args(args)
         self.task = task
         self.criterion = criterion
-        use_cuda = torch.cuda.is_available() and not getattr(args, "cpu", False)
-        self.device = torch.device("cuda", getattr(args, "device_id", 0) or 0) if use_cuda else torch.device("cpu")
+        use_cuda = torch.cuda.is_available() and not cfg.cpu
+        self.device = torch.device("cuda", cfg.device_id) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
-        # fairseq's --memory-efficient-fp16/bf16 imply the plain flags; weights and optimizer state stay fp32
-        # here either way (autocast), so they mean the same thing.
-        if getattr(args, "memory_efficient_fp16", False):
-            args.fp16 = True
-        if getattr(args, "memory_efficient_bf16", False):
-            args.bf16 = True
-        if getattr(args, "fp16", False) and getattr(args, "bf16", False):
+        if cfg.fp16 and cfg.bf16:
             raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
-        if getattr(args, "fp16", False) and not use_cuda:
+        if cfg.fp16 and not use_cuda:
             raise SeqtrainError("--fp16 needs a CUDA device (use --bf16 on CPU, or drop --fp16)")
         self.amp_dtype: Optional[torch.dtype] = (
-            torch.float16 if getattr(args, "fp16", False) else torch.bfloat16 if getattr(args, "bf16", False) else None
+            torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
         )
         # Parameters stay fp32 (the optimizer's master copy); autocast runs matmuls in the low precision.
         self.model = model.to(self.device)
@@ -78,20 +116,19 @@ class Trainer:
             self.criterion = criterion.to(self.device)
         # Several ranks: DDP around the model, or FSDP sharding it in place (before the optimizer sees it).
         self.world_size = distributed.get_world_size()
-        self._forward_model = distributed.wrap_model(args, self.model, self.device)
+        parallel = distributed.DataParallelConfig.from_args(args)
+        self._forward_model = distributed.wrap_model(parallel, self.model, self.device, self.amp_dtype)
         self.is_fsdp = distributed.is_fsdp(self.model)
-        if getattr(args, "compile", False):
+        if cfg.compile:
             self._forward_model = torch.compile(self._forward_model)
         self.optimizer = build_optimizer(args, self.model.parameters())
         self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
         self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
-        self._step_context = _StepContext(self)
         self.num_updates = 0
         self.lr_step_update()
         # meters: the epoch ("train"), the current log interval ("train_inner"), the last validation ("valid")
         self.meters: Dict[str, MetersDict] = {"train": MetersDict(), "train_inner": MetersDict(),
                                               "valid": MetersDict()}
-        self.wall = TimeMeter(round=0)
         self.previous_training_time = 0.0
         self._start_time = time.time()
         self.num_params = sum(p.numel() for p in self.model.parameters())
@@ -101,9 +138,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ basics
     def autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        return self.step_context().autocast()
+
+    def step_context(self) -> StepContext:
+        """What task.train_step gets for each batch (built from the current precision and loss scaler)."""
+        return StepContext(self.amp_dtype, self.device, self.scaler)
 
     def get_num_updates(self) -> int:
         return self.num_updates
@@ -135,15 +174,16 @@ class Trainer:
 
     def _set_seed(self) -> None:
         # Seed from the update count so a resumed run draws the same dropout masks as an uninterrupted one.
-        torch.manual_seed(self.args.seed + self.num_updates)
+        torch.manual_seed(self.cfg.seed + self.num_updates)
 
     def set_dummy_batch(self, batch: Dict[str, Any]) -> None:
         """The batch a rank runs, with zero weight, when its shard has no batch left (epoch_itr.first_batch):
         every rank must take part in each update's collectives."""
         if batch:
-            self._dummy_batch = self._prepare_sample(batch)
+            self._dummy_batch = self.prepare_sample(batch)
 
-    def _prepare_sample(self, sample: Any) -> Any:
+    def prepare_sample(self, sample: Any) -> Any:
+        """`sample` with every tensor moved to the training device."""
         def move(x: Any) -> Any:
             if torch.is_tensor(x):
                 return x.to(self.device, non_blocking=True)
@@ -165,6 +205,7 @@ class Trainer:
         start = time.perf_counter()
         logging_outputs: List[Dict[str, Any]] = []
         sample_size = 0.0
+        step = self.step_context()
         for i, sample in enumerate(samples):
             is_dummy = not sample  # an empty batch (a short shard) still runs, with zero weight
             if is_dummy:
@@ -175,7 +216,7 @@ class Trainer:
                     continue
                 sample = self._dummy_batch
             else:
-                sample = self._prepare_sample(sample)
+                sample = self.prepare_sample(sample)
                 if self._dummy_batch is None:
                     self._dummy_batch = sample
             oom: Optional[str] = None
@@ -184,7 +225,7 @@ class Trainer:
                 with torch.autograd.profiler.record_function(f"train_step-{i}"), \
                         distributed.no_sync(self._forward_model, i < len(samples) - 1):
                     _, size, log = self.task.train_step(sample, self._forward_model, self.criterion,
-                                                        self._step_context, self.num_updates, ignore_grad=is_dummy)
+                                                        step, self.num_updates, ignore_grad=is_dummy)
             except RuntimeError as e:
                 if not (self.device.type == "cuda" and _is_oom(e)):
                     raise
@@ -222,9 +263,9 @@ class Trainer:
         # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
         self.optimizer.multiply_grads(self.world_size / (sample_size * scale) if sample_size > 0 else 0.0)
         if self.is_fsdp:  # sharded gradients: the norm is taken over all ranks' shards
-            grad_norm = distributed.clip_grad_norm_(list(self.optimizer.params), self.args.clip_norm)
+            grad_norm = distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.clip_norm)
         else:
-            grad_norm = self.optimizer.clip_grad_norm(self.args.clip_norm)
+            grad_norm = self.optimizer.clip_grad_norm(self.cfg.clip_norm)
         gnorm = float(grad_norm)
         if self.scaler is not None:
             try:
@@ -274,8 +315,8 @@ class Trainer:
             meters.log_last("num_updates", self.num_updates)
             meters.log_last("lr", self.get_lr())
             meters.log_scalar("gnorm", gnorm, round=3)
-            if self.args.clip_norm > 0:
-                meters.log_scalar("clip", 100.0 if gnorm > self.args.clip_norm else 0.0, round=1)
+            if self.cfg.clip_norm > 0:
+                meters.log_scalar("clip", 100.0 if gnorm > self.cfg.clip_norm else 0.0, round=1)
             if self.scaler is not None:
                 meters.log_last("loss_scale", self.scaler.loss_scale, round=4)
             meters.log_sum("train_wall", train_time, round=0)
@@ -295,7 +336,7 @@ class Trainer:
         if is_dummy and self._dummy_batch is None:
             raise SeqtrainError("internal: a rank got an empty validation batch and has no dummy batch "
                                 "(Trainer.set_dummy_batch)")
-        sample = self._dummy_batch if is_dummy else self._prepare_sample(sample)
+        sample = self._dummy_batch if is_dummy else self.prepare_sample(sample)
         with torch.no_grad(), self.autocast():
             _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
         if self.world_size > 1:
@@ -318,8 +359,7 @@ class Trainer:
         extra.update({
             "num_updates": self.num_updates,
             "meters": {"train": self.meters["train"].state_dict(),
-                       "train_inner": self.meters["train_inner"].state_dict(),
-                       "wall": self.wall.state_dict()},
+                       "train_inner": self.meters["train_inner"].state_dict()},
             "rng": rng_state(),
             "train_wall": self.cumulative_training_time(),
             "previous_training_time": self.cumulative_training_time(),
@@ -365,9 +405,9 @@ class Trainer:
             reset_optimizer = True
         if not reset_optimizer:
             saved_opt = saved_args.get("optimizer")
-            if saved_opt is not None and saved_opt != getattr(self.args, "optimizer", saved_opt):
+            if saved_opt is not None and saved_opt != self.cfg.optimizer:
                 raise SeqtrainError(
-                    f"{where} was trained with --optimizer {saved_opt}, this run uses {self.args.optimizer}; "
+                    f"{where} was trained with --optimizer {saved_opt}, this run uses {self.cfg.optimizer}; "
                     "pass --reset-optimizer to start the new optimizer fresh")
             try:
                 if self.is_fsdp:  # each rank keeps its shard of the full saved state
@@ -391,7 +431,6 @@ class Trainer:
             meters = extra["meters"]
             self.meters["train"].load_state_dict(meters["train"])
             self.meters["train_inner"].load_state_dict(meters["train_inner"])
-            self.wall.load_state_dict(meters["wall"])
             self.previous_training_time = float(extra.get("previous_training_time", 0.0))
             self._start_time = time.time()
         if extra.get("rng") is not None:

@@ -1,20 +1,21 @@
-"""seqtrain-generate: thin entry point; the work is in seqtrain.generate."""
+"""seqtrain-generate: parse the flags, then seqtrain.generate.generate."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, Dict, List, Optional, TextIO
 
+from seqtrain.options import parse_generation_args
 from seqtrain_cli._main import run_cli
 
 
-def main(argv: List[str]) -> int:
-    from seqtrain.generate import main as generate_main
+def generate_main(argv: Optional[List[str]] = None, out: Optional[TextIO] = None) -> Dict[str, Any]:
+    """Parse `argv` and generate, printing to `out` (stdout); returns seqtrain.generate.generate's result."""
+    from seqtrain.generate import generate
 
-    generate_main(argv)
-    return 0
+    return generate(parse_generation_args(argv), out)
 
 
 def cli_main(argv: Optional[List[str]] = None) -> None:
-    run_cli("seqtrain-generate", main, argv)
+    run_cli("seqtrain-generate", lambda a: generate_main(a) and 0, argv)
 
 
 if __name__ == "__main__":

@@ -1,14 +1,21 @@
-"""Console script `seqtrain-preprocess`: raw text -> data-bin (see seqtrain/preprocess.py)."""
+"""seqtrain-preprocess: parse the flags, then seqtrain.preprocess.preprocess (raw text -> data-bin)."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
-from seqtrain.preprocess import main
+from seqtrain.options import get_preprocessing_parser
 from seqtrain_cli._main import run_cli
 
 
+def preprocess_main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Parse `argv` and preprocess; returns seqtrain.preprocess.preprocess's summary."""
+    from seqtrain.preprocess import preprocess
+
+    return preprocess(get_preprocessing_parser().parse_args(argv))
+
+
 def cli_main(argv: Optional[List[str]] = None) -> None:
-    run_cli("seqtrain-preprocess", main, argv)
+    run_cli("seqtrain-preprocess", lambda a: preprocess_main(a) and 0, argv)
 
 
 if __name__ == "__main__":

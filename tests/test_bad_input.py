@@ -33,7 +33,7 @@ def write_raw(folder: str, prefix: str, n: int, seed: int, word: str = "w", n_tg
 
 
 def preprocess(raw: str, dest: str, valid: str = None) -> str:
-    from seqtrain.preprocess import main
+    from seqtrain_cli.preprocess import preprocess_main as main
 
     argv = ["--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train", "--destdir", dest,
             "--joined-dictionary", "--tokenizer", "none", "--no-progress-bar"]

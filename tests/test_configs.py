@@ -18,9 +18,7 @@ def train_args(*argv: str):
 
 
 def generate_args(*argv: str):
-    from seqtrain.generate import get_parser
-
-    return options.parse_args_and_arch(get_parser(), list(argv))
+    return options.parse_generation_args(list(argv))
 
 
 def cfg(name: str) -> str:

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from seqtrain.checkpoint import load_checkpoint_file
-from seqtrain.distributed import FAIL_RANK_ENV, rescale_iterator_position
+from seqtrain.distributed import rescale_iterator_position
 from seqtrain.hub import load_model
 from seqtrain_cli.train import train_main
 from tests.test_train_e2e import make_databin, parse_log
@@ -55,6 +55,27 @@ AUDIT_HOOK = textwrap.dedent("""
         sys.addaudithook(_hook)
 """)
 
+# Fault injection for the failure tests, installed from the test side: with SEQTRAIN_TEST_FAIL_RANK=R[:U] in the
+# environment, rank R raises before its update U+1 (default U=1). Production code knows nothing of it.
+FAIL_RANK_ENV = "SEQTRAIN_TEST_FAIL_RANK"
+FAULT_HOOK = textwrap.dedent("""
+    import os
+    _spec = os.environ.get("SEQTRAIN_TEST_FAIL_RANK")
+    if _spec:
+        import seqtrain.trainer as _trainer
+        from seqtrain import distributed as _distributed
+
+        _rank, _, _at = _spec.partition(":")
+        _real_train_step = _trainer.Trainer.train_step
+
+        def _failing_train_step(self, samples):
+            if _distributed.get_rank() == int(_rank) and self.num_updates == int(_at or 1):
+                raise RuntimeError(f"injected failure on rank {_rank} at update {self.num_updates + 1}")
+            return _real_train_step(self, samples)
+
+        _trainer.Trainer.train_step = _failing_train_step
+""")
+
 
 @pytest.fixture(scope="module")
 def databin(tmp_path_factory):
@@ -76,7 +97,7 @@ def train_args(data: str, save_dir: str, *extra: str) -> list:
 def launch(cmd: list, tmp_path, env_extra: dict = None, timeout: float = 120) -> subprocess.CompletedProcess:
     hook_dir = tmp_path / "hook"
     hook_dir.mkdir(exist_ok=True)
-    (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK)
+    (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK + FAULT_HOOK)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
         [str(hook_dir)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
         SEQTRAIN_TEST_AUDIT_LOG=str(tmp_path / "writes.txt"))

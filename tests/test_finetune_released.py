@@ -24,7 +24,7 @@ def released(tmp_path_factory):
 
     from seqtrain.data.dictionary import Dictionary
     from seqtrain.models.bart import build_model
-    from seqtrain.preprocess import main as preprocess
+    from seqtrain_cli.preprocess import preprocess_main as preprocess
 
     folder = tmp_path_factory.mktemp("released")
     raw = folder / "raw"
@@ -73,7 +73,7 @@ def released(tmp_path_factory):
 
 
 def test_finetune_from_released_fairseq_model_with_more_embedding_rows(released, tmp_path, caplog):
-    from seqtrain.generate import main as generate_main
+    from seqtrain_cli.generate import generate_main
     from seqtrain_cli.train import train_main
 
     folder, state, n_dict = released

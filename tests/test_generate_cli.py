@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.generate import main as generate_main
+from seqtrain_cli.generate import generate_main
 
 
 def _parse(lines):
@@ -154,7 +154,7 @@ def test_end_to_end_on_bundled_sample(sample_dir, tmp_path):
     """preprocess (sentencepiece) -> train a tiny BART -> generate: every output form, detokenized, plus ROUGE."""
     import torch
 
-    from seqtrain.preprocess import main as preprocess
+    from seqtrain_cli.preprocess import preprocess_main as preprocess
     from seqtrain_cli.train import train_main
 
     raw = tmp_path / "raw"

@@ -11,6 +11,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset
 from seqtrain.data.tokenizer import load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
+from seqtrain_cli.preprocess import preprocess_main as main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +48,7 @@ def sample_argv(raw, dest, *extra):
 def test_tokenizer_none_matches_fairseq_preprocess_byte_for_byte(fairseq_tiny, tmp_path):
     raw = fairseq_tiny / "raw"
     dest = tmp_path / "bin"
-    P.main(["-s", "src", "-t", "tgt", "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
+    main(["-s", "src", "-t", "tgt", "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
             "--testpref", str(raw / "test"), "--destdir", str(dest), "--joined-dictionary", "--tokenizer", "none",
             "--workers", "2", "--no-progress-bar"])
     theirs = sorted(os.listdir(fairseq_tiny / "data-bin"))
@@ -66,7 +67,7 @@ def test_worker_counts_give_identical_bytes_and_data_reads_back(small_sample, tm
     outs = {}
     for w in (1, 2):
         dest = tmp_path / f"w{w}"
-        assert P.main(sample_argv(small_sample, dest, "--workers", str(w))) == 0
+        assert main(sample_argv(small_sample, dest, "--workers", str(w)))["splits"]
         outs[w] = dest
     files = sorted(n for n in os.listdir(outs[1]) if n != "preprocess.json")
     assert files == sorted(n for n in os.listdir(outs[2]) if n != "preprocess.json")
@@ -100,7 +101,7 @@ def test_summary_figures_on_hand_made_corpus(tmp_path, capsys):
     write_pair(raw, "train", ["a b c", "a b", "a", "b c d e"], ["x", "x y", "y", "z"])
     write_pair(raw, "valid", ["a q q", "b"], ["x", "w"])
     dest = tmp_path / "bin"
-    P.main(["--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--destdir", str(dest),
+    main(["--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--destdir", str(dest),
             "--tokenizer", "none", "--thresholdsrc", "2", "--no-progress-bar"])
     # counts a3 b3 c2 d1 e1; threshold 2 drops d and e; 4 specials + 3 symbols padded to 8
     assert (dest / "dict.source.txt").read_text() == "a 3\nb 3\nc 2\nmadeupword0000 0\n"
@@ -131,7 +132,7 @@ def test_given_dictionary_multiple_valid_splits_and_dict_only(tmp_path):
     write_pair(raw, "v2", ["c c"], ["y"])
     (tmp_path / "given.txt").write_text("c 10\na 5\n")
     dest = tmp_path / "bin"
-    P.main(["--trainpref", str(raw / "train"), "--validpref", f"{raw / 'v1'},{raw / 'v2'}", "--destdir", str(dest),
+    main(["--trainpref", str(raw / "train"), "--validpref", f"{raw / 'v1'},{raw / 'v2'}", "--destdir", str(dest),
             "--tokenizer", "none", "--srcdict", str(tmp_path / "given.txt"), "--no-progress-bar"])
     # a given dictionary is used as it is (no re-sorting, no padding), as fairseq does
     assert (dest / "dict.source.txt").read_text() == "c 10\na 5\n"
@@ -140,7 +141,7 @@ def test_given_dictionary_multiple_valid_splits_and_dict_only(tmp_path):
     assert MMapIndexedDataset(str(dest / "train.source-target.source"))[0].tolist() == [5, 3, 2]
 
     only = tmp_path / "dictonly"
-    P.main(["--trainpref", str(raw / "train"), "--destdir", str(only), "--tokenizer", "none", "--joined-dictionary",
+    main(["--trainpref", str(raw / "train"), "--destdir", str(only), "--tokenizer", "none", "--joined-dictionary",
             "--dict-only", "--no-progress-bar"])
     assert sorted(os.listdir(only)) == ["dict.source.txt", "dict.target.txt", "preprocess.json", "tokenizer.json"]
     assert (only / "dict.source.txt").read_text() == (only / "dict.target.txt").read_text()
@@ -200,7 +201,7 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, case):
     if case == "bad_srcdict":
         argv += ["--srcdict", str(raw / "dict.txt")]
     with pytest.raises(SeqtrainError, match=message) as e:
-        P.main(argv)
+        main(argv)
     assert "\n" not in str(e.value)
     assert not dest.exists()
 
@@ -224,13 +225,13 @@ def test_destdir_with_a_different_dictionary_is_refused_identical_is_fine(tmp_pa
     write_pair(raw, "train", ["a b", "b c"], ["x", "y"])
     dest = tmp_path / "bin"
     argv = ["--trainpref", str(raw / "train"), "--destdir", str(dest), "--tokenizer", "none", "--no-progress-bar"]
-    P.main(argv)
+    main(argv)
     first = snapshot(dest)
-    P.main(argv)  # same input, same dictionary: fine, same bytes
+    main(argv)  # same input, same dictionary: fine, same bytes
     assert snapshot(dest) == first
     write_pair(raw, "train", ["a b", "b d"], ["x", "y"])
     with pytest.raises(SeqtrainError, match=r"bin/dict\.source\.txt already exists and differs"):
-        P.main(argv)
+        main(argv)
     assert snapshot(dest) == first  # nothing replaced, no temp folder left behind
 
 
@@ -247,7 +248,7 @@ def test_failure_during_binarization_leaves_no_valid_looking_files(tmp_path, mon
 
     monkeypatch.setattr(P.ChunkWorker, "binarize", boom)
     with pytest.raises(SeqtrainError, match="simulated"):
-        P.main(["--trainpref", str(raw / "train"), "--destdir", str(dest), "--tokenizer", "none", "--no-progress-bar"])
+        main(["--trainpref", str(raw / "train"), "--destdir", str(dest), "--tokenizer", "none", "--no-progress-bar"])
     assert os.listdir(dest) == ["keep.txt"]
 
 
@@ -264,7 +265,7 @@ def test_failure_during_binarization_leaves_no_valid_looking_files(tmp_path, mon
 ])
 def test_flag_errors(argv, message, tmp_path):
     with pytest.raises(SeqtrainError, match=message):
-        P.main(argv + ["--destdir", str(tmp_path / "bin")])
+        main(argv + ["--destdir", str(tmp_path / "bin")])
     assert not (tmp_path / "bin").exists()
 
 
@@ -274,7 +275,7 @@ def test_destdir_that_is_a_file_is_a_clear_error(tmp_path):
     write_pair(raw, "train", ["a"], ["x"])
     (tmp_path / "bin").write_text("not a folder")
     with pytest.raises(SeqtrainError, match=r"--destdir .*bin: cannot create the folder"):
-        P.main(["--trainpref", str(raw / "train"), "--destdir", str(tmp_path / "bin"), "--tokenizer", "none"])
+        main(["--trainpref", str(raw / "train"), "--destdir", str(tmp_path / "bin"), "--tokenizer", "none"])
     assert (tmp_path / "bin").read_text() == "not a folder"
 
 
@@ -283,7 +284,7 @@ def test_spm_vocab_too_large_is_a_clear_error(tmp_path):
     raw.mkdir()
     write_pair(raw, "train", ["a b", "b c"], ["x", "y"])
     with pytest.raises(SeqtrainError, match=r"--spm-vocab-size 8000: sentencepiece training failed: .*too high"):
-        P.main(["--trainpref", str(raw / "train"), "--destdir", str(tmp_path / "bin"), "--no-progress-bar"])
+        main(["--trainpref", str(raw / "train"), "--destdir", str(tmp_path / "bin"), "--no-progress-bar"])
     assert not (tmp_path / "bin").exists()
 
 
@@ -315,7 +316,7 @@ def test_gpt2_tokenizer_with_bart_style_given_dictionaries_and_only_source(tmp_p
     dest = tmp_path / "bin"
     gpt2 = ["--tokenizer", "gpt2", "--gpt2-encoder-json", str(tmp_path / "encoder.json"),
             "--gpt2-vocab-bpe", str(tmp_path / "vocab.bpe")]
-    P.main(["--trainpref", str(raw / "train"), "--destdir", str(dest), "--srcdict", str(tmp_path / "dict.txt"),
+    main(["--trainpref", str(raw / "train"), "--destdir", str(dest), "--srcdict", str(tmp_path / "dict.txt"),
             "--tgtdict", str(tmp_path / "dict.txt"), "--no-progress-bar", *gpt2])
     src = MMapIndexedDataset(str(dest / "train.source-target.source"))
     assert [src[i].tolist() for i in range(2)] == [[4, 5, 2], [4, 4, 6, 2]]  # "he", " he" / "he", "he", "!"
@@ -324,7 +325,7 @@ def test_gpt2_tokenizer_with_bart_style_given_dictionaries_and_only_source(tmp_p
     assert load_databin_tokenizer(str(dest)).encode("hehe!") == "256 256 33"
 
     only = tmp_path / "only"
-    P.main(["--trainpref", str(raw / "train"), "--destdir", str(only), "--only-source", "--no-progress-bar", *gpt2])
+    main(["--trainpref", str(raw / "train"), "--destdir", str(only), "--only-source", "--no-progress-bar", *gpt2])
     assert (only / "dict.source.txt").read_text() == "256 3\n257 1\n33 1\nmadeupword0000 0\n"
     assert sorted(n for n in os.listdir(only) if n.endswith((".bin", ".idx"))) == [
         "train.source-target.source.bin", "train.source-target.source.idx"]

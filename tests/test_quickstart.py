@@ -37,10 +37,11 @@ def test_lead_baseline_is_first_sentence_cut_to_12_words(tmp_path):
 
 def _json_log(path, records):
     """Write records exactly as seqtrain-train's json progress bar and --log-file formatter do."""
+    from seqtrain.logging import formatter
     from seqtrain.logging.progress import progress_bar
 
     handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+    handler.setFormatter(formatter())
     root = logging.getLogger()
     old_level = root.level
     root.addHandler(handler)

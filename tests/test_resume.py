@@ -191,12 +191,12 @@ def test_cuda_oom_skips_the_update(databin, full_runs, tmp_path, monkeypatch):
 
     real_step = task.train_step
 
-    def failing_step(sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        real_step(sample, model, criterion, optimizer, update_num, ignore_grad)  # gradients accumulate...
+    def failing_step(sample, model, criterion, step, update_num, ignore_grad=False):
+        real_step(sample, model, criterion, step, update_num, ignore_grad)  # gradients accumulate...
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")  # ...then it fails
 
     monkeypatch.setattr(trainer, "device", torch.device("cuda"))
-    monkeypatch.setattr(trainer, "_prepare_sample", lambda s: s)
+    monkeypatch.setattr(trainer, "prepare_sample", lambda s: s)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(task, "train_step", failing_step)
     assert trainer.train_step([batch]) is None

@@ -289,7 +289,3 @@ class CrossEntropyCriterion:
             out["total"] = total
             out["accuracy"] = round(out["n_correct"] * 100.0 / total, 3)
         return out
-
-    @staticmethod
-    def logging_outputs_can_be_summed() -> bool:
-        return True

@@ -1,4 +1,4 @@
-"""Meters for training statistics, fairseq style: weighted averages, rates, stopwatches, and derived values.
+"""Meters for training statistics, fairseq style: weighted averages, sums, rates, and derived values.
 
 A `MetersDict` is one named set of meters (e.g. "train" for the whole epoch, "train_inner" for one log interval,
 "valid" for one validation pass). Its `smoothed_values()` gives the rounded numbers printed in log lines, in the
@@ -156,45 +156,7 @@ class TimeMeter(Meter):
         self.round = state.get("round")
 
 
-class StopwatchMeter(Meter):
-    """Sums the durations of start()/stop() intervals (train_wall: time spent inside train steps)."""
-
-    def __init__(self, round: Optional[int] = None):
-        self.round = round
-        self.reset()
-
-    def reset(self) -> None:
-        self.sum = 0.0
-        self.n = 0
-        self.start_time: Optional[float] = None
-
-    def start(self) -> None:
-        self.start_time = time.perf_counter()
-
-    def stop(self, n: int = 1) -> None:
-        if self.start_time is not None:
-            self.sum += time.perf_counter() - self.start_time
-            self.n += n
-            self.start_time = None
-
-    @property
-    def elapsed_time(self) -> float:
-        running = time.perf_counter() - self.start_time if self.start_time is not None else 0.0
-        return self.sum + running
-
-    @property
-    def smoothed_value(self) -> float:
-        return _round(self.elapsed_time, self.round)
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"kind": "stopwatch", "sum": self.elapsed_time, "n": self.n, "round": self.round}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.reset()
-        self.sum, self.n, self.round = state["sum"], state["n"], state.get("round")
-
-
-_KINDS = {"avg": AverageMeter, "last": LastMeter, "sum": SumMeter, "time": TimeMeter, "stopwatch": StopwatchMeter}
+_KINDS = {"avg": AverageMeter, "last": LastMeter, "sum": SumMeter, "time": TimeMeter}
 
 
 class MetersDict:
@@ -236,14 +198,6 @@ class MetersDict:
             self.derived[name] = fn
             if name not in self._order:
                 self._order.append(name)
-
-    def start_stopwatch(self, name: str, round: Optional[int] = None) -> None:
-        self._get(name, StopwatchMeter, round).start()
-
-    def stop_stopwatch(self, name: str, n: int = 1) -> None:
-        meter = self.meters.get(name)
-        if isinstance(meter, StopwatchMeter):
-            meter.stop(n)
 
     def __contains__(self, name: str) -> bool:
         return name in self.meters or name in self.derived

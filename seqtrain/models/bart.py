@@ -34,7 +34,7 @@ from seqtrain.models.transformer import (
     reorder_cache,
 )
 from seqtrain.models.transformer import Packing
-from seqtrain.registry import ARCHS, MODELS
+from seqtrain.registry import ARCHS
 
 EncoderOut = Dict[str, Tensor]
 
@@ -449,6 +449,3 @@ def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTM
         )
     cfg = BartConfig.from_args(args, len(src_dict), None if args.share_all_embeddings else len(tgt_dict))
     return BARTModel(cfg, padding_idx=pad)
-
-
-MODELS.register("bart")(build_model)

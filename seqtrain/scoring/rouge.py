@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Dict, List, Sequence
+from typing import Any, Dict, List, Sequence
 
 from rouge_score import rouge_scorer
 
@@ -97,3 +97,12 @@ def write_json(scores: Dict[str, float], path: str, **extra: object) -> None:
 
 
 __all__ = ["ROUGE_TYPES", "split_sentences", "score_pairs", "score_files", "format_summary", "write_json"]
+
+
+def score(args: Any) -> Dict[str, float]:
+    """seqtrain-score: print ROUGE of --sys against --ref (and write --json); returns the scores."""
+    scores = score_files(args.sys, args.ref)
+    print(format_summary(scores))
+    if args.json:
+        write_json(scores, args.json, sys=args.sys, ref=args.ref)
+    return scores

@@ -8,11 +8,10 @@ defines one training / validation step. The data-bin layout is fairseq's: dict.{
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -23,6 +22,9 @@ from seqtrain.data.iterators import EpochBatchIterator
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TASKS
+
+if TYPE_CHECKING:
+    from seqtrain.trainer import StepContext
 
 logger = logging.getLogger(__name__)
 
@@ -61,11 +63,7 @@ class TranslationTask:
         self.datasets: Dict[str, LanguagePairDataset] = {}
         self._iterators: Dict[int, EpochBatchIterator] = {}
 
-    # fairseq's names, used by criteria and generation
-    @property
-    def source_dictionary(self) -> Dictionary:
-        return self.src_dict
-
+    # fairseq's name, used by criteria and generation
     @property
     def target_dictionary(self) -> Dictionary:
         return self.tgt_dict
@@ -198,23 +196,17 @@ class TranslationTask:
         return build_criterion(args, self)
 
     # ---------------------------------------------------------------------------------------------- steps
-    def train_step(self, sample: Dict[str, Any], model: torch.nn.Module, criterion: Any, optimizer: Any,
+    def train_step(self, sample: Dict[str, Any], model: torch.nn.Module, criterion: Any, step: StepContext,
                    update_num: int, ignore_grad: bool = False) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
-        """Forward and backward on one batch. `optimizer` may provide `autocast()` (mixed precision context for
-        the forward pass) and `backward(loss)` (loss scaling); a plain object gets loss.backward()."""
+        """Forward (under `step.autocast()`) and backward (`step.backward(loss)`, which applies the fp16 loss
+        scale) on one batch of update `update_num`; returns (loss, sample_size, logging_output)."""
         model.train()
-        autocast = getattr(optimizer, "autocast", None)
-        with torch.autograd.profiler.record_function("forward"):
-            with autocast() if autocast is not None else contextlib.nullcontext():
-                loss, sample_size, logging_output = criterion(model, sample)
+        with torch.autograd.profiler.record_function("forward"), step.autocast():
+            loss, sample_size, logging_output = criterion(model, sample)
         if ignore_grad:
             loss = loss * 0  # a dummy batch: keep the graph (collectives still run) but contribute nothing
         with torch.autograd.profiler.record_function("backward"):
-            backward = getattr(optimizer, "backward", None)
-            if backward is not None:
-                backward(loss)
-            else:
-                loss.backward()
+            step.backward(loss)
         return loss, sample_size, logging_output
 
     def valid_step(self, sample: Dict[str, Any], model: torch.nn.Module, criterion: Any
