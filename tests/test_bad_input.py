@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.utils import REPO
 
 
 def write_raw(folder: str, prefix: str, n: int, seed: int, word: str = "w", n_tgt: int = None) -> str:

@@ -29,7 +29,7 @@ from seqtrain.checkpoint import load_checkpoint_file
 from seqtrain.distributed import FAIL_RANK_ENV, rescale_iterator_position
 from seqtrain.hub import load_model
 from seqtrain_cli.train import train_main
-from tests.test_train_e2e import make_databin, parse_log
+from tests.utils import parse_log
 
 BIN = os.path.dirname(sys.executable)
 TORCHRUN = os.path.join(BIN, "torchrun")
@@ -57,9 +57,9 @@ AUDIT_HOOK = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def databin(tmp_path_factory):
+def databin(toy_databin):
     # 100 examples in batches of 16: 7 batches per epoch (rank 1 runs a dummy step); 40 valid: 3 batches (ditto)
-    return make_databin(str(tmp_path_factory.mktemp("toy")), n_train=100, n_valid=40)
+    return toy_databin(n_train=100, n_valid=40)
 
 
 

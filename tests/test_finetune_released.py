@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seqtrain.checkpoint import load_checkpoint_file
-from tests.conftest import SAMPLE
+from tests.utils import SAMPLE
 
 DIMS = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",

@@ -13,13 +13,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.tasks import setup_task
 from seqtrain.trainer import Trainer
 from seqtrain_cli.train import train_main
-from tests.test_train_e2e import make_databin
-
-
-@pytest.fixture(scope="module")
-def databin(tmp_path_factory):
-    return make_databin(str(tmp_path_factory.mktemp("toy")))
-
+from tests.utils import assert_same_state
 
 
 def args_for(data: str, save_dir: str, *extra: str) -> list:
@@ -48,19 +42,6 @@ def full_runs(databin, tmp_path_factory):
         train_main(args_for(databin, save_dir, *flags))
         out[name] = save_dir
     return out
-
-
-def assert_same_state(a: dict, b: dict) -> None:
-    assert a["model"].keys() == b["model"].keys()
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
-    for pid, sa in a["optimizer"]["state"].items():
-        sb = b["optimizer"]["state"][pid]
-        for k in sa:
-            assert torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k])), (pid, k)
-    assert a["lr_scheduler"] == b["lr_scheduler"]
-    for k in ("num_updates", "epoch", "train_iterator", "best"):
-        assert a["extra_state"][k] == b["extra_state"][k], k
 
 
 @pytest.mark.parametrize("schedule,resume_from,at,drop_rng", [

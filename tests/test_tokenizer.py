@@ -9,6 +9,7 @@ from seqtrain.data.tokenizer import (GPT2BPETokenizer, SentencePieceTokenizer, W
                                      tokenizer_from_args)
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TOKENIZERS
+from tests.utils import SAMPLE
 
 TRICKY = [
     "Hello world",
@@ -43,8 +44,6 @@ def test_none_tokenizer():
 # --- sentencepiece --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def spm_tok(tmp_path_factory):
-    from tests.conftest import SAMPLE
-
     return SentencePieceTokenizer.train([str(SAMPLE / "train.target")], vocab_size=600)
 
 
@@ -96,8 +95,6 @@ def test_spm_errors(sample_dir, tmp_path):
 def gpt2_files(tmp_path_factory):
     """A small encoder.json / vocab.bpe pair in GPT-2's file format, learned with `tokenizers` (no download)."""
     from tokenizers import ByteLevelBPETokenizer
-
-    from tests.conftest import SAMPLE
 
     folder = tmp_path_factory.mktemp("gpt2")
     text = (SAMPLE / "train.target").read_text(encoding="utf-8").split("\n")[:2000]

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import re
-import sys
 
 import pytest
 import torch
@@ -15,49 +14,11 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import AverageMeter, MetersDict, TimeMeter
 from seqtrain.logging.progress import progress_bar
 from seqtrain_cli.train import train_main
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import chaos_resume  # noqa: E402  (its toy data-bin builder)
-
-
-def make_databin(folder, n_train: int = 200, n_valid: int = 40, seed: int = 0) -> str:
-    """A data-bin for a learnable toy task: the target is the first 4 source words, reversed (the builder of
-    scripts/chaos_resume.py, which the chaos harness uses too)."""
-    return chaos_resume.make_databin(str(folder), n_train, n_valid, seed)
-
-
-@pytest.fixture(scope="module")
-def databin(tmp_path_factory):
-    return make_databin(str(tmp_path_factory.mktemp("toy")))
-
-
-
-def base_args(data: str, save_dir: str, *extra: str) -> list:
-    return [data, "--arch", "bart_tiny", "--cpu", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", "5", "--max-tokens", "512", "--log-format", "none", "--save-dir", save_dir,
-            "--seed", "3", *extra]
+from tests.utils import base_args, parse_log
 
 
 def ckpt_files(folder: str) -> list:
     return sorted(n for n in os.listdir(folder) if not n.startswith(".")) if os.path.isdir(folder) else []
-
-
-def parse_log(path: str, tag: str) -> list:
-    """The ' | key value' stats of the `tag` lines of a simple-format log."""
-    out = []
-    for line in open(path, encoding="utf-8"):
-        parts = line.rstrip("\n").split(" | ")
-        if len(parts) > 3 and parts[2] == tag:
-            stats = {}
-            for p in parts[3:]:
-                key, _, value = p.partition(" ")
-                try:
-                    stats[key] = float(value)
-                except ValueError:
-                    pass
-            out.append(stats)
-    return out
 
 
 def test_loss_falls_and_valid_improves(databin, tmp_path):

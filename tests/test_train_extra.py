@@ -12,13 +12,7 @@ from seqtrain import options
 from seqtrain.errors import SeqtrainError
 from seqtrain.eval_rouge import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
-from tests.test_train_e2e import base_args, make_databin, parse_log
-
-
-@pytest.fixture(scope="module")
-def databin(tmp_path_factory):
-    return make_databin(str(tmp_path_factory.mktemp("toy")))
-
+from tests.utils import base_args, parse_log
 
 
 def load(path):
