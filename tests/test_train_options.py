@@ -1,6 +1,6 @@
 """seqtrain-train beyond the basics: validation with ROUGE (--eval-rouge) picking checkpoint_best, the
 memory-efficient precision flags, --stop-min-lr and --stop-time-hours. Tiny: bart_tiny on the toy task of
-test_train_e2e (200 examples, 4 updates per epoch)."""
+test_train.py (200 examples, 4 updates per epoch)."""
 from __future__ import annotations
 
 import os
