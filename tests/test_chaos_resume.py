@@ -12,6 +12,7 @@ from tests.utils import load_script
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_is_bitwise_exact(tmp_path):
     chaos = load_script("chaos_resume")
     lines = []

@@ -134,6 +134,7 @@ def torchrun_ddp(databin, tmp_path_factory):
     return save_dir, tmp / "writes.txt"
 
 
+@pytest.mark.slow
 def test_torchrun_ddp_matches_one_process_with_update_freq(reference, torchrun_ddp):
     save_dir, writes = torchrun_ddp
     ref, ddp = model_of(reference), model_of(save_dir)
@@ -157,6 +158,7 @@ def test_torchrun_ddp_matches_one_process_with_update_freq(reference, torchrun_d
     assert not [n for n in os.listdir(save_dir) if n.startswith(".")]  # no temporary files left
 
 
+@pytest.mark.slow
 def test_resume_two_ranks_into_one(databin, reference, torchrun_ddp, tmp_path):
     """A checkpoint written by 2 ranks mid-epoch resumes in 1 process (--update-freq 4) and ends where the
     uninterrupted runs end: its data position (steps of 2 ranks) is rescaled to batches of 1 process."""
@@ -175,6 +177,7 @@ def test_resume_two_ranks_into_one(databin, reference, torchrun_ddp, tmp_path):
     assert figures(resumed)[-7:] == figures(reference)[-7:]  # updates 4..10
 
 
+@pytest.mark.slow
 def test_fsdp_spawned_resumes_one_process_checkpoint(databin, reference, torchrun_ddp, tmp_path):
     """seqtrain-train --distributed-world-size 2 --ddp-backend fully_sharded (spawned ranks, FSDP2) resumes a
     1-process checkpoint mid-epoch, matches DDP and the single process, and writes full checkpoints that load
@@ -223,6 +226,7 @@ def test_rescale_iterator_position():
 
 
 @pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job(databin, tmp_path, launcher):
     """Rank 1 raises before its second update while rank 0 waits in a collective: the whole job exits non-zero
     within a bounded time, naming rank 1."""
@@ -266,6 +270,7 @@ def test_call_main_single_process_and_half_a_torchrun_environment(monkeypatch):
         call_main(argparse.Namespace(distributed_world_size=1), lambda a: None)
 
 
+@pytest.mark.slow
 def test_spawned_ddp_matches_one_process_with_update_freq_2(databin, tmp_path):
     """The issue's own case: 2 spawned ranks (--update-freq 1) against 1 process with --update-freq 2. Rank r takes
     batch 2i+r of update i; the single process accumulates batches 2i and 2i+1: the same sums, so the same update

@@ -72,6 +72,7 @@ def released(tmp_path_factory):
     return folder, state, len(d)
 
 
+@pytest.mark.slow
 def test_finetune_from_released_fairseq_model_with_more_embedding_rows(released, tmp_path, caplog):
     from seqtrain.generate import main as generate_main
     from seqtrain_cli.train import train_main

@@ -131,6 +131,7 @@ def test_ignored_signal_stays_ignored():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_sigterm_to_the_console_script(databin, tmp_path):
     """A real SIGTERM from outside, to the seqtrain-train process, while it trains."""
     save_dir = str(tmp_path / "ck")

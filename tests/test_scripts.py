@@ -94,6 +94,7 @@ def test_shell_scripts_parse(script):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+@pytest.mark.slow
 def test_gpu_check_fails_clearly_without_cuda(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path)}
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], capture_output=True, text=True,

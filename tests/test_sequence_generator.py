@@ -299,6 +299,7 @@ def test_generate_restores_training_mode(model):
 
 # ------------------------------------------------------------------ (b) transformers' beam search, same weights
 
+@pytest.mark.slow
 def test_matches_transformers_generate():
     """Conventions: HF's max_length counts the decoder start token and the EOS, so max_length = max_len + 2 and
     min_length = min_len + 1 (HF masks EOS while the sequence incl. the start token is shorter than min_length).

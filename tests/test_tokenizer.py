@@ -123,6 +123,7 @@ def reference_gpt2(encoder_json, vocab_bpe):
     return lambda text: [ref.convert_tokens_to_ids(t) for t in ref._tokenize(text)]
 
 
+@pytest.mark.slow
 def test_gpt2_matches_python_reference_and_is_lossless(gpt2_files):
     tok = GPT2BPETokenizer.from_files(*map(str, gpt2_files))
     ref = reference_gpt2(*gpt2_files)

@@ -21,6 +21,7 @@ def ckpt_files(folder: str) -> list:
     return sorted(n for n in os.listdir(folder) if not n.startswith(".")) if os.path.isdir(folder) else []
 
 
+@pytest.mark.slow
 def test_loss_falls_and_valid_improves(databin, tmp_path):
     log = str(tmp_path / "train.log")
     train_main(base_args(databin, str(tmp_path / "ck"), "--lr", "5e-3", "--max-update", "40",
@@ -60,6 +61,7 @@ CHECKPOINT_CASES = [
 
 
 @pytest.mark.parametrize("flags,expected", CHECKPOINT_CASES, ids=["default", "interval", "keep", "save-interval", "no-save"])
+@pytest.mark.slow
 def test_checkpoint_flags_write_exactly_these_files(databin, tmp_path, flags, expected):
     save_dir = str(tmp_path / "ck")
     log = str(tmp_path / "log")
@@ -78,6 +80,7 @@ def test_checkpoint_flags_write_exactly_these_files(databin, tmp_path, flags, ex
             os.stat(os.path.join(save_dir, "checkpoint_best.pt")).st_ino
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars_and_json_log(databin, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -150,6 +153,7 @@ def test_meters_and_progress_formats(caplog):
                     "epoch 001 | loss 7.454 | num_updates 16"]
 
 
+@pytest.mark.slow
 def test_patience_stops_when_validation_stops_improving(databin, tmp_path):
     # With --maximize-best-checkpoint-metric a falling loss never improves: epoch 1 sets the best, epochs 2 and 3
     # do not, so --patience 2 stops after epoch 3 although --max-epoch allows 10.
@@ -164,6 +168,7 @@ def test_patience_stops_when_validation_stops_improving(databin, tmp_path):
     assert best["extra_state"]["num_updates"] == 4  # the highest loss: epoch 1
 
 
+@pytest.mark.slow
 def test_bf16_autocast_on_cpu_trains(databin, tmp_path):
     save_dir = str(tmp_path / "ck")
     train_main(base_args(databin, save_dir, "--bf16", "--max-update", "3", "--no-epoch-checkpoints"))
