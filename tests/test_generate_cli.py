@@ -1,7 +1,6 @@
 """seqtrain-generate end to end: fairseq's output lines and scores, every example once, raw text, bad input."""
 import io
 import json
-import math
 import re
 import shutil
 import subprocess
