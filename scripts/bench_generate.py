@@ -8,8 +8,8 @@ warm-up, several rounds. Reported per toolkit: sentences/s and generated tokens/
 medians over rounds, wall clock), sentences per CPU-second (time.process_time; with one thread this is what the
 toolkit costs even when other processes take turns on the cores, so it is the steadier figure on a shared
 machine), the share of sentences whose best hypothesis is token-for-token identical, and the peak
-memory of one batch (each toolkit decodes in a fresh subprocess; the peak RSS counter (VmHWM) is reset after the
-model is loaded, so the figure is the memory generation adds on top of the weights).
+memory of one batch (each toolkit decodes in a fresh subprocess; benchlib.PeakRSS measures from after the model
+is loaded, so the figure is the memory generation adds on top of the weights).
 
 Weights (no pretrained BART is reachable offline):
 - `base`: bart_base shapes (d 768, 6+6 layers, 12 heads, FFN 3072), random weights drawn wider than the usual
@@ -41,13 +41,14 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchlib import MIB, PeakRSS, release_free_heap  # noqa: E402  (scripts/benchlib.py)
 from seqtrain.formats.hf import hf_state_to_seqtrain, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
 from seqtrain.data.tokenizer import SentencePieceTokenizer  # noqa: E402
@@ -263,14 +264,6 @@ def hf_decode(model, batch: List[List[int]], s: Settings) -> List[List[int]]:
 
 # ------------------------------------------------------------------ memory probe (run in a subprocess)
 
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def memory_probe(case_path: str, toolkit: str) -> None:
     case = torch.load(case_path, weights_only=False)
     torch.set_num_threads(case["threads"])
@@ -286,28 +279,15 @@ def memory_probe(case_path: str, toolkit: str) -> None:
     model.eval()
     del case["state"]
     gc.collect()
-    try:  # hand freed heap back to the OS, so generation cannot hide its peak in memory freed while loading
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    release_free_heap()  # so generation cannot hide its peak in memory freed while loading
     s, d = Settings(**case["settings"]), Dictionary.from_list(case["dict"])
-    try:  # reset the peak-RSS counter so the figure is what generation adds (Linux >= 4.0)
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        reset = True
-    except OSError:
-        reset = False
-    base = _status_kb("VmRSS")
-    with torch.inference_mode():
+    with PeakRSS() as mem, torch.inference_mode():
         if toolkit == "transformers":
             hf_decode(model, case["batch"], s)
         else:
             seqtrain_decode(model, case["batch"], s, d)
-    peak = _status_kb("VmHWM")
-    print(json.dumps({"rss_before_mb": base / 1024, "peak_rss_mb": peak / 1024,
-                      "peak_increase_mb": (peak - base) / 1024 if reset else None}))
+    print(json.dumps({"rss_before_mb": mem.base / MIB, "peak_rss_mb": mem.peak / MIB,
+                      "peak_increase_mb": mem.increase / MIB}))
 
 
 def measure_memory(case: Dict[str, Any], workdir: str) -> Dict[str, Dict[str, float]]:

@@ -17,7 +17,7 @@ example of the batch); seqtrain takes length-bucketed batches in shuffled order,
 the --max-tokens that gives its batches as many token slots (source + target, padding included) on average as
 transformers' batches have. Dropout 0.1 (bart's). The figure is non-padding (source + target) tokens per second.
 
-Also printed: peak memory per step (resident memory above the level before the step, sampled every 2 ms:
+Also printed: peak memory per step (resident memory above the level before the step, measured by benchlib.PeakRSS:
 gradients, activations and temporaries; both toolkits hold the same parameters and optimizer state), useful
 FLOP/s (the matmul work of the non-padding tokens, forward + backward = 3 x forward) against this machine's
 measured fp32 matmul peak, and the load average.
@@ -30,7 +30,6 @@ The data-bin (sentencepiece 8k, joined dictionary) is built from --raw into --wo
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -38,7 +37,6 @@ import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -49,6 +47,7 @@ import torch.nn.functional as F
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from benchlib import PeakRSS, follow_tensors_with_rss  # noqa: E402  (scripts/benchlib.py)
 from seqtrain import options  # noqa: E402
 from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.batching import batch_by_size  # noqa: E402
@@ -60,43 +59,6 @@ MAX_SRC, MAX_TGT, BSZ = 256, 64, 8
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRSS:
-    """Highest resident set size while the block runs, sampled by a thread (torch ops release the GIL)."""
-
-    def __enter__(self) -> "PeakRSS":
-        self.base = self.peak = _rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-        return self
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, _rss())
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss())
-
-    def mark(self) -> None:
-        """Remember the peak so far (called as the optimizer step begins: forward + backward are done)."""
-        self.marked = max(self.peak, _rss())
-
-    @property
-    def increase(self) -> int:
-        return self.peak - self.base
-
-    @property
-    def marked_increase(self) -> int:
-        return getattr(self, "marked", self.peak) - self.base
-
-
 _ACTIVE: List[PeakRSS] = []  # the PeakRSS of the running step, for the optimizer-step hooks
 
 
@@ -107,17 +69,6 @@ def mark_before(step: Any) -> Any:
             _ACTIVE[-1].mark()
         return step(*a, **kw)
     return wrapped
-
-
-def fix_malloc() -> None:
-    """Large blocks straight from mmap and back to the OS on free, so RSS follows what tensors really hold
-    (glibc's adaptive threshold would otherwise keep freed activations in the heap)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, 1 << 16)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 1 << 16)  # M_TRIM_THRESHOLD
-    except OSError:
-        pass
 
 
 def matmul_peak(n: int = 1536, repeats: int = 5) -> float:
@@ -367,7 +318,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     args = p.parse_args(argv)
     args.arch = args.arch or ("bart_small" if args.quick else "bart_base")
     rounds = args.rounds or (2 if args.quick else 4)
-    fix_malloc()
+    follow_tensors_with_rss()
     if args.threads:
         torch.set_num_threads(args.threads)
     raw = args.raw

@@ -1,12 +1,9 @@
-import os
+"""Fixtures shared by the test modules (helpers that are not fixtures live in tests/utils.py)."""
 import pathlib
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "data" / "debdesc-sample"
-SHARED = REPO.parent / "shared"
-FAIRSEQ_TINY = SHARED / "fixtures" / "fairseq-tiny"
+from tests.utils import FAIRSEQ_TINY, SAMPLE, make_toy_databin
 
 
 @pytest.fixture
@@ -19,6 +16,28 @@ def fairseq_tiny() -> pathlib.Path:
     if not (FAIRSEQ_TINY / "checkpoint_last.pt").exists():
         pytest.skip(f"fairseq fixture not found at {FAIRSEQ_TINY} (it lives in ../shared, present in CI, absent in a user's clone)")
     return FAIRSEQ_TINY
+
+
+@pytest.fixture(scope="session")
+def toy_databin(tmp_path_factory):
+    """toy_databin(n_train=200, n_valid=40, seed=0): the toy data-bin of that size (tests.utils.make_toy_databin),
+    built once per test run; tests only read it."""
+    built = {}
+
+    def get(n_train: int = 200, n_valid: int = 40, seed: int = 0) -> str:
+        key = (n_train, n_valid, seed)
+        if key not in built:
+            built[key] = make_toy_databin(tmp_path_factory.mktemp("toy"), *key)
+        return built[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def databin(toy_databin) -> str:
+    """The 200-example toy data-bin (4 updates an epoch at --max-tokens 512). A module that needs another size
+    overrides this fixture with toy_databin(n_train, n_valid)."""
+    return toy_databin()
 
 
 def pytest_collection_modifyitems(config, items):

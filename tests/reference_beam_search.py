@@ -99,3 +99,20 @@ def reference_beam_search(
         live = next_live
     finished.sort(key=lambda f: -f["score"])
     return finished[:nbest]
+
+
+def fairseq_forced_eos(max_length: int, eos: int):
+    """A transformers LogitsProcessor forcing EOS at `max_length` the way fairseq does: every other token gets
+    -inf and EOS keeps its log-prob (transformers' forced_eos_token_id would give it 0). scripts/bench_generate.py
+    has the same processor for its comparison."""
+    import transformers
+
+    class ForceEosKeepScore(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[-1] == max_length - 1:
+                kept = scores[:, eos].clone()
+                scores = torch.full_like(scores, -math.inf)
+                scores[:, eos] = kept
+            return scores
+
+    return ForceEosKeepScore()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.utils import REPO
 
 
 def write_raw(folder: str, prefix: str, n: int, seed: int, word: str = "w", n_tgt: int = None) -> str:
@@ -247,7 +247,8 @@ def test_catalogue_is_large_and_covers_every_cli():
     assert {c[1] for c in CASES} == {"train", "generate", "preprocess", "convert", "score"}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else [])
+                                  for c in CASES])
 def test_bad_input_gives_one_clear_line(world, capsys, case):
     name, cli, argv, expected = case
     argv, expected = fill(argv, world), expected.format(**world)

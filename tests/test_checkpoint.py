@@ -274,6 +274,7 @@ def right_padded():
 
 
 @pytest.mark.parametrize("layout", ["safetensors", "pytorch_model.bin", "safetensors_scaled"])
+@pytest.mark.slow
 def test_hf_import_matches_transformers(tmp_path, transformers, layout):
     hf = hf_model(transformers, scale_embedding=layout.endswith("scaled"))
     if layout == "pytorch_model.bin":  # what transformers < 4.35 wrote: config.json + a pickled state dict
@@ -291,6 +292,7 @@ def test_hf_import_matches_transformers(tmp_path, transformers, layout):
     torch.testing.assert_close(out[mask], ref[mask], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_hf_nonzero_logits_bias_and_untied_head_refused(tmp_path, transformers):
     hf = hf_model(transformers)
     hf.save_pretrained(str(tmp_path))
@@ -330,6 +332,7 @@ def write_bpe_files(folder, as_tokenizer_json: bool):
 
 
 @pytest.mark.parametrize("as_tokenizer_json", [False, True])
+@pytest.mark.slow
 def test_hf_import_brings_a_working_tokenizer(tmp_path, transformers, as_tokenizer_json):
     hf_model(transformers).save_pretrained(str(tmp_path))
     vocab = write_bpe_files(tmp_path, as_tokenizer_json)

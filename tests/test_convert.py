@@ -50,6 +50,7 @@ def right_padded():
     return src, prev
 
 
+@pytest.mark.slow
 def test_to_hf_loads_in_transformers_with_same_logits(tmp_path, fairseq_ckpt):
     transformers = pytest.importorskip("transformers")
     ckpt, model, d = fairseq_ckpt

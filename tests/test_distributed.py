@@ -29,7 +29,7 @@ from seqtrain.checkpoint import load_checkpoint_file
 from seqtrain.distributed import rescale_iterator_position
 from seqtrain.hub import load_model
 from seqtrain_cli.train import train_main
-from tests.test_train_e2e import make_databin, parse_log
+from tests.utils import parse_log
 
 BIN = os.path.dirname(sys.executable)
 TORCHRUN = os.path.join(BIN, "torchrun")
@@ -78,9 +78,9 @@ FAULT_HOOK = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def databin(tmp_path_factory):
+def databin(toy_databin):
     # 100 examples in batches of 16: 7 batches per epoch (rank 1 runs a dummy step); 40 valid: 3 batches (ditto)
-    return make_databin(str(tmp_path_factory.mktemp("toy")), n_train=100, n_valid=40)
+    return toy_databin(n_train=100, n_valid=40)
 
 
 
@@ -155,6 +155,7 @@ def torchrun_ddp(databin, tmp_path_factory):
     return save_dir, tmp / "writes.txt"
 
 
+@pytest.mark.slow
 def test_torchrun_ddp_matches_one_process_with_update_freq(reference, torchrun_ddp):
     save_dir, writes = torchrun_ddp
     ref, ddp = model_of(reference), model_of(save_dir)
@@ -178,6 +179,7 @@ def test_torchrun_ddp_matches_one_process_with_update_freq(reference, torchrun_d
     assert not [n for n in os.listdir(save_dir) if n.startswith(".")]  # no temporary files left
 
 
+@pytest.mark.slow
 def test_resume_two_ranks_into_one(databin, reference, torchrun_ddp, tmp_path):
     """A checkpoint written by 2 ranks mid-epoch resumes in 1 process (--update-freq 4) and ends where the
     uninterrupted runs end: its data position (steps of 2 ranks) is rescaled to batches of 1 process."""
@@ -196,6 +198,7 @@ def test_resume_two_ranks_into_one(databin, reference, torchrun_ddp, tmp_path):
     assert figures(resumed)[-7:] == figures(reference)[-7:]  # updates 4..10
 
 
+@pytest.mark.slow
 def test_fsdp_spawned_resumes_one_process_checkpoint(databin, reference, torchrun_ddp, tmp_path):
     """seqtrain-train --distributed-world-size 2 --ddp-backend fully_sharded (spawned ranks, FSDP2) resumes a
     1-process checkpoint mid-epoch, matches DDP and the single process, and writes full checkpoints that load
@@ -244,6 +247,7 @@ def test_rescale_iterator_position():
 
 
 @pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job(databin, tmp_path, launcher):
     """Rank 1 raises before its second update while rank 0 waits in a collective: the whole job exits non-zero
     within a bounded time, naming rank 1."""
@@ -287,6 +291,7 @@ def test_call_main_single_process_and_half_a_torchrun_environment(monkeypatch):
         call_main(argparse.Namespace(distributed_world_size=1), lambda a: None)
 
 
+@pytest.mark.slow
 def test_spawned_ddp_matches_one_process_with_update_freq_2(databin, tmp_path):
     """The issue's own case: 2 spawned ranks (--update-freq 1) against 1 process with --update-freq 2. Rank r takes
     batch 2i+r of update i; the single process accumulates batches 2i and 2i+1: the same sums, so the same update

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seqtrain.checkpoint import load_checkpoint_file
-from tests.conftest import SAMPLE
+from tests.utils import SAMPLE
 
 DIMS = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
         "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
@@ -72,6 +72,7 @@ def released(tmp_path_factory):
     return folder, state, len(d)
 
 
+@pytest.mark.slow
 def test_finetune_from_released_fairseq_model_with_more_embedding_rows(released, tmp_path, caplog):
     from seqtrain_cli.generate import generate_main
     from seqtrain_cli.train import train_main

@@ -1,7 +1,6 @@
 """seqtrain-generate end to end: fairseq's output lines and scores, every example once, raw text, bad input."""
 import io
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -64,6 +63,7 @@ def test_matches_fairseq_generate_logs(fairseq_tiny, log):
             assert len(po) == len(pr) and max(abs(a - b) for a, b in zip(po, pr)) <= 1e-4 + 1e-9
 
 
+@pytest.mark.slow
 def test_every_example_once_in_input_order_at_any_batch_size(fairseq_tiny, tmp_path):
     """fairseq drops a final batch smaller than --required-batch-size-multiple; we never drop one, and the
     hypothesis of a sentence does not depend on its batch (fp32)."""
@@ -85,6 +85,7 @@ def test_every_example_once_in_input_order_at_any_batch_size(fairseq_tiny, tmp_p
     assert sum(h == t for h, t in zip(res["64"], refs)) > 150
 
 
+@pytest.mark.slow
 def test_raw_text_input_and_stdin(fairseq_tiny, tmp_path):
     src = (fairseq_tiny / "raw" / "valid.src").read_text(encoding="utf-8").split("\n")[:12]
     tgt = (fairseq_tiny / "raw" / "valid.tgt").read_text(encoding="utf-8").split("\n")[:12]
@@ -140,6 +141,7 @@ def test_dictionary_differing_from_checkpoint_is_refused(fairseq_tiny, tmp_path)
                        "tgt", "--gen-subset", "valid"], out=io.StringIO())
 
 
+@pytest.mark.slow
 def test_console_script_error_is_one_line(fairseq_tiny, tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "seqtrain_cli.generate", str(fairseq_tiny / "data-bin"), "--path",
@@ -150,6 +152,7 @@ def test_console_script_error_is_one_line(fairseq_tiny, tmp_path):
     assert len(err) == 1 and "missing.pt" in err[0] and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_end_to_end_on_bundled_sample(sample_dir, tmp_path):
     """preprocess (sentencepiece) -> train a tiny BART -> generate: every output form, detokenized, plus ROUGE."""
     import torch

@@ -427,7 +427,7 @@ def test_weight_init_xavier_and_bert():
     import math
 
     from seqtrain.errors import SeqtrainError
-    from seqtrain.models.bart import BARTModel, BartConfig, build_model
+    from seqtrain.models.bart import BARTModel, BartConfig
 
     cfg = dict(vocab_size=3000, encoder_layers=1, decoder_layers=1, encoder_embed_dim=128, decoder_embed_dim=128,
                encoder_ffn_embed_dim=512, decoder_ffn_embed_dim=512, encoder_attention_heads=4,

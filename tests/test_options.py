@@ -106,6 +106,7 @@ def test_missing_config_file(tmp_path):
         parse("data", "--config", str(tmp_path / "nope.yaml"))
 
 
+@pytest.mark.slow
 def test_help_groups_in_order():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run([sys.executable, "-m", "seqtrain_cli.train", "--help"], capture_output=True, text=True,

@@ -45,6 +45,7 @@ def sample_argv(raw, dest, *extra):
 
 
 # --- compatibility and determinism ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_tokenizer_none_matches_fairseq_preprocess_byte_for_byte(fairseq_tiny, tmp_path):
     raw = fairseq_tiny / "raw"
     dest = tmp_path / "bin"
@@ -63,6 +64,7 @@ def test_tokenizer_none_matches_fairseq_preprocess_byte_for_byte(fairseq_tiny, t
     assert summary["splits"]["valid"]["tgt"]["tokens"] == 1200
 
 
+@pytest.mark.slow
 def test_worker_counts_give_identical_bytes_and_data_reads_back(small_sample, tmp_path):
     outs = {}
     for w in (1, 2):
@@ -206,6 +208,7 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, case):
     assert not dest.exists()
 
 
+@pytest.mark.slow
 def test_console_script_reports_error_line_and_exit_code(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

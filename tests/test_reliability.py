@@ -21,14 +21,13 @@ from seqtrain.optim import DynamicLossScaler, MinimumLossScaleError
 from seqtrain.stop_signals import GracefulStop
 from seqtrain.trainer import Trainer
 from seqtrain_cli.train import cli_main, train_main
-from tests.conftest import REPO
-from tests.test_resume import assert_same_state
-from tests.test_train_e2e import make_databin
+from tests.utils import REPO, assert_same_state
 
 
 @pytest.fixture(scope="module")
-def databin(tmp_path_factory):
-    return make_databin(str(tmp_path_factory.mktemp("toy")), n_train=120, n_valid=16)
+def databin(toy_databin):
+    # 120 examples at --max-tokens 256: 5 updates an epoch
+    return toy_databin(n_train=120, n_valid=16)
 
 
 
@@ -132,6 +131,7 @@ def test_ignored_signal_stays_ignored():
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_sigterm_to_the_console_script(databin, tmp_path):
     """A real SIGTERM from outside, to the seqtrain-train process, while it trains."""
     save_dir = str(tmp_path / "ck")

@@ -13,13 +13,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.tasks import setup_task
 from seqtrain.trainer import Trainer
 from seqtrain_cli.train import train_main
-from tests.test_train_e2e import make_databin
-
-
-@pytest.fixture(scope="module")
-def databin(tmp_path_factory):
-    return make_databin(str(tmp_path_factory.mktemp("toy")))
-
+from tests.utils import assert_same_state
 
 
 def args_for(data: str, save_dir: str, *extra: str) -> list:
@@ -50,19 +44,6 @@ def full_runs(databin, tmp_path_factory):
     return out
 
 
-def assert_same_state(a: dict, b: dict) -> None:
-    assert a["model"].keys() == b["model"].keys()
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
-    for pid, sa in a["optimizer"]["state"].items():
-        sb = b["optimizer"]["state"][pid]
-        for k in sa:
-            assert torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k])), (pid, k)
-    assert a["lr_scheduler"] == b["lr_scheduler"]
-    for k in ("num_updates", "epoch", "train_iterator", "best"):
-        assert a["extra_state"][k] == b["extra_state"][k], k
-
-
 @pytest.mark.parametrize("schedule,resume_from,at,drop_rng", [
     ("inverse_sqrt", "checkpoint_2_6.pt", (2, 2), False),   # mid-epoch: 2 of epoch 2's 4 batches done
     ("inverse_sqrt", "checkpoint1.pt", (2, 0), False),      # end of epoch 1: resumes at the start of epoch 2
@@ -70,6 +51,7 @@ def assert_same_state(a: dict, b: dict) -> None:
     # without the saved RNG states: dropout is seeded from (seed, update number), so the run is still exact
     ("freq2", "checkpoint_2_3.pt", (2, 2), True),
 ], ids=["mid-epoch", "epoch-end", "update-freq-2", "no-saved-rng"])
+@pytest.mark.slow
 def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_from, at, drop_rng):
     full = full_runs[schedule]
     start = load_checkpoint_file(os.path.join(full, resume_from))
@@ -98,6 +80,7 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
 
 
 @pytest.mark.parametrize("flag", ["", "reset_optimizer", "reset_lr_scheduler", "reset_meters"])
+@pytest.mark.slow
 def test_trainer_load_state_dict_reset_flags(databin, full_runs, tmp_path, flag):
     path = os.path.join(full_runs["inverse_sqrt"], "checkpoint_2_6.pt")
     state = load_checkpoint_file(path)
@@ -120,6 +103,7 @@ def test_trainer_load_state_dict_reset_flags(databin, full_runs, tmp_path, flag)
     assert count == (0 if flag in ("reset_meters",) else 2)  # 2 updates of epoch 2 were in the meters
 
 
+@pytest.mark.slow
 def test_reset_dataloader_and_meters_via_cli(databin, full_runs, tmp_path):
     src = os.path.join(full_runs["inverse_sqrt"], "checkpoint_2_6.pt")
     results = {}
@@ -140,6 +124,7 @@ def test_reset_dataloader_and_meters_via_cli(databin, full_runs, tmp_path):
     assert bsz == {"": 3, "--reset-dataloader": 3, "--reset-meters": 1}
 
 
+@pytest.mark.slow
 def test_finetune_from_model_only_on_first_launch(databin, full_runs, tmp_path):
     pretrained = os.path.join(full_runs["inverse_sqrt"], "checkpoint_2_6.pt")
     save_dir = str(tmp_path / "ft")
@@ -181,6 +166,7 @@ def test_restore_file_from_fairseq_checkpoint(fairseq_tiny, tmp_path):
     assert ours["extra_state"]["num_updates"] == 1
 
 
+@pytest.mark.slow
 def test_cuda_oom_skips_the_update(databin, full_runs, tmp_path, monkeypatch):
     """An out-of-memory error on CUDA skips the update (gradients dropped, count unchanged); training goes on."""
     trainer = build_trainer(databin, str(tmp_path), *SCHEDULES["inverse_sqrt"])

@@ -2,7 +2,6 @@
 and Hugging Face transformers' beam search on the same weights."""
 import argparse
 import math
-import sys
 
 import pytest
 import torch
@@ -13,10 +12,7 @@ from seqtrain.generation.options import add_generation_args, check_generation_ar
 from seqtrain.generation.search import Sampling
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
 from seqtrain.models.bart import BARTModel, BartConfig
-from tests.conftest import REPO
-from tests.reference_beam_search import reference_beam_search
-
-sys.path.insert(0, str(REPO / "scripts"))  # bench_generate's fairseq_forced_eos, for the transformers comparison
+from tests.reference_beam_search import fairseq_forced_eos, reference_beam_search
 
 PAD, EOS, UNK, V = 1, 2, 3, 24
 
@@ -303,6 +299,7 @@ def test_generate_restores_training_mode(model):
 
 # ------------------------------------------------------------------ (b) transformers' beam search, same weights
 
+@pytest.mark.slow
 def test_matches_transformers_generate():
     """Conventions: HF's max_length counts the decoder start token and the EOS, so max_length = max_len + 2 and
     min_length = min_len + 1 (HF masks EOS while the sequence incl. the start token is shorter than min_length).
@@ -312,7 +309,6 @@ def test_matches_transformers_generate():
     length_penalty and, with early_stopping=True, stop a sentence at num_beams finished hypotheses. The best
     hypothesis agrees; lower ranks can differ because HF keeps the best num_beams finished, fairseq the first."""
     transformers = pytest.importorskip("transformers")
-    from bench_generate import fairseq_forced_eos
     from seqtrain.formats.hf import hf_state_to_seqtrain
 
     torch.manual_seed(0)

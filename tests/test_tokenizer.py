@@ -9,6 +9,7 @@ from seqtrain.data.tokenizer import (GPT2BPETokenizer, SentencePieceTokenizer, W
                                      tokenizer_from_args)
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TOKENIZERS
+from tests.utils import SAMPLE
 
 TRICKY = [
     "Hello world",
@@ -43,8 +44,6 @@ def test_none_tokenizer():
 # --- sentencepiece --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def spm_tok(tmp_path_factory):
-    from tests.conftest import SAMPLE
-
     return SentencePieceTokenizer.train([str(SAMPLE / "train.target")], vocab_size=600)
 
 
@@ -97,8 +96,6 @@ def gpt2_files(tmp_path_factory):
     """A small encoder.json / vocab.bpe pair in GPT-2's file format, learned with `tokenizers` (no download)."""
     from tokenizers import ByteLevelBPETokenizer
 
-    from tests.conftest import SAMPLE
-
     folder = tmp_path_factory.mktemp("gpt2")
     text = (SAMPLE / "train.target").read_text(encoding="utf-8").split("\n")[:2000]
     text += ["it's they're we've I'm you'll he'd don't", "café naïve 日本語 😀"] * 5
@@ -126,6 +123,7 @@ def reference_gpt2(encoder_json, vocab_bpe):
     return lambda text: [ref.convert_tokens_to_ids(t) for t in ref._tokenize(text)]
 
 
+@pytest.mark.slow
 def test_gpt2_matches_python_reference_and_is_lossless(gpt2_files):
     tok = GPT2BPETokenizer.from_files(*map(str, gpt2_files))
     ref = reference_gpt2(*gpt2_files)

@@ -30,6 +30,7 @@ def test_fixture_logits_match_fairseq(fairseq_tiny):
             torch.testing.assert_close(out, ref["logits"], rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_fixture_exported_to_hf_matches_fairseq(fairseq_tiny, tmp_path):
     transformers = pytest.importorskip("transformers")
     lm = load_model(str(fairseq_tiny / "checkpoint_last.pt"), dict_path=str(fairseq_tiny / "data-bin"))

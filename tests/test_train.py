@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import re
-import sys
 
 import pytest
 import torch
@@ -15,51 +14,14 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import AverageMeter, MetersDict, TimeMeter
 from seqtrain.logging.progress import progress_bar
 from seqtrain_cli.train import train_main
-from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import chaos_resume  # noqa: E402  (its toy data-bin builder)
-
-
-def make_databin(folder, n_train: int = 200, n_valid: int = 40, seed: int = 0) -> str:
-    """A data-bin for a learnable toy task: the target is the first 4 source words, reversed (the builder of
-    scripts/chaos_resume.py, which the chaos harness uses too)."""
-    return chaos_resume.make_databin(str(folder), n_train, n_valid, seed)
-
-
-@pytest.fixture(scope="module")
-def databin(tmp_path_factory):
-    return make_databin(str(tmp_path_factory.mktemp("toy")))
-
-
-
-def base_args(data: str, save_dir: str, *extra: str) -> list:
-    return [data, "--arch", "bart_tiny", "--cpu", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", "5", "--max-tokens", "512", "--log-format", "none", "--save-dir", save_dir,
-            "--seed", "3", *extra]
+from tests.utils import base_args, parse_log
 
 
 def ckpt_files(folder: str) -> list:
     return sorted(n for n in os.listdir(folder) if not n.startswith(".")) if os.path.isdir(folder) else []
 
 
-def parse_log(path: str, tag: str) -> list:
-    """The ' | key value' stats of the `tag` lines of a simple-format log."""
-    out = []
-    for line in open(path, encoding="utf-8"):
-        parts = line.rstrip("\n").split(" | ")
-        if len(parts) > 3 and parts[2] == tag:
-            stats = {}
-            for p in parts[3:]:
-                key, _, value = p.partition(" ")
-                try:
-                    stats[key] = float(value)
-                except ValueError:
-                    pass
-            out.append(stats)
-    return out
-
-
+@pytest.mark.slow
 def test_loss_falls_and_valid_improves(databin, tmp_path):
     log = str(tmp_path / "train.log")
     train_main(base_args(databin, str(tmp_path / "ck"), "--lr", "5e-3", "--max-update", "40",
@@ -99,6 +61,7 @@ CHECKPOINT_CASES = [
 
 
 @pytest.mark.parametrize("flags,expected", CHECKPOINT_CASES, ids=["default", "interval", "keep", "save-interval", "no-save"])
+@pytest.mark.slow
 def test_checkpoint_flags_write_exactly_these_files(databin, tmp_path, flags, expected):
     save_dir = str(tmp_path / "ck")
     log = str(tmp_path / "log")
@@ -117,6 +80,7 @@ def test_checkpoint_flags_write_exactly_these_files(databin, tmp_path, flags, ex
             os.stat(os.path.join(save_dir, "checkpoint_best.pt")).st_ino
 
 
+@pytest.mark.slow
 def test_tensorboard_scalars_and_json_log(databin, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -189,6 +153,7 @@ def test_meters_and_progress_formats(caplog):
                     "epoch 001 | loss 7.454 | num_updates 16"]
 
 
+@pytest.mark.slow
 def test_patience_stops_when_validation_stops_improving(databin, tmp_path):
     # With --maximize-best-checkpoint-metric a falling loss never improves: epoch 1 sets the best, epochs 2 and 3
     # do not, so --patience 2 stops after epoch 3 although --max-epoch allows 10.
@@ -203,6 +168,7 @@ def test_patience_stops_when_validation_stops_improving(databin, tmp_path):
     assert best["extra_state"]["num_updates"] == 4  # the highest loss: epoch 1
 
 
+@pytest.mark.slow
 def test_bf16_autocast_on_cpu_trains(databin, tmp_path):
     save_dir = str(tmp_path / "ck")
     train_main(base_args(databin, save_dir, "--bf16", "--max-update", "3", "--no-epoch-checkpoints"))

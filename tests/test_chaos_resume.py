@@ -3,25 +3,18 @@ write, restarted with the same command each time, and must end bitwise equal to 
 The harness is scripts/chaos_resume.py (which runs 20 kills); this is its short version."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 
 import pytest
 
-from tests.conftest import REPO
-
-
-def load_harness():
-    spec = importlib.util.spec_from_file_location("chaos_resume", REPO / "scripts" / "chaos_resume.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.utils import load_script
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.slow
 def test_sigkill_anywhere_then_resume_is_bitwise_exact(tmp_path):
-    chaos = load_harness()
+    chaos = load_script("chaos_resume")
     lines = []
     # 5 kills: 3 at seeded random moments during training (updates, validation, checkpoint writes, pruning),
     # kill 2 half-way through writing a checkpoint's temporary file, kill 4 between writing checkpoint_E_U.pt

@@ -93,12 +93,14 @@ def check(hf, ours, vocab, src_lengths, tgt_lengths):
     return ref
 
 
+@pytest.mark.slow
 def test_parity_tiny():
     hf, ours = build_pair(vocab=64, dim=32, layers=2, heads=4, ffn=48)
     ref = check(hf, ours, 64, src_lengths=[9, 5, 2, 9], tgt_lengths=[4, 7, 1, 6])
     assert ref.abs().max() > 0.1  # logits are not trivially small
 
 
+@pytest.mark.slow
 def test_parity_bart_base_shapes():
     # bart-base: d 768, 6+6 layers, 12 heads, ffn 3072; a small vocabulary keeps it quick.
     hf, ours = build_pair(vocab=1000, dim=768, layers=6, heads=12, ffn=3072)
@@ -106,6 +108,7 @@ def test_parity_bart_base_shapes():
     check(hf, ours, 1000, src_lengths=[12, 7, 3], tgt_lengths=[5, 3, 2])
 
 
+@pytest.mark.slow
 def test_parity_prenorm_against_mbart():
     """--encoder-normalize-before / --decoder-normalize-before: the padded (packed) forward and incremental
     decoding both match transformers' MBartForConditionalGeneration on the same weights."""

@@ -12,12 +12,12 @@ import sys
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from seqtrain.errors import SeqtrainError
+from tests.utils import REPO, load_script
 
-import lead_baseline  # noqa: E402
-import plot_curves  # noqa: E402
-from seqtrain.errors import SeqtrainError  # noqa: E402
+ROOT = str(REPO)
+lead_baseline = load_script("lead_baseline")
+plot_curves = load_script("plot_curves")
 
 
 def test_lead_baseline_is_first_sentence_cut_to_12_words(tmp_path):
@@ -95,6 +95,7 @@ def test_shell_scripts_parse(script):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+@pytest.mark.slow
 def test_gpu_check_fails_clearly_without_cuda(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path)}
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], capture_output=True, text=True,
@@ -109,7 +110,7 @@ def test_gpu_check_fails_clearly_without_cuda(tmp_path):
 def test_source_dependence_gap_is_zero_exactly_when_the_source_is_cut_off():
     """scripts/source_dependence.py: a model whose cross-attention outputs are zeroed scores rotated sources
     exactly like true ones (gap 0); the same model with its cross-attention intact does not."""
-    import source_dependence
+    source_dependence = load_script("source_dependence")
     from seqtrain.data.dictionary import Dictionary
     from seqtrain.data.pair_dataset import LanguagePairDataset
     from seqtrain.models.bart import BARTModel, BartConfig

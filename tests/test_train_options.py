@@ -1,6 +1,6 @@
 """seqtrain-train beyond the basics: validation with ROUGE (--eval-rouge) picking checkpoint_best, the
 memory-efficient precision flags, --stop-min-lr and --stop-time-hours. Tiny: bart_tiny on the toy task of
-test_train_e2e (200 examples, 4 updates per epoch)."""
+test_train.py (200 examples, 4 updates per epoch)."""
 from __future__ import annotations
 
 import os
@@ -12,19 +12,14 @@ from seqtrain import options
 from seqtrain.errors import SeqtrainError
 from seqtrain.eval_rouge import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
-from tests.test_train_e2e import base_args, make_databin, parse_log
-
-
-@pytest.fixture(scope="module")
-def databin(tmp_path_factory):
-    return make_databin(str(tmp_path_factory.mktemp("toy")))
-
+from tests.utils import base_args, parse_log
 
 
 def load(path):
     return torch.load(path, weights_only=True)
 
 
+@pytest.mark.slow
 def test_eval_rouge_logs_scores_and_picks_best_checkpoint(databin, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -136,6 +131,7 @@ def test_memory_efficient_fp16_on_cuda(databin, tmp_path):
     assert "loss_scale" in parse_log(log, "train")[-1]
 
 
+@pytest.mark.slow
 def test_stop_min_lr_stops_at_epoch_boundary(databin, tmp_path):
     # fixed schedule, one lr per epoch: 0.01, 0.005, 0.001, ... Like fairseq, the lr is checked before each epoch
     # with the value the previous epoch ended on, so epoch 3 (lr 0.001) runs and epoch 4 does not.
@@ -149,6 +145,7 @@ def test_stop_min_lr_stops_at_epoch_boundary(databin, tmp_path):
     assert "is smaller than or equal to minimum learning rate (--stop-min-lr=0.001)" in open(log).read()
 
 
+@pytest.mark.slow
 def test_stop_time_hours_counts_resumed_time(databin, tmp_path):
     save_dir = str(tmp_path / "ck")
     train_main(base_args(databin, save_dir, "--max-epoch", "10", "--stop-time-hours", "1e-9",

@@ -1,0 +1,88 @@
+"""Helpers shared by the test modules: paths, the toy data-bin builder, seqtrain-train arguments and log parsing,
+and loading a script of scripts/ that a test checks. Not a test file; import it as `tests.utils`."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import random
+import sys
+from types import ModuleType
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SAMPLE = REPO / "data" / "debdesc-sample"
+SHARED = REPO.parent / "shared"
+FAIRSEQ_TINY = SHARED / "fixtures" / "fairseq-tiny"
+
+
+def make_toy_databin(folder, n_train: int = 200, n_valid: int = 40, seed: int = 0) -> str:
+    """A data-bin for a learnable toy task: the target is the first 4 source words, reversed (words w0..w29,
+    4 to 9 of them a sentence). Returns the data-bin folder (`folder`/bin)."""
+    from seqtrain.preprocess import main as preprocess
+
+    r = random.Random(seed)
+    raw = os.path.join(str(folder), "raw")
+    os.makedirs(raw, exist_ok=True)
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        with open(f"{raw}/{split}.src", "w") as fs, open(f"{raw}/{split}.tgt", "w") as ft:
+            for _ in range(n):
+                toks = [f"w{r.randrange(30)}" for _ in range(r.randint(4, 9))]
+                fs.write(" ".join(toks) + "\n")
+                ft.write(" ".join(reversed(toks[:4])) + "\n")
+    dest = os.path.join(str(folder), "bin")
+    preprocess(["--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
+                "--validpref", f"{raw}/valid", "--destdir", dest, "--joined-dictionary", "--tokenizer", "none",
+                "--no-progress-bar"])
+    return dest
+
+
+def base_args(data: str, save_dir: str, *extra: str) -> list:
+    """seqtrain-train arguments for bart_tiny on the toy data-bin, on CPU, without logging."""
+    return [data, "--arch", "bart_tiny", "--cpu", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", "5", "--max-tokens", "512", "--log-format", "none", "--save-dir", save_dir,
+            "--seed", "3", *extra]
+
+
+def parse_log(path: str, tag: str) -> list:
+    """The ' | key value' stats of the `tag` lines of a simple-format log."""
+    out = []
+    for line in open(path, encoding="utf-8"):
+        parts = line.rstrip("\n").split(" | ")
+        if len(parts) > 3 and parts[2] == tag:
+            stats = {}
+            for p in parts[3:]:
+                key, _, value = p.partition(" ")
+                try:
+                    stats[key] = float(value)
+                except ValueError:
+                    pass
+            out.append(stats)
+    return out
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/`name`.py as a module, for the tests that check that script (scripts/ is not a package and is not
+    put on sys.path)."""
+    path = REPO / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"scripts_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_same_state(a: dict, b: dict) -> None:
+    """Two seqtrain checkpoints hold bitwise the same training state: model, optimizer state, lr scheduler,
+    update count, epoch, data position and best value."""
+    import torch
+
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for pid, sa in a["optimizer"]["state"].items():
+        sb = b["optimizer"]["state"][pid]
+        for k in sa:
+            assert torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k])), (pid, k)
+    assert a["lr_scheduler"] == b["lr_scheduler"]
+    for k in ("num_updates", "epoch", "train_iterator", "best"):
+        assert a["extra_state"][k] == b["extra_state"][k], k
