@@ -18,7 +18,7 @@ FAIRSEQ_TINY = SHARED / "fixtures" / "fairseq-tiny"
 def make_toy_databin(folder, n_train: int = 200, n_valid: int = 40, seed: int = 0) -> str:
     """A data-bin for a learnable toy task: the target is the first 4 source words, reversed (words w0..w29,
     4 to 9 of them a sentence). Returns the data-bin folder (`folder`/bin)."""
-    from seqtrain.preprocess import main as preprocess
+    from seqtrain_cli.preprocess import preprocess_main as preprocess
 
     r = random.Random(seed)
     raw = os.path.join(str(folder), "raw")
