@@ -5,11 +5,12 @@
 One table per parser group (flag, default, help), in the order `--help` shows them; seqtrain-train's optimizer
 and LR-scheduler groups are listed for every registered choice.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Iterable, List
+from collections.abc import Iterable
 
 import seqtrain.tasks  # noqa: F401  (registers the tasks)
 from seqtrain import generate, options, preprocess, registry
@@ -77,7 +78,7 @@ def fmt_help(a: argparse.Action) -> str:
     return h
 
 
-def table(title: str, actions: Iterable[argparse.Action], out: List[str], skip: set = frozenset()) -> None:
+def table(title: str, actions: Iterable[argparse.Action], out: list[str], skip: set = frozenset()) -> None:
     rows = []
     for a in actions:
         if isinstance(a, argparse._HelpAction) or a.help is argparse.SUPPRESS or set(a.option_strings) & skip:
@@ -88,13 +89,13 @@ def table(title: str, actions: Iterable[argparse.Action], out: List[str], skip: 
         out += [f"### {title}\n", "| flag | default | meaning |", "|---|---|---|", *rows, ""]
 
 
-def parser_tables(parser: argparse.ArgumentParser, out: List[str], skip: set = frozenset()) -> None:
+def parser_tables(parser: argparse.ArgumentParser, out: list[str], skip: set = frozenset()) -> None:
     names = {"positional arguments": "Positional", "options": "General", "optional arguments": "General"}
     for g in parser._action_groups:
         table(names.get(g.title, g.title), g._group_actions, out, skip)
 
 
-def choice_group(add_args, name: str) -> List[argparse.Action]:
+def choice_group(add_args, name: str) -> list[argparse.Action]:
     parser = argparse.ArgumentParser(add_help=False)
     add_args(parser, name)
     return parser._actions

@@ -10,6 +10,7 @@ byte-identical; the script checks that too.
     python scripts/bench_preprocess.py                       # full debdesc train split in ../shared
     python scripts/bench_preprocess.py --trainpref data/debdesc-sample/train --workers 1 2 4
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,14 +21,13 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def _children() -> Dict[int, List[int]]:
-    kids: Dict[int, List[int]] = {}
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
@@ -39,7 +39,7 @@ def _children() -> Dict[int, List[int]]:
     return kids
 
 
-def _rss_pss(pid: int) -> Tuple[int, int]:
+def _rss_pss(pid: int) -> tuple[int, int]:
     """Resident set size and proportional set size (shared pages split among the processes sharing them)."""
     try:
         with open(f"/proc/{pid}/statm") as f:
@@ -51,7 +51,7 @@ def _rss_pss(pid: int) -> Tuple[int, int]:
         return 0, 0
 
 
-def run_measured(cmd: List[str]) -> Tuple[float, int, int]:
+def run_measured(cmd: list[str]) -> tuple[float, int, int]:
     """Run cmd; return (wall seconds, peak RSS of one process, peak PSS of the process tree), in bytes.
 
     Forked workers share the parent's pages, so summing RSS would count those pages once per process; PSS
@@ -112,21 +112,29 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-preprocess-") as tmp:
         first = os.path.join(tmp, "spm")
-        wall, one, tree = run_measured(py + ["--destdir", first, "--dict-only",
-                                             "--spm-vocab-size", str(args.spm_vocab_size)])
+        wall, one, tree = run_measured(
+            py + ["--destdir", first, "--dict-only", "--spm-vocab-size", str(args.spm_vocab_size)]
+        )
         print(f"input: {args.trainpref}.{{source,target}}: {n_lines:,} line pairs, {mib:.1f} MiB")
-        print(f"sentencepiece training + dictionaries (--dict-only, spm {args.spm_vocab_size}): {wall:.1f} s, "
-              f"peak RSS {one / 2**20:.0f} MiB\n")
+        print(
+            f"sentencepiece training + dictionaries (--dict-only, spm {args.spm_vocab_size}): {wall:.1f} s, "
+            f"peak RSS {one / 2**20:.0f} MiB\n"
+        )
         rows = []
         for w in args.workers:
             out = os.path.join(tmp, f"w{w}")
-            wall, one, tree = run_measured(py + ["--destdir", out, "--workers", str(w),
-                                                 "--spm-model", os.path.join(first, "spm.model")])
+            wall, one, tree = run_measured(
+                py + ["--destdir", out, "--workers", str(w), "--spm-model", os.path.join(first, "spm.model")]
+            )
             rows.append((w, wall, n_lines / wall, one, tree, digest(out)))
-        print("| workers | wall s | line pairs/s | peak RSS, largest process | peak PSS, all processes | output sha256 |")
+        print(
+            "| workers | wall s | line pairs/s | peak RSS, largest process | peak PSS, all processes | output sha256 |"
+        )
         print("|---:|---:|---:|---:|---:|---|")
         for w, wall, rate, one, tree, dig in rows:
-            print(f"| {w} | {wall:.1f} | {rate:,.0f} | {one / 2**20:.0f} MiB | {tree / 2**20:.0f} MiB | {dig} |")
+            print(
+                f"| {w} | {wall:.1f} | {rate:,.0f} | {one / 2**20:.0f} MiB | {tree / 2**20:.0f} MiB | {dig} |"
+            )
         same = len({r[-1] for r in rows}) == 1
         print(f"\noutputs byte-identical across worker counts: {'yes' if same else 'NO'}")
         if not same:

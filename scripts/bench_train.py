@@ -27,6 +27,7 @@ measured fp32 matmul peak, and the load average.
 
 The data-bin (sentencepiece 8k, joined dictionary) is built from --raw into --workdir on first use.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -48,9 +49,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from benchlib import PeakRSS, follow_tensors_with_rss  # noqa: E402  (scripts/benchlib.py)
+
 from seqtrain import options  # noqa: E402
-from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.batching import batch_by_size  # noqa: E402
+from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.tasks import setup_task  # noqa: E402
 from seqtrain.trainer import Trainer  # noqa: E402
 
@@ -59,15 +61,17 @@ MAX_SRC, MAX_TGT, BSZ = 256, 64, 8
 
 
 # ------------------------------------------------------------------------------------------------ measuring
-_ACTIVE: List[PeakRSS] = []  # the PeakRSS of the running step, for the optimizer-step hooks
+_ACTIVE: list[PeakRSS] = []  # the PeakRSS of the running step, for the optimizer-step hooks
 
 
 def mark_before(step: Any) -> Any:
     """Wrap an optimizer's step so that the running PeakRSS notes the forward + backward peak first."""
+
     def wrapped(*a: Any, **kw: Any) -> Any:
         if _ACTIVE:
             _ACTIVE[-1].mark()
         return step(*a, **kw)
+
     return wrapped
 
 
@@ -80,10 +84,10 @@ def matmul_peak(n: int = 1536, repeats: int = 5) -> float:
         t = time.perf_counter()
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
-def useful_flops(pairs: List[Tuple[int, int]], d: int, ffn: int, layers: int, vocab: int) -> float:
+def useful_flops(pairs: list[tuple[int, int]], d: int, ffn: int, layers: int, vocab: int) -> float:
     """Training FLOPs (3 x forward) of the matmuls the non-padding tokens need; (src_len, tgt_len) per example."""
     macs = 0
     for s, t in pairs:
@@ -100,14 +104,28 @@ def ensure_databin(raw: str, workdir: str) -> str:
     if os.path.exists(os.path.join(dest, "preprocess.json")):
         return dest
     print(f"building {dest} from {raw} (sentencepiece 8k, once)", flush=True)
-    cmd = [sys.executable, "-m", "seqtrain_cli.preprocess", "--source-lang", "source", "--target-lang", "target",
-           "--trainpref", os.path.join(raw, "train"), "--destdir", dest, "--joined-dictionary",
-           "--spm-vocab-size", "8000", "--no-progress-bar"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "seqtrain_cli.preprocess",
+        "--source-lang",
+        "source",
+        "--target-lang",
+        "target",
+        "--trainpref",
+        os.path.join(raw, "train"),
+        "--destdir",
+        dest,
+        "--joined-dictionary",
+        "--spm-vocab-size",
+        "8000",
+        "--no-progress-bar",
+    ]
     subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     return dest
 
 
-def examples(task: Any, split: str = "train") -> List[Tuple[torch.Tensor, torch.Tensor]]:
+def examples(task: Any, split: str = "train") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(source, target) token tensors, source cut to MAX_SRC and target to MAX_TGT (each keeps its final </s>)."""
     ds = task.load_dataset(split)
     out = []
@@ -122,12 +140,12 @@ def examples(task: Any, split: str = "train") -> List[Tuple[torch.Tensor, torch.
     return out
 
 
-def seqtrain_batch(task: Any, exs: List[Tuple[torch.Tensor, torch.Tensor]]) -> Dict[str, Any]:
+def seqtrain_batch(task: Any, exs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
     ds = task.datasets["train"]
     return ds.collater([{"id": i, "source": s, "target": t} for i, (s, t) in enumerate(exs)])
 
 
-def hf_batch(exs: List[Tuple[torch.Tensor, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+def hf_batch(exs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """transformers' layout of the same examples: right-padded input_ids, labels with -100 at pads, decoder input
     = labels shifted right behind </s> (BART's decoder_start_token_id)."""
     b, s, t = len(exs), max(len(x[0]) for x in exs), max(len(x[1]) for x in exs)
@@ -140,28 +158,34 @@ def hf_batch(exs: List[Tuple[torch.Tensor, torch.Tensor]]) -> Dict[str, torch.Te
     decoder_input_ids[:, 0] = EOS
     shifted = labels[:, :-1]
     decoder_input_ids[:, 1:] = torch.where(shifted == -100, PAD, shifted)
-    return {"input_ids": input_ids, "attention_mask": input_ids.ne(PAD).long(),
-            "decoder_input_ids": decoder_input_ids, "labels": labels}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": input_ids.ne(PAD).long(),
+        "decoder_input_ids": decoder_input_ids,
+        "labels": labels,
+    }
 
 
-def nonpad_tokens(exs: List[Tuple[torch.Tensor, torch.Tensor]]) -> int:
+def nonpad_tokens(exs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(len(s) + len(t) for s, t in exs)
 
 
-def padded_tokens(exs: List[Tuple[torch.Tensor, torch.Tensor]]) -> int:
+def padded_tokens(exs: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return len(exs) * (max(len(s) for s, _ in exs) + max(len(t) for _, t in exs))
 
 
-def match_budget(exs: List[Tuple[torch.Tensor, torch.Tensor]], budget: float) -> Tuple[int, List[Any]]:
+def match_budget(exs: list[tuple[torch.Tensor, torch.Tensor]], budget: float) -> tuple[int, list[Any]]:
     """The --max-tokens whose length-bucketed batches (fairseq's rule: batch size x longest max(src, tgt)) hold
     `budget` token slots (source + target, padding included) on average; returns it and its batches."""
     sizes = np.array([max(len(s), len(t)) for s, t in exs], dtype=np.int64)
     order = np.argsort(sizes, kind="stable")
     lo, hi = MAX_SRC, 64 * MAX_SRC
-    best: Tuple[int, List[Any]] = (lo, [])
+    best: tuple[int, list[Any]] = (lo, [])
     while lo <= hi:
         mid = (lo + hi) // 2
-        batches = batch_by_size(order, num_tokens_vec=sizes[order], max_tokens=mid, required_batch_size_multiple=8)
+        batches = batch_by_size(
+            order, num_tokens_vec=sizes[order], max_tokens=mid, required_batch_size_multiple=8
+        )
         mean = statistics.mean(padded_tokens([exs[i] for i in b]) for b in batches)
         best = (mid, batches)
         if mean < budget:
@@ -179,7 +203,7 @@ class SeqtrainRunner:
         self.trainer, self.task = trainer, task
         trainer.optimizer.step = mark_before(trainer.optimizer.step)
 
-    def step(self, exs: List[Tuple[torch.Tensor, torch.Tensor]]) -> float:
+    def step(self, exs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         """One update; returns the mean token loss (natural log) before the update."""
         self.trainer.optimizer.zero_grad()
         stats = self.trainer.train_step([seqtrain_batch(self.task, exs)])
@@ -190,23 +214,35 @@ class SeqtrainRunner:
 class HFRunner:
     name = "transformers"
 
-    def __init__(self, model: torch.nn.Module, lr: float, betas: Tuple[float, float], eps: float,
-                 label_smoothing: float, implementation: Dict[str, Any]):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        label_smoothing: float,
+        implementation: dict[str, Any],
+    ):
         self.model = model
         # the same torch.optim.AdamW implementation (fused / foreach) as seqtrain's, so only the toolkits differ
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=0.0,
-                                           **implementation)
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=0.0, **implementation
+        )
         self.optimizer.step = mark_before(self.optimizer.step)
         self.label_smoothing = label_smoothing
 
-    def step(self, exs: List[Tuple[torch.Tensor, torch.Tensor]]) -> float:
+    def step(self, exs: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
         self.model.train()
         batch = hf_batch(exs)
         if self.label_smoothing > 0:
             labels = batch.pop("labels")
             logits = self.model(**batch).logits
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100,
-                                   label_smoothing=self.label_smoothing)
+            loss = F.cross_entropy(
+                logits.view(-1, logits.size(-1)),
+                labels.view(-1),
+                ignore_index=-100,
+                label_smoothing=self.label_smoothing,
+            )
         else:
             loss = self.model(**batch).loss
         loss.backward()
@@ -215,13 +251,37 @@ class HFRunner:
         return float(loss.detach())
 
 
-def build(args: argparse.Namespace, databin: str, dropout: float) -> Tuple[SeqtrainRunner, HFRunner, Any, Any]:
+def build(
+    args: argparse.Namespace, databin: str, dropout: float
+) -> tuple[SeqtrainRunner, HFRunner, Any, Any]:
     import transformers
 
-    argv = [databin, "--arch", args.arch, "--cpu", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-            "--lr", str(args.lr), "--criterion", "label_smoothed_cross_entropy",
-            "--label-smoothing", str(args.label_smoothing), "--dropout", str(dropout), "--max-tokens", "2048",
-            "--seed", "1", "--max-source-positions", "1024", "--max-target-positions", "1024"]
+    argv = [
+        databin,
+        "--arch",
+        args.arch,
+        "--cpu",
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        str(args.lr),
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        str(args.label_smoothing),
+        "--dropout",
+        str(dropout),
+        "--max-tokens",
+        "2048",
+        "--seed",
+        "1",
+        "--max-source-positions",
+        "1024",
+        "--max-target-positions",
+        "1024",
+    ]
     targs = options.parse_args_and_arch(options.get_training_parser(), argv)
     task = setup_task(targs)
     torch.manual_seed(1)
@@ -242,12 +302,13 @@ def build(args: argparse.Namespace, databin: str, dropout: float) -> Tuple[Seqtr
     return SeqtrainRunner(trainer, task), hf_runner, targs, task
 
 
-def alternate(runners: List[Any], batches: Dict[str, List[Any]], rounds: int, warmup: int, flops_of: Any
-              ) -> Dict[str, Dict[str, Any]]:
+def alternate(
+    runners: list[Any], batches: dict[str, list[Any]], rounds: int, warmup: int, flops_of: Any
+) -> dict[str, dict[str, Any]]:
     """Warm-up steps, then `rounds` rounds of one step per toolkit (order flipped each round)."""
-    out: Dict[str, Dict[str, Any]] = {r.name: {"tok_s": [], "flop_s": [], "mem": [], "fb_mem": [], "loss": [],
-                                               "time": []}
-                                      for r in runners}
+    out: dict[str, dict[str, Any]] = {
+        r.name: {"tok_s": [], "flop_s": [], "mem": [], "fb_mem": [], "loss": [], "time": []} for r in runners
+    }
     for i in range(warmup + rounds):
         order = runners if i % 2 == 0 else runners[::-1]
         for r in order:
@@ -266,50 +327,73 @@ def alternate(runners: List[Any], batches: Dict[str, List[Any]], rounds: int, wa
                 o["mem"].append(mem.increase)
                 o["fb_mem"].append(mem.marked_increase)
                 o["time"].append(dt)
-            print(f"  {'warm-up' if i < warmup else 'round ' + str(i - warmup + 1)} {r.name:12s} {dt:6.2f} s "
-                  f"loss {loss:.5f} nonpad tok/s {nonpad_tokens(exs) / dt:8.1f} "
-                  f"peak +{mem.increase / 2**20:7.1f} MiB (forward+backward +{mem.marked_increase / 2**20:7.1f})",
-                  flush=True)
+            print(
+                f"  {'warm-up' if i < warmup else 'round ' + str(i - warmup + 1)} {r.name:12s} {dt:6.2f} s "
+                f"loss {loss:.5f} nonpad tok/s {nonpad_tokens(exs) / dt:8.1f} "
+                f"peak +{mem.increase / 2**20:7.1f} MiB (forward+backward +{mem.marked_increase / 2**20:7.1f})",
+                flush=True,
+            )
     return out
 
 
-def summarize(title: str, res: Dict[str, Dict[str, Any]], peak: float) -> Dict[str, Any]:
+def summarize(title: str, res: dict[str, dict[str, Any]], peak: float) -> dict[str, Any]:
     s, h = res["seqtrain"], res["transformers"]
     med = statistics.median
     row = {
-        "seqtrain_tok_s": med(s["tok_s"]), "transformers_tok_s": med(h["tok_s"]),
+        "seqtrain_tok_s": med(s["tok_s"]),
+        "transformers_tok_s": med(h["tok_s"]),
         "speedup": med(s["tok_s"]) / med(h["tok_s"]),
-        "seqtrain_step_s": med(s["time"]), "transformers_step_s": med(h["time"]),
-        "seqtrain_peak_mib": max(s["mem"]) / 2**20, "transformers_peak_mib": max(h["mem"]) / 2**20,
+        "seqtrain_step_s": med(s["time"]),
+        "transformers_step_s": med(h["time"]),
+        "seqtrain_peak_mib": max(s["mem"]) / 2**20,
+        "transformers_peak_mib": max(h["mem"]) / 2**20,
         "memory_ratio": max(s["mem"]) / max(h["mem"]),
-        "seqtrain_fb_peak_mib": max(s["fb_mem"]) / 2**20, "transformers_fb_peak_mib": max(h["fb_mem"]) / 2**20,
+        "seqtrain_fb_peak_mib": max(s["fb_mem"]) / 2**20,
+        "transformers_fb_peak_mib": max(h["fb_mem"]) / 2**20,
         "fb_memory_ratio": max(s["fb_mem"]) / max(h["fb_mem"]),
-        "seqtrain_flops": med(s["flop_s"]), "transformers_flops": med(h["flop_s"]),
+        "seqtrain_flops": med(s["flop_s"]),
+        "transformers_flops": med(h["flop_s"]),
     }
     print(f"\n{title}")
-    print(f"  non-padding tokens/s (median): seqtrain {row['seqtrain_tok_s']:.1f}, transformers "
-          f"{row['transformers_tok_s']:.1f}, ratio {row['speedup']:.2f}x")
-    print(f"  step time (median): seqtrain {row['seqtrain_step_s']:.2f} s, transformers {row['transformers_step_s']:.2f} s")
-    print(f"  peak memory per step (above the pre-step level): seqtrain {row['seqtrain_peak_mib']:.0f} MiB, "
-          f"transformers {row['transformers_peak_mib']:.0f} MiB, ratio {row['memory_ratio']:.2f}")
-    print(f"  of which forward + backward (activations, gradients): seqtrain {row['seqtrain_fb_peak_mib']:.0f} MiB, "
-          f"transformers {row['transformers_fb_peak_mib']:.0f} MiB, ratio {row['fb_memory_ratio']:.2f}")
-    print(f"  useful FLOP/s: seqtrain {row['seqtrain_flops'] / 1e9:.1f} G ({100 * row['seqtrain_flops'] / peak:.0f}% "
-          f"of the matmul peak), transformers {row['transformers_flops'] / 1e9:.1f} G "
-          f"({100 * row['transformers_flops'] / peak:.0f}%)")
+    print(
+        f"  non-padding tokens/s (median): seqtrain {row['seqtrain_tok_s']:.1f}, transformers "
+        f"{row['transformers_tok_s']:.1f}, ratio {row['speedup']:.2f}x"
+    )
+    print(
+        f"  step time (median): seqtrain {row['seqtrain_step_s']:.2f} s, "
+        f"transformers {row['transformers_step_s']:.2f} s"
+    )
+    print(
+        f"  peak memory per step (above the pre-step level): seqtrain {row['seqtrain_peak_mib']:.0f} MiB, "
+        f"transformers {row['transformers_peak_mib']:.0f} MiB, ratio {row['memory_ratio']:.2f}"
+    )
+    print(
+        f"  of which forward + backward (activations, gradients): seqtrain {row['seqtrain_fb_peak_mib']:.0f} MiB, "
+        f"transformers {row['transformers_fb_peak_mib']:.0f} MiB, ratio {row['fb_memory_ratio']:.2f}"
+    )
+    print(
+        f"  useful FLOP/s: seqtrain {row['seqtrain_flops'] / 1e9:.1f} G ({100 * row['seqtrain_flops'] / peak:.0f}% "
+        f"of the matmul peak), transformers {row['transformers_flops'] / 1e9:.1f} G "
+        f"({100 * row['transformers_flops'] / peak:.0f}%)"
+    )
     return row
 
 
-def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="bart_small, 2 rounds: a development run")
     p.add_argument("--arch", default=None, help="default: bart_base (bart_small with --quick)")
-    p.add_argument("--raw", default=None,
-                   help="raw corpus folder with train.source/train.target (default: ../shared/data/debdesc, "
-                        "else data/debdesc-sample)")
+    p.add_argument(
+        "--raw",
+        default=None,
+        help="raw corpus folder with train.source/train.target (default: ../shared/data/debdesc, "
+        "else data/debdesc-sample)",
+    )
     p.add_argument("--data", default=None, help="an existing data-bin (skips building one from --raw)")
     p.add_argument("--workdir", default="/tmp/seqtrain-bench-train")
-    p.add_argument("--rounds", type=int, default=None, help="timed rounds per part (default 4; 2 with --quick)")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="timed rounds per part (default 4; 2 with --quick)"
+    )
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--label-smoothing", type=float, default=0.0)
     p.add_argument("--part", choices=["fixed", "real", "both"], default="both")
@@ -324,26 +408,46 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     raw = args.raw
     if raw is None:
         shared = os.path.join(os.path.dirname(REPO), "shared", "data", "debdesc")
-        raw = shared if os.path.exists(os.path.join(shared, "train.source")) else os.path.join(REPO, "data", "debdesc-sample")
+        raw = (
+            shared
+            if os.path.exists(os.path.join(shared, "train.source"))
+            else os.path.join(REPO, "data", "debdesc-sample")
+        )
     os.makedirs(args.workdir, exist_ok=True)
     databin = args.data or ensure_databin(raw, args.workdir)
 
     load = os.getloadavg()
     peak = matmul_peak()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load[0]:.2f} "
-          f"{load[1]:.2f} {load[2]:.2f}; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
-    results: Dict[str, Any] = {"arch": args.arch, "threads": torch.get_num_threads(), "matmul_peak": peak,
-                               "load_before": load, "label_smoothing": args.label_smoothing}
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load[0]:.2f} "
+        f"{load[1]:.2f} {load[2]:.2f}; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s",
+        flush=True,
+    )
+    results: dict[str, Any] = {
+        "arch": args.arch,
+        "threads": torch.get_num_threads(),
+        "matmul_peak": peak,
+        "load_before": load,
+        "label_smoothing": args.label_smoothing,
+    }
     rng = random.Random(0)
 
     if args.part in ("fixed", "both"):
         seq, hf, targs, task = build(args, databin, dropout=0.0)
         exs = examples(task)
-        d, ffn, layers, vocab = targs.encoder_embed_dim, targs.encoder_ffn_embed_dim, targs.encoder_layers, len(task.tgt_dict)
+        d, ffn, layers, vocab = (
+            targs.encoder_embed_dim,
+            targs.encoder_ffn_embed_dim,
+            targs.encoder_layers,
+            len(task.tgt_dict),
+        )
         flops_of = lambda b: useful_flops([(len(s), len(t)) for s, t in b], d, ffn, layers, vocab)  # noqa: E731
         n_params = sum(p.numel() for p in seq.trainer.model.parameters())
-        print(f"\npart 1: identical fixed batches of {BSZ} real examples ({args.arch}, {n_params / 1e6:.1f} M "
-              f"parameters, vocabulary {vocab}, dropout 0)", flush=True)
+        print(
+            f"\npart 1: identical fixed batches of {BSZ} real examples ({args.arch}, {n_params / 1e6:.1f} M "
+            f"parameters, vocabulary {vocab}, dropout 0)",
+            flush=True,
+        )
         fixed = [rng.sample(exs, BSZ) for _ in range(1 + rounds)]
         pad_share = 1 - sum(nonpad_tokens(b) for b in fixed) / sum(padded_tokens(b) for b in fixed)
         res = alternate([seq, hf], {"seqtrain": fixed, "transformers": fixed}, rounds, 1, flops_of)
@@ -351,40 +455,52 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         row = summarize(f"part 1 ({pad_share:.0%} of the batch slots are padding)", res, peak)
         row["max_rel_loss_diff"] = max(diffs)
         row["losses"] = {k: v["loss"] for k, v in res.items()}
-        print(f"  loss per step, seqtrain vs transformers: max relative difference {max(diffs):.1e}"
-              + (" (label smoothing: the formulas differ)" if args.label_smoothing else ""))
+        print(
+            f"  loss per step, seqtrain vs transformers: max relative difference {max(diffs):.1e}"
+            + (" (label smoothing: the formulas differ)" if args.label_smoothing else "")
+        )
         results["fixed"] = row
         del seq, hf
 
     if args.part in ("real", "both"):
         seq, hf, targs, task = build(args, databin, dropout=0.1)
         exs = examples(task)
-        d, ffn, layers, vocab = targs.encoder_embed_dim, targs.encoder_ffn_embed_dim, targs.encoder_layers, len(task.tgt_dict)
+        d, ffn, layers, vocab = (
+            targs.encoder_embed_dim,
+            targs.encoder_ffn_embed_dim,
+            targs.encoder_layers,
+            len(task.tgt_dict),
+        )
         flops_of = lambda b: useful_flops([(len(s), len(t)) for s, t in b], d, ffn, layers, vocab)  # noqa: E731
         # transformers: 8 random examples per batch. seqtrain: its length-bucketed batches (fairseq's num_tokens =
         # max(src, tgt) per example) within 8 x 256 token slots, drawn in random order.
         # The token budget: transformers' mean padded batch (8 x (longest source + longest target)) over one
         # shuffled epoch; seqtrain's --max-tokens is set so that its batches hold as many token slots on average.
         shuffled = rng.sample(exs, len(exs))
-        hf_epoch = [shuffled[i:i + BSZ] for i in range(0, len(shuffled) - BSZ + 1, BSZ)]
+        hf_epoch = [shuffled[i : i + BSZ] for i in range(0, len(shuffled) - BSZ + 1, BSZ)]
         budget = statistics.mean(map(padded_tokens, hf_epoch))
         max_tokens, buckets = match_budget(exs, budget)
         hf_batches = rng.sample(hf_epoch, 1 + rounds)
         picks = rng.sample(range(len(buckets)), 1 + rounds)
         seq_batches = [[exs[i] for i in buckets[k]] for k in picks]
         results["budget"] = {"mean_token_slots": budget, "seqtrain_max_tokens": max_tokens}
-        print(f"\npart 2: real data, each toolkit batching its own way (dropout 0.1) at {budget:.0f} token slots per "
-              f"update on average (seqtrain: --max-tokens {max_tokens}); seqtrain batches hold "
-              f"{statistics.median(len(b) for b in seq_batches):.0f} sentences (median), padding "
-              f"{1 - sum(map(nonpad_tokens, seq_batches)) / sum(map(padded_tokens, seq_batches)):.0%}; "
-              f"transformers 8 sentences, padding "
-              f"{1 - sum(map(nonpad_tokens, hf_batches)) / sum(map(padded_tokens, hf_batches)):.0%}", flush=True)
+        print(
+            f"\npart 2: real data, each toolkit batching its own way (dropout 0.1) at {budget:.0f} token slots per "
+            f"update on average (seqtrain: --max-tokens {max_tokens}); seqtrain batches hold "
+            f"{statistics.median(len(b) for b in seq_batches):.0f} sentences (median), padding "
+            f"{1 - sum(map(nonpad_tokens, seq_batches)) / sum(map(padded_tokens, seq_batches)):.0%}; "
+            f"transformers 8 sentences, padding "
+            f"{1 - sum(map(nonpad_tokens, hf_batches)) / sum(map(padded_tokens, hf_batches)):.0%}",
+            flush=True,
+        )
         res = alternate([seq, hf], {"seqtrain": seq_batches, "transformers": hf_batches}, rounds, 1, flops_of)
         row = summarize("part 2 (real data)", res, peak)
         # Peak memory over an epoch comes from each toolkit's largest batch: the length bucket with the most
         # token slots, and the 8 random examples (of one shuffled epoch) with the longest source.
-        worst = {"transformers": max(hf_epoch, key=padded_tokens),
-                 "seqtrain": max(([exs[i] for i in b] for b in buckets), key=padded_tokens)}
+        worst = {
+            "transformers": max(hf_epoch, key=padded_tokens),
+            "seqtrain": max(([exs[i] for i in b] for b in buckets), key=padded_tokens),
+        }
         for r in (seq, hf):
             with PeakRSS() as mem:
                 _ACTIVE.append(mem)
@@ -394,13 +510,17 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             row[f"{r.name}_epoch_fb_peak_mib"] = mem.marked_increase / 2**20
             row[f"{r.name}_largest_batch"] = (len(worst[r.name]), padded_tokens(worst[r.name]))
         row["epoch_memory_ratio"] = row["seqtrain_epoch_peak_mib"] / row["transformers_epoch_peak_mib"]
-        row["epoch_fb_memory_ratio"] = row["seqtrain_epoch_fb_peak_mib"] / row["transformers_epoch_fb_peak_mib"]
-        print(f"  peak memory on each toolkit's largest batch of an epoch: seqtrain "
-              f"{row['seqtrain_epoch_peak_mib']:.0f} MiB ({row['seqtrain_largest_batch'][0]} sentences, "
-              f"{row['seqtrain_largest_batch'][1]} token slots), transformers {row['transformers_epoch_peak_mib']:.0f} "
-              f"MiB ({row['transformers_largest_batch'][1]} token slots), ratio {row['epoch_memory_ratio']:.2f}; "
-              f"forward + backward: {row['seqtrain_epoch_fb_peak_mib']:.0f} vs "
-              f"{row['transformers_epoch_fb_peak_mib']:.0f} MiB, ratio {row['epoch_fb_memory_ratio']:.2f}")
+        row["epoch_fb_memory_ratio"] = (
+            row["seqtrain_epoch_fb_peak_mib"] / row["transformers_epoch_fb_peak_mib"]
+        )
+        print(
+            f"  peak memory on each toolkit's largest batch of an epoch: seqtrain "
+            f"{row['seqtrain_epoch_peak_mib']:.0f} MiB ({row['seqtrain_largest_batch'][0]} sentences, "
+            f"{row['seqtrain_largest_batch'][1]} token slots), transformers {row['transformers_epoch_peak_mib']:.0f} "
+            f"MiB ({row['transformers_largest_batch'][1]} token slots), ratio {row['epoch_memory_ratio']:.2f}; "
+            f"forward + backward: {row['seqtrain_epoch_fb_peak_mib']:.0f} vs "
+            f"{row['transformers_epoch_fb_peak_mib']:.0f} MiB, ratio {row['epoch_fb_memory_ratio']:.2f}"
+        )
         results["real"] = row
         del seq, hf
 

@@ -7,11 +7,12 @@ and read as it ends, so no short-lived peak is missed; where that reset is refus
 every 2 ms instead (torch ops release the GIL). For figures that follow what tensors hold, call
 `follow_tensors_with_rss()` once at start-up and `release_free_heap()` after freeing what should not count.
 """
+
 from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Optional
+from typing import Any
 
 MIB = 2**20
 
@@ -38,11 +39,11 @@ class PeakRSS:
     """with PeakRSS() as mem: ...  then mem.increase (bytes above the start level), mem.peak, mem.base.
     mem.mark() inside the block remembers the peak so far (mem.marked_increase)."""
 
-    def __enter__(self) -> "PeakRSS":
-        self.marked: Optional[int] = None
+    def __enter__(self) -> PeakRSS:
+        self.marked: int | None = None
         self.kernel_peak = _reset_high_water_mark()
         self.base = self.peak = _status_bytes("VmRSS")
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         if not self.kernel_peak:
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._poll, daemon=True)

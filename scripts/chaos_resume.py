@@ -17,6 +17,7 @@ parameters, optimizer state, lr scheduler, update count, data position and best 
 Prints one line per kill and a summary "N of M resumes ended bitwise equal"; exits 1 on any difference.
 tests/test_chaos_resume.py loads this file and runs a short version.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,6 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -88,31 +88,78 @@ def make_databin(folder: str, n_train: int = 160, n_valid: int = 24, seed: int =
                 fs.write(" ".join(toks) + "\n")
                 ft.write(" ".join(reversed(toks[:4])) + "\n")
     dest = os.path.join(folder, "bin")
-    preprocess(["--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
-                "--validpref", f"{raw}/valid", "--destdir", dest, "--joined-dictionary", "--tokenizer", "none",
-                "--no-progress-bar"])
+    preprocess(
+        [
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            f"{raw}/train",
+            "--validpref",
+            f"{raw}/valid",
+            "--destdir",
+            dest,
+            "--joined-dictionary",
+            "--tokenizer",
+            "none",
+            "--no-progress-bar",
+        ]
+    )
     return dest
 
 
-def train_args(data: str, save_dir: str, max_update: int, prune: bool = True) -> List[str]:
+def train_args(data: str, save_dir: str, max_update: int, prune: bool = True) -> list[str]:
     """Frequent interval checkpoints (every update), validation and checkpoint_best links, pruning, dropout:
     every part of the checkpoint machinery runs all the time. The reference run keeps every checkpoint
     (prune=False) so each resumed state can be compared with the reference at the same update."""
     keep = ["--keep-interval-updates", "2", "--keep-last-epochs", "1"] if prune else []
-    return [data, "--arch", "bart_tiny", "--cpu", "--seed", "11", "--max-tokens", "256",
-            "--encoder-layers", "1", "--decoder-layers", "1",
-            "--optimizer", "adam", "--lr", "2e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "8",
-            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-            "--max-update", str(max_update), "--save-dir", save_dir, "--save-interval-updates", "1",
-            *keep, "--log-format", "simple", "--log-interval", "1", "--no-progress-bar"]
+    return [
+        data,
+        "--arch",
+        "bart_tiny",
+        "--cpu",
+        "--seed",
+        "11",
+        "--max-tokens",
+        "256",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "2e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "8",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--max-update",
+        str(max_update),
+        "--save-dir",
+        save_dir,
+        "--save-interval-updates",
+        "1",
+        *keep,
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--no-progress-bar",
+    ]
 
 
-def train_command() -> List[str]:
+def train_command() -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), "seqtrain-train")
     return [script] if os.path.exists(script) else [sys.executable, "-m", "seqtrain_cli.train"]
 
 
-def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra or {})
@@ -122,13 +169,14 @@ def child_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
 class Run:
     """One training process whose output is read by a thread (so the pipe never fills up)."""
 
-    def __init__(self, cmd: List[str], env: Dict[str, str]):
+    def __init__(self, cmd: list[str], env: dict[str, str]):
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                     cwd=REPO)
-        self.lines: List[str] = []
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, cwd=REPO
+        )
+        self.lines: list[str] = []
         self.training = threading.Event()
-        self.startup_seconds: Optional[float] = None  # process start -> first training update begins
+        self.startup_seconds: float | None = None  # process start -> first training update begins
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -157,7 +205,7 @@ class Run:
         self.wait()
         return True
 
-    def wait(self, timeout: Optional[float] = None) -> int:
+    def wait(self, timeout: float | None = None) -> int:
         rc = self.proc.wait(timeout)
         self._reader.join(timeout=10)
         return rc
@@ -166,7 +214,7 @@ class Run:
         return "".join(self.lines)
 
 
-def saved_updates(save_dir: str) -> Optional[int]:
+def saved_updates(save_dir: str) -> int | None:
     """The update count checkpoint_last.pt holds (None when there is none)."""
     import torch
 
@@ -176,7 +224,7 @@ def saved_updates(save_dir: str) -> Optional[int]:
     return int(torch.load(path, map_location="cpu", weights_only=True)["extra_state"]["num_updates"])
 
 
-def partial_files(save_dir: str) -> List[str]:
+def partial_files(save_dir: str) -> list[str]:
     return sorted(n for n in os.listdir(save_dir) if n.startswith(".")) if os.path.isdir(save_dir) else []
 
 
@@ -186,9 +234,9 @@ def load(path: str) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def reference_by_update(ref_dir: str) -> Dict[int, str]:
+def reference_by_update(ref_dir: str) -> dict[int, str]:
     """update count -> a checkpoint of the reference run (interval names carry it; epoch files are opened)."""
-    out: Dict[int, str] = {}
+    out: dict[int, str] = {}
     for name in sorted(os.listdir(ref_dir)):
         m = re.fullmatch(r"checkpoint_\d+_(\d+)\.pt", name)
         if m:
@@ -199,15 +247,18 @@ def reference_by_update(ref_dir: str) -> Dict[int, str]:
     return out
 
 
-def compare_states(a: dict, b: dict) -> List[str]:
+def compare_states(a: dict, b: dict) -> list[str]:
     """Differences between two checkpoints' training state (empty when bitwise equal)."""
     import torch
 
     diffs = [k for k in a["model"] if k not in b["model"] or not torch.equal(a["model"][k], b["model"][k])]
     for pid, sa in a["optimizer"]["state"].items():
         sb = b["optimizer"]["state"].get(pid, {})
-        diffs += [f"optimizer.{pid}.{k}" for k in sa
-                  if k not in sb or not torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k]))]
+        diffs += [
+            f"optimizer.{pid}.{k}"
+            for k in sa
+            if k not in sb or not torch.equal(torch.as_tensor(sa[k]), torch.as_tensor(sb[k]))
+        ]
     if a["lr_scheduler"] != b["lr_scheduler"]:
         diffs.append("lr_scheduler")
     for k in ("num_updates", "epoch", "train_iterator", "best"):
@@ -216,8 +267,16 @@ def compare_states(a: dict, b: dict) -> List[str]:
     return diffs
 
 
-def chaos(workdir: str, kills: int, seed: int, max_update: int, window: float, startup_share: float = 0.0,
-          aimed_every: int = 4, log=print) -> Tuple[List[dict], List[str], float]:
+def chaos(
+    workdir: str,
+    kills: int,
+    seed: int,
+    max_update: int,
+    window: float,
+    startup_share: float = 0.0,
+    aimed_every: int = 4,
+    log=print,
+) -> tuple[list[dict], list[str], float]:
     """Kill and restart `kills` times, then finish. Random kills come uniformly in [0, window] seconds after
     training began; a `startup_share` of them instead at a uniform time during start-up (as long as the
     reference run's start-up took). Every `aimed_every`-th kill is aimed (see KILL_POINT_WRAPPER).
@@ -231,7 +290,7 @@ def chaos(workdir: str, kills: int, seed: int, max_update: int, window: float, s
     t0 = time.monotonic()
     reference = Run(cmd + train_args(data, ref_dir, max_update, prune=False), child_env())  # runs alongside
     rng = random.Random(seed)
-    records: List[dict] = []
+    records: list[dict] = []
     for i in range(kills):
         aimed = None
         if aimed_every and i % aimed_every == aimed_every - 1:
@@ -239,8 +298,10 @@ def chaos(workdir: str, kills: int, seed: int, max_update: int, window: float, s
         before = set(partial_files(chaos_dir))
         if aimed:
             at = rng.randint(2, 4)  # the at-th checkpoint write of this process
-            run = Run([sys.executable, "-c", KILL_POINT_WRAPPER] + train_args(data, chaos_dir, max_update),
-                      child_env({"CHAOS_KILL_AT": f"{aimed}:{at}"}))
+            run = Run(
+                [sys.executable, "-c", KILL_POINT_WRAPPER] + train_args(data, chaos_dir, max_update),
+                child_env({"CHAOS_KILL_AT": f"{aimed}:{at}"}),
+            )
             killed = run.wait() == -signal.SIGKILL
             how = f"at {aimed} of checkpoint write {at}"
         else:
@@ -264,13 +325,20 @@ def chaos(workdir: str, kills: int, seed: int, max_update: int, window: float, s
         if os.path.exists(last):
             snap = os.path.join(snapshots, f"after_kill_{i + 1}.pt")
             shutil.copyfile(last, snap)
-        rec = {"kill": i + 1, "how": how, "snapshot": snap, "updates": saved_updates(chaos_dir),
-               "files": sorted(n for n in os.listdir(chaos_dir) if not n.startswith(".")),
-               "mid_write": any(n.endswith(".tmp") and n not in before for n in partial),
-               "partial_files": partial}
+        rec = {
+            "kill": i + 1,
+            "how": how,
+            "snapshot": snap,
+            "updates": saved_updates(chaos_dir),
+            "files": sorted(n for n in os.listdir(chaos_dir) if not n.startswith(".")),
+            "mid_write": any(n.endswith(".tmp") and n not in before for n in partial),
+            "partial_files": partial,
+        }
         records.append(rec)
-        log(f"kill {i + 1}: {how}: checkpoint_last.pt at update {rec['updates']}"
-            + (f"; the interrupted write left {', '.join(partial)}" if partial else ""))
+        log(
+            f"kill {i + 1}: {how}: checkpoint_last.pt at update {rec['updates']}"
+            + (f"; the interrupted write left {', '.join(partial)}" if partial else "")
+        )
     final = Run(cmd + train_args(data, chaos_dir, max_update), child_env())
     if final.wait() != 0:
         raise RuntimeError(f"the final restart failed:\n{final.output()[-3000:]}")
@@ -286,24 +354,35 @@ def chaos(workdir: str, kills: int, seed: int, max_update: int, window: float, s
         state = load(end)
         u = int(state["extra_state"]["num_updates"])
         rec["equal"] = u in ref and not compare_states(load(ref[u]), state)
-    diffs = compare_states(load(os.path.join(ref_dir, "checkpoint_last.pt")),
-                           load(os.path.join(chaos_dir, "checkpoint_last.pt")))
+    diffs = compare_states(
+        load(os.path.join(ref_dir, "checkpoint_last.pt")), load(os.path.join(chaos_dir, "checkpoint_last.pt"))
+    )
     leftovers = partial_files(chaos_dir)
     if leftovers:
         diffs.append(f"temporary files left in the save dir: {leftovers}")
     return records, diffs, time.monotonic() - t0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-update", type=int, default=240)
-    p.add_argument("--window", type=float, default=3.0,
-                   help="random kill times are uniform in [0, WINDOW] seconds after training began")
-    p.add_argument("--startup-share", type=float, default=0.25,
-                   help="share of random kills aimed at start-up (data, model, checkpoint loading) instead")
-    p.add_argument("--workdir", default=None, help="keep the runs here (default: a temporary folder, removed)")
+    p.add_argument(
+        "--window",
+        type=float,
+        default=3.0,
+        help="random kill times are uniform in [0, WINDOW] seconds after training began",
+    )
+    p.add_argument(
+        "--startup-share",
+        type=float,
+        default=0.25,
+        help="share of random kills aimed at start-up (data, model, checkpoint loading) instead",
+    )
+    p.add_argument(
+        "--workdir", default=None, help="keep the runs here (default: a temporary folder, removed)"
+    )
     a = p.parse_args(argv)
     workdir = a.workdir or tempfile.mkdtemp(prefix="seqtrain-chaos-")
     try:
@@ -316,11 +395,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     equal = sum(bool(r["equal"]) for r in compared)
     mid = sum(r["mid_write"] for r in records)
     between = sum("between-files" in r["how"] for r in records)
-    print(f"{n} kills: {mid} inside a checkpoint write, {between} between checkpoint_E_U.pt and its "
-          f"checkpoint_last.pt link; checkpoint_last.pt after each kill at updates {[r['updates'] for r in records]}")
-    print(f"{equal} of {len(compared)} resumes ended bitwise equal to the uninterrupted run at the same update "
-          f"({n - len(compared)} killed before a first checkpoint); final state at update {a.max_update}: "
-          f"{'bitwise equal' if not diffs else 'DIFFERENT: ' + ', '.join(diffs[:8])} ({seconds:.0f} s)")
+    print(
+        f"{n} kills: {mid} inside a checkpoint write, {between} between checkpoint_E_U.pt and its "
+        f"checkpoint_last.pt link; checkpoint_last.pt after each kill at updates {[r['updates'] for r in records]}"
+    )
+    print(
+        f"{equal} of {len(compared)} resumes ended bitwise equal to the uninterrupted run at the same update "
+        f"({n - len(compared)} killed before a first checkpoint); final state at update {a.max_update}: "
+        f"{'bitwise equal' if not diffs else 'DIFFERENT: ' + ', '.join(diffs[:8])} ({seconds:.0f} s)"
+    )
     return 0 if not diffs and equal == len(compared) else 1
 
 

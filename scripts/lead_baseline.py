@@ -7,13 +7,13 @@ first '. ') cut to 12 words, scored with seqtrain.scoring.rouge against the targ
 
 On the full debdesc valid split it gives the README's figures (ROUGE-1/2/Lsum 35.16 / 17.02 / 30.83).
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
-from typing import List
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -26,7 +26,7 @@ def lead(source: str, words: int = 12) -> str:
     return " ".join(source.split(". ")[0].split()[:words])
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: list[str] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("prefix", help="PREFIX.source and PREFIX.target (one example per line)")
     p.add_argument("--words", type=int, default=12, help="words kept from the first sentence (default: 12)")
@@ -37,7 +37,9 @@ def main(argv: List[str] = None) -> int:
         sources = _read_lines(args.prefix + ".source")
         targets = _read_lines(args.prefix + ".target")
         if len(sources) != len(targets):
-            raise SeqtrainError(f"{args.prefix}.source has {len(sources)} lines, {args.prefix}.target {len(targets)}")
+            raise SeqtrainError(
+                f"{args.prefix}.source has {len(sources)} lines, {args.prefix}.target {len(targets)}"
+            )
         hyps = [lead(s, args.words) for s in sources]
         scores = score_pairs(hyps, targets)
     except SeqtrainError as e:

@@ -5,6 +5,7 @@ train: 5,000 examples drawn (seed 0) from the corpus' train split;
 valid and test: two disjoint sets of 300 drawn (seed 1) from the corpus' valid split.
 Line order within each split follows the corpus. Deterministic: reruns give identical files.
 """
+
 import argparse
 import os
 import random

@@ -1,37 +1,38 @@
 #!/usr/bin/env python
 """Plot training and validation curves from a seqtrain-train (or fairseq-train) log written with
 `--log-format json`: `train_inner` lines give the training loss every --log-interval updates, the validation lines
-(`valid`, `valid1`, ...: one series per --valid-subset) the validation loss. Left panel: loss against updates; right panel: the same against training wall-clock minutes.
+(`valid`, `valid1`, ...: one series per --valid-subset) the validation loss.
+Left panel: loss against updates; right panel: the same against training wall-clock minutes.
 
     python scripts/plot_curves.py logs/train.log -o docs/img/curves.png --title "debdesc, bart_small"
 
 Needs matplotlib (`pip install -e .[plot]`). Losses are fairseq's: base 2, per target token; with label
 smoothing `loss` includes the smoothing term and `nll_loss` is the plain negative log-likelihood.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import sys
-from typing import Dict, List, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from seqtrain.errors import SeqtrainError  # noqa: E402
 
-Series = Dict[str, List[Tuple[float, float, float]]]  # "loss"/"nll_loss" -> [(updates, wall seconds, value)]
+Series = dict[str, list[tuple[float, float, float]]]  # "loss"/"nll_loss" -> [(updates, wall seconds, value)]
 
 
-def read_json_log(path: str) -> Dict[str, Series]:
+def read_json_log(path: str) -> dict[str, Series]:
     """{"train": {"loss": [...], "nll_loss": [...]}, "<valid subset>": {...}, ...} from a training log's json lines.
 
     Lines are `... | INFO | train_inner | {...}` (seqtrain/fairseq) or bare JSON objects; other lines are skipped.
     Validation records carry their subset as key prefix (`valid_loss`, `valid1_loss`), so each validated subset
     is its own series. A resumed run appends to the same log, so points are keyed by update and later lines win.
     """
-    out: Dict[str, Dict[str, Dict[float, Tuple[float, float]]]] = {"train": {}}
+    out: dict[str, dict[str, dict[float, tuple[float, float]]]] = {"train": {}}
     last_wall = 0.0
     try:
         f = open(path, encoding="utf-8")
@@ -63,17 +64,22 @@ def read_json_log(path: str) -> Dict[str, Series]:
             wall = float(stats.get("wall", last_wall)) if kind == "train" else last_wall
             for key in ("loss", "nll_loss"):
                 if prefix + key in stats:
-                    out.setdefault(kind, {}).setdefault(key, {})[float(updates)] = (wall, float(stats[prefix + key]))
-    result: Dict[str, Series] = {}
+                    out.setdefault(kind, {}).setdefault(key, {})[float(updates)] = (
+                        wall,
+                        float(stats[prefix + key]),
+                    )
+    result: dict[str, Series] = {}
     for kind, series in out.items():
         result[kind] = {k: sorted((u, w, v) for u, (w, v) in points.items()) for k, points in series.items()}
     if not result["train"].get("loss"):
-        raise SeqtrainError(f"{path}: no train_inner JSON lines (train with --log-format json, and --log-file or "
-                            "a redirect to keep them)")
+        raise SeqtrainError(
+            f"{path}: no train_inner JSON lines (train with --log-format json, and --log-file or "
+            "a redirect to keep them)"
+        )
     return result
 
 
-def plot(curves: Dict[str, Series], out: str, title: str = "") -> None:
+def plot(curves: dict[str, Series], out: str, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,7 +117,7 @@ def plot(curves: Dict[str, Series], out: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: list[str] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("log", help="training log with --log-format json lines")
     p.add_argument("-o", "--output", default="curves.png", help="PNG to write (default: curves.png)")

@@ -9,13 +9,14 @@ Loading is safe by default: `torch.load(weights_only=True)` with an allowlist of
 and fairseq's checkpoints legitimately pickle (argparse.Namespace, numpy scalars). Anything else needs
 `unsafe=True` (`--unsafe-load`), because arbitrary unpickling can run code.
 """
+
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ SAFE_GLOBALS: list = [argparse.Namespace] + _numpy_safe_globals()
 
 
 # ------------------------------------------------------------------------------------------------- file level
-def save_checkpoint_file(state: Dict[str, Any], path: str) -> None:
+def save_checkpoint_file(state: dict[str, Any], path: str) -> None:
     """torch.save `state` to `path` atomically: a crash or error mid-write leaves any old file intact."""
     with atomic_write(path, "wb") as f:
         torch.save(state, f)
@@ -65,7 +66,9 @@ def _sniff(path: str) -> None:
     # zip archive (torch >= 1.6) or the legacy format, which starts with a protocol-2 pickle of a long magic
     # number
     if head != b"PK\x03\x04" and head[:2] != b"\x80\x02":
-        raise SeqtrainError(f"{path} is not a PyTorch checkpoint (neither a torch zip archive nor a legacy torch file)")
+        raise SeqtrainError(
+            f"{path} is not a PyTorch checkpoint (neither a torch zip archive nor a legacy torch file)"
+        )
 
 
 def load_checkpoint_file(path: str, unsafe: bool = False) -> Any:
@@ -73,8 +76,10 @@ def load_checkpoint_file(path: str, unsafe: bool = False) -> Any:
     _sniff(path)
     try:
         if unsafe:
-            logger.warning(f"--unsafe-load: unpickling {path} without restrictions; code inside it can run "
-                           "(use this only for files you trust)")
+            logger.warning(
+                f"--unsafe-load: unpickling {path} without restrictions; code inside it can run "
+                "(use this only for files you trust)"
+            )
             return torch.load(path, map_location="cpu", weights_only=False)
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -93,7 +98,9 @@ def load_checkpoint_file(path: str, unsafe: bool = False) -> Any:
                 f"if you trust this file, pass --unsafe-load (unsafe=True) to load it"
             ) from None
         if "central directory" in msg or isinstance(e, (EOFError, IndexError)) or "zip archive" in msg:
-            raise SeqtrainError(f"{path} is truncated or corrupted (could not read it as a torch checkpoint)") from None
+            raise SeqtrainError(
+                f"{path} is truncated or corrupted (could not read it as a torch checkpoint)"
+            ) from None
         first = msg.strip().splitlines()[0][:200] if msg.strip() else type(e).__name__
         raise SeqtrainError(f"{path} could not be read as a checkpoint: {first}") from None
 
@@ -106,26 +113,26 @@ class CheckpointContents:
     path: str
     format: str  # "seqtrain" | "fairseq" | "hf"
     args: argparse.Namespace  # model (and data-convention) args with fairseq's names, incl. `arch`
-    model: Dict[str, torch.Tensor]  # fairseq / seqtrain parameter names
+    model: dict[str, torch.Tensor]  # fairseq / seqtrain parameter names
     src_dict: Any = None  # seqtrain.data.dictionary.Dictionary, when known
     tgt_dict: Any = None
-    tokenizer: Optional[dict] = None  # a tokenizer spec (seqtrain.data.tokenizer.build_tokenizer)
+    tokenizer: dict | None = None  # a tokenizer spec (seqtrain.data.tokenizer.build_tokenizer)
     # the whole seqtrain checkpoint dict (optimizer, extra_state...) for resuming
-    state: Optional[dict] = None
-    notes: List[str] = field(default_factory=list)  # what was dropped or adjusted while reading
+    state: dict | None = None
+    notes: list[str] = field(default_factory=list)  # what was dropped or adjusted while reading
 
 
 def make_checkpoint_state(
     args: argparse.Namespace | dict,
-    model_state: Dict[str, torch.Tensor],
+    model_state: dict[str, torch.Tensor],
     src_dict: Any = None,
     tgt_dict: Any = None,
-    tokenizer: Optional[dict] = None,
+    tokenizer: dict | None = None,
     optimizer: Any = None,
     lr_scheduler: Any = None,
     loss_scaler: Any = None,
-    extra_state: Optional[dict] = None,
-) -> Dict[str, Any]:
+    extra_state: dict | None = None,
+) -> dict[str, Any]:
     """The seqtrain checkpoint dict (docs/internals.md), plain data only so weights_only loading accepts
     it."""
     return {
@@ -143,7 +150,7 @@ def make_checkpoint_state(
     }
 
 
-def plain_args(args: argparse.Namespace | dict) -> Dict[str, Any]:
+def plain_args(args: argparse.Namespace | dict) -> dict[str, Any]:
     """Args as a dict of plain values (anything exotic becomes its str), safe for weights_only loading."""
     items = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
 
@@ -159,11 +166,11 @@ def plain_args(args: argparse.Namespace | dict) -> Dict[str, Any]:
     return {k: plain(v) for k, v in items.items() if not k.startswith("_")}
 
 
-def strip_wrapper_prefix(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def strip_wrapper_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     # DDP ("module.") and torch.compile ("_orig_mod.") wrappers leak into names when saved without unwrapping
     for prefix in ("module.", "_orig_mod."):
         if state and all(k.startswith(prefix) for k in state):
-            state = {k[len(prefix):]: v for k, v in state.items()}
+            state = {k[len(prefix) :]: v for k, v in state.items()}
     return state
 
 
@@ -180,15 +187,18 @@ def read_seqtrain(path: str, obj: dict) -> CheckpointContents:
     src = Dictionary.from_list(obj["src_dict"]) if obj.get("src_dict") is not None else None
     tgt = Dictionary.from_list(obj["tgt_dict"]) if obj.get("tgt_dict") is not None else src
     return CheckpointContents(
-        path=path, format="seqtrain", args=argparse.Namespace(**obj["args"]),
-        model=strip_wrapper_prefix(dict(obj["model"])), src_dict=src, tgt_dict=tgt,
-        tokenizer=obj.get("tokenizer"), state=obj,
+        path=path,
+        format="seqtrain",
+        args=argparse.Namespace(**obj["args"]),
+        model=strip_wrapper_prefix(dict(obj["model"])),
+        src_dict=src,
+        tgt_dict=tgt,
+        tokenizer=obj.get("tokenizer"),
+        state=obj,
     )
 
 
-
-
-def cpu_state(model_or_state: torch.nn.Module | Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def cpu_state(model_or_state: torch.nn.Module | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A model's (or a state dict's) tensors, detached and on CPU, ready to save."""
     state = model_or_state.state_dict() if isinstance(model_or_state, torch.nn.Module) else model_or_state
     return {k: v.detach().cpu() for k, v in state.items()}

@@ -4,17 +4,18 @@
 Namespace lacks (a library caller's hand-made Namespace) or leaves at None keeps the field's default.
 Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by seqtrain.options when parsing.
 """
+
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
-from typing import Any, Dict, Type, TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def from_args(cls: Type[T], args: argparse.Namespace, **overrides: Any) -> T:
-    values: Dict[str, Any] = {}
+def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
+    values: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
         value = getattr(args, f.name, None)
         if value is not None:

@@ -4,11 +4,12 @@ Keys are flag names (with - or _); each value is converted as argparse would con
 a bad key or value is an error naming the file, the line and the key. seqtrain.options applies the file between
 the command line and the `--arch` preset.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
 
 from seqtrain.data.options import str2bool
 from seqtrain.errors import SeqtrainError
@@ -34,7 +35,7 @@ def _parse_scalar(text: str) -> Any:
     return text
 
 
-def load_config(path: str) -> Tuple[Dict[str, Any], Dict[str, int]]:
+def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Read a config file: JSON object, or YAML-style `key: value` lines (# comments). Returns (values,
     line number of each key; 0 for JSON)."""
     try:
@@ -50,14 +51,16 @@ def load_config(path: str) -> Tuple[Dict[str, Any], Dict[str, int]]:
         if not isinstance(values, dict):
             raise SeqtrainError(f"--config {path}: expected a JSON object of flag values")
         return values, {k: 0 for k in values}
-    values: Dict[str, Any] = {}
-    lines: Dict[str, int] = {}
+    values: dict[str, Any] = {}
+    lines: dict[str, int] = {}
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
         if not line.strip() or line.strip() == "---":
             continue
         if line[0].isspace() or ":" not in line:
-            raise SeqtrainError(f"--config {path} line {n}: expected `key: value` (no nesting), got {raw.strip()!r}")
+            raise SeqtrainError(
+                f"--config {path} line {n}: expected `key: value` (no nesting), got {raw.strip()!r}"
+            )
         key, value = line.split(":", 1)
         values[key.strip()] = _parse_scalar(value)
         lines[key.strip()] = n
@@ -69,13 +72,17 @@ def _convert(action: argparse.Action, value: Any, where: str) -> Any:
     if value is None:
         return None
     try:
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
-                               argparse.BooleanOptionalAction)):
+        if isinstance(
+            action, (argparse._StoreTrueAction, argparse._StoreFalseAction, argparse.BooleanOptionalAction)
+        ):
             return str2bool(value)
         convert = action.type or (lambda v: v)
         if action.nargs in ("+", "*") or isinstance(action.nargs, int):
             items = value if isinstance(value, list) else [value]
-            out = [convert(v if not isinstance(v, (int, float)) or action.type in (None, str) else v) for v in items]
+            out = [
+                convert(v if not isinstance(v, (int, float)) or action.type in (None, str) else v)
+                for v in items
+            ]
             out = [str(v) if action.type is str else v for v in out]
         elif isinstance(value, list) and action.type is not None and action.type not in (int, float, str):
             out = convert(value)  # list-valued types (int_list, lr lists) accept lists
@@ -94,8 +101,8 @@ def _convert(action: argparse.Action, value: Any, where: str) -> Any:
     return out
 
 
-def actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
-    out: Dict[str, argparse.Action] = {}
+def actions_by_key(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    out: dict[str, argparse.Action] = {}
     for action in parser._actions:
         if action.dest in ("help", "config"):
             continue
@@ -106,25 +113,34 @@ def actions_by_key(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action
     return out
 
 
-def apply_config(parser: argparse.ArgumentParser, path: str, values: Dict[str, Any], lines: Dict[str, int],
-                 strict: bool = True, ignore: Optional[Dict[str, argparse.Action]] = None) -> None:
+def apply_config(
+    parser: argparse.ArgumentParser,
+    path: str,
+    values: dict[str, Any],
+    lines: dict[str, int],
+    strict: bool = True,
+    ignore: dict[str, argparse.Action] | None = None,
+) -> None:
     """Set config values as parser defaults. With strict, a key that is no flag of this parser is an error,
     unless it is a key of `ignore` (the flags of the other CLI: one config serves training and generation)."""
     by_key = actions_by_key(parser)
-    defaults: Dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
     for key, value in values.items():
         where = f"--config {path}" + (f" line {lines.get(key)}" if lines.get(key) else "") + f" ({key})"
         action = by_key.get(key.lstrip("-")) or by_key.get(key.lstrip("-").replace("-", "_"))
         if action is None:
-            other = (ignore or {}).get(key.lstrip("-")) or (ignore or {}).get(key.lstrip("-").replace("-", "_"))
+            other = (ignore or {}).get(key.lstrip("-")) or (ignore or {}).get(
+                key.lstrip("-").replace("-", "_")
+            )
             if other is not None:
                 _convert(other, value, where)  # a bad value is an error even for the CLI that skips the key
                 continue
             if strict:
                 import difflib
 
-                close = difflib.get_close_matches(key.lstrip("-"), [k for k in {**by_key, **(ignore or {})}
-                                                                     if "_" not in k], n=1)
+                close = difflib.get_close_matches(
+                    key.lstrip("-"), [k for k in {**by_key, **(ignore or {})} if "_" not in k], n=1
+                )
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise SeqtrainError(f"{where}: unknown option {key!r}{hint}")
             continue

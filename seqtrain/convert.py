@@ -1,9 +1,10 @@
 """seqtrain-convert: turn a seqtrain, fairseq or Hugging Face BART checkpoint into another of these formats.
 
-    seqtrain-convert bart.base/model.pt bart-base-hf --to hf
-    seqtrain-convert bart.base/model.pt bart-base.pt --to seqtrain --dict bart.base/dict.txt
-    seqtrain-convert checkpoints/checkpoint_best.pt export/model.pt --to fairseq
+seqtrain-convert bart.base/model.pt bart-base-hf --to hf
+seqtrain-convert bart.base/model.pt bart-base.pt --to seqtrain --dict bart.base/dict.txt
+seqtrain-convert checkpoints/checkpoint_best.pt export/model.pt --to fairseq
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,13 @@ def convert(args: argparse.Namespace) -> None:
     if os.path.abspath(args.input) == os.path.abspath(args.output):
         raise SeqtrainError("output must differ from input")
     # An HF export needs no dictionary (only the vocabulary size), so a fairseq input converts without one.
-    ck = read_checkpoint(args.input, fmt=args.from_format, dict_path=args.dict_path, unsafe=args.unsafe_load,
-                         require_dict=args.to != "hf")
+    ck = read_checkpoint(
+        args.input,
+        fmt=args.from_format,
+        dict_path=args.dict_path,
+        unsafe=args.unsafe_load,
+        require_dict=args.to != "hf",
+    )
     for note in ck.notes:
         logger.info(f"{args.input}: {note}")
     if ck.src_dict is None:
@@ -36,5 +42,7 @@ def convert(args: argparse.Namespace) -> None:
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
     EXPORTERS[args.to](lm, args.output)
     n = sum(p.numel() for p in model.parameters())
-    logger.info(f"wrote {args.output} ({args.to}, from {ck.format}; arch {ck.args.arch}, {n:,} parameters, "
-                f"vocabulary {len(ck.tgt_dict)})")
+    logger.info(
+        f"wrote {args.output} ({args.to}, from {ck.format}; arch {ck.args.arch}, {n:,} parameters, "
+        f"vocabulary {len(ck.tgt_dict)})"
+    )

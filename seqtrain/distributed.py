@@ -22,6 +22,7 @@ Checkpoint state: FSDP parameters and optimizer state are gathered into full (un
 optimizer state is converted to torch's plain integer-keyed layout, so every checkpoint has one format and resumes
 at any world size, with or without FSDP, and loads in seqtrain-generate.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -58,15 +60,15 @@ class LaunchConfig:
     distributed_world_size: int = 1
     distributed_rank: int = 0
     device_id: int = 0
-    distributed_backend: Optional[str] = None
-    distributed_init_method: Optional[str] = None
+    distributed_backend: str | None = None
+    distributed_init_method: str | None = None
     distributed_port: int = -1
     distributed_no_spawn: bool = False
     distributed_timeout: float = 1800
     cpu: bool = False
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "LaunchConfig":
+    def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
         return from_args(cls, args)
 
     @property
@@ -83,7 +85,7 @@ class DataParallelConfig:
     find_unused_parameters: bool = False
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "DataParallelConfig":
+    def from_args(cls, args: argparse.Namespace) -> DataParallelConfig:
         return from_args(cls, args)
 
 
@@ -121,12 +123,14 @@ def backend_for(cfg: LaunchConfig) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- launching
-def _torchrun_env() -> Optional[Dict[str, int]]:
+def _torchrun_env() -> dict[str, int] | None:
     if not all(v in os.environ for v in _TORCHRUN_VARS):
         if env_world_size() > 1:
             missing = ", ".join(v for v in _TORCHRUN_VARS if v not in os.environ)
-            raise SeqtrainError(f"WORLD_SIZE={env_world_size()} is set but {missing} not: launch with torchrun "
-                                "(or unset WORLD_SIZE and use --distributed-world-size N)")
+            raise SeqtrainError(
+                f"WORLD_SIZE={env_world_size()} is set but {missing} not: launch with torchrun "
+                "(or unset WORLD_SIZE and use --distributed-world-size N)"
+            )
         return None
     try:
         env = {k: int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
@@ -148,8 +152,10 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
     world_size = cfg.distributed_world_size
     if env is not None:
         if world_size > 1 and world_size != env["WORLD_SIZE"]:
-            logger.warning(f"--distributed-world-size {world_size} ignored: torchrun started "
-                           f"{env['WORLD_SIZE']} processes")
+            logger.warning(
+                f"--distributed-world-size {world_size} ignored: torchrun started "
+                f"{env['WORLD_SIZE']} processes"
+            )
         args.distributed_world_size = env["WORLD_SIZE"]
         args.distributed_rank = env["RANK"]
         args.device_id = env["LOCAL_RANK"]
@@ -160,12 +166,16 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
         return main(args)
     if cfg.distributed_no_spawn:
         if not cfg.distributed_init_method:
-            raise SeqtrainError("--distributed-no-spawn needs torchrun's environment (RANK, WORLD_SIZE, ...) or "
-                                "--distributed-init-method URL with --distributed-rank")
+            raise SeqtrainError(
+                "--distributed-no-spawn needs torchrun's environment (RANK, WORLD_SIZE, ...) or "
+                "--distributed-init-method URL with --distributed-rank"
+            )
         return distributed_main(args, main, cfg.distributed_init_method)
     if cfg.uses_cuda and world_size > torch.cuda.device_count():
-        raise SeqtrainError(f"--distributed-world-size {world_size}: this node has {torch.cuda.device_count()} "
-                            "CUDA devices; for several nodes launch with torchrun (see the README)")
+        raise SeqtrainError(
+            f"--distributed-world-size {world_size}: this node has {torch.cuda.device_count()} "
+            "CUDA devices; for several nodes launch with torchrun (see the README)"
+        )
     port = cfg.distributed_port if cfg.distributed_port > 0 else _free_port()
     init_method = cfg.distributed_init_method or f"tcp://127.0.0.1:{port}"
     return _spawn(args, main, world_size, init_method)
@@ -174,8 +184,9 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
 def _spawn(args: argparse.Namespace, main: Callable, world_size: int, init_method: str) -> None:
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
-    context = torch.multiprocessing.spawn(_spawned_rank, args=(args, main, init_method), nprocs=world_size,
-                                          join=False)
+    context = torch.multiprocessing.spawn(
+        _spawned_rank, args=(args, main, init_method), nprocs=world_size, join=False
+    )
     try:
         # After a rank fails, the others get SPAWN_GRACE_S seconds to end by themselves (gloo peers notice the
         # closed connection at once), then SIGTERM, then SIGKILL after as long again.
@@ -187,11 +198,13 @@ def _spawn(args: argparse.Namespace, main: Callable, world_size: int, init_metho
         lines = [line for line in str(e).splitlines() if re.match(r"[\w.]+: ", line)]
         last = lines[-1] if lines else "see its error above"
         prefix = f"{SeqtrainError.__module__}.{SeqtrainError.__name__}: "
-        message = last[len(prefix):] if last.startswith(prefix) else f"rank {e.error_index} failed: {last}"
+        message = last[len(prefix) :] if last.startswith(prefix) else f"rank {e.error_index} failed: {last}"
         raise SeqtrainError(f"{message} (the other ranks were stopped)") from None
     except ProcessExitedException as e:
-        raise SeqtrainError(f"rank {e.error_index} exited with code {e.exit_code} (killed, e.g. out of "
-                            "memory?); the other ranks were stopped") from None
+        raise SeqtrainError(
+            f"rank {e.error_index} exited with code {e.exit_code} (killed, e.g. out of "
+            "memory?); the other ranks were stopped"
+        ) from None
 
 
 def _spawned_rank(index: int, args: argparse.Namespace, main: Callable, init_method: str) -> None:
@@ -200,8 +213,12 @@ def _spawned_rank(index: int, args: argparse.Namespace, main: Callable, init_met
     distributed_main(args, main, init_method, print_traceback=True)
 
 
-def distributed_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any], init_method: str,
-                     print_traceback: bool = False) -> Any:
+def distributed_main(
+    args: argparse.Namespace,
+    main: Callable[[argparse.Namespace], Any],
+    init_method: str,
+    print_traceback: bool = False,
+) -> Any:
     """One rank: set the device, join the process group, run `main`, leave the group cleanly. An error leaves
     with its rank in the message (`print_traceback`: also print the traceback, which a spawned child's parent
     would otherwise reduce to one line)."""
@@ -213,8 +230,14 @@ def distributed_main(args: argparse.Namespace, main: Callable[[argparse.Namespac
         torch.cuda.set_device(cfg.device_id)
         device = torch.device("cuda", cfg.device_id)
     timeout = datetime.timedelta(seconds=float(cfg.distributed_timeout))
-    dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank, timeout=timeout,
-                            **({"device_id": device} if device is not None and backend == "nccl" else {}))
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        world_size=world_size,
+        rank=rank,
+        timeout=timeout,
+        **({"device_id": device} if device is not None and backend == "nccl" else {}),
+    )
     logger.info(f"distributed init (rank {rank} of {world_size}, backend {backend}): {init_method}")
     try:
         result = main(args)
@@ -240,7 +263,8 @@ def distributed_main(args: argparse.Namespace, main: Callable[[argparse.Namespac
 def _lost_peer(e: BaseException) -> bool:
     text = str(e)
     return isinstance(e, getattr(dist, "DistNetworkError", ())) or any(
-        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "Broken pipe"))
+        marker in text for marker in ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- model wrapping
@@ -252,14 +276,19 @@ def is_fsdp(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def transformer_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
+def transformer_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The blocks FSDP shards one by one: the entries of every ModuleList named `layers` (encoder, decoder)."""
-    return [layer for name, module in model.named_modules()
-            if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] == "layers" for layer in module]
+    return [
+        layer
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] == "layers"
+        for layer in module
+    ]
 
 
-def wrap_model(cfg: DataParallelConfig, model: torch.nn.Module, device: torch.device,
-               low: Optional[torch.dtype] = None) -> torch.nn.Module:
+def wrap_model(
+    cfg: DataParallelConfig, model: torch.nn.Module, device: torch.device, low: torch.dtype | None = None
+) -> torch.nn.Module:
     """The module the training forward pass runs through: `model` itself for one process, DDP around it, or
     `model` sharded in place by FSDP2 (then the returned module *is* `model`; build the optimizer after this).
     `low`: the autocast dtype (fp16 / bf16), FSDP's compute dtype for the gathered parameters."""
@@ -270,18 +299,22 @@ def wrap_model(cfg: DataParallelConfig, model: torch.nn.Module, device: torch.de
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         # Parameters are gathered in the low precision for compute; gradients are reduced in fp32.
-        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low is not None else None)
+        policy = MixedPrecisionPolicy(
+            param_dtype=low, reduce_dtype=torch.float32 if low is not None else None
+        )
         for layer in transformer_layers(model):
             fully_shard(layer, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
         return model
     if backend not in DDP_ALIASES:
-        raise SeqtrainError(f"--ddp-backend {backend}: choose from c10d (= {', '.join(DDP_ALIASES[1:])}) "
-                            "or fully_sharded")
+        raise SeqtrainError(
+            f"--ddp-backend {backend}: choose from c10d (= {', '.join(DDP_ALIASES[1:])}) or fully_sharded"
+        )
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None,
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
         output_device=device.index if device.type == "cuda" else None,
         bucket_cap_mb=cfg.bucket_cap_mb,
         find_unused_parameters=cfg.find_unused_parameters,
@@ -313,23 +346,24 @@ def _as_float(value: Any) -> float:
     return float(value.item()) if torch.is_tensor(value) else float(value)
 
 
-def sum_logging_outputs(logging_outputs: List[Dict[str, Any]]) -> Dict[str, float]:
+def sum_logging_outputs(logging_outputs: list[dict[str, Any]]) -> dict[str, float]:
     """One dict with each key summed over the list (the criteria's logging outputs are sums)."""
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for log in logging_outputs:
         for key, value in log.items():
             out[key] = out.get(key, 0.0) + _as_float(value)
     return out
 
 
-def all_reduce_sums(values: Dict[str, float], device: torch.device) -> Dict[str, float]:
+def all_reduce_sums(values: dict[str, float], device: torch.device) -> dict[str, float]:
     """Sum every value over all ranks in one collective (fp64, so counts stay exact). Every rank must pass the
     same keys; the order does not matter."""
     if get_world_size() <= 1:
         return dict(values)
     keys = sorted(values)
-    buf = torch.tensor([values[k] for k in keys], dtype=torch.float64,
-                       device=device if device.type == "cuda" else "cpu")
+    buf = torch.tensor(
+        [values[k] for k in keys], dtype=torch.float64, device=device if device.type == "cuda" else "cpu"
+    )
     dist.all_reduce(buf)
     return dict(zip(keys, buf.tolist()))
 
@@ -343,16 +377,16 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(buf.item() > 0)
 
 
-def all_gather_lists(*lists: List[Any]) -> List[List[Any]]:
+def all_gather_lists(*lists: list[Any]) -> list[list[Any]]:
     """Each list concatenated over ranks, in rank order (picklable items; for small validation outputs)."""
     if get_world_size() <= 1:
         return [list(x) for x in lists]
-    gathered: List[Any] = [None] * get_world_size()
+    gathered: list[Any] = [None] * get_world_size()
     dist.all_gather_object(gathered, [list(x) for x in lists])
     return [[item for rank_lists in gathered for item in rank_lists[i]] for i in range(len(lists))]
 
 
-def clip_grad_norm_(params: List[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """The total gradient L2 norm over all ranks' shards (FSDP's DTensor gradients), clipping like
     Optimizer.clip_grad_norm."""
     grads = [p.grad for p in params if p.grad is not None]
@@ -369,7 +403,9 @@ def clip_grad_norm_(params: List[torch.Tensor], max_norm: float) -> torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoint state
-def rescale_iterator_position(state: Dict[str, Any], saved_world_size: int, world_size: int) -> Dict[str, Any]:
+def rescale_iterator_position(
+    state: dict[str, Any], saved_world_size: int, world_size: int
+) -> dict[str, Any]:
     """A train iterator position saved with `saved_world_size` ranks, for `world_size` ranks. Each rank takes
     one batch per step, so `iterations_in_epoch` steps consumed iterations * saved_world_size batches of the
     epoch's shared order; the new ranks continue after them."""
@@ -378,12 +414,15 @@ def rescale_iterator_position(state: Dict[str, Any], saved_world_size: int, worl
         return state
     consumed = offset * saved_world_size
     if consumed % world_size:
-        logger.warning(f"resuming {consumed} batches into epoch {state.get('epoch')} with {world_size} ranks "
-                       f"(saved with {saved_world_size}): {consumed % world_size} batch(es) are trained again")
-    logger.info(f"train iterator position: {offset} steps of {saved_world_size} ranks = "
-                f"{consumed // world_size} steps of {world_size}")
+        logger.warning(
+            f"resuming {consumed} batches into epoch {state.get('epoch')} with {world_size} ranks "
+            f"(saved with {saved_world_size}): {consumed % world_size} batch(es) are trained again"
+        )
+    logger.info(
+        f"train iterator position: {offset} steps of {saved_world_size} ranks = "
+        f"{consumed // world_size} steps of {world_size}"
+    )
     return {**state, "iterations_in_epoch": consumed // world_size}
-
 
 
 def _full_options(**kw: Any) -> Any:
@@ -392,7 +431,7 @@ def _full_options(**kw: Any) -> Any:
     return StateDictOptions(full_state_dict=True, **kw)
 
 
-def model_state_dict(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full state dict (FSDP: gathered to CPU on rank 0, empty elsewhere; a collective on every rank)."""
     if not is_fsdp(model):
         return model.state_dict()
@@ -401,7 +440,7 @@ def model_state_dict(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_full_options(cpu_offload=True))
 
 
-def load_model_state_dict(model: torch.nn.Module, state: Dict[str, torch.Tensor]) -> None:
+def load_model_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load a full state dict on every rank (FSDP keeps each rank's shard of it)."""
     if not is_fsdp(model):
         model.load_state_dict(state, strict=True)
@@ -411,21 +450,24 @@ def load_model_state_dict(model: torch.nn.Module, state: Dict[str, torch.Tensor]
     # Tied weights (BART's embeddings and output projection) are one parameter under several names; torch
     # distributes only the first name's tensor, so the aliases are left out and checked to be only aliases.
     canonical = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
-    result = set_model_state_dict(model, {k: v for k, v in state.items() if k in canonical},
-                                  options=_full_options(strict=False))
+    result = set_model_state_dict(
+        model, {k: v for k, v in state.items() if k in canonical}, options=_full_options(strict=False)
+    )
     unexpected = list(result.unexpected_keys) + [k for k in model.state_dict() if k not in state]
     if unexpected or any(k in canonical for k in result.missing_keys):
-        raise ValueError(f"state dict does not fit the sharded model: missing "
-                         f"{[k for k in result.missing_keys if k in canonical][:4]}, unexpected {unexpected[:4]}")
+        raise ValueError(
+            f"state dict does not fit the sharded model: missing "
+            f"{[k for k in result.missing_keys if k in canonical][:4]}, unexpected {unexpected[:4]}"
+        )
 
 
-def _param_names(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer) -> List[List[str]]:
+def _param_names(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer) -> list[list[str]]:
     """Per param group, the name of each optimized parameter, in the optimizer's order."""
     names = {id(p): n for n, p in model.named_parameters()}
     return [[names[id(p)] for p in group["params"]] for group in torch_optimizer.param_groups]
 
 
-def optimizer_state_dict(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer) -> Dict[str, Any]:
+def optimizer_state_dict(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """torch's plain layout (state keyed by parameter index) for every backend; FSDP state is gathered to rank 0
     (empty elsewhere; a collective on every rank)."""
     if not is_fsdp(model):
@@ -435,23 +477,33 @@ def optimizer_state_dict(model: torch.nn.Module, torch_optimizer: torch.optim.Op
     full = get_optimizer_state_dict(model, torch_optimizer, options=_full_options(cpu_offload=True))
     if not full.get("state") and not full.get("param_groups"):
         return {}
-    index = {name: i for i, name in enumerate(n for group in _param_names(model, torch_optimizer) for n in group)}
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
-              for g in full["param_groups"]]
+    index = {
+        name: i for i, name in enumerate(n for group in _param_names(model, torch_optimizer) for n in group)
+    }
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": [index[n] for n in g["params"]]}
+        for g in full["param_groups"]
+    ]
     return {"state": {index[name]: value for name, value in full["state"].items()}, "param_groups": groups}
 
 
-def load_optimizer_state_dict(model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer,
-                              state: Dict[str, Any]) -> None:
+def load_optimizer_state_dict(
+    model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """Load torch's plain layout into an FSDP model's optimizer (every rank holds the full state)."""
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     names = _param_names(model, torch_optimizer)
     flat = [n for group in names for n in group]
     if len(state["param_groups"]) != len(names) or any(
-            len(g["params"]) != len(n) for g, n in zip(state["param_groups"], names)):
+        len(g["params"]) != len(n) for g, n in zip(state["param_groups"], names)
+    ):
         raise ValueError("loaded state dict has a different number of parameters or parameter groups")
-    by_name = {"state": {flat[int(i)]: value for i, value in state["state"].items()},
-               "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": list(n)}
-                                for g, n in zip(state["param_groups"], names)]}
+    by_name = {
+        "state": {flat[int(i)]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": list(n)}
+            for g, n in zip(state["param_groups"], names)
+        ],
+    }
     set_optimizer_state_dict(model, torch_optimizer, by_name, options=_full_options())

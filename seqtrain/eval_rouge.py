@@ -8,6 +8,7 @@ detokenized with the data-bin's tokenizer and scored with seqtrain.scoring.rouge
 logged as rouge1, rouge2, rouge_l, rouge_lsum, so `--best-checkpoint-metric rouge_l
 --maximize-best-checkpoint-metric` keeps the checkpoint that summarizes best.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,7 @@ import contextlib
 import json
 import logging
 import shlex
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 
@@ -30,15 +31,25 @@ ROUGE_LOG_NAMES = {"rouge1": "rouge1", "rouge2": "rouge2", "rougeL": "rouge_l", 
 def add_args(parser: argparse.ArgumentParser, group: Any = None) -> Any:
     """The --eval-rouge flags, into `group` (seqtrain-train: the validation flags' group) or a new group."""
     group = group if group is not None else parser.add_argument_group("Validation with generation (ROUGE)")
-    group.add_argument("--eval-rouge", action="store_true",
-                       help="generate for the validation subsets and log ROUGE (rouge1, rouge2, rouge_l, rouge_lsum, "
-                            "F1 x 100); pick checkpoints with --best-checkpoint-metric rouge_l "
-                            "--maximize-best-checkpoint-metric")
-    group.add_argument("--eval-rouge-args", default="{}", metavar="JSON_OR_FLAGS",
-                       help="generation settings for --eval-rouge: JSON ('{\"beam\": 4, \"max_len_b\": 30}') or "
-                            "seqtrain-generate flags ('--beam 4 --max-len-b 30') (default: generate's defaults)")
-    group.add_argument("--eval-rouge-print-samples", action="store_true",
-                       help="log the first hypothesis and reference of every validation batch")
+    group.add_argument(
+        "--eval-rouge",
+        action="store_true",
+        help="generate for the validation subsets and log ROUGE (rouge1, rouge2, rouge_l, rouge_lsum, "
+        "F1 x 100); pick checkpoints with --best-checkpoint-metric rouge_l "
+        "--maximize-best-checkpoint-metric",
+    )
+    group.add_argument(
+        "--eval-rouge-args",
+        default="{}",
+        metavar="JSON_OR_FLAGS",
+        help='generation settings for --eval-rouge: JSON (\'{"beam": 4, "max_len_b": 30}\') or '
+        "seqtrain-generate flags ('--beam 4 --max-len-b 30') (default: generate's defaults)",
+    )
+    group.add_argument(
+        "--eval-rouge-print-samples",
+        action="store_true",
+        help="log the first hypothesis and reference of every validation batch",
+    )
     return group
 
 
@@ -66,8 +77,10 @@ def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
         for key, value in values.items():
             dest = str(key).lstrip("-").replace("-", "_")
             if dest not in known:
-                raise SeqtrainError(f"--eval-rouge-args: unknown generation setting {key!r}; choose from: "
-                                    f"{', '.join(sorted(known))}")
+                raise SeqtrainError(
+                    f"--eval-rouge-args: unknown generation setting {key!r}; choose from: "
+                    f"{', '.join(sorted(known))}"
+                )
             default = known[dest]
             if isinstance(default, bool) and not isinstance(value, bool):
                 raise SeqtrainError(f"--eval-rouge-args: {key} must be true or false, got {value!r}")
@@ -105,10 +118,10 @@ class RougeValidator:
         spec = getattr(task, "tokenizer_spec", None)
         self.tokenizer = build_tokenizer(spec if spec else {"kind": "none"})
         self.force_bos = self.tgt_dict.bos() if getattr(args, "prepend_bos", False) else None
-        self.hypotheses: List[str] = []
-        self.references: List[str] = []
+        self.hypotheses: list[str] = []
+        self.references: list[str] = []
         self._generator: Any = None
-        self._model: Optional[torch.nn.Module] = None
+        self._model: torch.nn.Module | None = None
 
     def reset(self) -> None:
         self.hypotheses, self.references = [], []
@@ -116,7 +129,7 @@ class RougeValidator:
     def _decode(self, tokens: torch.Tensor) -> str:
         return self.tokenizer.decode(self.tgt_dict.string(tokens.cpu()))
 
-    def add_batch(self, model: torch.nn.Module, sample: Dict[str, Any], autocast: Any = None) -> None:
+    def add_batch(self, model: torch.nn.Module, sample: dict[str, Any], autocast: Any = None) -> None:
         """Generate for one (device-resident) validation batch and keep its detokenized pairs."""
         from seqtrain.generation.sequence_generator import build_generator, generate_batch
 
@@ -127,9 +140,10 @@ class RougeValidator:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), (autocast() if autocast is not None else contextlib.nullcontext()):
-                results = generate_batch(self._generator, sample, prefix_size=self.gen_args.prefix_size,
-                                         force_bos=self.force_bos)
+            with torch.no_grad(), autocast() if autocast is not None else contextlib.nullcontext():
+                results = generate_batch(
+                    self._generator, sample, prefix_size=self.gen_args.prefix_size, force_bos=self.force_bos
+                )
         finally:
             model.train(was_training)
         targets = sample["target"]
@@ -142,7 +156,7 @@ class RougeValidator:
             self.hypotheses.append(hyp)
             self.references.append(ref)
 
-    def scores(self) -> Dict[str, float]:
+    def scores(self) -> dict[str, float]:
         """{rouge1, rouge2, rouge_l, rouge_lsum} (F1 x 100) over the pairs collected since reset()."""
         from seqtrain.scoring.rouge import score_pairs
 
@@ -150,4 +164,3 @@ class RougeValidator:
             return {name: 0.0 for name in ROUGE_LOG_NAMES.values()}
         raw = score_pairs(self.hypotheses, self.references)
         return {ROUGE_LOG_NAMES[k]: raw[k] for k in ROUGE_LOG_NAMES}
-

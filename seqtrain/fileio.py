@@ -3,12 +3,14 @@
 Write to a temporary file in the destination folder, flush, fsync, then rename over the target (rename is atomic
 on POSIX within one filesystem), and fsync the folder so the rename itself survives a crash.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import tempfile
-from typing import IO, Iterator
+from collections.abc import Iterator
+from typing import IO
 
 
 def _default_file_mode() -> int:

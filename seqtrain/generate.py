@@ -5,6 +5,7 @@ conventions) -> open the split (or tokenize `--input`) -> length-sorted batches 
 generated exactly once) -> SequenceGenerator -> S-/T-/H-/D-/P- lines in batch order (as fairseq prints them),
 plus, with --results-path, the detokenized hypotheses in input order (the file ROUGE reads) and ROUGE.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,7 +15,8 @@ import math
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from collections.abc import Sequence
+from typing import Any, TextIO
 
 import numpy as np
 import torch
@@ -37,7 +39,9 @@ def _load(args: argparse.Namespace, device: torch.device):
     if ":" in args.path and not os.path.exists(args.path):
         raise SeqtrainError(f"--path {args.path}: ensembles are not supported; give one checkpoint")
     if args.data is not None and not os.path.isdir(args.data):
-        raise SeqtrainError(f"DATA {args.data}: not a folder (expected a data-bin made by seqtrain-preprocess)")
+        raise SeqtrainError(
+            f"DATA {args.data}: not a folder (expected a data-bin made by seqtrain-preprocess)"
+        )
     src_lang, tgt_lang = args.source_lang, args.target_lang
     if args.data is not None and (src_lang is None or tgt_lang is None):
         s, t = infer_language_pair(args.data)
@@ -56,7 +60,9 @@ def _load(args: argparse.Namespace, device: torch.device):
     if ck.format != "seqtrain" and (dict_path is not None or ck.format == "fairseq"):
         ck.src_dict, ck.tgt_dict, ck.tokenizer = find_dictionaries(args.path, ck.args, dict_path)
     if ck.src_dict is None:
-        raise SeqtrainError(f"{args.path}: no dictionary found; give a data-bin (DATA) holding dict.{src_lang}.txt")
+        raise SeqtrainError(
+            f"{args.path}: no dictionary found; give a data-bin (DATA) holding dict.{src_lang}.txt"
+        )
     lm = model_from_contents(ck, overrides or None)
     if args.data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
         for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
@@ -64,7 +70,8 @@ def _load(args: argparse.Namespace, device: torch.device):
             if os.path.exists(p) and Dictionary.load(p) != have:
                 raise SeqtrainError(
                     f"{p}: the {side} dictionary differs from the one in {args.path} "
-                    f"({Dictionary.load(p).difference(have)}); generate with the data-bin the model was trained on")
+                    f"({Dictionary.load(p).difference(have)}); generate with the data-bin the model was trained on"
+                )
     tokenizer = lm.tokenizer
     if tokenizer is None:
         from seqtrain.data.tokenizer import load_databin_tokenizer
@@ -82,7 +89,7 @@ def _load(args: argparse.Namespace, device: torch.device):
     return lm, model, tokenizer, src_lang, tgt_lang
 
 
-def _read_text(path: str) -> List[str]:
+def _read_text(path: str) -> list[str]:
     try:
         if path == "-":
             return sys.stdin.read().split("\n")[:-1] if not sys.stdin.isatty() else []
@@ -102,8 +109,15 @@ def text_line_of_offset(path: str, offset: int) -> int:
         return f.read(offset).count(b"\n") + 1
 
 
-def _dataset(args: argparse.Namespace, lm: Any, tokenizer: Any, src_lang: str, tgt_lang: str,
-             max_src: int, max_tgt: int):
+def _dataset(
+    args: argparse.Namespace,
+    lm: Any,
+    tokenizer: Any,
+    src_lang: str,
+    tgt_lang: str,
+    max_src: int,
+    max_tgt: int,
+):
     """The LanguagePairDataset to generate for, the number of truncated sources, and reference texts or None."""
     from seqtrain.data.pair_dataset import LanguagePairDataset
 
@@ -121,13 +135,16 @@ def _dataset(args: argparse.Namespace, lm: Any, tokenizer: Any, src_lang: str, t
     truncate = bool(args.truncate_source) or not args.skip_invalid_size_inputs_valid_test
     if args.input is not None:
         lines = _read_text(args.input)
-        src = [lm.src_dict.encode_line(tokenizer.encode(line), add_if_not_exist=False, append_eos=True).long()
-               for line in lines]
+        src = [
+            lm.src_dict.encode_line(tokenizer.encode(line), add_if_not_exist=False, append_eos=True).long()
+            for line in lines
+        ]
         sizes = np.array([len(s) for s in src], dtype=np.int64)
         refs = _read_text(args.reference) if args.reference else None
         if refs is not None and len(refs) != len(lines):
-            raise SeqtrainError(f"--reference {args.reference}: {len(refs)} lines for {len(lines)} inputs in "
-                                f"{args.input}")
+            raise SeqtrainError(
+                f"--reference {args.reference}: {len(refs)} lines for {len(lines)} inputs in {args.input}"
+            )
         ds = LanguagePairDataset(src, sizes, lm.src_dict, truncate_source=truncate, **conv)
         return ds, sizes, refs
     from seqtrain.data.indexed_dataset import MMapIndexedDataset
@@ -142,15 +159,27 @@ def _dataset(args: argparse.Namespace, lm: Any, tokenizer: Any, src_lang: str, t
                 prefixes[lang] = p
                 break
     if src_lang not in prefixes:
-        raise SeqtrainError(f"--gen-subset {args.gen_subset}: no such split in {args.data} (expected "
-                            f"{args.gen_subset}.{src_lang}-{tgt_lang}.{src_lang}.bin/.idx)")
+        raise SeqtrainError(
+            f"--gen-subset {args.gen_subset}: no such split in {args.data} (expected "
+            f"{args.gen_subset}.{src_lang}-{tgt_lang}.{src_lang}.bin/.idx)"
+        )
     src = MMapIndexedDataset(prefixes[src_lang])
     tgt = MMapIndexedDataset(prefixes[tgt_lang]) if tgt_lang in prefixes else None
     if tgt is not None and len(tgt) != len(src):
-        raise SeqtrainError(f"{prefixes[src_lang]}.idx has {len(src)} examples but {prefixes[tgt_lang]}.idx has "
-                            f"{len(tgt)}: source and target of --gen-subset {args.gen_subset} must be aligned")
-    ds = LanguagePairDataset(src, src.sizes, lm.src_dict, tgt, None if tgt is None else tgt.sizes, lm.tgt_dict,
-                             truncate_source=truncate, **conv)
+        raise SeqtrainError(
+            f"{prefixes[src_lang]}.idx has {len(src)} examples but {prefixes[tgt_lang]}.idx has "
+            f"{len(tgt)}: source and target of --gen-subset {args.gen_subset} must be aligned"
+        )
+    ds = LanguagePairDataset(
+        src,
+        src.sizes,
+        lm.src_dict,
+        tgt,
+        None if tgt is None else tgt.sizes,
+        lm.tgt_dict,
+        truncate_source=truncate,
+        **conv,
+    )
     return ds, np.asarray(src.sizes), None
 
 
@@ -166,7 +195,7 @@ def _write_lines(path: str, lines: Sequence[str]) -> None:
         f.writelines(line + "\n" for line in lines)
 
 
-def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str, Any]:
+def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
     """Generate with the parsed flags (seqtrain.options.parse_generation_args), printing to `out` (stdout);
     returns {"hypotheses": [...], "references": ..., "rouge": {...} or None, "n": ..., "lines": [...]}."""
     from seqtrain.generation.sequence_generator import build_generator, generate_batch
@@ -181,7 +210,9 @@ def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str
         if v is not None and v <= 0:
             raise SeqtrainError(f"--{flag.replace('_', '-')} must be positive, got {v}")
     if args.min_len > 0 and args.max_len_a == 0 and args.min_len > args.max_len_b:
-        raise SeqtrainError(f"--min-len {args.min_len} is above the maximum length --max-len-b {args.max_len_b}")
+        raise SeqtrainError(
+            f"--min-len {args.min_len} is above the maximum length --max-len-b {args.max_len_b}"
+        )
     use_cuda = torch.cuda.is_available() and not args.cpu
     if args.fp16 and not use_cuda:
         raise SeqtrainError("--fp16 needs a CUDA device (use --bf16, or fp32, on the CPU)")
@@ -191,7 +222,9 @@ def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str
     lm, model, tokenizer, src_lang, tgt_lang = _load(args, device)
     max_src, max_tgt = model.max_positions()
     if args.min_len > max_tgt - 1:
-        raise SeqtrainError(f"--min-len {args.min_len} is above the model's maximum target length {max_tgt - 1}")
+        raise SeqtrainError(
+            f"--min-len {args.min_len} is above the model's maximum target length {max_tgt - 1}"
+        )
     ds, raw_src_sizes, refs = _dataset(args, lm, tokenizer, src_lang, tgt_lang, max_src, max_tgt)
     n = len(ds)
     too_long = np.flatnonzero(raw_src_sizes > max_src)
@@ -199,11 +232,15 @@ def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str
     if len(too_long):
         if args.skip_invalid_size_inputs_valid_test and not args.truncate_source:
             keep = np.setdiff1d(keep, too_long)
-            logger.warning(f"skipped {len(too_long)} of {n} sources longer than {max_src} tokens (their "
-                           f"hypothesis lines are left empty); first ids: {too_long[:10].tolist()}")
+            logger.warning(
+                f"skipped {len(too_long)} of {n} sources longer than {max_src} tokens (their "
+                f"hypothesis lines are left empty); first ids: {too_long[:10].tolist()}"
+            )
         else:
-            logger.warning(f"truncated {len(too_long)} of {n} sources longer than {max_src} tokens to fit; "
-                           f"first ids: {too_long[:10].tolist()}")
+            logger.warning(
+                f"truncated {len(too_long)} of {n} sources longer than {max_src} tokens to fit; "
+                f"first ids: {too_long[:10].tolist()}"
+            )
 
     from seqtrain.data.batching import batch_by_size
 
@@ -211,16 +248,21 @@ def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str
     # fairseq's order (by target, then source length), so logs line up with fairseq-generate's
     order = np.asarray(ds.ordered_indices(args.seed), dtype=np.int64)
     order = order[np.isin(order, keep)]
-    batches = batch_by_size(order, num_tokens_vec=src_sizes[order], max_tokens=args.max_tokens,
-                            max_sentences=args.batch_size, required_batch_size_multiple=1)
+    batches = batch_by_size(
+        order,
+        num_tokens_vec=src_sizes[order],
+        max_tokens=args.max_tokens,
+        max_sentences=args.batch_size,
+        required_batch_size_multiple=1,
+    )
     generator = build_generator(model, lm.tgt_dict, args)
     force_bos = lm.tgt_dict.bos() if getattr(lm.args, "prepend_bos", False) else None
 
-    hyps: List[str] = [""] * n
-    targets: List[Optional[str]] = [None] * n
+    hyps: list[str] = [""] * n
+    targets: list[str | None] = [None] * n
     gen_tokens = 0
     t0 = time.perf_counter()
-    log_lines: List[str] = []
+    log_lines: list[str] = []
 
     def emit(line: str) -> None:
         log_lines.append(line)
@@ -254,8 +296,10 @@ def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str
                 pos = (h["positional_scores"].float().cpu() / math.log(2)).tolist()
                 emit(f"P-{sid}\t" + " ".join(f"{x:.4f}" for x in pos))
     elapsed = time.perf_counter() - t0
-    summary = (f"Generated {len(keep)} sentences ({gen_tokens} tokens) in {elapsed:.1f}s "
-               f"({len(keep) / max(elapsed, 1e-9):.2f} sentences/s, {gen_tokens / max(elapsed, 1e-9):.2f} tokens/s)")
+    summary = (
+        f"Generated {len(keep)} sentences ({gen_tokens} tokens) in {elapsed:.1f}s "
+        f"({len(keep) / max(elapsed, 1e-9):.2f} sentences/s, {gen_tokens / max(elapsed, 1e-9):.2f} tokens/s)"
+    )
     print(summary, file=out)
 
     split = "input" if args.input is not None else args.gen_subset
@@ -264,8 +308,10 @@ def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str
     rouge = None
     if args.scoring == "rouge":
         if refs is None:
-            raise SeqtrainError("--scoring rouge: no references (the split has no target side; with --input give "
-                                "--reference FILE)")
+            raise SeqtrainError(
+                "--scoring rouge: no references (the split has no target side; with --input give "
+                "--reference FILE)"
+            )
         from seqtrain.scoring.rouge import format_summary, score_pairs
 
         rouge = score_pairs(hyps, refs)
@@ -279,7 +325,13 @@ def generate(args: argparse.Namespace, out: Optional[TextIO] = None) -> Dict[str
         if rouge is not None:
             from seqtrain.scoring.rouge import write_json
 
-            write_json(rouge, os.path.join(args.results_path, f"rouge-{split}.json"),
-                       checkpoint=args.path, split=split, beam=args.beam, lenpen=args.lenpen,
-                       n=len(hyps))
+            write_json(
+                rouge,
+                os.path.join(args.results_path, f"rouge-{split}.json"),
+                checkpoint=args.path,
+                split=split,
+                beam=args.beam,
+                lenpen=args.lenpen,
+                n=len(hyps),
+            )
     return {"hypotheses": hyps, "references": refs, "rouge": rouge, "n": n, "lines": log_lines}

@@ -9,12 +9,13 @@
 Embedding rows are fitted to the dictionary (see `seqtrain.models.resize.resize_embeddings`), so fairseq's
 bart.base (51201 padded rows) and bart.large (an extra <mask> row) load with the plain 50264-symbol dict.txt.
 """
+
 from __future__ import annotations
 
 import argparse
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ class LoadedModel:
     tgt_dict: Any
     tokenizer: Any = None  # seqtrain.data.tokenizer.Tokenizer, when the checkpoint or data-bin has one
     format: str = "seqtrain"  # the format it was read from
-    tokenizer_spec: Optional[dict] = None  # the plain spec `tokenizer` was built from
+    tokenizer_spec: dict | None = None  # the plain spec `tokenizer` was built from
 
     def __iter__(self):  # unpacks as (model, args, src_dict, tgt_dict, tokenizer), as docs/internals.md says
         return iter((self.model, self.args, self.src_dict, self.tgt_dict, self.tokenizer))
@@ -41,7 +42,7 @@ class LoadedModel:
 
 def build_from_contents(
     ck: CheckpointContents,
-    arch_overrides: Optional[Dict[str, Any]] = None,
+    arch_overrides: dict[str, Any] | None = None,
     embed_init: str = "mean",
 ) -> torch.nn.Module:
     """Build the model `ck.args` describes for `ck`'s dictionaries and load its weights (resized to fit)."""
@@ -51,7 +52,12 @@ def build_from_contents(
         setattr(ck.args, k, v)
     model = build_model(ck.args, ck.src_dict, ck.tgt_dict)
     state = resize_embeddings(
-        ck.model, len(ck.src_dict), len(ck.tgt_dict), padding_idx=ck.src_dict.pad(), init=embed_init, where=ck.path
+        ck.model,
+        len(ck.src_dict),
+        len(ck.tgt_dict),
+        padding_idx=ck.src_dict.pad(),
+        init=embed_init,
+        where=ck.path,
     )
     if not getattr(ck.args, "share_all_embeddings", True):
         # separate embeddings: the file's tied tensors are copied into each
@@ -64,8 +70,8 @@ def build_from_contents(
 
 def load_model(
     path: str,
-    dict_path: Optional[str] = None,
-    arch_overrides: Optional[Dict[str, Any]] = None,
+    dict_path: str | None = None,
+    arch_overrides: dict[str, Any] | None = None,
     unsafe: bool = False,
     device: str | torch.device = "cpu",
     fmt: str = "auto",
@@ -84,8 +90,9 @@ def load_model(
     return model_from_contents(ck, arch_overrides, device)
 
 
-def model_from_contents(ck: CheckpointContents, arch_overrides: Optional[Dict[str, Any]] = None,
-                        device: str | torch.device = "cpu") -> LoadedModel:
+def model_from_contents(
+    ck: CheckpointContents, arch_overrides: dict[str, Any] | None = None, device: str | torch.device = "cpu"
+) -> LoadedModel:
     """load_model's second half, for callers that read (and adjusted) the checkpoint contents themselves."""
     for note in ck.notes:
         logger.info(f"{ck.path}: {note}")

@@ -6,11 +6,13 @@ Precedence, highest first: flags on the command line > `--config FILE` values (s
 flags and the full command line is parsed. The arch preset runs last and only fills model fields still unset (None), so
 explicit flags and config values win over it.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from seqtrain.config_file import actions_by_key, apply_config, load_config
 from seqtrain.errors import SeqtrainError
@@ -33,7 +35,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 # ------------------------------------------------------------------------------------------------- small types
-def int_list(value: Any) -> List[int]:
+def int_list(value: Any) -> list[int]:
     """fairseq's list-valued int flags (--update-freq): "2", "1,2,4", "[1, 2]" or an int/list."""
     if isinstance(value, int):
         return [value]
@@ -43,7 +45,9 @@ def int_list(value: Any) -> List[int]:
     try:
         out = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {value!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or comma-separated integers, got {value!r}"
+        ) from None
     if not out:
         raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {value!r}")
     return out
@@ -59,129 +63,393 @@ def _add(group: Any, parser: argparse.ArgumentParser, *flags: str, **kw: Any) ->
 # ------------------------------------------------------------------------------------------------- flag groups
 def add_common_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Common")
-    _add(g, parser, "--config", metavar="FILE",
-         help="JSON or YAML-style `key: value` file of flag defaults (keys: flag names with - or _); "
-              "flags given on the command line override it")
+    _add(
+        g,
+        parser,
+        "--config",
+        metavar="FILE",
+        help="JSON or YAML-style `key: value` file of flag defaults (keys: flag names with - or _); "
+        "flags given on the command line override it",
+    )
     _add(g, parser, "--seed", type=int, default=1, metavar="N", help="random seed (default: 1)")
     _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
     _add(g, parser, "--fp16", action="store_true", help="fp16 autocast with dynamic loss scaling (CUDA)")
     _add(g, parser, "--bf16", action="store_true", help="bf16 autocast (CUDA; no loss scaling needed)")
-    _add(g, parser, "--memory-efficient-fp16", action="store_true",
-         help="accepted for fairseq command lines; implies --fp16 (seqtrain always keeps fp32 master weights "
-              "and optimizer state, with fp16 autocast)")
-    _add(g, parser, "--memory-efficient-bf16", action="store_true",
-         help="accepted for fairseq command lines; implies --bf16")
+    _add(
+        g,
+        parser,
+        "--memory-efficient-fp16",
+        action="store_true",
+        help="accepted for fairseq command lines; implies --fp16 (seqtrain always keeps fp32 master weights "
+        "and optimizer state, with fp16 autocast)",
+    )
+    _add(
+        g,
+        parser,
+        "--memory-efficient-bf16",
+        action="store_true",
+        help="accepted for fairseq command lines; implies --bf16",
+    )
     _add(g, parser, "--compile", action="store_true", help="torch.compile the model (CUDA recommended)")
     _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Logging")
-    _add(g, parser, "--log-format", default=None, choices=LOG_FORMATS,
-         help="progress output (default: tqdm on a terminal, simple otherwise)")
+    _add(
+        g,
+        parser,
+        "--log-format",
+        default=None,
+        choices=LOG_FORMATS,
+        help="progress output (default: tqdm on a terminal, simple otherwise)",
+    )
     _add(g, parser, "--log-interval", type=int, default=100, metavar="N", help="log progress every N updates")
     _add(g, parser, "--log-file", default=None, metavar="FILE", help="also write the log to this file")
     _add(g, parser, "--no-progress-bar", action="store_true", help="disable the tqdm progress bar")
-    _add(g, parser, "--tensorboard-logdir", default=None, metavar="DIR",
-         help="write TensorBoard scalars (train_inner/, train/, valid/ subfolders) to DIR")
-    _add(g, parser, "--peak-flops", type=float, default=None, metavar="FLOPS",
-         help="peak FLOP/s of one device (e.g. 989e12 for H100 bf16); logs mfu = achieved / peak, "
-              "achieved ~ 6 x params x target tokens/s")
-    _add(g, parser, "--profile", type=int, default=0, metavar="N",
-         help="record a torch.profiler trace of N updates (after 1 warm-up) into --tensorboard-logdir or --save-dir")
+    _add(
+        g,
+        parser,
+        "--tensorboard-logdir",
+        default=None,
+        metavar="DIR",
+        help="write TensorBoard scalars (train_inner/, train/, valid/ subfolders) to DIR",
+    )
+    _add(
+        g,
+        parser,
+        "--peak-flops",
+        type=float,
+        default=None,
+        metavar="FLOPS",
+        help="peak FLOP/s of one device (e.g. 989e12 for H100 bf16); logs mfu = achieved / peak, "
+        "achieved ~ 6 x params x target tokens/s",
+    )
+    _add(
+        g,
+        parser,
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="record a torch.profiler trace of N updates (after 1 warm-up) into --tensorboard-logdir or --save-dir",
+    )
 
 
 def add_distributed_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Distributed training")
-    _add(g, parser, "--distributed-world-size", type=int, default=1, metavar="N",
-         help="total number of processes (GPUs) across all nodes")
+    _add(
+        g,
+        parser,
+        "--distributed-world-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="total number of processes (GPUs) across all nodes",
+    )
     _add(g, parser, "--distributed-rank", type=int, default=0, metavar="N", help="rank of this process")
-    _add(g, parser, "--distributed-backend", default=None, metavar="NAME",
-         help="torch.distributed backend (default: nccl on CUDA, gloo on the CPU)")
-    _add(g, parser, "--distributed-timeout", type=float, default=1800, metavar="SECONDS",
-         help="a collective waiting longer than this on another rank fails (instead of hanging)")
-    _add(g, parser, "--distributed-init-method", default=None, metavar="URL",
-         help="init method, e.g. tcp://host:port (default: from torchrun's environment)")
+    _add(
+        g,
+        parser,
+        "--distributed-backend",
+        default=None,
+        metavar="NAME",
+        help="torch.distributed backend (default: nccl on CUDA, gloo on the CPU)",
+    )
+    _add(
+        g,
+        parser,
+        "--distributed-timeout",
+        type=float,
+        default=1800,
+        metavar="SECONDS",
+        help="a collective waiting longer than this on another rank fails (instead of hanging)",
+    )
+    _add(
+        g,
+        parser,
+        "--distributed-init-method",
+        default=None,
+        metavar="URL",
+        help="init method, e.g. tcp://host:port (default: from torchrun's environment)",
+    )
     _add(g, parser, "--distributed-port", type=int, default=-1, metavar="N", help="port for the init method")
-    _add(g, parser, "--device-id", "--local_rank", type=int, default=0, metavar="N", help="which local GPU to use")
-    _add(g, parser, "--distributed-no-spawn", action="store_true",
-         help="do not spawn one process per GPU (processes are launched externally, e.g. by torchrun)")
-    _add(g, parser, "--ddp-backend", default="pytorch_ddp",
-         choices=("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded"),
-         help="data-parallel wrapper: DistributedDataParallel (pytorch_ddp, c10d, legacy_ddp, no_c10d are one) or "
-              "fully_sharded (FSDP2: parameters, gradients and optimizer state sharded over ranks)")
+    _add(
+        g,
+        parser,
+        "--device-id",
+        "--local_rank",
+        type=int,
+        default=0,
+        metavar="N",
+        help="which local GPU to use",
+    )
+    _add(
+        g,
+        parser,
+        "--distributed-no-spawn",
+        action="store_true",
+        help="do not spawn one process per GPU (processes are launched externally, e.g. by torchrun)",
+    )
+    _add(
+        g,
+        parser,
+        "--ddp-backend",
+        default="pytorch_ddp",
+        choices=("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded"),
+        help="data-parallel wrapper: DistributedDataParallel (pytorch_ddp, c10d, legacy_ddp, no_c10d are one) or "
+        "fully_sharded (FSDP2: parameters, gradients and optimizer state sharded over ranks)",
+    )
     _add(g, parser, "--bucket-cap-mb", type=int, default=25, metavar="MB", help="DDP bucket size")
     _add(g, parser, "--find-unused-parameters", action="store_true", help="DDP find_unused_parameters")
 
 
 def add_optimization_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Optimization")
-    _add(g, parser, "--max-epoch", type=int, default=0, metavar="N", help="stop after this epoch (0: no limit)")
-    _add(g, parser, "--max-update", type=int, default=0, metavar="N", help="stop after this many updates (0: no limit)")
-    _add(g, parser, "--stop-time-hours", type=float, default=0, metavar="H",
-         help="stop after this much cumulative training time (0: no limit)")
-    _add(g, parser, "--clip-norm", type=float, default=0.0, metavar="NORM", help="clip gradients to this L2 norm (0: off)")
-    _add(g, parser, "--sentence-avg", action="store_true",
-         help="normalize gradients by the number of sentences, not tokens")
-    _add(g, parser, "--update-freq", type=int_list, default=[1], metavar="N1,N2,...",
-         help="accumulate gradients over N batches per update (a list gives one value per epoch)")
-    _add(g, parser, "--stop-min-lr", type=float, default=-1.0, metavar="LR", help="stop when the lr falls to this")
+    _add(
+        g, parser, "--max-epoch", type=int, default=0, metavar="N", help="stop after this epoch (0: no limit)"
+    )
+    _add(
+        g,
+        parser,
+        "--max-update",
+        type=int,
+        default=0,
+        metavar="N",
+        help="stop after this many updates (0: no limit)",
+    )
+    _add(
+        g,
+        parser,
+        "--stop-time-hours",
+        type=float,
+        default=0,
+        metavar="H",
+        help="stop after this much cumulative training time (0: no limit)",
+    )
+    _add(
+        g,
+        parser,
+        "--clip-norm",
+        type=float,
+        default=0.0,
+        metavar="NORM",
+        help="clip gradients to this L2 norm (0: off)",
+    )
+    _add(
+        g,
+        parser,
+        "--sentence-avg",
+        action="store_true",
+        help="normalize gradients by the number of sentences, not tokens",
+    )
+    _add(
+        g,
+        parser,
+        "--update-freq",
+        type=int_list,
+        default=[1],
+        metavar="N1,N2,...",
+        help="accumulate gradients over N batches per update (a list gives one value per epoch)",
+    )
+    _add(
+        g,
+        parser,
+        "--stop-min-lr",
+        type=float,
+        default=-1.0,
+        metavar="LR",
+        help="stop when the lr falls to this",
+    )
 
 
 def add_validation_args(parser: argparse.ArgumentParser, group: Any = None) -> None:
     g = group if group is not None else parser.add_argument_group("Validation")
     _add(g, parser, "--train-subset", default="train", metavar="SPLIT", help="split to train on")
-    _add(g, parser, "--valid-subset", default="valid", metavar="SPLITS", help="comma-separated splits to validate on")
+    _add(
+        g,
+        parser,
+        "--valid-subset",
+        default="valid",
+        metavar="SPLITS",
+        help="comma-separated splits to validate on",
+    )
     _add(g, parser, "--validate-interval", type=int, default=1, metavar="N", help="validate every N epochs")
-    _add(g, parser, "--validate-interval-updates", type=int, default=0, metavar="N",
-         help="also validate every N updates")
-    _add(g, parser, "--validate-after-updates", type=int, default=0, metavar="N", help="no validation before N updates")
+    _add(
+        g,
+        parser,
+        "--validate-interval-updates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also validate every N updates",
+    )
+    _add(
+        g,
+        parser,
+        "--validate-after-updates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="no validation before N updates",
+    )
     _add(g, parser, "--disable-validation", action="store_true", help="never validate")
-    _add(g, parser, "--max-valid-steps", type=int, default=None, metavar="N", help="validate on at most N batches")
+    _add(
+        g,
+        parser,
+        "--max-valid-steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="validate on at most N batches",
+    )
 
 
 def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Checkpoint")
     _add(g, parser, "--save-dir", default="checkpoints", metavar="DIR", help="where to save checkpoints")
-    _add(g, parser, "--restore-file", default="checkpoint_last.pt", metavar="FILE",
-         help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir; "
-              "any other path is used as given)")
-    _add(g, parser, "--finetune-from-model", default=None, metavar="FILE",
-         help="start from this model's weights (optimizer, lr scheduler, meters and data position reset) when "
-              "--save-dir has no checkpoint_last.pt yet")
+    _add(
+        g,
+        parser,
+        "--restore-file",
+        default="checkpoint_last.pt",
+        metavar="FILE",
+        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir; "
+        "any other path is used as given)",
+    )
+    _add(
+        g,
+        parser,
+        "--finetune-from-model",
+        default=None,
+        metavar="FILE",
+        help="start from this model's weights (optimizer, lr scheduler, meters and data position reset) when "
+        "--save-dir has no checkpoint_last.pt yet",
+    )
     _add(g, parser, "--reset-dataloader", action="store_true", help="do not restore the data position")
     _add(g, parser, "--reset-lr-scheduler", action="store_true", help="do not restore the lr scheduler")
     _add(g, parser, "--reset-meters", action="store_true", help="do not restore meters")
-    _add(g, parser, "--reset-optimizer", action="store_true",
-         help="do not restore the optimizer (nor the update count, lr scheduler and loss scale)")
-    _add(g, parser, "--optimizer-overrides", default="{}", metavar="DICT",
-         help="JSON dict of optimizer hyper-parameters to override when restoring, e.g. '{\"lr\": 1e-4}'")
-    _add(g, parser, "--save-interval", type=int, default=1, metavar="N", help="save a checkpoint every N epochs")
-    _add(g, parser, "--save-interval-updates", type=int, default=0, metavar="N",
-         help="also save checkpoint_{epoch}_{updates}.pt (and validate) every N updates")
-    _add(g, parser, "--keep-interval-updates", type=int, default=-1, metavar="N",
-         help="keep only the last N update checkpoints")
-    _add(g, parser, "--keep-last-epochs", type=int, default=-1, metavar="N", help="keep only the last N epoch checkpoints")
-    _add(g, parser, "--keep-best-checkpoints", type=int, default=-1, metavar="N",
-         help="keep the N best checkpoints as checkpoint.best_{metric}_{value}.pt")
+    _add(
+        g,
+        parser,
+        "--reset-optimizer",
+        action="store_true",
+        help="do not restore the optimizer (nor the update count, lr scheduler and loss scale)",
+    )
+    _add(
+        g,
+        parser,
+        "--optimizer-overrides",
+        default="{}",
+        metavar="DICT",
+        help="JSON dict of optimizer hyper-parameters to override when restoring, e.g. '{\"lr\": 1e-4}'",
+    )
+    _add(
+        g,
+        parser,
+        "--save-interval",
+        type=int,
+        default=1,
+        metavar="N",
+        help="save a checkpoint every N epochs",
+    )
+    _add(
+        g,
+        parser,
+        "--save-interval-updates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also save checkpoint_{epoch}_{updates}.pt (and validate) every N updates",
+    )
+    _add(
+        g,
+        parser,
+        "--keep-interval-updates",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="keep only the last N update checkpoints",
+    )
+    _add(
+        g,
+        parser,
+        "--keep-last-epochs",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="keep only the last N epoch checkpoints",
+    )
+    _add(
+        g,
+        parser,
+        "--keep-best-checkpoints",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="keep the N best checkpoints as checkpoint.best_{metric}_{value}.pt",
+    )
     _add(g, parser, "--no-save", action="store_true", help="save no checkpoints")
     _add(g, parser, "--no-epoch-checkpoints", action="store_true", help="save only best and last checkpoints")
     _add(g, parser, "--no-last-checkpoints", action="store_true", help="do not save checkpoint_last.pt")
-    _add(g, parser, "--no-save-optimizer-state", action="store_true",
-         help="leave optimizer state out of checkpoints (smaller; resuming then starts a fresh optimizer)")
-    _add(g, parser, "--best-checkpoint-metric", default="loss", metavar="METRIC", help="validation metric that picks the best checkpoint")
-    _add(g, parser, "--maximize-best-checkpoint-metric", action="store_true",
-         help="higher is better for --best-checkpoint-metric")
-    _add(g, parser, "--patience", type=int, default=-1, metavar="N",
-         help="stop when validation has not improved for N consecutive validations (-1: off)")
-    _add(g, parser, "--unsafe-load", action="store_true",
-         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)")
+    _add(
+        g,
+        parser,
+        "--no-save-optimizer-state",
+        action="store_true",
+        help="leave optimizer state out of checkpoints (smaller; resuming then starts a fresh optimizer)",
+    )
+    _add(
+        g,
+        parser,
+        "--best-checkpoint-metric",
+        default="loss",
+        metavar="METRIC",
+        help="validation metric that picks the best checkpoint",
+    )
+    _add(
+        g,
+        parser,
+        "--maximize-best-checkpoint-metric",
+        action="store_true",
+        help="higher is better for --best-checkpoint-metric",
+    )
+    _add(
+        g,
+        parser,
+        "--patience",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="stop when validation has not improved for N consecutive validations (-1: off)",
+    )
+    _add(
+        g,
+        parser,
+        "--unsafe-load",
+        action="store_true",
+        help="allow arbitrary unpickling when loading checkpoints (only for files you trust)",
+    )
 
 
 # ------------------------------------------------------------------------------------------------- assembly
 # Help shows groups in this order (by title prefix); components own their groups, options.py only orders them.
-_GROUP_ORDER = ("positional", "options", "Common", "fp16", "Logging", "Dataset", "Task", "Model", "Criterion",
-                "Optimization", "Optimizer", "LR scheduler", "Checkpoint", "Distributed")
+_GROUP_ORDER = (
+    "positional",
+    "options",
+    "Common",
+    "fp16",
+    "Logging",
+    "Dataset",
+    "Task",
+    "Model",
+    "Criterion",
+    "Optimization",
+    "Optimizer",
+    "LR scheduler",
+    "Checkpoint",
+    "Distributed",
+)
 
 
 def _order_groups(parser: argparse.ArgumentParser) -> None:
@@ -206,8 +474,12 @@ class HelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if ("default" in text or default in (None, False, argparse.SUPPRESS) or default == []
-                or not action.option_strings):
+        if (
+            "default" in text
+            or default in (None, False, argparse.SUPPRESS)
+            or default == []
+            or not action.option_strings
+        ):
             return text
         shown = ",".join(map(str, default)) if isinstance(default, list) else default
         return f"{text} (default: {shown})".replace("%", "%%") if "%" not in text else text
@@ -239,8 +511,13 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     add_validation_args(parser, dataset)
     model = models.add_args(parser)
     _retitle(model, "Model configuration")
-    model.add_argument("--arch", "-a", default=None, metavar="ARCH",
-                       help=f"model architecture preset, required: {', '.join(ARCHS.names())}")
+    model.add_argument(
+        "--arch",
+        "-a",
+        default=None,
+        metavar="ARCH",
+        help=f"model architecture preset, required: {', '.join(ARCHS.names())}",
+    )
     _retitle(criterions.add_args(parser), "Criterion")
     add_optimization_args(parser)
     from seqtrain import eval_rouge
@@ -262,8 +539,13 @@ def _generation_base_parser(default_task: str = "translation") -> argparse.Argum
     g = parser.add_argument_group("Checkpoint")
     g.add_argument("--path", metavar="FILE", help="checkpoint(s) to generate with, colon-separated")
     g.add_argument("--results-path", default=None, metavar="DIR", help="write generate-{split}.txt here")
-    _add(g, parser, "--unsafe-load", action="store_true",
-         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)")
+    _add(
+        g,
+        parser,
+        "--unsafe-load",
+        action="store_true",
+        help="allow arbitrary unpickling when loading checkpoints (only for files you trust)",
+    )
     add_distributed_args(parser)
     parser.set_defaults(_stage="generate")
     _order_groups(parser)
@@ -276,21 +558,50 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
 
     parser = _generation_base_parser(default_task)
     parser.prog = "seqtrain-generate"
-    parser.add_argument("data", nargs="?", default=None, metavar="DATA",
-                        help="data-bin folder (optional with --input when the checkpoint carries its tokenizer)")
+    parser.add_argument(
+        "data",
+        nargs="?",
+        default=None,
+        metavar="DATA",
+        help="data-bin folder (optional with --input when the checkpoint carries its tokenizer)",
+    )
     g = add_generation_args(parser)
-    g.add_argument("--input", default=None, metavar="FILE",
-                   help="summarize raw text, one document per line ('-' for stdin), instead of a data-bin split")
-    g.add_argument("--reference", default=None, metavar="FILE",
-                   help="reference summaries for --input (one per line), for --scoring rouge")
-    g.add_argument("--scoring", default="none", choices=["none", "rouge"],
-                   help="score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)")
-    g.add_argument("--post-process", "--remove-bpe", default=None, nargs="?", const="@@ ", dest="post_process",
-                   metavar="SYMBOL", help="undo subword splitting in S-/T-/H- lines (sentencepiece, subword_nmt, "
-                                          "'@@ '); D- lines and the hypothesis file are always detokenized")
+    g.add_argument(
+        "--input",
+        default=None,
+        metavar="FILE",
+        help="summarize raw text, one document per line ('-' for stdin), instead of a data-bin split",
+    )
+    g.add_argument(
+        "--reference",
+        default=None,
+        metavar="FILE",
+        help="reference summaries for --input (one per line), for --scoring rouge",
+    )
+    g.add_argument(
+        "--scoring",
+        default="none",
+        choices=["none", "rouge"],
+        help="score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)",
+    )
+    g.add_argument(
+        "--post-process",
+        "--remove-bpe",
+        default=None,
+        nargs="?",
+        const="@@ ",
+        dest="post_process",
+        metavar="SYMBOL",
+        help="undo subword splitting in S-/T-/H- lines (sentencepiece, subword_nmt, "
+        "'@@ '); D- lines and the hypothesis file are always detokenized",
+    )
     g.add_argument("--quiet", action="store_true", help="print only the summary lines, not S-/T-/H-/D-/P-")
-    g.add_argument("--model-overrides", default="{}", metavar="JSON",
-                   help="model args to override, e.g. '{\"dropout\": 0.0}'")
+    g.add_argument(
+        "--model-overrides",
+        default="{}",
+        metavar="JSON",
+        help="model args to override, e.g. '{\"dropout\": 0.0}'",
+    )
     _order_groups(parser)
     return parser
 
@@ -315,12 +626,24 @@ def get_convert_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="checkpoint file (seqtrain / fairseq) or Hugging Face model folder")
     p.add_argument("output", help="output file (--to seqtrain / fairseq) or folder (--to hf)")
     p.add_argument("--to", required=True, choices=FORMATS, help="output format")
-    p.add_argument("--from", dest="from_format", default="auto", choices=("auto",) + FORMATS,
-                   help="input format (default: detect)")
-    p.add_argument("--dict", dest="dict_path", metavar="PATH",
-                   help="dict.txt (or a data-bin folder) for fairseq inputs; default: dict.txt next to the input")
-    p.add_argument("--unsafe-load", action="store_true",
-                   help="allow arbitrary unpickling of the input (may run code; only for trusted files)")
+    p.add_argument(
+        "--from",
+        dest="from_format",
+        default="auto",
+        choices=("auto",) + FORMATS,
+        help="input format (default: detect)",
+    )
+    p.add_argument(
+        "--dict",
+        dest="dict_path",
+        metavar="PATH",
+        help="dict.txt (or a data-bin folder) for fairseq inputs; default: dict.txt next to the input",
+    )
+    p.add_argument(
+        "--unsafe-load",
+        action="store_true",
+        help="allow arbitrary unpickling of the input (may run code; only for trusted files)",
+    )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return p
 
@@ -329,7 +652,7 @@ def get_score_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="seqtrain-score",
         description="ROUGE F1 x 100 (rouge-score, Porter stemming) averaged over lines; ROUGE-Lsum splits "
-                    "sentences at '.', '!', '?' followed by whitespace.",
+        "sentences at '.', '!', '?' followed by whitespace.",
     )
     p.add_argument("--sys", required=True, metavar="HYP", help="hypotheses, one per line")
     p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
@@ -344,10 +667,16 @@ def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> N
     from seqtrain import registry
     from seqtrain.optim import lr_scheduler, optimizers
 
-    table = {"task": registry.TASKS, "optimizer": registry.OPTIMIZERS, "lr_scheduler": registry.LR_SCHEDULERS}[dest]
+    table = {
+        "task": registry.TASKS,
+        "optimizer": registry.OPTIMIZERS,
+        "lr_scheduler": registry.LR_SCHEDULERS,
+    }[dest]
     if name not in table:
-        raise SeqtrainError(f"--{dest.replace('_', '-')}: unknown {table.kind} {name!r}; "
-                            f"choose from: {', '.join(table.names())}")
+        raise SeqtrainError(
+            f"--{dest.replace('_', '-')}: unknown {table.kind} {name!r}; "
+            f"choose from: {', '.join(table.names())}"
+        )
     if dest == "task":
         cls = table.get(name)
         # a CLI that declared DATA itself (seqtrain-generate: optional with --input) keeps its own
@@ -360,7 +689,7 @@ def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> N
 
 
 # ------------------------------------------------------------------------------------------------- parsing
-def _pre_parse(argv: Sequence[str], defaults: Dict[str, Any]) -> argparse.Namespace:
+def _pre_parse(argv: Sequence[str], defaults: dict[str, Any]) -> argparse.Namespace:
     """Read --config and the component choices without failing on flags that do not exist yet."""
     pre = ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config", default=None)
@@ -371,14 +700,14 @@ def _pre_parse(argv: Sequence[str], defaults: Dict[str, Any]) -> argparse.Namesp
     return args
 
 
-def _config_value(config: Dict[str, Any], dest: str) -> Any:
+def _config_value(config: dict[str, Any], dest: str) -> Any:
     for key in (dest, dest.replace("_", "-"), "--" + dest.replace("_", "-")):
         if key in config:
             return config[key]
     return None
 
 
-def _other_cli_flags(stage: Optional[str], choices: argparse.Namespace) -> Dict[str, argparse.Action]:
+def _other_cli_flags(stage: str | None, choices: argparse.Namespace) -> dict[str, argparse.Action]:
     """The flags of the other CLI (generate's for training, train's for generation), keyed as config keys: a
     preset holds both, and each CLI skips the other's keys. Training flags follow the config's components."""
     try:
@@ -396,17 +725,19 @@ def _other_cli_flags(stage: Optional[str], choices: argparse.Namespace) -> Dict[
     return actions_by_key(other)
 
 
-def parse_train_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:])."""
     return parse_args_and_arch(get_training_parser(), argv)
 
 
-def parse_generation_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_generation_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """seqtrain-generate's flags, parsed; --config FILE supplies defaults, as in seqtrain-train."""
     return parse_args_and_arch(get_generation_parser(), argv)
 
 
-def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+def parse_args_and_arch(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> argparse.Namespace:
     """Parse `argv` with `parser` once the chosen components added their flags; then apply the arch preset."""
     import sys
 
@@ -414,10 +745,14 @@ def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence
     stage = parser.get_default("_stage")
     # Choices default to the parser's defaults (fairseq's: adam is seqtrain's default optimizer, fixed the
     # scheduler), then the config file, then the command line.
-    defaults = {"task": parser.get_default("task") or "translation", "optimizer": "adam", "lr_scheduler": "fixed"}
+    defaults = {
+        "task": parser.get_default("task") or "translation",
+        "optimizer": "adam",
+        "lr_scheduler": "fixed",
+    }
     first = _pre_parse(argv, defaults)
-    config: Dict[str, Any] = {}
-    lines: Dict[str, int] = {}
+    config: dict[str, Any] = {}
+    lines: dict[str, int] = {}
     if first.config:
         config, lines = load_config(first.config)
         for dest in ("task", "arch", "criterion", "optimizer", "lr_scheduler"):
@@ -433,7 +768,9 @@ def parse_args_and_arch(parser: argparse.ArgumentParser, argv: Optional[Sequence
             from seqtrain.registry import ARCHS
 
             if first.arch not in ARCHS:
-                raise SeqtrainError(f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}")
+                raise SeqtrainError(
+                    f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
+                )
     _order_groups(parser)
     if first.config:
         apply_config(parser, first.config, config, lines, ignore=_other_cli_flags(stage, first))

@@ -13,6 +13,7 @@ The steps are fairseq-preprocess's, streamed so memory does not grow with the nu
 5. everything is written into a temporary folder inside --destdir and moved into place at the end, so an
    interrupted or failed run leaves no file that looks valid but is not; `preprocess.json` is moved last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,15 +26,21 @@ import re
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 from tqdm import tqdm
 
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
-from seqtrain.data.tokenizer import (SentencePieceTokenizer, Tokenizer, build_tokenizer, save_databin_tokenizer,
-                                     tokenizer_from_args)
+from seqtrain.data.tokenizer import (
+    SentencePieceTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    save_databin_tokenizer,
+    tokenizer_from_args,
+)
 from seqtrain.data.tokenizer import add_args as tokenizer_add_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
@@ -54,31 +61,71 @@ _BLANK_LINE = re.compile(r"^[^\S\n]*\n", re.MULTILINE)
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """fairseq-preprocess's flags (same names and defaults) plus the tokenizer's."""
     g = parser.add_argument_group("Preprocessing")
-    g.add_argument("-s", "--source-lang", default="source", metavar="SRC",
-                   help="source side: input files are PREFIX.SRC (default: source)")
-    g.add_argument("-t", "--target-lang", default="target", metavar="TGT",
-                   help="target side: input files are PREFIX.TGT (default: target)")
-    g.add_argument("--trainpref", metavar="FP", help="train file prefix (also used to build the tokenizer and dictionaries)")
-    g.add_argument("--validpref", metavar="FP",
-                   help="comma separated valid file prefixes (written as valid, valid1, valid2, ...)")
+    g.add_argument(
+        "-s",
+        "--source-lang",
+        default="source",
+        metavar="SRC",
+        help="source side: input files are PREFIX.SRC (default: source)",
+    )
+    g.add_argument(
+        "-t",
+        "--target-lang",
+        default="target",
+        metavar="TGT",
+        help="target side: input files are PREFIX.TGT (default: target)",
+    )
+    g.add_argument(
+        "--trainpref",
+        metavar="FP",
+        help="train file prefix (also used to build the tokenizer and dictionaries)",
+    )
+    g.add_argument(
+        "--validpref",
+        metavar="FP",
+        help="comma separated valid file prefixes (written as valid, valid1, valid2, ...)",
+    )
     g.add_argument("--testpref", metavar="FP", help="comma separated test file prefixes (test, test1, ...)")
     g.add_argument("--destdir", metavar="DIR", default="data-bin", help="destination dir (default: data-bin)")
     g.add_argument("--only-source", action="store_true", help="only process the source language")
     g.add_argument("--joined-dictionary", action="store_true", help="one dictionary for source and target")
     g.add_argument("--srcdict", metavar="FP", help="reuse this source dictionary (fairseq dict.txt)")
     g.add_argument("--tgtdict", metavar="FP", help="reuse this target dictionary (fairseq dict.txt)")
-    g.add_argument("--thresholdsrc", metavar="N", default=0, type=int,
-                   help="map words appearing less than N times in the source to <unk>")
-    g.add_argument("--thresholdtgt", metavar="N", default=0, type=int,
-                   help="map words appearing less than N times in the target to <unk>")
+    g.add_argument(
+        "--thresholdsrc",
+        metavar="N",
+        default=0,
+        type=int,
+        help="map words appearing less than N times in the source to <unk>",
+    )
+    g.add_argument(
+        "--thresholdtgt",
+        metavar="N",
+        default=0,
+        type=int,
+        help="map words appearing less than N times in the target to <unk>",
+    )
     g.add_argument("--nwordssrc", metavar="N", default=-1, type=int, help="number of source words to retain")
     g.add_argument("--nwordstgt", metavar="N", default=-1, type=int, help="number of target words to retain")
-    g.add_argument("--padding-factor", metavar="N", default=8, type=int,
-                   help="pad dictionary size to be a multiple of N (default: 8)")
-    g.add_argument("--workers", metavar="N", default=1, type=int, help="number of parallel workers (default: 1)")
-    g.add_argument("--dict-only", action="store_true", help="only build the tokenizer and dictionaries, then exit")
-    g.add_argument("--dataset-impl", default="mmap", choices=["mmap"],
-                   help="output format; only fairseq's mmap format is written (accepted for fairseq command lines)")
+    g.add_argument(
+        "--padding-factor",
+        metavar="N",
+        default=8,
+        type=int,
+        help="pad dictionary size to be a multiple of N (default: 8)",
+    )
+    g.add_argument(
+        "--workers", metavar="N", default=1, type=int, help="number of parallel workers (default: 1)"
+    )
+    g.add_argument(
+        "--dict-only", action="store_true", help="only build the tokenizer and dictionaries, then exit"
+    )
+    g.add_argument(
+        "--dataset-impl",
+        default="mmap",
+        choices=["mmap"],
+        help="output format; only fairseq's mmap format is written (accepted for fairseq command lines)",
+    )
     g.add_argument("--no-progress-bar", action="store_true", help="disable the progress bar")
     g.add_argument("--debug", action="store_true", help="show a traceback on errors")
 
@@ -97,7 +144,7 @@ class SplitInput:
     name: str  # train, valid, valid1, test, ...
     prefix: str
     flag: str
-    paths: Dict[str, str] = field(default_factory=dict)  # lang -> input file
+    paths: dict[str, str] = field(default_factory=dict)  # lang -> input file
     n_lines: int = 0
 
 
@@ -110,7 +157,9 @@ def check_args(args: argparse.Namespace) -> None:
     if args.padding_factor < 1:
         raise SeqtrainError(f"--padding-factor must be at least 1, got {args.padding_factor}")
     if not args.only_source and args.source_lang == args.target_lang:
-        raise SeqtrainError(f"--source-lang and --target-lang are both {args.source_lang!r}; their files would collide")
+        raise SeqtrainError(
+            f"--source-lang and --target-lang are both {args.source_lang!r}; their files would collide"
+        )
     if args.joined_dictionary and args.srcdict and args.tgtdict:
         raise SeqtrainError("cannot use both --srcdict and --tgtdict with --joined-dictionary")
     given_dict = args.srcdict or (args.tgtdict and not args.only_source)
@@ -118,36 +167,49 @@ def check_args(args: argparse.Namespace) -> None:
         if given_dict:
             raise SeqtrainError(
                 "--srcdict/--tgtdict with a newly trained sentencepiece model: the dictionary cannot match the new "
-                "pieces; pass the --spm-model it was made with, or --tokenizer none for already tokenized text")
+                "pieces; pass the --spm-model it was made with, or --tokenizer none for already tokenized text"
+            )
         if not args.trainpref:
-            raise SeqtrainError("--trainpref is needed to train the sentencepiece model (or give --spm-model)")
+            raise SeqtrainError(
+                "--trainpref is needed to train the sentencepiece model (or give --spm-model)"
+            )
         if args.spm_vocab_size < 2:
             raise SeqtrainError(f"--spm-vocab-size must be at least 2, got {args.spm_vocab_size}")
         if args.spm_num_threads < 1:
             raise SeqtrainError(f"--spm-num-threads must be at least 1, got {args.spm_num_threads}")
     if args.tokenizer == "gpt2" and not (args.gpt2_encoder_json and args.gpt2_vocab_bpe):
-        raise SeqtrainError("--tokenizer gpt2 needs --gpt2-encoder-json and --gpt2-vocab-bpe (GPT-2's encoder.json, vocab.bpe)")
+        raise SeqtrainError(
+            "--tokenizer gpt2 needs --gpt2-encoder-json and --gpt2-vocab-bpe (GPT-2's encoder.json, vocab.bpe)"
+        )
     if not args.trainpref:
         if not args.srcdict:
             raise SeqtrainError("--trainpref is needed to build the source dictionary (or give --srcdict)")
         if not args.only_source and not args.tgtdict and not args.joined_dictionary:
             raise SeqtrainError("--trainpref is needed to build the target dictionary (or give --tgtdict)")
-    for flag, path in (("--srcdict", args.srcdict), ("--tgtdict", args.tgtdict), ("--spm-model", args.spm_model),
-                       ("--gpt2-encoder-json", args.gpt2_encoder_json), ("--gpt2-vocab-bpe", args.gpt2_vocab_bpe)):
+    for flag, path in (
+        ("--srcdict", args.srcdict),
+        ("--tgtdict", args.tgtdict),
+        ("--spm-model", args.spm_model),
+        ("--gpt2-encoder-json", args.gpt2_encoder_json),
+        ("--gpt2-vocab-bpe", args.gpt2_vocab_bpe),
+    ):
         if path and not os.path.isfile(path):
             raise SeqtrainError(f"{flag}: file not found: {path}")
 
 
-def languages(args: argparse.Namespace) -> List[str]:
+def languages(args: argparse.Namespace) -> list[str]:
     return [args.source_lang] if args.only_source else [args.source_lang, args.target_lang]
 
 
-def collect_inputs(args: argparse.Namespace) -> List[SplitInput]:
+def collect_inputs(args: argparse.Namespace) -> list[SplitInput]:
     """The splits fairseq-preprocess would write: train, then valid, valid1, ..., then test, test1, ..."""
     splits = []
     if args.trainpref:
         splits.append(SplitInput("train", args.trainpref, "--trainpref"))
-    for flag, base, value in (("--validpref", "valid", args.validpref), ("--testpref", "test", args.testpref)):
+    for flag, base, value in (
+        ("--validpref", "valid", args.validpref),
+        ("--testpref", "test", args.testpref),
+    ):
         if value:
             for k, prefix in enumerate(value.split(",")):
                 splits.append(SplitInput(f"{base}{k}" if k else base, prefix, flag))
@@ -157,7 +219,7 @@ def collect_inputs(args: argparse.Namespace) -> List[SplitInput]:
     return splits
 
 
-def validate_inputs(args: argparse.Namespace, splits: List[SplitInput]) -> None:
+def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
     """Every file exists, is valid UTF-8, has no empty line; source and target line counts agree."""
     for s in splits:
         for path in s.paths.values():
@@ -168,7 +230,9 @@ def validate_inputs(args: argparse.Namespace, splits: List[SplitInput]) -> None:
         if len(set(counts.values())) > 1:
             (a, na), (b, nb) = list(counts.items())
             raise SeqtrainError(
-                f"line count mismatch: {s.paths[a]} has {na} lines but {s.paths[b]} has {nb} (line i of each must belong together)")
+                f"line count mismatch: {s.paths[a]} has {na} lines but {s.paths[b]} has {nb} "
+                "(line i of each must belong together)"
+            )
         s.n_lines = next(iter(counts.values()))
 
 
@@ -200,15 +264,18 @@ def _check_lines(path: str, buf: bytes, lines_before: int) -> int:
         line = lines_before + buf.count(b"\n", 0, e.start) + 1
         column = e.start - (buf.rfind(b"\n", 0, e.start) + 1) + 1
         raise SeqtrainError(
-            f"{path}:{line}: invalid UTF-8 (byte 0x{buf[e.start]:02x} at byte {column} of the line)") from None
+            f"{path}:{line}: invalid UTF-8 (byte 0x{buf[e.start]:02x} at byte {column} of the line)"
+        ) from None
     blank = _BLANK_LINE.search(text)
     if blank:
         line = lines_before + text.count("\n", 0, blank.start()) + 1
-        raise SeqtrainError(f"{path}:{line}: empty line (every example needs text; remove the pair from both sides)")
+        raise SeqtrainError(
+            f"{path}:{line}: empty line (every example needs text; remove the pair from both sides)"
+        )
     return lines_before + text.count("\n")
 
 
-def line_chunks(path: str, n_chunks: int) -> List[Tuple[int, int]]:
+def line_chunks(path: str, n_chunks: int) -> list[tuple[int, int]]:
     """Cut a file into about n_chunks byte ranges that start and end on line boundaries (none empty)."""
     size = os.path.getsize(path)
     bounds = [0]
@@ -255,7 +322,7 @@ class ChunkStats:
     unk: int = 0
     lengths: Counter = field(default_factory=Counter)
 
-    def add(self, other: "ChunkStats") -> None:
+    def add(self, other: ChunkStats) -> None:
         self.examples += other.examples
         self.tokens += other.tokens
         self.unk += other.unk
@@ -265,7 +332,7 @@ class ChunkStats:
 class ChunkWorker:
     """The tokenizer and dictionaries a worker needs, rebuilt from plain data so any process start method works."""
 
-    def __init__(self, tokenizer_spec: Dict[str, Any], dict_lists: Optional[Dict[str, list]] = None):
+    def __init__(self, tokenizer_spec: dict[str, Any], dict_lists: dict[str, list] | None = None):
         self.tokenizer = build_tokenizer(tokenizer_spec)
         self.dicts = {lang: Dictionary.from_list(lst) for lang, lst in (dict_lists or {}).items()}
 
@@ -293,22 +360,29 @@ class ChunkWorker:
         return stats
 
 
-_WORKER: Optional[ChunkWorker] = None  # set once per pool process by _init_worker
+_WORKER: ChunkWorker | None = None  # set once per pool process by _init_worker
 
 
-def _init_worker(tokenizer_spec: Dict[str, Any], dict_lists: Optional[Dict[str, list]]) -> None:
+def _init_worker(tokenizer_spec: dict[str, Any], dict_lists: dict[str, list] | None) -> None:
     global _WORKER
     _WORKER = ChunkWorker(tokenizer_spec, dict_lists)
 
 
-def _run_task(task: Tuple[str, tuple]) -> Any:
+def _run_task(task: tuple[str, tuple]) -> Any:
     method, task_args = task
     return getattr(_WORKER, method)(*task_args)
 
 
-def run_tasks(method: str, tasks: List[tuple], line_counts: List[int], workers: int,
-              tokenizer_spec: Dict[str, Any], dict_lists: Optional[Dict[str, list]], desc: str,
-              no_progress_bar: bool) -> List[Any]:
+def run_tasks(
+    method: str,
+    tasks: list[tuple],
+    line_counts: list[int],
+    workers: int,
+    tokenizer_spec: dict[str, Any],
+    dict_lists: dict[str, list] | None,
+    desc: str,
+    no_progress_bar: bool,
+) -> list[Any]:
     """Run `ChunkWorker.<method>(*task)` for every task, results in task order, with a progress bar over lines."""
     pool = None
     if workers > 1 and len(tasks) > 1:
@@ -316,11 +390,18 @@ def run_tasks(method: str, tasks: List[tuple], line_counts: List[int], workers: 
         # The pool starts before the progress bar, so no bar thread exists when the workers fork.
         methods = multiprocessing.get_all_start_methods()
         ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        pool = ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer_spec, dict_lists))
+        pool = ctx.Pool(
+            min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer_spec, dict_lists)
+        )
     results = []
     try:
-        with tqdm(total=sum(line_counts), desc=desc, unit=" lines", disable=True if no_progress_bar else None,
-                  leave=False) as bar:
+        with tqdm(
+            total=sum(line_counts),
+            desc=desc,
+            unit=" lines",
+            disable=True if no_progress_bar else None,
+            leave=False,
+        ) as bar:
             if pool is None:
                 worker = ChunkWorker(tokenizer_spec, dict_lists)
                 outputs = (getattr(worker, method)(*task) for task in tasks)
@@ -336,7 +417,7 @@ def run_tasks(method: str, tasks: List[tuple], line_counts: List[int], workers: 
     return results
 
 
-def _line_counts_of(path: str, chunks: List[Tuple[int, int]], n_lines: int) -> List[int]:
+def _line_counts_of(path: str, chunks: list[tuple[int, int]], n_lines: int) -> list[int]:
     """Lines per chunk for the progress bar, estimated from bytes (exact counts are not needed there)."""
     size = max(1, os.path.getsize(path))
     est = [round(n_lines * (b - a) / size) for a, b in chunks]
@@ -348,7 +429,7 @@ def _line_counts_of(path: str, chunks: List[Tuple[int, int]], n_lines: int) -> L
 # the run
 
 
-def preprocess(args: argparse.Namespace) -> Dict[str, Any]:
+def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     """Run all steps; return the summary also written to `preprocess.json`."""
     check_args(args)
     splits = collect_inputs(args)
@@ -361,7 +442,9 @@ def preprocess(args: argparse.Namespace) -> Dict[str, Any]:
         os.makedirs(destdir, exist_ok=True)
     except OSError as e:
         raise SeqtrainError(f"--destdir {destdir}: cannot create the folder ({e.strerror})") from None
-    work = tempfile.mkdtemp(prefix=".preprocess-", dir=destdir)  # same filesystem: the final moves are renames
+    work = tempfile.mkdtemp(
+        prefix=".preprocess-", dir=destdir
+    )  # same filesystem: the final moves are renames
     ok = False
     try:
         spec = make_tokenizer(args, train, work).spec()
@@ -398,14 +481,16 @@ def preprocess(args: argparse.Namespace) -> Dict[str, Any]:
 
 def publish(work: str, destdir: str) -> None:
     """Move the finished files into destdir; preprocess.json last, so its presence means the rest is complete."""
-    names = sorted(n for n in os.listdir(work) if os.path.isfile(os.path.join(work, n)) and not n.startswith("."))
+    names = sorted(
+        n for n in os.listdir(work) if os.path.isfile(os.path.join(work, n)) and not n.startswith(".")
+    )
     names.sort(key=lambda n: n == "preprocess.json")
     for name in names:
         os.replace(os.path.join(work, name), os.path.join(destdir, name))
     fsync_dir(destdir)
 
 
-def check_existing_dictionaries(destdir: str, work: str, langs: List[str]) -> None:
+def check_existing_dictionaries(destdir: str, work: str, langs: list[str]) -> None:
     """Refuse to mix data-bins: an existing dict.{lang}.txt must equal the new one (identical is fine)."""
     for lang in langs:
         old = os.path.join(destdir, f"dict.{lang}.txt")
@@ -415,14 +500,15 @@ def check_existing_dictionaries(destdir: str, work: str, langs: List[str]) -> No
             if f_old.read() != f_new.read():
                 raise SeqtrainError(
                     f"{old} already exists and differs from the dictionary built now; "
-                    f"use another --destdir or remove the old data-bin")
+                    f"use another --destdir or remove the old data-bin"
+                )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # tokenizer
 
 
-def make_tokenizer(args: argparse.Namespace, train: Optional[SplitInput], work: str) -> Tokenizer:
+def make_tokenizer(args: argparse.Namespace, train: SplitInput | None, work: str) -> Tokenizer:
     """Train or load the tokenizer and write tokenizer.json (+ model file copies) into the work folder."""
     if args.tokenizer == "sentencepiece" and not args.spm_model:
         tokenizer = train_sentencepiece(args, [train.paths[lang] for lang in languages(args)], train.n_lines)
@@ -432,7 +518,7 @@ def make_tokenizer(args: argparse.Namespace, train: Optional[SplitInput], work: 
     return tokenizer
 
 
-def train_sentencepiece(args: argparse.Namespace, files: List[str], n_lines: int) -> Tokenizer:
+def train_sentencepiece(args: argparse.Namespace, files: list[str], n_lines: int) -> Tokenizer:
     """One model for all `files` (train source and target): BART-style, copied words get the same pieces.
 
     Reproducible: a fixed thread count (--spm-num-threads, never --workers) and our own even sampling of at most
@@ -445,42 +531,68 @@ def train_sentencepiece(args: argparse.Namespace, files: List[str], n_lines: int
         i = 0
         for path in files:
             for line in read_chunk(path, 0, os.path.getsize(path)):
-                if (i * keep) // total != ((i + 1) * keep) // total:  # exactly `keep` of `total`, evenly spread
+                if (i * keep) // total != (
+                    (i + 1) * keep
+                ) // total:  # exactly `keep` of `total`, evenly spread
                     yield line
                 i += 1
 
-    print(f"training sentencepiece ({args.spm_model_type}, vocab {args.spm_vocab_size}) on {keep:,} lines of "
-          f"{', '.join(files)}", flush=True)
+    print(
+        f"training sentencepiece ({args.spm_model_type}, vocab {args.spm_vocab_size}) on {keep:,} lines of "
+        f"{', '.join(files)}",
+        flush=True,
+    )
     return SentencePieceTokenizer.train_iter(
-        sentences(), vocab_size=args.spm_vocab_size, model_type=args.spm_model_type,
-        character_coverage=args.spm_character_coverage, num_threads=args.spm_num_threads, verbose=args.debug,
-        what=f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece training")
+        sentences(),
+        vocab_size=args.spm_vocab_size,
+        model_type=args.spm_model_type,
+        character_coverage=args.spm_character_coverage,
+        num_threads=args.spm_num_threads,
+        verbose=args.debug,
+        what=f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece training",
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # dictionaries
 
 
-def make_dictionaries(args: argparse.Namespace, tokenizer_spec: Dict[str, Any],
-                      train: Optional[SplitInput]) -> Dict[str, Dictionary]:
+def make_dictionaries(
+    args: argparse.Namespace, tokenizer_spec: dict[str, Any], train: SplitInput | None
+) -> dict[str, Dictionary]:
     """fairseq-preprocess's rules: given dictionaries are used as they are; built ones are finalized."""
     src, tgt = args.source_lang, args.target_lang
     langs = languages(args)
     if args.joined_dictionary:
         given = args.srcdict or args.tgtdict
-        d = Dictionary.load(given) if given else build_dictionary(
-            args, tokenizer_spec, train, langs, args.thresholdsrc, args.nwordssrc)
+        d = (
+            Dictionary.load(given)
+            if given
+            else build_dictionary(args, tokenizer_spec, train, langs, args.thresholdsrc, args.nwordssrc)
+        )
         return {lang: d for lang in langs}
-    dicts = {src: Dictionary.load(args.srcdict) if args.srcdict else build_dictionary(
-        args, tokenizer_spec, train, [src], args.thresholdsrc, args.nwordssrc)}
+    dicts = {
+        src: Dictionary.load(args.srcdict)
+        if args.srcdict
+        else build_dictionary(args, tokenizer_spec, train, [src], args.thresholdsrc, args.nwordssrc)
+    }
     if not args.only_source:
-        dicts[tgt] = Dictionary.load(args.tgtdict) if args.tgtdict else build_dictionary(
-            args, tokenizer_spec, train, [tgt], args.thresholdtgt, args.nwordstgt)
+        dicts[tgt] = (
+            Dictionary.load(args.tgtdict)
+            if args.tgtdict
+            else build_dictionary(args, tokenizer_spec, train, [tgt], args.thresholdtgt, args.nwordstgt)
+        )
     return dicts
 
 
-def build_dictionary(args: argparse.Namespace, tokenizer_spec: Dict[str, Any], train: SplitInput,
-                     langs: List[str], threshold: int, nwords: int) -> Dictionary:
+def build_dictionary(
+    args: argparse.Namespace,
+    tokenizer_spec: dict[str, Any],
+    train: SplitInput,
+    langs: list[str],
+    threshold: int,
+    nwords: int,
+) -> Dictionary:
     """Count the tokenized train text of `langs` (one `</s>` per line, as fairseq) and finalize."""
     tasks, line_counts = [], []
     for lang in langs:
@@ -489,8 +601,16 @@ def build_dictionary(args: argparse.Namespace, tokenizer_spec: Dict[str, Any], t
         tasks += [(path, a, b) for a, b in chunks]
         line_counts += _line_counts_of(path, chunks, train.n_lines)
     total: Counter = Counter()
-    for counts in run_tasks("count", tasks, line_counts, args.workers, tokenizer_spec, None,
-                            f"count {'+'.join(langs)}", args.no_progress_bar):
+    for counts in run_tasks(
+        "count",
+        tasks,
+        line_counts,
+        args.workers,
+        tokenizer_spec,
+        None,
+        f"count {'+'.join(langs)}",
+        args.no_progress_bar,
+    ):
         total.update(counts)
     d = Dictionary()
     total[d.eos_word] += train.n_lines * len(langs)
@@ -503,8 +623,13 @@ def build_dictionary(args: argparse.Namespace, tokenizer_spec: Dict[str, Any], t
 # binarization
 
 
-def binarize_splits(args: argparse.Namespace, splits: List[SplitInput], tokenizer_spec: Dict[str, Any],
-                    dicts: Dict[str, Dictionary], work: str) -> Dict[str, Dict[str, Any]]:
+def binarize_splits(
+    args: argparse.Namespace,
+    splits: list[SplitInput],
+    tokenizer_spec: dict[str, Any],
+    dicts: dict[str, Dictionary],
+    work: str,
+) -> dict[str, dict[str, Any]]:
     """Binarize every split and side in one pool (small valid/test files fill idle workers); merge shards in order."""
     shard_dir = os.path.join(work, ".shards")
     os.makedirs(shard_dir)
@@ -519,10 +644,20 @@ def binarize_splits(args: argparse.Namespace, splits: List[SplitInput], tokenize
             prefix = os.path.join(work, f"{s.name}.{args.source_lang}-{args.target_lang}.{lang}")
             jobs.append((s, lang, prefix, shards))
     dict_lists = {lang: d.to_list() for lang, d in dicts.items()}
-    results = iter(run_tasks("binarize", tasks, line_counts, args.workers, tokenizer_spec, dict_lists, "binarize",
-                             args.no_progress_bar))
+    results = iter(
+        run_tasks(
+            "binarize",
+            tasks,
+            line_counts,
+            args.workers,
+            tokenizer_spec,
+            dict_lists,
+            "binarize",
+            args.no_progress_bar,
+        )
+    )
 
-    report: Dict[str, Dict[str, Any]] = {}
+    report: dict[str, dict[str, Any]] = {}
     for s, lang, prefix, shards in jobs:
         stats = ChunkStats()
         with MMapIndexedDatasetBuilder(prefix + ".bin", best_fitting_dtype(len(dicts[lang]))) as builder:
@@ -537,7 +672,7 @@ def binarize_splits(args: argparse.Namespace, splits: List[SplitInput], tokenize
     return report
 
 
-def split_report(path: str, stats: ChunkStats) -> Dict[str, Any]:
+def split_report(path: str, stats: ChunkStats) -> dict[str, Any]:
     """Figures of one binarized file. Tokens and lengths count the `</s>` each item ends with, as fairseq does."""
     return {
         "input": path,
@@ -549,10 +684,10 @@ def split_report(path: str, stats: ChunkStats) -> Dict[str, Any]:
     }
 
 
-def length_percentiles(hist: Counter, qs: Sequence[int] = PERCENTILES) -> Dict[str, int]:
+def length_percentiles(hist: Counter, qs: Sequence[int] = PERCENTILES) -> dict[str, int]:
     """Nearest-rank percentiles from a histogram: the smallest length with at least q% of items at or below it."""
     total = sum(hist.values())
-    out: Dict[str, int] = {}
+    out: dict[str, int] = {}
     if total == 0:
         return out
     lengths = sorted(hist)
@@ -568,8 +703,10 @@ def length_percentiles(hist: Counter, qs: Sequence[int] = PERCENTILES) -> Dict[s
     return out
 
 
-def format_summary(summary: Dict[str, Any], destdir: str) -> str:
-    dicts = ", ".join(f"dict.{lang}.txt {info['size']} symbols" for lang, info in summary["dictionaries"].items())
+def format_summary(summary: dict[str, Any], destdir: str) -> str:
+    dicts = ", ".join(
+        f"dict.{lang}.txt {info['size']} symbols" for lang, info in summary["dictionaries"].items()
+    )
     lines = [f"Wrote {destdir} (tokenizer {summary['tokenizer']}; {dicts})"]
     if summary["splits"]:
         head = ("split", "side", "examples", "tokens", "<unk>", "p50", "p90", "p95", "p99", "max")
@@ -577,10 +714,20 @@ def format_summary(summary: Dict[str, Any], destdir: str) -> str:
         for split, sides in summary["splits"].items():
             for lang, r in sides.items():
                 L = r["length"]
-                rows.append((split, lang, f"{r['examples']:,}", f"{r['tokens']:,}", f"{100 * r['unk_rate']:.2f}%",
-                             *(str(L[k]) for k in ("p50", "p90", "p95", "p99", "max"))))
+                rows.append(
+                    (
+                        split,
+                        lang,
+                        f"{r['examples']:,}",
+                        f"{r['tokens']:,}",
+                        f"{100 * r['unk_rate']:.2f}%",
+                        *(str(L[k]) for k in ("p50", "p90", "p95", "p99", "max")),
+                    )
+                )
         widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         for r in rows:
-            lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+            lines.append(
+                "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+            )
         lines.append("tokens and lengths include the </s> that ends every item; <unk> = share of tokens")
     return "\n".join(lines)

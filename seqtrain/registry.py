@@ -3,9 +3,11 @@
 A registry maps a name to a builder. No global mutable state beyond the tables themselves, which are filled
 at import time by decorators in the modules that define the components.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Dict, Generic, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -13,7 +15,7 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     def __init__(self, kind: str):
         self.kind = kind
-        self._entries: Dict[str, T] = {}
+        self._entries: dict[str, T] = {}
 
     def register(self, name: str, *aliases: str) -> Callable[[T], T]:
         def deco(obj: T) -> T:

@@ -11,12 +11,13 @@ KeyboardInterrupt at once; a second SIGTERM kills the process): an impatient use
 The handler itself only stores the signal number: signal handlers run between bytecodes of the main thread,
 where logging or file I/O could interleave with what that thread was doing.
 """
+
 from __future__ import annotations
 
 import signal
 import threading
 from types import FrameType
-from typing import Any, Dict, Optional
+from typing import Any
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -25,8 +26,8 @@ class GracefulStop:
     """Context manager; `signum` is the first stop signal received while active (None if none)."""
 
     def __init__(self) -> None:
-        self.signum: Optional[int] = None
-        self._previous: Dict[int, Any] = {}
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
 
     @property
     def requested(self) -> bool:
@@ -40,13 +41,13 @@ class GracefulStop:
     def exit_code(self) -> int:
         return 128 + int(self.signum) if self.signum is not None else 0
 
-    def _handle(self, signum: int, frame: Optional[FrameType]) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
         # the next signal of this kind does what it did before we were installed
         signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
 
-    def __enter__(self) -> "GracefulStop":
+    def __enter__(self) -> GracefulStop:
         # Python only lets the main thread install handlers; elsewhere (a spawned worker thread) stay passive.
         if threading.current_thread() is threading.main_thread():
             for s in STOP_SIGNALS:

@@ -5,6 +5,7 @@ criterion -> Trainer -> resume (or --finetune-from-model) -> for each epoch: tra
 --save-interval[-updates]) -> lr step; stops on --max-update, --max-epoch, --patience, --stop-time-hours or
 --stop-min-lr.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,14 +16,14 @@ import os
 import signal
 import sys
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
+from seqtrain import distributed
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
-from seqtrain import distributed
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging import progress as progress_lib
@@ -36,7 +37,7 @@ from seqtrain.trainer import Trainer
 logger = logging.getLogger("seqtrain.train")
 
 
-def setup_train_logging(args: argparse.Namespace) -> Optional[logging.Handler]:
+def setup_train_logging(args: argparse.Namespace) -> logging.Handler | None:
     """The log on stdout (as fairseq-train); --log-file adds a file handler (returned, so main can remove it).
     fairseq: only rank 0 reports; the others log warnings and errors (with their rank in the message)."""
     if not is_master(args):
@@ -48,8 +49,11 @@ def setup_train_logging(args: argparse.Namespace) -> Optional[logging.Handler]:
 
 def check_args(args: argparse.Namespace) -> None:
     check_dataset_args(args)
-    for flag, value in (("log-interval", args.log_interval), ("save-interval", args.save_interval),
-                        ("validate-interval", args.validate_interval)):
+    for flag, value in (
+        ("log-interval", args.log_interval),
+        ("save-interval", args.save_interval),
+        ("validate-interval", args.validate_interval),
+    ):
         if value < 1:
             raise SeqtrainError(f"--{flag} must be at least 1")
     if any(n < 1 for n in args.update_freq):
@@ -58,15 +62,19 @@ def check_args(args: argparse.Namespace) -> None:
         raise SeqtrainError("--profile must be 0 (off) or a number of updates")
     metric = args.best_checkpoint_metric
     if metric.startswith("rouge") and not args.eval_rouge and not args.disable_validation:
-        raise SeqtrainError(f"--best-checkpoint-metric {metric} needs --eval-rouge (validation only reports "
-                            "ROUGE when it generates)")
+        raise SeqtrainError(
+            f"--best-checkpoint-metric {metric} needs --eval-rouge (validation only reports "
+            "ROUGE when it generates)"
+        )
     if args.eval_rouge:
         from seqtrain.eval_rouge import generation_args
 
         if args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
             # beam search runs a different number of forward passes per rank; FSDP's are collectives
-            raise SeqtrainError("--eval-rouge is not supported with --ddp-backend fully_sharded; use c10d, or "
-                                "score checkpoints with seqtrain-generate")
+            raise SeqtrainError(
+                "--eval-rouge is not supported with --ddp-backend fully_sharded; use c10d, or "
+                "score checkpoints with seqtrain-generate"
+            )
 
         generation_args(args.eval_rouge_args)  # a bad --eval-rouge-args fails now, not after the first epoch
 
@@ -110,8 +118,10 @@ def _main(args: argparse.Namespace) -> int:
     trainer = Trainer(args, task, model, criterion)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
     world = args.distributed_world_size
-    logger.info(f"training on {world} device{'s' if world > 1 else ''} ({trainer.device.type}"
-                f"{', ' + args.ddp_backend if world > 1 else ''})")
+    logger.info(
+        f"training on {world} device{'s' if world > 1 else ''} ({trainer.device.type}"
+        f"{', ' + args.ddp_backend if world > 1 else ''})"
+    )
     logger.info(f"max tokens per device = {args.max_tokens} and max sentences per device = {args.batch_size}")
 
     def get_train_iterator(epoch: int) -> Any:
@@ -120,15 +130,25 @@ def _main(args: argparse.Namespace) -> int:
             logger.info(f"loading train data for epoch {epoch}")
             task.load_dataset(split, epoch=epoch)
         return task.get_batch_iterator(
-            task.dataset(split), max_tokens=args.max_tokens, max_sentences=args.batch_size,
-            max_positions=trainer.model.max_positions(), ignore_invalid_inputs=True,
-            required_batch_size_multiple=args.required_batch_size_multiple, seed=args.seed,
-            num_shards=args.distributed_world_size, shard_id=args.distributed_rank,
-            num_workers=args.num_workers, epoch=epoch, split=split)
+            task.dataset(split),
+            max_tokens=args.max_tokens,
+            max_sentences=args.batch_size,
+            max_positions=trainer.model.max_positions(),
+            ignore_invalid_inputs=True,
+            required_batch_size_multiple=args.required_batch_size_multiple,
+            seed=args.seed,
+            num_shards=args.distributed_world_size,
+            shard_id=args.distributed_rank,
+            num_workers=args.num_workers,
+            epoch=epoch,
+            split=split,
+        )
 
     manager = CheckpointManager(args)
     _, epoch_itr = manager.restore(trainer, get_train_iterator)
-    tensorboard = TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir and is_master(args) else None
+    tensorboard = (
+        TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir and is_master(args) else None
+    )
     loop = TrainLoop(args, trainer, task, manager, tensorboard)
     try:
         with loop.stop:
@@ -145,13 +165,19 @@ def _main(args: argparse.Namespace) -> int:
 class TrainLoop:
     """The epoch loop of one run (fairseq_cli/train.py's main/train/validate_and_save/validate)."""
 
-    def __init__(self, args: argparse.Namespace, trainer: Trainer, task: Any, manager: CheckpointManager,
-                 tensorboard: Optional[TensorboardWriter]):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        trainer: Trainer,
+        task: Any,
+        manager: CheckpointManager,
+        tensorboard: TensorboardWriter | None,
+    ):
         self.args, self.trainer, self.task, self.manager = args, trainer, task, manager
         self.tensorboard = tensorboard
-        self.profiler: Optional[Any] = None
+        self.profiler: Any | None = None
         self.stop = GracefulStop()
-        self.rouge: Optional[Any] = None
+        self.rouge: Any | None = None
         if args.eval_rouge:
             from seqtrain.eval_rouge import RougeValidator
 
@@ -161,14 +187,18 @@ class TrainLoop:
         args, trainer = self.args, self.trainer
         max_epoch = args.max_epoch or math.inf
         if args.max_update > 0 and trainer.get_num_updates() >= args.max_update:
-            logger.info(f"already at --max-update {args.max_update} ({trainer.get_num_updates()} updates): nothing to do")
+            logger.info(
+                f"already at --max-update {args.max_update} ({trainer.get_num_updates()} updates): nothing to do"
+            )
             return
         lr = trainer.get_lr()
         with self._profiling():
             while epoch_itr.next_epoch_idx <= max_epoch:
                 if lr <= args.stop_min_lr:
-                    logger.info(f"stopping training because current learning rate ({lr}) is smaller than or equal "
-                                f"to minimum learning rate (--stop-min-lr={args.stop_min_lr})")
+                    logger.info(
+                        f"stopping training because current learning rate ({lr}) is smaller than or equal "
+                        f"to minimum learning rate (--stop-min-lr={args.stop_min_lr})"
+                    )
                     break
                 should_stop = self.train_epoch(epoch_itr)
                 if should_stop:
@@ -184,8 +214,14 @@ class TrainLoop:
         update_freq = args.update_freq[min(epoch, len(args.update_freq)) - 1]
         grouped = GroupedIterator(itr, update_freq)
         progress = progress_lib.progress_bar(
-            grouped, args.log_format, epoch=epoch, total=len(grouped), offset=grouped.n,
-            tensorboard=self.tensorboard, no_progress_bar=args.no_progress_bar)
+            grouped,
+            args.log_format,
+            epoch=epoch,
+            total=len(grouped),
+            offset=grouped.n,
+            tensorboard=self.tensorboard,
+            no_progress_bar=args.no_progress_bar,
+        )
         trainer.begin_epoch(epoch)
         if args.distributed_world_size > 1:  # a rank whose shard runs short steps on this, with zero weight
             trainer.set_dummy_batch(epoch_itr.first_batch)
@@ -223,14 +259,18 @@ class TrainLoop:
         path = self.manager.save_last(self.trainer, epoch_itr)
         where = f"epoch {epoch_itr.epoch}, batch {epoch_itr.iterations_in_epoch}"
         saved = f"saved {path} ({where}); run the same command to continue" if path else "nothing saved"
-        logger.warning(f"stopped by {self.stop.signal_name} after update {self.trainer.get_num_updates()}: "
-                       f"{saved} (exit code {self.stop.exit_code})")
+        logger.warning(
+            f"stopped by {self.stop.signal_name} after update {self.trainer.get_num_updates()}: "
+            f"{saved} (exit code {self.stop.exit_code})"
+        )
 
-    def training_stats(self, which: str) -> "OrderedDict[str, Any]":
+    def training_stats(self, which: str) -> OrderedDict[str, Any]:
         stats = self.trainer.meters[which].smoothed_values()
         if self.args.peak_flops and "wps" in stats:
             # ~6 FLOPs per parameter per trained token (forward 2, backward 4); counts target tokens only.
-            stats["mfu"] = float("{:.4g}".format(6.0 * self.trainer.num_params * stats["wps"] / self.args.peak_flops))
+            stats["mfu"] = float(
+                "{:.4g}".format(6.0 * self.trainer.num_params * stats["wps"] / self.args.peak_flops)
+            )
         stats["wall"] = round(self.trainer.cumulative_training_time(), 0)
         return stats
 
@@ -242,25 +282,37 @@ class TrainLoop:
         should_stop = False
         if args.max_update > 0 and num_updates >= args.max_update:
             should_stop = True
-            logger.info(f"Stopping training due to num_updates: {num_updates} >= max_update: {args.max_update}")
+            logger.info(
+                f"Stopping training due to num_updates: {num_updates} >= max_update: {args.max_update}"
+            )
         hours = trainer.cumulative_training_time() / 3600
         if args.stop_time_hours > 0 and hours > args.stop_time_hours:
             should_stop = True
-            logger.info(f"Stopping training due to cumulative_training_time: {hours} > "
-                        f"stop_time_hours: {args.stop_time_hours} hour(s)")
+            logger.info(
+                f"Stopping training due to cumulative_training_time: {hours} > "
+                f"stop_time_hours: {args.stop_time_hours} hour(s)"
+            )
         do_save = (
             (end_of_epoch and epoch % args.save_interval == 0)
             or should_stop
-            or (args.save_interval_updates > 0 and num_updates > 0
+            or (
+                args.save_interval_updates > 0
+                and num_updates > 0
                 and num_updates % args.save_interval_updates == 0
-                and num_updates >= args.validate_after_updates)
+                and num_updates >= args.validate_after_updates
+            )
         )
         do_validate = (
-            ((not end_of_epoch and do_save)
-             or (end_of_epoch and epoch % args.validate_interval == 0)
-             or should_stop
-             or (args.validate_interval_updates > 0 and num_updates > 0
-                 and num_updates % args.validate_interval_updates == 0))
+            (
+                (not end_of_epoch and do_save)
+                or (end_of_epoch and epoch % args.validate_interval == 0)
+                or should_stop
+                or (
+                    args.validate_interval_updates > 0
+                    and num_updates > 0
+                    and num_updates % args.validate_interval_updates == 0
+                )
+            )
             and not args.disable_validation
             and num_updates >= args.validate_after_updates
         )
@@ -274,23 +326,33 @@ class TrainLoop:
             self.manager.save(trainer, epoch_itr, valid_loss)
         return should_stop
 
-    def validate(self, epoch: int) -> Optional[float]:
+    def validate(self, epoch: int) -> float | None:
         """Validate on each --valid-subset; returns the --best-checkpoint-metric of the first one."""
         args, trainer, task = self.args, self.trainer, self.task
-        first: Optional[float] = None
+        first: float | None = None
         for subset in args.valid_subset.split(","):
             logger.info(f'begin validation on "{subset}" subset')
             itr = task.get_batch_iterator(
-                task.dataset(subset), max_tokens=args.max_tokens_valid, max_sentences=args.batch_size_valid,
+                task.dataset(subset),
+                max_tokens=args.max_tokens_valid,
+                max_sentences=args.batch_size_valid,
                 max_positions=trainer.model.max_positions(),
                 ignore_invalid_inputs=args.skip_invalid_size_inputs_valid_test,
-                required_batch_size_multiple=args.required_batch_size_multiple, seed=args.seed,
-                num_shards=args.distributed_world_size, shard_id=args.distributed_rank,
-                num_workers=args.num_workers, split=subset,
+                required_batch_size_multiple=args.required_batch_size_multiple,
+                seed=args.seed,
+                num_shards=args.distributed_world_size,
+                shard_id=args.distributed_rank,
+                num_workers=args.num_workers,
+                split=subset,
             ).next_epoch_itr(shuffle=False)
             progress = progress_lib.progress_bar(
-                itr, args.log_format, epoch=epoch, prefix=f"valid on '{subset}' subset",
-                tensorboard=self.tensorboard, no_progress_bar=args.no_progress_bar)
+                itr,
+                args.log_format,
+                epoch=epoch,
+                prefix=f"valid on '{subset}' subset",
+                tensorboard=self.tensorboard,
+                no_progress_bar=args.no_progress_bar,
+            )
             trainer.begin_valid()
             if self.rouge is not None:
                 self.rouge.reset()
@@ -303,15 +365,18 @@ class TrainLoop:
             if self.rouge is not None:
                 if args.distributed_world_size > 1:  # score every rank's pairs, so all ranks agree on "best"
                     self.rouge.hypotheses, self.rouge.references = distributed.all_gather_lists(
-                        self.rouge.hypotheses, self.rouge.references)
+                        self.rouge.hypotheses, self.rouge.references
+                    )
                 for name, value in self.rouge.scores().items():
                     trainer.meters["valid"].log_scalar(name, value, round=2)
             stats = trainer.meters["valid"].smoothed_values()
             stats["num_updates"] = trainer.get_num_updates()
             metric = args.best_checkpoint_metric
             if metric not in stats:
-                raise SeqtrainError(f"--best-checkpoint-metric {metric}: validation reports no such value "
-                                    f"(it has: {', '.join(stats)})")
+                raise SeqtrainError(
+                    f"--best-checkpoint-metric {metric}: validation reports no such value "
+                    f"(it has: {', '.join(stats)})"
+                )
             best = self.manager.best
             if best is not None:
                 pick = max if args.maximize_best_checkpoint_metric else min
@@ -332,11 +397,17 @@ class TrainLoop:
         from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
 
         folder = os.path.join(self.args.tensorboard_logdir or self.args.save_dir, "profile")
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.trainer.device.type == "cuda" else [])
+        activities = [ProfilerActivity.CPU] + (
+            [ProfilerActivity.CUDA] if self.trainer.device.type == "cuda" else []
+        )
         logger.info(f"profiling {n} updates into {folder}")
-        with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=n, repeat=1),
-                     on_trace_ready=tensorboard_trace_handler(folder), record_shapes=True,
-                     profile_memory=True) as prof:
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=0, warmup=1, active=n, repeat=1),
+            on_trace_ready=tensorboard_trace_handler(folder),
+            record_shapes=True,
+            profile_memory=True,
+        ) as prof:
             self.profiler = prof
             try:
                 yield

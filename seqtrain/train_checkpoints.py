@@ -13,6 +13,7 @@ Every file is written atomically and never modified in place afterwards (a new s
 new file), so names sharing one file via hard links never change under each other. The best value and the
 --patience counter live in this object, not in globals, and travel inside each checkpoint's extra_state.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,8 @@ import shutil
 import tempfile
 import time
 import zipfile
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 from seqtrain import distributed
 from seqtrain.checkpoint import CheckpointContents, load_checkpoint_file
@@ -36,7 +38,7 @@ from seqtrain.formats import read_checkpoint, read_loaded
 logger = logging.getLogger(__name__)
 
 
-def checkpoint_paths(folder: str, pattern: str) -> List[str]:
+def checkpoint_paths(folder: str, pattern: str) -> list[str]:
     """Files in `folder` whose name fully matches `pattern`, sorted by the pattern's first group (a number),
     largest first."""
     regex = re.compile(pattern)
@@ -71,7 +73,7 @@ def link_or_copy(src: str, dst: str) -> None:
 _PARTIAL_WRITE = re.compile(r"\.(checkpoint[^/]*\.pt\.[A-Za-z0-9_]+\.(tmp|link)|write-test\.[A-Za-z0-9_]+)")
 
 
-def checkpoint_problem(path: str) -> Optional[str]:
+def checkpoint_problem(path: str) -> str | None:
     """Why `path` is not an intact checkpoint file (None if it is). A torch zip archive must have its central
     directory (missing when truncated) and every record must match its CRC-32 (torch.load itself checks neither,
     so a flipped bit in a tensor would load silently)."""
@@ -81,7 +83,9 @@ def checkpoint_problem(path: str) -> Optional[str]:
                 head = f.read(4)
             if head[:2] == b"\x80\x02":
                 return None  # torch's legacy format has no checksums; torch.load judges it
-            return "truncated (no zip central directory)" if head == b"PK\x03\x04" else "not a torch checkpoint"
+            return (
+                "truncated (no zip central directory)" if head == b"PK\x03\x04" else "not a torch checkpoint"
+            )
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
         return f"corrupted (record {bad} fails its checksum)" if bad is not None else None
@@ -89,7 +93,7 @@ def checkpoint_problem(path: str) -> Optional[str]:
         return f"unreadable ({e})"
 
 
-def newest_intact_checkpoint(folder: str, exclude: str) -> Optional[str]:
+def newest_intact_checkpoint(folder: str, exclude: str) -> str | None:
     """The most recently written intact checkpoint*.pt in `folder`, skipping `exclude` and its hard links."""
     found = []
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
@@ -112,11 +116,11 @@ class CheckpointManager:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.save_dir = args.save_dir
-        self.best: Optional[float] = None
-        self.patience_best: Optional[float] = None
+        self.best: float | None = None
+        self.patience_best: float | None = None
         self.patience_runs = 0
         # update count held by checkpoint_last.pt (None: unknown / not written by this run), for graceful stops
-        self.last_saved_updates: Optional[int] = None
+        self.last_saved_updates: int | None = None
 
     def prepare_save_dir(self) -> None:
         """fairseq's verify_checkpoint_directory: fail at start-up, not hours later at the first save, when
@@ -132,15 +136,19 @@ class CheckpointManager:
                 os.close(fd)
                 os.unlink(probe)
         except OSError as e:
-            raise SeqtrainError(f"--save-dir {self.save_dir}: cannot write checkpoints there "
-                                f"({e.strerror or e}); pass a writable --save-dir or --no-save") from None
+            raise SeqtrainError(
+                f"--save-dir {self.save_dir}: cannot write checkpoints there "
+                f"({e.strerror or e}); pass a writable --save-dir or --no-save"
+            ) from None
         stale = [n for n in os.listdir(self.save_dir) if _PARTIAL_WRITE.fullmatch(n)]
         for name in stale:
             with contextlib.suppress(OSError):
                 os.remove(os.path.join(self.save_dir, name))
         if stale:
-            logger.info(f"removed {len(stale)} incomplete checkpoint file(s) left by an interrupted save "
-                        f"in {self.save_dir}")
+            logger.info(
+                f"removed {len(stale)} incomplete checkpoint file(s) left by an interrupted save "
+                f"in {self.save_dir}"
+            )
 
     # -------------------------------------------------------------------------------------------- comparison
     def is_better(self, a: float, b: float) -> bool:
@@ -150,16 +158,16 @@ class CheckpointManager:
     def _strictly_better(self, a: float, b: float) -> bool:
         return a > b if self.args.maximize_best_checkpoint_metric else a < b
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "patience_best": self.patience_best, "patience_runs": self.patience_runs}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.best = state.get("best")
         self.patience_best = state.get("patience_best")
         self.patience_runs = int(state.get("patience_runs", 0))
 
     # -------------------------------------------------------------------------------------------- early stop
-    def should_stop_early(self, val_metric: Optional[float]) -> bool:
+    def should_stop_early(self, val_metric: float | None) -> bool:
         """True once validation has not strictly improved for --patience consecutive validations."""
         if val_metric is None or self.args.patience <= 0:
             return False
@@ -170,15 +178,18 @@ class CheckpointManager:
         self.patience_runs += 1
         if self.patience_runs >= self.args.patience:
             logger.info(
-                f"early stop since valid performance hasn't improved for last {self.args.patience} runs")
+                f"early stop since valid performance hasn't improved for last {self.args.patience} runs"
+            )
             return True
         return False
 
     # -------------------------------------------------------------------------------------------- saving
-    def checkpoint_names(self, epoch: int, updates: int, end_of_epoch: bool, val_metric: Optional[float]) -> List[str]:
+    def checkpoint_names(
+        self, epoch: int, updates: int, end_of_epoch: bool, val_metric: float | None
+    ) -> list[str]:
         """File names this save writes, updating the best value as a side effect (call once per save)."""
         a = self.args
-        names: List[str] = []
+        names: list[str] = []
         if end_of_epoch and not a.no_epoch_checkpoints and epoch % a.save_interval == 0:
             names.append(f"checkpoint{epoch}.pt")
         if not end_of_epoch and a.save_interval_updates > 0 and updates % a.save_interval_updates == 0:
@@ -192,13 +203,17 @@ class CheckpointManager:
                 worst = None
                 if kept:
                     worst = float(self._best_value(kept[-1]))
-                if len(kept) < a.keep_best_checkpoints or worst is None or self._strictly_better(val_metric, worst):
+                if (
+                    len(kept) < a.keep_best_checkpoints
+                    or worst is None
+                    or self._strictly_better(val_metric, worst)
+                ):
                     names.append(f"checkpoint.best_{a.best_checkpoint_metric}_{val_metric:.3f}.pt")
         if not a.no_last_checkpoints:
             names.append("checkpoint_last.pt")
         return names
 
-    def _best_paths(self) -> List[str]:
+    def _best_paths(self) -> list[str]:
         """checkpoint.best_* files, best first."""
         metric = re.escape(self.args.best_checkpoint_metric)
         paths = checkpoint_paths(self.save_dir, rf"checkpoint\.best_{metric}_(-?\d+\.?\d*)\.pt")
@@ -208,7 +223,7 @@ class CheckpointManager:
     def _best_value(path: str) -> str:
         return os.path.basename(path)[: -len(".pt")].rsplit("_", 1)[-1]
 
-    def save(self, trainer: Any, epoch_itr: Any, val_metric: Optional[float]) -> List[str]:
+    def save(self, trainer: Any, epoch_itr: Any, val_metric: float | None) -> list[str]:
         """Write this update's checkpoints (maybe none) and prune old ones. Returns the paths written."""
         a = self.args
         epoch, updates, end_of_epoch = epoch_itr.epoch, trainer.get_num_updates(), epoch_itr.end_of_epoch()
@@ -224,7 +239,7 @@ class CheckpointManager:
         distributed.barrier()  # the other ranks wait until rank 0 has written (and pruned)
         return paths
 
-    def save_last(self, trainer: Any, epoch_itr: Any) -> Optional[str]:
+    def save_last(self, trainer: Any, epoch_itr: Any) -> str | None:
         """Write checkpoint_last.pt at the current position (a graceful stop), unless it already holds this
         update. Returns the path, or None when nothing was written (--no-save, or already saved)."""
         if self.args.no_save:
@@ -236,7 +251,7 @@ class CheckpointManager:
         distributed.barrier()
         return path
 
-    def _write(self, trainer: Any, epoch_itr: Any, names: List[str], val_metric: Optional[float]) -> List[str]:
+    def _write(self, trainer: Any, epoch_itr: Any, names: list[str], val_metric: float | None) -> list[str]:
         """One file for the first name, hard links for the others. An OSError (disk full, permissions) becomes
         a SeqtrainError; since every name is replaced atomically, the files written before stay intact."""
         a = self.args
@@ -259,8 +274,11 @@ class CheckpointManager:
             for current in paths[1:] if distributed.get_rank() == 0 else []:
                 link_or_copy(paths[0], current)
         except OSError as e:
-            kept = (f"checkpoint_last.pt (update {self.last_saved_updates}) is intact"
-                    if self.last_saved_updates is not None else "checkpoints written before are intact")
+            kept = (
+                f"checkpoint_last.pt (update {self.last_saved_updates}) is intact"
+                if self.last_saved_updates is not None
+                else "checkpoints written before are intact"
+            )
             raise SeqtrainError(
                 f"could not write checkpoint {current} at update {updates}: {e.strerror or e}; {kept}. "
                 "Free disk space or fix permissions of --save-dir, then rerun the same command to resume"
@@ -276,19 +294,19 @@ class CheckpointManager:
     def prune(self) -> None:
         """Apply --keep-interval-updates, --keep-last-epochs and --keep-best-checkpoints."""
         a = self.args
-        doomed: List[str] = []
+        doomed: list[str] = []
         if a.keep_interval_updates > 0:
-            doomed += checkpoint_paths(self.save_dir, r"checkpoint_\d+_(\d+)\.pt")[a.keep_interval_updates:]
+            doomed += checkpoint_paths(self.save_dir, r"checkpoint_\d+_(\d+)\.pt")[a.keep_interval_updates :]
         if a.keep_last_epochs > 0:
-            doomed += checkpoint_paths(self.save_dir, r"checkpoint(\d+)\.pt")[a.keep_last_epochs:]
+            doomed += checkpoint_paths(self.save_dir, r"checkpoint(\d+)\.pt")[a.keep_last_epochs :]
         if a.keep_best_checkpoints > 0:
-            doomed += self._best_paths()[a.keep_best_checkpoints:]
+            doomed += self._best_paths()[a.keep_best_checkpoints :]
         for path in doomed:
             if os.path.lexists(path):
                 os.remove(path)
 
     # -------------------------------------------------------------------------------------------- resuming
-    def restore(self, trainer: Any, get_train_iterator: Callable[[int], Any]) -> Tuple[Optional[dict], Any]:
+    def restore(self, trainer: Any, get_train_iterator: Callable[[int], Any]) -> tuple[dict | None, Any]:
         """fairseq's load_checkpoint: resume from --restore-file (default: checkpoint_last.pt in --save-dir),
         or start from --finetune-from-model when this run has no checkpoint yet. Returns (extra_state or None,
         the train EpochBatchIterator positioned where training continues)."""
@@ -299,12 +317,16 @@ class CheckpointManager:
         try:
             overrides = json.loads(a.optimizer_overrides) if a.optimizer_overrides else {}
         except ValueError:
-            raise SeqtrainError(f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}") from None
+            raise SeqtrainError(
+                f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}"
+            ) from None
         default_restore = a.restore_file == "checkpoint_last.pt"
         if a.finetune_from_model is not None:
             if reset_optimizer or reset_lr_scheduler or reset_meters or reset_dataloader:
-                raise SeqtrainError("--finetune-from-model cannot be combined with --reset-optimizer, "
-                                    "--reset-lr-scheduler, --reset-meters or --reset-dataloader (it implies them)")
+                raise SeqtrainError(
+                    "--finetune-from-model cannot be combined with --reset-optimizer, "
+                    "--reset-lr-scheduler, --reset-meters or --reset-dataloader (it implies them)"
+                )
             if not default_restore:
                 raise SeqtrainError("--finetune-from-model and --restore-file cannot be given together")
 
@@ -313,10 +335,14 @@ class CheckpointManager:
             if not os.path.exists(path) and a.finetune_from_model is not None:
                 if not os.path.exists(a.finetune_from_model):
                     raise SeqtrainError(f"--finetune-from-model {a.finetune_from_model}: file not found")
-                logger.info(f"loading pretrained model from {a.finetune_from_model}: "
-                            "optimizer, lr scheduler, meters, dataloader will be reset")
-                trainer.load_model_weights(read_checkpoint(a.finetune_from_model, unsafe=a.unsafe_load,
-                                                           require_dict=False), a.finetune_from_model)
+                logger.info(
+                    f"loading pretrained model from {a.finetune_from_model}: "
+                    "optimizer, lr scheduler, meters, dataloader will be reset"
+                )
+                trainer.load_model_weights(
+                    read_checkpoint(a.finetune_from_model, unsafe=a.unsafe_load, require_dict=False),
+                    a.finetune_from_model,
+                )
                 return None, get_train_iterator(1)
         else:
             path = a.restore_file
@@ -334,28 +360,39 @@ class CheckpointManager:
         if ck.format != "seqtrain":
             # A fairseq model (e.g. BART fine-tuning's --restore-file model.pt): weights only.
             trainer.load_model_weights(ck, path)
-            logger.info(f"{path} is not a seqtrain checkpoint: loaded its weights only; optimizer, lr scheduler, "
-                        "meters and data position start fresh")
+            logger.info(
+                f"{path} is not a seqtrain checkpoint: loaded its weights only; optimizer, lr scheduler, "
+                "meters and data position start fresh"
+            )
             return None, get_train_iterator(1)
 
         check_same_dictionaries(ck, trainer.task)
-        extra = trainer.load_state_dict(ck.state, path, reset_optimizer=reset_optimizer,
-                                        reset_lr_scheduler=reset_lr_scheduler, reset_meters=reset_meters,
-                                        optimizer_overrides=overrides)
+        extra = trainer.load_state_dict(
+            ck.state,
+            path,
+            reset_optimizer=reset_optimizer,
+            reset_lr_scheduler=reset_lr_scheduler,
+            reset_meters=reset_meters,
+            optimizer_overrides=overrides,
+        )
         if not reset_optimizer and not reset_meters:
             self.load_state_dict(extra.get("checkpoint_manager", {"best": extra.get("best")}))
         if not reset_dataloader and extra.get("train_iterator") is not None:
             # a position saved by another number of ranks counts batches per rank: rescale it
             itr_state = distributed.rescale_iterator_position(
-                extra["train_iterator"], int(getattr(ck.args, "distributed_world_size", 1) or 1),
-                int(getattr(a, "distributed_world_size", 1) or 1))
+                extra["train_iterator"],
+                int(getattr(ck.args, "distributed_world_size", 1) or 1),
+                int(getattr(a, "distributed_world_size", 1) or 1),
+            )
             epoch_itr = get_train_iterator(itr_state["epoch"])
             epoch_itr.load_state_dict(itr_state)
         else:
             epoch_itr = get_train_iterator(1)
         if os.path.abspath(path) == os.path.abspath(os.path.join(self.save_dir, "checkpoint_last.pt")):
             self.last_saved_updates = trainer.get_num_updates()
-        logger.info(f"Loaded checkpoint {path} (epoch {extra.get('epoch')} @ {trainer.get_num_updates()} updates)")
+        logger.info(
+            f"Loaded checkpoint {path} (epoch {extra.get('epoch')} @ {trainer.get_num_updates()} updates)"
+        )
         return extra, epoch_itr
 
 
@@ -372,17 +409,23 @@ def check_same_dictionaries(ck: CheckpointContents, task: Any) -> None:
             where = os.path.join(data, f"dict.{lang}.txt") if data else f"the {side} dictionary"
             raise SeqtrainError(
                 f"{ck.path} was trained with another {side} dictionary than {where} ({saved.difference(have)}); "
-                "resume with the data-bin it was trained on, or start from its weights with --finetune-from-model")
+                "resume with the data-bin it was trained on, or start from its weights with --finetune-from-model"
+            )
 
 
 def check_resumable(path: str) -> None:
     """A damaged checkpoint to resume from is an error that names the newest intact one to use instead."""
     problem = checkpoint_problem(path) if os.path.isfile(path) else None
-    if problem is None or (problem == "not a torch checkpoint" and not os.path.basename(path).startswith("checkpoint")):
+    if problem is None or (
+        problem == "not a torch checkpoint" and not os.path.basename(path).startswith("checkpoint")
+    ):
         return  # an unrelated file (not one of ours gone bad): the loader's own message says what it is
     folder = os.path.dirname(os.path.abspath(path))
     other = newest_intact_checkpoint(folder, exclude=path)
-    hint = (f"the newest intact checkpoint is {other}: resume from it with --restore-file {other} "
-            f"(or copy it over {os.path.basename(path)})" if other is not None else
-            f"no intact checkpoint in {folder}; move the damaged file away to start from scratch")
+    hint = (
+        f"the newest intact checkpoint is {other}: resume from it with --restore-file {other} "
+        f"(or copy it over {os.path.basename(path)})"
+        if other is not None
+        else f"no intact checkpoint in {folder}; move the damaged file away to start from scratch"
+    )
     raise SeqtrainError(f"{path} is {problem}; {hint}")

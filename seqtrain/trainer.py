@@ -27,6 +27,7 @@ Host-device syncs per update (CUDA; each waits for the device's queued work):
 Batches move to the device with `non_blocking=True` (prepare_sample); that is no sync, but the copy from pageable
 memory is not asynchronous either.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,13 +37,13 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import numpy as np
 import torch
 
-from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
 from seqtrain import distributed
+from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
 from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
@@ -70,7 +71,7 @@ class TrainerConfig:
     optimizer: str = "adam"
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "TrainerConfig":
+    def from_args(cls, args: argparse.Namespace) -> TrainerConfig:
         return from_args(cls, args)
 
 
@@ -78,8 +79,7 @@ class StepContext:
     """What a task's train_step gets from the Trainer for each batch: `autocast()`, the mixed-precision context
     for the forward pass, and `backward(loss)`, the backward pass with the fp16 loss scale applied."""
 
-    def __init__(self, amp_dtype: Optional[torch.dtype], device: torch.device,
-                 scaler: Optional[DynamicLossScaler]):
+    def __init__(self, amp_dtype: torch.dtype | None, device: torch.device, scaler: DynamicLossScaler | None):
         self.amp_dtype, self.device, self.scaler = amp_dtype, device, scaler
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -107,7 +107,7 @@ class Trainer:
             raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
         if cfg.fp16 and not use_cuda:
             raise SeqtrainError("--fp16 needs a CUDA device (use --bf16 on CPU, or drop --fp16)")
-        self.amp_dtype: Optional[torch.dtype] = (
+        self.amp_dtype: torch.dtype | None = (
             torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
         )
         # Parameters stay fp32 (the optimizer's master copy); autocast runs matmuls in the low precision.
@@ -127,14 +127,17 @@ class Trainer:
         self.num_updates = 0
         self.lr_step_update()
         # meters: the epoch ("train"), the current log interval ("train_inner"), the last validation ("valid")
-        self.meters: Dict[str, MetersDict] = {"train": MetersDict(), "train_inner": MetersDict(),
-                                              "valid": MetersDict()}
+        self.meters: dict[str, MetersDict] = {
+            "train": MetersDict(),
+            "train_inner": MetersDict(),
+            "valid": MetersDict(),
+        }
         self.previous_training_time = 0.0
         self._start_time = time.time()
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.num_trained_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        self._dummy_batch: Optional[Dict[str, Any]] = None
-        self._valid_start: Optional[float] = None
+        self._dummy_batch: dict[str, Any] | None = None
+        self._valid_start: float | None = None
 
     # ------------------------------------------------------------------------------------------------ basics
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -161,7 +164,7 @@ class Trainer:
         self.lr_scheduler.step_begin_epoch(epoch)
         return self.lr_step_update()  # fairseq: the update count has the last word on the lr
 
-    def lr_step(self, epoch: int, val_loss: Optional[float] = None) -> float:
+    def lr_step(self, epoch: int, val_loss: float | None = None) -> float:
         self.lr_scheduler.step(epoch, val_loss)
         return self.lr_step_update()
 
@@ -176,7 +179,7 @@ class Trainer:
         # Seed from the update count so a resumed run draws the same dropout masks as an uninterrupted one.
         torch.manual_seed(self.cfg.seed + self.num_updates)
 
-    def set_dummy_batch(self, batch: Dict[str, Any]) -> None:
+    def set_dummy_batch(self, batch: dict[str, Any]) -> None:
         """The batch a rank runs, with zero weight, when its shard has no batch left (epoch_itr.first_batch):
         every rank must take part in each update's collectives."""
         if batch:
@@ -184,6 +187,7 @@ class Trainer:
 
     def prepare_sample(self, sample: Any) -> Any:
         """`sample` with every tensor moved to the training device."""
+
         def move(x: Any) -> Any:
             if torch.is_tensor(x):
                 return x.to(self.device, non_blocking=True)
@@ -196,14 +200,14 @@ class Trainer:
         return move(sample)
 
     # ------------------------------------------------------------------------------------------------ training
-    def train_step(self, samples: List[Dict[str, Any]]) -> Optional[Dict[str, float]]:
+    def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float] | None:
         """One optimizer update over `samples` (update_freq batches). Returns the update's stats, or None when
         the update was skipped (CUDA out of memory, fp16 overflow)."""
         self._set_seed()
         self.model.train()
         self.optimizer.zero_grad()
         start = time.perf_counter()
-        logging_outputs: List[Dict[str, Any]] = []
+        logging_outputs: list[dict[str, Any]] = []
         sample_size = 0.0
         step = self.step_context()
         for i, sample in enumerate(samples):
@@ -211,28 +215,40 @@ class Trainer:
             if is_dummy:
                 if self._dummy_batch is None:
                     if self.world_size > 1:  # skipping would leave the other ranks waiting in a collective
-                        raise SeqtrainError("internal: a rank got an empty batch before any dummy batch was set "
-                                            "(Trainer.set_dummy_batch)")
+                        raise SeqtrainError(
+                            "internal: a rank got an empty batch before any dummy batch was set "
+                            "(Trainer.set_dummy_batch)"
+                        )
                     continue
                 sample = self._dummy_batch
             else:
                 sample = self.prepare_sample(sample)
                 if self._dummy_batch is None:
                     self._dummy_batch = sample
-            oom: Optional[str] = None
+            oom: str | None = None
             try:
                 # gradients are reduced across ranks only in the update's last backward pass
-                with torch.autograd.profiler.record_function(f"train_step-{i}"), \
-                        distributed.no_sync(self._forward_model, i < len(samples) - 1):
-                    _, size, log = self.task.train_step(sample, self._forward_model, self.criterion,
-                                                        step, self.num_updates, ignore_grad=is_dummy)
+                with (
+                    torch.autograd.profiler.record_function(f"train_step-{i}"),
+                    distributed.no_sync(self._forward_model, i < len(samples) - 1),
+                ):
+                    _, size, log = self.task.train_step(
+                        sample,
+                        self._forward_model,
+                        self.criterion,
+                        step,
+                        self.num_updates,
+                        ignore_grad=is_dummy,
+                    )
             except RuntimeError as e:
                 if not (self.device.type == "cuda" and _is_oom(e)):
                     raise
                 if self.world_size > 1:  # one rank cannot skip an update the others are reducing
-                    raise SeqtrainError(f"CUDA out of memory on rank {distributed.get_rank()} in update "
-                                        f"{self.num_updates + 1}; lower --max-tokens or use --ddp-backend "
-                                        "fully_sharded") from None
+                    raise SeqtrainError(
+                        f"CUDA out of memory on rank {distributed.get_rank()} in update "
+                        f"{self.num_updates + 1}; lower --max-tokens or use --ddp-backend "
+                        "fully_sharded"
+                    ) from None
                 oom = str(e).splitlines()[0] if str(e) else type(e).__name__
             if oom is not None:
                 # Recover outside the except block: the traceback's frames hold the step's tensors until then.
@@ -283,7 +299,7 @@ class Trainer:
         self.set_num_updates(self.num_updates + 1)
         return self._log_train_stats(logging_outputs, gnorm, start)
 
-    def _check_finite(self, logging_outputs: List[Dict[str, Any]], gnorm: float) -> None:
+    def _check_finite(self, logging_outputs: list[dict[str, Any]], gnorm: float) -> None:
         """Without loss scaling a NaN/inf loss or gradient cannot be skipped away: stop before the optimizer
         step spreads it into the weights, so the last checkpoint is a good place to resume from."""
         loss = sum(float(log["loss"]) for log in logging_outputs if "loss" in log)
@@ -293,7 +309,8 @@ class Trainer:
         raise SeqtrainError(
             f"{what} at update {self.num_updates + 1}: training diverged; resume from the last checkpoint with a "
             "lower --lr, a longer --warmup-updates, --clip-norm (e.g. 1.0) or --bf16, and check the data for "
-            "broken examples")
+            "broken examples"
+        )
 
     def _recover_from_oom(self, message: str) -> None:
         logger.warning(f"out of memory in update {self.num_updates + 1}; skipping this update ({message})")
@@ -303,8 +320,9 @@ class Trainer:
             meters.log_sum("oom", 1)
         torch.cuda.empty_cache()
 
-    def _log_train_stats(self, logging_outputs: List[Dict[str, Any]], gnorm: float, start: float
-                         ) -> Dict[str, float]:
+    def _log_train_stats(
+        self, logging_outputs: list[dict[str, Any]], gnorm: float, start: float
+    ) -> dict[str, float]:
         train_time = time.perf_counter() - start
         stats = self.task.reduce_metrics(logging_outputs, self.criterion)
         for meters in (self.meters["train"], self.meters["train_inner"]):
@@ -327,15 +345,17 @@ class Trainer:
         self.meters["valid"].reset()
         self._valid_start = time.perf_counter()
 
-    def valid_step(self, sample: Dict[str, Any]) -> Dict[str, Any]:
+    def valid_step(self, sample: dict[str, Any]) -> dict[str, Any]:
         """Loss on one batch without gradients; logged into meters["valid"]. With several ranks the figures are
         summed over ranks first, and an empty batch runs the dummy batch (FSDP's forward is a collective)."""
         is_dummy = not sample
         if is_dummy and self.world_size <= 1:
             return {}
         if is_dummy and self._dummy_batch is None:
-            raise SeqtrainError("internal: a rank got an empty validation batch and has no dummy batch "
-                                "(Trainer.set_dummy_batch)")
+            raise SeqtrainError(
+                "internal: a rank got an empty validation batch and has no dummy batch "
+                "(Trainer.set_dummy_batch)"
+            )
         sample = self._dummy_batch if is_dummy else self.prepare_sample(sample)
         with torch.no_grad(), self.autocast():
             _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
@@ -354,26 +374,35 @@ class Trainer:
         return stats
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def state_dict(self, extra_state: Dict[str, Any], with_optimizer: bool = True) -> Dict[str, Any]:
+    def state_dict(self, extra_state: dict[str, Any], with_optimizer: bool = True) -> dict[str, Any]:
         extra = dict(extra_state)
-        extra.update({
-            "num_updates": self.num_updates,
-            "meters": {"train": self.meters["train"].state_dict(),
-                       "train_inner": self.meters["train_inner"].state_dict()},
-            "rng": rng_state(),
-            "train_wall": self.cumulative_training_time(),
-            "previous_training_time": self.cumulative_training_time(),
-        })
+        extra.update(
+            {
+                "num_updates": self.num_updates,
+                "meters": {
+                    "train": self.meters["train"].state_dict(),
+                    "train_inner": self.meters["train_inner"].state_dict(),
+                },
+                "rng": rng_state(),
+                "train_wall": self.cumulative_training_time(),
+                "previous_training_time": self.cumulative_training_time(),
+            }
+        )
         return make_checkpoint_state(
-            self.args, distributed.model_state_dict(self.model), self.task.src_dict, self.task.tgt_dict,
+            self.args,
+            distributed.model_state_dict(self.model),
+            self.task.src_dict,
+            self.task.tgt_dict,
             getattr(self.task, "tokenizer_spec", None),
-            optimizer=distributed.optimizer_state_dict(self.model, self.optimizer.optimizer) if with_optimizer else None,
+            optimizer=distributed.optimizer_state_dict(self.model, self.optimizer.optimizer)
+            if with_optimizer
+            else None,
             lr_scheduler=self.lr_scheduler.state_dict() if with_optimizer else None,
             loss_scaler=self.scaler.state_dict() if self.scaler is not None and with_optimizer else None,
             extra_state=extra,
         )
 
-    def save_checkpoint(self, path: str, extra_state: Dict[str, Any], with_optimizer: bool = True) -> None:
+    def save_checkpoint(self, path: str, extra_state: dict[str, Any], with_optimizer: bool = True) -> None:
         """Rank 0 writes; under FSDP every rank must call this (gathering the full state is a collective)."""
         master = distributed.get_rank() == 0
         if not (master or self.is_fsdp):
@@ -382,9 +411,14 @@ class Trainer:
         if master:
             save_checkpoint_file(state, path)
 
-    def _load_model_state(self, model_state: Dict[str, torch.Tensor], where: str) -> None:
-        state = resize_embeddings(model_state, len(self.task.src_dict), len(self.task.tgt_dict),
-                                  padding_idx=self.task.src_dict.pad(), where=where)
+    def _load_model_state(self, model_state: dict[str, torch.Tensor], where: str) -> None:
+        state = resize_embeddings(
+            model_state,
+            len(self.task.src_dict),
+            len(self.task.tgt_dict),
+            padding_idx=self.task.src_dict.pad(),
+            where=where,
+        )
         state = fit_positions(state, self.model, where)
         check_state_fits(self.model, state, where)
         distributed.load_model_state_dict(self.model, state)
@@ -393,32 +427,45 @@ class Trainer:
         """Only the weights of a checkpoint of any supported format (--finetune-from-model, foreign files)."""
         self._load_model_state(contents.model, where)
 
-    def load_state_dict(self, state: Dict[str, Any], where: str, reset_optimizer: bool = False,
-                        reset_lr_scheduler: bool = False, reset_meters: bool = False,
-                        optimizer_overrides: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    def load_state_dict(
+        self,
+        state: dict[str, Any],
+        where: str,
+        reset_optimizer: bool = False,
+        reset_lr_scheduler: bool = False,
+        reset_meters: bool = False,
+        optimizer_overrides: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """Restore a seqtrain checkpoint dict; returns its extra_state."""
         self._load_model_state(state["model"], where)
         extra = dict(state.get("extra_state") or {})
         saved_args = state.get("args") or {}
         if not reset_optimizer and state.get("optimizer") is None:
-            logger.info(f"{where} has no optimizer state (--no-save-optimizer-state): starting a fresh optimizer")
+            logger.info(
+                f"{where} has no optimizer state (--no-save-optimizer-state): starting a fresh optimizer"
+            )
             reset_optimizer = True
         if not reset_optimizer:
             saved_opt = saved_args.get("optimizer")
             if saved_opt is not None and saved_opt != self.cfg.optimizer:
                 raise SeqtrainError(
                     f"{where} was trained with --optimizer {saved_opt}, this run uses {self.cfg.optimizer}; "
-                    "pass --reset-optimizer to start the new optimizer fresh")
+                    "pass --reset-optimizer to start the new optimizer fresh"
+                )
             try:
                 if self.is_fsdp:  # each rank keeps its shard of the full saved state
-                    distributed.load_optimizer_state_dict(self.model, self.optimizer.optimizer, state["optimizer"])
+                    distributed.load_optimizer_state_dict(
+                        self.model, self.optimizer.optimizer, state["optimizer"]
+                    )
                     for group in self.optimizer.param_groups:
                         group.update(optimizer_overrides or {})
                 else:
                     self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
             except (ValueError, KeyError) as e:
-                raise SeqtrainError(f"{where}: optimizer state does not fit this model/optimizer ({e}); "
-                                    "pass --reset-optimizer") from None
+                raise SeqtrainError(
+                    f"{where}: optimizer state does not fit this model/optimizer ({e}); "
+                    "pass --reset-optimizer"
+                ) from None
             if not reset_lr_scheduler and state.get("lr_scheduler") is not None:
                 self.lr_scheduler.load_state_dict(state["lr_scheduler"])
             if self.scaler is not None and state.get("loss_scaler") is not None:
@@ -438,7 +485,7 @@ class Trainer:
         return extra
 
 
-def log_criterion_stats(meters: MetersDict, stats: Dict[str, float], start: Optional[float] = None) -> None:
+def log_criterion_stats(meters: MetersDict, stats: dict[str, float], start: float | None = None) -> None:
     """loss (per sample_size), nll_loss (per token), ppl and wps into `meters`, weighted as fairseq does."""
     meters.log_scalar("loss", stats["loss"], weight=stats["sample_size"], round=3)
     if "nll_loss" in stats:
@@ -450,27 +497,33 @@ def log_criterion_stats(meters: MetersDict, stats: Dict[str, float], start: Opti
 
 
 # ---------------------------------------------------------------------------------------------------- RNG states
-def rng_state() -> Dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     """Every global RNG state, as plain data (tensors, ints, floats, lists) so weights_only loading accepts it."""
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: Dict[str, Any] = {
+    state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
     return state
 
 
-def set_rng_state(state: Dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
     if state.get("python") is not None:
         version, internal, gauss = state["python"]
         random.setstate((version, tuple(internal), gauss))
     if state.get("numpy") is not None:
         s = state["numpy"]
-        np.random.set_state((s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"],
-                             s["cached_gaussian"]))
+        np.random.set_state(
+            (s["kind"], s["keys"].numpy().astype(np.uint32), s["pos"], s["has_gauss"], s["cached_gaussian"])
+        )
     if state.get("torch") is not None:
         torch.set_rng_state(state["torch"])
     if state.get("cuda") is not None and torch.cuda.is_available():

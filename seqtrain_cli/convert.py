@@ -1,19 +1,18 @@
 """seqtrain-convert: parse the flags, then seqtrain.convert.convert (see there for examples)."""
-from __future__ import annotations
 
-from typing import List, Optional
+from __future__ import annotations
 
 from seqtrain.options import get_convert_parser
 from seqtrain_cli._main import run_cli
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     from seqtrain.convert import convert
 
     convert(get_convert_parser().parse_args(argv))
 
 
-def cli_main(argv: Optional[List[str]] = None) -> None:
+def cli_main(argv: list[str] | None = None) -> None:
     run_cli("seqtrain-convert", main, argv)
 
 

@@ -1,20 +1,21 @@
 """seqtrain-generate: parse the flags, then seqtrain.generate.generate."""
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, TextIO
 
 from seqtrain.options import parse_generation_args
 from seqtrain_cli._main import run_cli
 
 
-def generate_main(argv: Optional[List[str]] = None, out: Optional[TextIO] = None) -> Dict[str, Any]:
+def generate_main(argv: list[str] | None = None, out: TextIO | None = None) -> dict[str, Any]:
     """Parse `argv` and generate, printing to `out` (stdout); returns seqtrain.generate.generate's result."""
     from seqtrain.generate import generate
 
     return generate(parse_generation_args(argv), out)
 
 
-def cli_main(argv: Optional[List[str]] = None) -> None:
+def cli_main(argv: list[str] | None = None) -> None:
     run_cli("seqtrain-generate", lambda a: generate_main(a) and 0, argv)
 
 

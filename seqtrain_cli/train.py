@@ -1,20 +1,19 @@
 """seqtrain-train: parse the flags, then seqtrain.train.train."""
-from __future__ import annotations
 
-from typing import List, Optional
+from __future__ import annotations
 
 from seqtrain.options import parse_train_args
 from seqtrain_cli._main import run_cli
 
 
-def train_main(argv: Optional[List[str]] = None) -> int:
+def train_main(argv: list[str] | None = None) -> int:
     """Parse `argv` and train (raises SeqtrainError on user errors); returns the exit code."""
     from seqtrain.train import train
 
     return train(parse_train_args(argv))
 
 
-def cli_main(argv: Optional[List[str]] = None) -> None:
+def cli_main(argv: list[str] | None = None) -> None:
     run_cli("seqtrain-train", train_main, argv)
 
 

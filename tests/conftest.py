@@ -1,4 +1,5 @@
 """Fixtures shared by the test modules (helpers that are not fixtures live in tests/utils.py)."""
+
 import pathlib
 
 import pytest
@@ -14,7 +15,10 @@ def sample_dir() -> pathlib.Path:
 @pytest.fixture
 def fairseq_tiny() -> pathlib.Path:
     if not (FAIRSEQ_TINY / "checkpoint_last.pt").exists():
-        pytest.skip(f"fairseq fixture not found at {FAIRSEQ_TINY} (it lives in ../shared, present in CI, absent in a user's clone)")
+        pytest.skip(
+            f"fairseq fixture not found at {FAIRSEQ_TINY} "
+            "(it lives in ../shared, present in CI, absent in a user's clone)"
+        )
     return FAIRSEQ_TINY
 
 

@@ -15,16 +15,16 @@ lists for hypotheses and candidates. The rules are fairseq's, stated once here i
   max_len = min(int(max_len_a * source length + max_len_b), max_target_positions - 1);
 - return the finished hypotheses sorted by score (stable), best first.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Dict, List
 
 import torch
 import torch.nn.functional as F
 
 
-def _banned(prefix: List[int], n: int) -> List[int]:
+def _banned(prefix: list[int], n: int) -> list[int]:
     if n <= 0:
         return []
     if n == 1:
@@ -36,7 +36,7 @@ def _banned(prefix: List[int], n: int) -> List[int]:
 @torch.no_grad()
 def reference_beam_search(
     model,
-    source: List[int],
+    source: list[int],
     beam: int,
     pad: int = 1,
     eos: int = 2,
@@ -49,7 +49,7 @@ def reference_beam_search(
     no_repeat_ngram_size: int = 0,
     temperature: float = 1.0,
     nbest: int = 1,
-) -> List[Dict]:
+) -> list[dict]:
     """`source`: the sentence's token ids (no padding). Returns [{"tokens": [...], "score": float,
     "positional_scores": [...]}] best first."""
     model.eval()
@@ -58,10 +58,10 @@ def reference_beam_search(
 
     # a hypothesis: (tokens including the start token, cumulative score as a float32 tensor, per-token scores)
     live = [([eos], torch.tensor(0.0), [])]
-    finished: List[Dict] = []
+    finished: list[dict] = []
     for step in range(max_len + 1):
         candidates = []
-        for h, (prefix, total, per_token) in enumerate(live):
+        for h, (prefix, total, _per_token) in enumerate(live):
             logits, _ = model(src, torch.tensor([len(source)]), torch.tensor([prefix]))
             lprobs = F.log_softmax(logits[0, -1].float() / temperature, dim=-1)
             lprobs[pad] = -math.inf
@@ -87,11 +87,13 @@ def reference_beam_search(
             prefix, _, per_token = live[h]
             if tok == eos:
                 if rank < beam and len(finished) < beam:
-                    finished.append({
-                        "tokens": prefix[1:] + [eos],
-                        "score": score.item() / (step + 1) ** len_penalty,
-                        "positional_scores": per_token + [lp.item()],
-                    })
+                    finished.append(
+                        {
+                            "tokens": prefix[1:] + [eos],
+                            "score": score.item() / (step + 1) ** len_penalty,
+                            "positional_scores": per_token + [lp.item()],
+                        }
+                    )
             elif len(next_live) < beam:
                 next_live.append((prefix + [tok], score, per_token + [lp.item()]))
         if len(finished) >= beam or step >= max_len:

@@ -2,6 +2,7 @@
 traceback, and leaves every file as it was (hashes before and after). Most cases run the console scripts' main
 in-process; a few go through the installed console scripts as subprocesses. The table is the README's bad-input
 catalogue (reliability section)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -35,8 +36,20 @@ def write_raw(folder: str, prefix: str, n: int, seed: int, word: str = "w", n_tg
 def preprocess(raw: str, dest: str, valid: str = None) -> str:
     from seqtrain_cli.preprocess import preprocess_main as main
 
-    argv = ["--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train", "--destdir", dest,
-            "--joined-dictionary", "--tokenizer", "none", "--no-progress-bar"]
+    argv = [
+        "--source-lang",
+        "src",
+        "--target-lang",
+        "tgt",
+        "--trainpref",
+        f"{raw}/train",
+        "--destdir",
+        dest,
+        "--joined-dictionary",
+        "--tokenizer",
+        "none",
+        "--no-progress-bar",
+    ]
     main(argv + ["--validpref", valid or f"{raw}/valid"])
     return dest
 
@@ -78,8 +91,10 @@ def world(tmp_path_factory):
         w["bin_counts_differ"] = variant("bin_counts_differ")
         ten = preprocess(raw, os.path.join(root, "bin_valid10"), valid=f"{raw}/valid10")
         for ext in ("bin", "idx"):
-            shutil.copy(os.path.join(ten, f"valid.src-tgt.tgt.{ext}"),
-                        os.path.join(w["bin_counts_differ"], f"valid.src-tgt.tgt.{ext}"))
+            shutil.copy(
+                os.path.join(ten, f"valid.src-tgt.tgt.{ext}"),
+                os.path.join(w["bin_counts_differ"], f"valid.src-tgt.tgt.{ext}"),
+            )
         w["bin_empty_valid"] = variant("bin_empty_valid")
         from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder
 
@@ -93,9 +108,27 @@ def world(tmp_path_factory):
         from seqtrain_cli.train import train_main
 
         w["ck_dir"] = os.path.join(root, "ck")
-        train_main([w["bin"], "--arch", "bart_tiny", "--encoder-layers", "1", "--decoder-layers", "1", "--cpu",
-                    "--max-tokens", "256", "--max-update", "2", "--save-dir", w["ck_dir"], "--log-format", "none",
-                    "--no-epoch-checkpoints"])
+        train_main(
+            [
+                w["bin"],
+                "--arch",
+                "bart_tiny",
+                "--encoder-layers",
+                "1",
+                "--decoder-layers",
+                "1",
+                "--cpu",
+                "--max-tokens",
+                "256",
+                "--max-update",
+                "2",
+                "--save-dir",
+                w["ck_dir"],
+                "--log-format",
+                "none",
+                "--no-epoch-checkpoints",
+            ]
+        )
         w["ck"] = os.path.join(w["ck_dir"], "checkpoint_last.pt")
         w["text_file"] = os.path.join(raw, "train.src")
         w["config_bad"] = os.path.join(root, "bad.yaml")
@@ -109,14 +142,41 @@ def world(tmp_path_factory):
 
 def train(*extra: str, data: str = "bin", save: str = "save") -> list:
     """A seqtrain-train command line over world[data], with world-relative placeholders {key}."""
-    return ["{" + data + "}", "--arch", "bart_tiny", "--encoder-layers", "1", "--decoder-layers", "1", "--cpu",
-            "--max-tokens", "256", "--max-update", "1", "--save-dir", "{root}/" + save, "--log-format", "none",
-            *extra]
+    return [
+        "{" + data + "}",
+        "--arch",
+        "bart_tiny",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--cpu",
+        "--max-tokens",
+        "256",
+        "--max-update",
+        "1",
+        "--save-dir",
+        "{root}/" + save,
+        "--log-format",
+        "none",
+        *extra,
+    ]
 
 
 def gen(*extra: str, data: str = "bin") -> list:
-    return ["{" + data + "}", "--path", "{ck}", "--cpu", "--gen-subset", "valid", "--beam", "2", "--max-len-b", "6",
-            *extra]
+    return [
+        "{" + data + "}",
+        "--path",
+        "{ck}",
+        "--cpu",
+        "--gen-subset",
+        "valid",
+        "--beam",
+        "2",
+        "--max-len-b",
+        "6",
+        *extra,
+    ]
 
 
 # (id, CLI, argv with {placeholders}, text the one error line must contain)
@@ -132,10 +192,18 @@ CASES = [
     ("train-unknown-flag", "train", train("--max-updatez", "3"), "--max-updatez"),
     ("train-fp16-on-cpu", "train", train("--fp16"), "--fp16 needs a CUDA device"),
     ("train-config-unknown-key", "train", ["{bin}", "--config", "{config_bad}", "--cpu"], "max-tokenz"),
-    ("train-optimizer-overrides-not-json", "train", train("--optimizer-overrides", "lr=1"),
-     "--optimizer-overrides"),
-    ("train-best-metric-unreported", "train", train("--best-checkpoint-metric", "bleu"),
-     "--best-checkpoint-metric bleu"),
+    (
+        "train-optimizer-overrides-not-json",
+        "train",
+        train("--optimizer-overrides", "lr=1"),
+        "--optimizer-overrides",
+    ),
+    (
+        "train-best-metric-unreported",
+        "train",
+        train("--best-checkpoint-metric", "bleu"),
+        "--best-checkpoint-metric bleu",
+    ),
     # an example longer than --max-tokens in the validation set, without --skip-invalid-size-inputs-valid-test
     ("train-max-tokens-below-an-example", "train", train("--max-tokens", "6"), "--skip-invalid-size-inputs"),
     # ---- seqtrain-train: data
@@ -144,64 +212,177 @@ CASES = [
     ("train-missing-dict", "train", train(data="bin_no_dict"), "dict.tgt.txt"),
     ("train-corrupt-idx", "train", train(data="bin_corrupt_idx"), "valid.src-tgt.src.idx"),
     ("train-truncated-bin", "train", train(data="bin_truncated_bin"), "train.src-tgt.tgt.bin"),
-    ("train-source-target-counts-differ", "train", train(data="bin_counts_differ"),
-     "{bin_counts_differ}/valid.src-tgt.src.idx has 12 examples but"),
-    ("train-empty-split", "train", train(data="bin_empty_valid"),
-     "{bin_empty_valid}/valid.src-tgt.src.idx: split 'valid' has no examples"),
+    (
+        "train-source-target-counts-differ",
+        "train",
+        train(data="bin_counts_differ"),
+        "{bin_counts_differ}/valid.src-tgt.src.idx has 12 examples but",
+    ),
+    (
+        "train-empty-split",
+        "train",
+        train(data="bin_empty_valid"),
+        "{bin_empty_valid}/valid.src-tgt.src.idx: split 'valid' has no examples",
+    ),
     # ---- seqtrain-train: checkpoints
     ("train-restore-missing", "train", train("--restore-file", "{root}/nope.pt"), "{root}/nope.pt"),
-    ("train-restore-not-a-checkpoint", "train", train("--restore-file", "{text_file}"),
-     "{text_file} is not a PyTorch checkpoint"),
-    ("train-restore-other-arch", "train",
-     train("--restore-file", "{ck}", "--encoder-layers", "2"), "do not fit the model architecture"),
-    ("train-restore-other-dictionary", "train", train("--restore-file", "{ck}", data="bin_other_dict"),
-     "was trained with another source dictionary than {bin_other_dict}/dict.src.txt (40 vs 40 symbols, first "
-     "difference at index 4:"),
-    ("train-finetune-missing", "train", train("--finetune-from-model", "{root}/nope.pt"), "--finetune-from-model"),
+    (
+        "train-restore-not-a-checkpoint",
+        "train",
+        train("--restore-file", "{text_file}"),
+        "{text_file} is not a PyTorch checkpoint",
+    ),
+    (
+        "train-restore-other-arch",
+        "train",
+        train("--restore-file", "{ck}", "--encoder-layers", "2"),
+        "do not fit the model architecture",
+    ),
+    (
+        "train-restore-other-dictionary",
+        "train",
+        train("--restore-file", "{ck}", data="bin_other_dict"),
+        "was trained with another source dictionary than {bin_other_dict}/dict.src.txt (40 vs 40 symbols, first "
+        "difference at index 4:",
+    ),
+    (
+        "train-finetune-missing",
+        "train",
+        train("--finetune-from-model", "{root}/nope.pt"),
+        "--finetune-from-model",
+    ),
     # ---- seqtrain-generate
     ("generate-path-missing", "generate", ["{bin}", "--path", "{root}/nope.pt", "--cpu"], "{root}/nope.pt"),
-    ("generate-path-not-a-checkpoint", "generate", ["{bin}", "--path", "{text_file}", "--cpu"], "{text_file}"),
+    (
+        "generate-path-not-a-checkpoint",
+        "generate",
+        ["{bin}", "--path", "{text_file}", "--cpu"],
+        "{text_file}",
+    ),
     ("generate-min-len-above-max-len", "generate", gen("--min-len", "50"), "--min-len"),
     ("generate-beam-zero", "generate", gen("--beam", "0"), "--beam"),
     ("generate-nbest-above-beam", "generate", gen("--nbest", "3"), "--nbest"),
     ("generate-missing-split", "generate", gen("--gen-subset", "test"), "test"),
-    ("generate-other-dictionary", "generate", gen(data="bin_other_dict"),
-     "{bin_other_dict}/dict.src.txt: the source dictionary differs"),
-    ("generate-source-target-counts-differ", "generate", gen(data="bin_counts_differ"),
-     "{bin_counts_differ}/valid.src-tgt.src.idx has 12 examples but"),
-    ("generate-corrupt-idx", "generate", gen("--gen-subset", "valid", data="bin_corrupt_idx"),
-     "valid.src-tgt.src.idx"),
+    (
+        "generate-other-dictionary",
+        "generate",
+        gen(data="bin_other_dict"),
+        "{bin_other_dict}/dict.src.txt: the source dictionary differs",
+    ),
+    (
+        "generate-source-target-counts-differ",
+        "generate",
+        gen(data="bin_counts_differ"),
+        "{bin_counts_differ}/valid.src-tgt.src.idx has 12 examples but",
+    ),
+    (
+        "generate-corrupt-idx",
+        "generate",
+        gen("--gen-subset", "valid", data="bin_corrupt_idx"),
+        "valid.src-tgt.src.idx",
+    ),
     # ---- seqtrain-preprocess
-    ("preprocess-missing-trainpref", "preprocess",
-     ["-s", "src", "-t", "tgt", "--trainpref", "{raw}/nope", "--destdir", "{out}", "--tokenizer", "none"],
-     "{raw}/nope"),
-    ("preprocess-line-counts-differ", "preprocess",
-     ["-s", "src", "-t", "tgt", "--trainpref", "{raw}/uneven", "--destdir", "{out}", "--tokenizer", "none"],
-     "{raw}/uneven"),
-    ("preprocess-malformed-srcdict", "preprocess",
-     ["-s", "src", "-t", "tgt", "--trainpref", "{raw}/train", "--destdir", "{out}", "--tokenizer", "none",
-      "--srcdict", "{raw}/bad_dict.txt"], "bad_dict.txt"),
-    ("preprocess-workers-zero", "preprocess",
-     ["-s", "src", "-t", "tgt", "--trainpref", "{raw}/train", "--destdir", "{out}", "--tokenizer", "none",
-      "--workers", "0"], "--workers"),
-    ("preprocess-unknown-tokenizer", "preprocess",
-     ["-s", "src", "-t", "tgt", "--trainpref", "{raw}/train", "--destdir", "{out}", "--tokenizer", "bert"],
-     "--tokenizer"),
+    (
+        "preprocess-missing-trainpref",
+        "preprocess",
+        ["-s", "src", "-t", "tgt", "--trainpref", "{raw}/nope", "--destdir", "{out}", "--tokenizer", "none"],
+        "{raw}/nope",
+    ),
+    (
+        "preprocess-line-counts-differ",
+        "preprocess",
+        [
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--trainpref",
+            "{raw}/uneven",
+            "--destdir",
+            "{out}",
+            "--tokenizer",
+            "none",
+        ],
+        "{raw}/uneven",
+    ),
+    (
+        "preprocess-malformed-srcdict",
+        "preprocess",
+        [
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--trainpref",
+            "{raw}/train",
+            "--destdir",
+            "{out}",
+            "--tokenizer",
+            "none",
+            "--srcdict",
+            "{raw}/bad_dict.txt",
+        ],
+        "bad_dict.txt",
+    ),
+    (
+        "preprocess-workers-zero",
+        "preprocess",
+        [
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--trainpref",
+            "{raw}/train",
+            "--destdir",
+            "{out}",
+            "--tokenizer",
+            "none",
+            "--workers",
+            "0",
+        ],
+        "--workers",
+    ),
+    (
+        "preprocess-unknown-tokenizer",
+        "preprocess",
+        ["-s", "src", "-t", "tgt", "--trainpref", "{raw}/train", "--destdir", "{out}", "--tokenizer", "bert"],
+        "--tokenizer",
+    ),
     # ---- seqtrain-convert
     ("convert-input-missing", "convert", ["{root}/nope.pt", "{out}.pt", "--to", "hf"], "{root}/nope.pt"),
     ("convert-not-a-checkpoint", "convert", ["{text_file}", "{out}.pt", "--to", "hf"], "{text_file}"),
     ("convert-unknown-format", "convert", ["{ck}", "{out}.pt", "--to", "onnx"], "--to"),
     ("convert-output-is-input", "convert", ["{ck}", "{ck}", "--to", "seqtrain"], "output must differ"),
-    ("convert-wrong-from", "convert", ["{ck}", "{out}.pt", "--to", "hf", "--from", "fairseq"], "--from fairseq"),
+    (
+        "convert-wrong-from",
+        "convert",
+        ["{ck}", "{out}.pt", "--to", "hf", "--from", "fairseq"],
+        "--from fairseq",
+    ),
     # ---- seqtrain-score
-    ("score-sys-missing", "score", ["--sys", "{root}/nope.txt", "--ref", "{raw}/valid.tgt"], "{root}/nope.txt"),
-    ("score-line-counts-differ", "score", ["--sys", "{raw}/valid10.tgt", "--ref", "{raw}/valid.tgt"],
-     "valid10.tgt"),
+    (
+        "score-sys-missing",
+        "score",
+        ["--sys", "{root}/nope.txt", "--ref", "{raw}/valid.tgt"],
+        "{root}/nope.txt",
+    ),
+    (
+        "score-line-counts-differ",
+        "score",
+        ["--sys", "{raw}/valid10.tgt", "--ref", "{raw}/valid.tgt"],
+        "valid10.tgt",
+    ),
 ]
 
 # Run through the installed console scripts (a fresh process each), not in-process.
-SUBPROCESS = {"train-unknown-arch", "train-corrupt-idx", "generate-min-len-above-max-len", "convert-not-a-checkpoint",
-              "score-line-counts-differ"}
+SUBPROCESS = {
+    "train-unknown-arch",
+    "train-corrupt-idx",
+    "generate-min-len-above-max-len",
+    "convert-not-a-checkpoint",
+    "score-line-counts-differ",
+}
 
 
 def fill(items: list, w: dict) -> list:
@@ -232,14 +413,22 @@ def run_in_process(cli: str, argv: list, capsys) -> tuple:
 def run_subprocess(cli: str, argv: list) -> tuple:
     script = os.path.join(os.path.dirname(sys.executable), f"seqtrain-{cli}")
     cmd = [script] if os.path.exists(script) else [sys.executable, "-m", f"seqtrain_cli.{cli}"]
-    proc = subprocess.run(cmd + argv, capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        cmd + argv,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     return proc.returncode, proc.stderr
 
 
 def error_lines(err: str) -> list:
     # log records are not errors: training and generation log to stdout, a few warnings reach stderr
-    return [ln for ln in err.strip().splitlines() if ln and " | WARNING | " not in ln and " | INFO | " not in ln]
+    return [
+        ln for ln in err.strip().splitlines() if ln and " | WARNING | " not in ln and " | INFO | " not in ln
+    ]
 
 
 def test_catalogue_is_large_and_covers_every_cli():
@@ -247,8 +436,9 @@ def test_catalogue_is_large_and_covers_every_cli():
     assert {c[1] for c in CASES} == {"train", "generate", "preprocess", "convert", "score"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else [])
-                                  for c in CASES])
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else []) for c in CASES]
+)
 def test_bad_input_gives_one_clear_line(world, capsys, case):
     name, cli, argv, expected = case
     argv, expected = fill(argv, world), expected.format(**world)
@@ -271,4 +461,6 @@ def test_debug_shows_the_traceback(world, capsys):
     from seqtrain.errors import SeqtrainError
 
     with pytest.raises(SeqtrainError, match="unknown arch"):
-        importlib.import_module("seqtrain_cli.train").cli_main(fill(["{bin}", "--arch", "nope", "--debug"], world))
+        importlib.import_module("seqtrain_cli.train").cli_main(
+            fill(["{bin}", "--arch", "nope", "--debug"], world)
+        )

@@ -16,7 +16,7 @@ def sizes_of(batches, ntok_by_index):
 
 def check_batches(batches, indices, ntok_by_index, max_tokens, max_sentences, mult):
     assert np.array_equal(np.concatenate(batches), indices)  # every index once, order kept
-    for k, b in enumerate(batches):
+    for _k, b in enumerate(batches):
         assert len(b) > 0
         if max_tokens:
             assert len(b) * ntok_by_index[b].max() <= max_tokens
@@ -35,13 +35,20 @@ def test_batches_never_exceed_bounds_random(seed):
     mult = int(rng.choice([1, 2, 3, 8]))
     # sorted (as in training) and unsorted orders
     indices = np.argsort(ntok, kind="mergesort") if seed % 2 else rng.permutation(n)
-    batches = batch_by_size(indices, num_tokens_vec=ntok[indices], max_tokens=max_tokens,
-                            max_sentences=max_sentences, required_batch_size_multiple=mult)
+    batches = batch_by_size(
+        indices,
+        num_tokens_vec=ntok[indices],
+        max_tokens=max_tokens,
+        max_sentences=max_sentences,
+        required_batch_size_multiple=mult,
+    )
     check_batches(batches, indices, ntok, max_tokens, max_sentences, mult)
     if mult == 1:  # greedy: the next example would not have fit
         for b, nxt in zip(batches, batches[1:]):
             grown = np.append(b, nxt[0])
-            assert (len(grown) * ntok[grown].max() > max_tokens) or (max_sentences and len(grown) > max_sentences)
+            assert (len(grown) * ntok[grown].max() > max_tokens) or (
+                max_sentences and len(grown) > max_sentences
+            )
 
 
 def test_uniform_lengths_give_full_multiples():
@@ -55,11 +62,13 @@ def test_uniform_lengths_give_full_multiples():
 
 def test_tail_after_the_last_multiple_is_a_batch_of_its_own():
     # as fairseq's batch_by_size_vec: 10 examples that fit in one batch make 8 + 2 with a multiple of 8
-    batches = batch_by_size(np.arange(10), num_tokens_vec=np.full(10, 3), max_tokens=1000,
-                            required_batch_size_multiple=8)
+    batches = batch_by_size(
+        np.arange(10), num_tokens_vec=np.full(10, 3), max_tokens=1000, required_batch_size_multiple=8
+    )
     assert [len(b) for b in batches] == [8, 2]
-    batches = batch_by_size(np.arange(21), num_tokens_vec=np.full(21, 3), max_tokens=48,
-                            required_batch_size_multiple=4)
+    batches = batch_by_size(
+        np.arange(21), num_tokens_vec=np.full(21, 3), max_tokens=48, required_batch_size_multiple=4
+    )
     assert [len(b) for b in batches] == [16, 4, 1]
 
 
@@ -71,8 +80,9 @@ def test_tail_that_cannot_join_a_longer_example_becomes_its_own_batch():
 
 
 def test_batch_size_cap_below_the_multiple():
-    batches = batch_by_size(np.arange(10), num_tokens_vec=np.ones(10), max_sentences=4,
-                            required_batch_size_multiple=8)
+    batches = batch_by_size(
+        np.arange(10), num_tokens_vec=np.ones(10), max_sentences=4, required_batch_size_multiple=8
+    )
     assert [len(b) for b in batches] == [4, 4, 2]
 
 
@@ -84,8 +94,11 @@ def test_padding_is_counted():
 
 def test_example_longer_than_max_tokens_is_an_error():
     # fairseq's words (an AssertionError there), then which example
-    with pytest.raises(SeqtrainError, match=r"^valid: Sentences lengths should not exceed max_tokens=40 "
-                                            r"\(example 7 has 50 tokens\)"):
+    with pytest.raises(
+        SeqtrainError,
+        match=r"^valid: Sentences lengths should not exceed max_tokens=40 "
+        r"\(example 7 has 50 tokens\)",
+    ):
         batch_by_size(np.array([5, 7]), num_tokens_vec=np.array([3, 50]), max_tokens=40, split="valid")
 
 
@@ -122,8 +135,9 @@ class _Ids:
 
 
 def _sized(src_sizes, tgt_sizes):
-    return LanguagePairDataset([None] * len(src_sizes), src_sizes, _Ids(), [None] * len(tgt_sizes),
-                               tgt_sizes, _Ids())
+    return LanguagePairDataset(
+        [None] * len(src_sizes), src_sizes, _Ids(), [None] * len(tgt_sizes), tgt_sizes, _Ids()
+    )
 
 
 def test_filter_by_size_error_names_split_example_and_limit():
@@ -131,15 +145,19 @@ def test_filter_by_size_error_names_split_example_and_limit():
     with pytest.raises(SeqtrainError) as e:
         filter_by_size(np.array([0, 2, 1, 3]), ds, (10, 10), split="valid")
     msg = str(e.value)
-    assert msg.startswith("valid: Size of sample #2 is invalid (=(6, 20)) since max_positions=(10, 10), "
-                          "skip this example with --skip-invalid-size-inputs-valid-test")  # fairseq's words
+    assert msg.startswith(
+        "valid: Size of sample #2 is invalid (=(6, 20)) since max_positions=(10, 10), "
+        "skip this example with --skip-invalid-size-inputs-valid-test"
+    )  # fairseq's words
     assert "--skip-invalid-size-inputs-valid-test" in msg and "\n" not in msg
 
 
 def test_filter_by_size_skips_with_warning(caplog):
     ds = _sized([5, 30, 6, 8, 40], [3, 4, 20, 2, 1])
     with caplog.at_level(logging.WARNING, logger="seqtrain.data.batching"):
-        kept = filter_by_size(np.array([4, 0, 2, 1, 3]), ds, (10, 10), ignore_invalid_inputs=True, split="train")
+        kept = filter_by_size(
+            np.array([4, 0, 2, 1, 3]), ds, (10, 10), ignore_invalid_inputs=True, split="train"
+        )
     assert kept.tolist() == [0, 3]
     assert "train: skipping 3 examples" in caplog.text and "[4, 2, 1]" in caplog.text
     assert filter_by_size(np.array([0, 3]), ds, 10).tolist() == [0, 3]
@@ -157,8 +175,16 @@ def test_filter_by_size_with_only_a_sizes_array():
 
 
 def test_truncated_sources_pass_the_filter():
-    ds = LanguagePairDataset([None] * 2, [5, 3000], _Ids(), [None] * 2, [4, 4], _Ids(), truncate_source=True,
-                             max_source_positions=1024)
+    ds = LanguagePairDataset(
+        [None] * 2,
+        [5, 3000],
+        _Ids(),
+        [None] * 2,
+        [4, 4],
+        _Ids(),
+        truncate_source=True,
+        max_source_positions=1024,
+    )
     assert filter_by_size(np.arange(2), ds, (1024, 1024)).tolist() == [0, 1]
 
 
@@ -186,6 +212,7 @@ def test_fairseq_batch_count_on_fairseq_data(fairseq_tiny):
 
 # -- flags -----------------------------------------------------------------------------------------------------
 
+
 def parse(argv, **kw):
     p = argparse.ArgumentParser()
     add_dataset_args(p, **kw)
@@ -195,8 +222,18 @@ def parse(argv, **kw):
 def test_flag_defaults_match_fairseq():
     a = parse([])
     assert (a.max_tokens, a.batch_size, a.required_batch_size_multiple) == (None, None, 8)
-    assert (a.left_pad_source, a.left_pad_target, a.prepend_bos, a.truncate_source) == (True, False, False, False)
-    assert (a.train_subset, a.valid_subset, a.max_tokens_valid, a.batch_size_valid) == ("train", "valid", None, None)
+    assert (a.left_pad_source, a.left_pad_target, a.prepend_bos, a.truncate_source) == (
+        True,
+        False,
+        False,
+        False,
+    )
+    assert (a.train_subset, a.valid_subset, a.max_tokens_valid, a.batch_size_valid) == (
+        "train",
+        "valid",
+        None,
+        None,
+    )
     assert (a.source_lang, a.target_lang, a.num_workers) == (None, None, 0)
     assert a.skip_invalid_size_inputs_valid_test is False
     assert not hasattr(a, "gen_subset")
@@ -205,11 +242,27 @@ def test_flag_defaults_match_fairseq():
 
 
 def test_flag_spellings():
-    a = parse(["--max-sentences", "16", "--max-sentences-valid", "4", "-s", "src", "-t", "tgt",
-               "--left-pad-source", "False", "--left-pad-target", "true"])
+    a = parse(
+        [
+            "--max-sentences",
+            "16",
+            "--max-sentences-valid",
+            "4",
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--left-pad-source",
+            "False",
+            "--left-pad-target",
+            "true",
+        ]
+    )
     assert (a.batch_size, a.batch_size_valid, a.source_lang, a.target_lang) == (16, 4, "src", "tgt")
     assert (a.left_pad_source, a.left_pad_target) == (False, True)
-    a = parse(["--left-pad-source", "--left-pad-target", "--batch-size", "3"])  # fairseq 0.12: bare flag flips
+    a = parse(
+        ["--left-pad-source", "--left-pad-target", "--batch-size", "3"]
+    )  # fairseq 0.12: bare flag flips
     assert (a.left_pad_source, a.left_pad_target, a.batch_size) == (False, True, 3)
     with pytest.raises(SystemExit):
         parse(["--left-pad-source", "maybe"])

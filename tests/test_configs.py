@@ -1,5 +1,6 @@
 """configs/*.yaml: each preset parses for seqtrain-train and seqtrain-generate with the recipe's values; each CLI
 skips the other's keys, flags override the file, and keys that belong to neither CLI (typos) are errors."""
+
 from __future__ import annotations
 
 import os
@@ -26,24 +27,68 @@ def cfg(name: str) -> str:
 
 
 # fairseq's examples/bart/README.summarization.md: shared fine-tuning flags, then per-recipe values
-FINETUNE = dict(task="translation", truncate_source=True, share_all_embeddings=True,
-                share_decoder_input_output_embed=True, layernorm_embedding=True, required_batch_size_multiple=1,
-                max_tokens=2048, skip_invalid_size_inputs_valid_test=True, reset_optimizer=True,
-                reset_dataloader=True, reset_meters=True, find_unused_parameters=True,
-                criterion="label_smoothed_cross_entropy", label_smoothing=0.1, dropout=0.1, attention_dropout=0.1,
-                weight_decay=0.01, optimizer="adam", adam_betas="(0.9, 0.999)", adam_eps=1e-08, clip_norm=0.1,
-                lr_scheduler="polynomial_decay", lr=[3e-05], warmup_updates=500, fp16=True,
-                restore_file="checkpoint_last.pt")  # the released weights' path is the user's (a comment there)
+FINETUNE = dict(
+    task="translation",
+    truncate_source=True,
+    share_all_embeddings=True,
+    share_decoder_input_output_embed=True,
+    layernorm_embedding=True,
+    required_batch_size_multiple=1,
+    max_tokens=2048,
+    skip_invalid_size_inputs_valid_test=True,
+    reset_optimizer=True,
+    reset_dataloader=True,
+    reset_meters=True,
+    find_unused_parameters=True,
+    criterion="label_smoothed_cross_entropy",
+    label_smoothing=0.1,
+    dropout=0.1,
+    attention_dropout=0.1,
+    weight_decay=0.01,
+    optimizer="adam",
+    adam_betas="(0.9, 0.999)",
+    adam_eps=1e-08,
+    clip_norm=0.1,
+    lr_scheduler="polynomial_decay",
+    lr=[3e-05],
+    warmup_updates=500,
+    fp16=True,
+    restore_file="checkpoint_last.pt",
+)  # the released weights' path is the user's (a comment there)
 RECIPES = {
-    "bart_base_cnndm": (dict(arch="bart_base", encoder_embed_dim=768, encoder_layers=6, total_num_update=20000,
-                             max_update=20000, update_freq=[4]),
-                        dict(beam=4, lenpen=2.0, max_len_b=140, min_len=55, no_repeat_ngram_size=3)),
-    "bart_large_cnndm": (dict(arch="bart_large", encoder_embed_dim=1024, encoder_layers=12,
-                              total_num_update=20000, max_update=20000, update_freq=[4]),
-                         dict(beam=4, lenpen=2.0, max_len_b=140, min_len=55, no_repeat_ngram_size=3)),
-    "bart_large_xsum": (dict(arch="bart_large", encoder_embed_dim=1024, encoder_layers=12,
-                             total_num_update=15000, max_update=15000, update_freq=[2]),
-                        dict(beam=6, lenpen=1.0, max_len_b=60, min_len=10, no_repeat_ngram_size=3)),
+    "bart_base_cnndm": (
+        dict(
+            arch="bart_base",
+            encoder_embed_dim=768,
+            encoder_layers=6,
+            total_num_update=20000,
+            max_update=20000,
+            update_freq=[4],
+        ),
+        dict(beam=4, lenpen=2.0, max_len_b=140, min_len=55, no_repeat_ngram_size=3),
+    ),
+    "bart_large_cnndm": (
+        dict(
+            arch="bart_large",
+            encoder_embed_dim=1024,
+            encoder_layers=12,
+            total_num_update=20000,
+            max_update=20000,
+            update_freq=[4],
+        ),
+        dict(beam=4, lenpen=2.0, max_len_b=140, min_len=55, no_repeat_ngram_size=3),
+    ),
+    "bart_large_xsum": (
+        dict(
+            arch="bart_large",
+            encoder_embed_dim=1024,
+            encoder_layers=12,
+            total_num_update=15000,
+            max_update=15000,
+            update_freq=[2],
+        ),
+        dict(beam=6, lenpen=1.0, max_len_b=60, min_len=10, no_repeat_ngram_size=3),
+    ),
 }
 GENERATION_ONLY = ("beam", "lenpen", "max_len_b", "min_len", "no_repeat_ngram_size")
 TRAINING_ONLY = ("arch", "lr", "criterion", "label_smoothing", "warmup_updates", "update_freq", "clip_norm")
@@ -55,7 +100,9 @@ def assert_values(args, expected):
 
 
 def test_every_config_is_covered():
-    assert sorted(f[:-5] for f in os.listdir(CONFIGS) if f.endswith(".yaml")) == sorted([*RECIPES, "debdesc_small"])
+    assert sorted(f[:-5] for f in os.listdir(CONFIGS) if f.endswith(".yaml")) == sorted(
+        [*RECIPES, "debdesc_small"]
+    )
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -76,12 +123,32 @@ def test_debdesc_small_parses_and_builds_its_model():
     from seqtrain.models.bart import build_model
 
     args = train_args("bin", "--config", cfg("debdesc_small"))
-    assert_values(args, dict(arch="bart_small", encoder_layers=3, decoder_layers=3, encoder_embed_dim=256,
-                             encoder_ffn_embed_dim=1024, max_source_positions=48, truncate_source=True,
-                             encoder_normalize_before=True, decoder_normalize_before=True, weight_init="xavier",
-                             max_tokens=2048, lr=[0.001], lr_scheduler="inverse_sqrt", warmup_updates=200,
-                             label_smoothing=0.1, adam_betas="(0.9, 0.98)", clip_norm=1.0, dropout=0.1,
-                             no_epoch_checkpoints=True, fp16=False, bf16=False))
+    assert_values(
+        args,
+        dict(
+            arch="bart_small",
+            encoder_layers=3,
+            decoder_layers=3,
+            encoder_embed_dim=256,
+            encoder_ffn_embed_dim=1024,
+            max_source_positions=48,
+            truncate_source=True,
+            encoder_normalize_before=True,
+            decoder_normalize_before=True,
+            weight_init="xavier",
+            max_tokens=2048,
+            lr=[0.001],
+            lr_scheduler="inverse_sqrt",
+            warmup_updates=200,
+            label_smoothing=0.1,
+            adam_betas="(0.9, 0.98)",
+            clip_norm=1.0,
+            dropout=0.1,
+            no_epoch_checkpoints=True,
+            fp16=False,
+            bf16=False,
+        ),
+    )
     d = Dictionary()
     for i in range(8004):  # the 8,008-symbol dictionary of a sentencepiece-8000 debdesc data-bin
         d.add_symbol(f"w{i}")
@@ -93,24 +160,45 @@ def test_debdesc_small_parses_and_builds_its_model():
     assert model.max_positions() == (48, 128)
     assert model.encoder.layer_norm is not None and model.encoder.layers[0].normalize_before
     g = generate_args("bin", "--config", cfg("debdesc_small"))
-    assert_values(g, dict(beam=4, lenpen=1.0, max_len_b=30, min_len=1, no_repeat_ngram_size=3, max_tokens=2048))
+    assert_values(
+        g, dict(beam=4, lenpen=1.0, max_len_b=30, min_len=1, no_repeat_ngram_size=3, max_tokens=2048)
+    )
 
 
 def test_command_line_flags_override_the_config():
-    args = train_args("bin", "--config", cfg("bart_large_xsum"), "--lr", "1e-05", "--update-freq", "16",
-                      "--max-tokens", "1024", "--arch", "bart_base")
+    args = train_args(
+        "bin",
+        "--config",
+        cfg("bart_large_xsum"),
+        "--lr",
+        "1e-05",
+        "--update-freq",
+        "16",
+        "--max-tokens",
+        "1024",
+        "--arch",
+        "bart_base",
+    )
     assert (args.lr, args.update_freq, args.max_tokens, args.arch, args.encoder_embed_dim) == (
-        [1e-05], [16], 1024, "bart_base", 768)
+        [1e-05],
+        [16],
+        1024,
+        "bart_base",
+        768,
+    )
     assert args.total_num_update == 15000  # the rest still comes from the file
     g = generate_args("bin", "--config", cfg("bart_large_xsum"), "--beam", "2", "--lenpen", "0.5")
     assert (g.beam, g.lenpen, g.max_len_b) == (2, 0.5, 60)
 
 
-@pytest.mark.parametrize("typo,flag,suggestion", [
-    ("beem: 4", "beem", "beam"),
-    ("lr-schedular: cosine", "lr-schedular", "lr-scheduler"),
-    ("no-repeat-ngram: 3", "no-repeat-ngram", "no-repeat-ngram-size"),
-])
+@pytest.mark.parametrize(
+    "typo,flag,suggestion",
+    [
+        ("beem: 4", "beem", "beam"),
+        ("lr-schedular: cosine", "lr-schedular", "lr-scheduler"),
+        ("no-repeat-ngram: 3", "no-repeat-ngram", "no-repeat-ngram-size"),
+    ],
+)
 def test_keys_of_neither_cli_are_errors_in_both(tmp_path, typo, flag, suggestion):
     path = tmp_path / "preset.yaml"
     path.write_text("arch: bart_tiny\nbeam: 4\nlr: 0.001\n" + typo + "\n")

@@ -1,4 +1,5 @@
 """seqtrain-convert: fairseq / seqtrain / Hugging Face in every direction, checked by logits and bytes."""
+
 import argparse
 import json
 import os
@@ -38,8 +39,10 @@ def fairseq_ckpt(tmp_path):
     state["encoder.version"] = state["decoder.version"] = torch.tensor([3.0])
     folder = tmp_path / "fq"
     folder.mkdir()
-    save_checkpoint_file({"args": None, "cfg": {"model": args}, "model": state, "extra_state": {}},
-                         str(folder / "checkpoint.pt"))
+    save_checkpoint_file(
+        {"args": None, "cfg": {"model": args}, "model": state, "extra_state": {}},
+        str(folder / "checkpoint.pt"),
+    )
     d.save(str(folder / "dict.txt"))
     return folder / "checkpoint.pt", model, d
 
@@ -60,8 +63,13 @@ def test_to_hf_loads_in_transformers_with_same_logits(tmp_path, fairseq_ckpt):
     assert convert(str(ckpt), str(out), "--to", "hf") == 0
     assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
     config = json.loads((out / "config.json").read_text())
-    assert (config["model_type"], config["vocab_size"], config["d_model"], config["encoder_layers"],
-            config["decoder_layers"]) == ("bart", 32, 64, 2, 1)
+    assert (
+        config["model_type"],
+        config["vocab_size"],
+        config["d_model"],
+        config["encoder_layers"],
+        config["decoder_layers"],
+    ) == ("bart", 32, 64, 2, 1)
     hf = transformers.BartForConditionalGeneration.from_pretrained(str(out)).eval()
     src, prev = right_padded()
     with torch.no_grad():
@@ -94,8 +102,9 @@ def test_to_fairseq_and_seqtrain_round_trip(tmp_path, fairseq_ckpt):
         assert torch.equal(lm.model.state_dict()[k], v), k
     src, prev = right_padded()
     with torch.no_grad():
-        torch.testing.assert_close(lm.model(src, src.ne(1).sum(1), prev)[0], model(src, src.ne(1).sum(1), prev)[0],
-                                   rtol=0, atol=0)
+        torch.testing.assert_close(
+            lm.model(src, src.ne(1).sum(1), prev)[0], model(src, src.ne(1).sum(1), prev)[0], rtol=0, atol=0
+        )
 
 
 def test_convert_errors(tmp_path, fairseq_ckpt, capsys):
@@ -103,12 +112,17 @@ def test_convert_errors(tmp_path, fairseq_ckpt, capsys):
     os.remove(ckpt.parent / "dict.txt")
     assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain") == 1
     err = capsys.readouterr().err
-    assert err.startswith("seqtrain-convert: error: ") and "--dict" in err and len(err.strip().splitlines()) == 1
+    assert (
+        err.startswith("seqtrain-convert: error: ") and "--dict" in err and len(err.strip().splitlines()) == 1
+    )
     assert not (tmp_path / "x.pt").exists()
     assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain", "--from", "hf") == 1
     assert "config.json" in capsys.readouterr().err
     d.save(str(tmp_path / "mydict.txt"))
-    assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain", "--dict", str(tmp_path / "mydict.txt")) == 0
+    assert (
+        convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain", "--dict", str(tmp_path / "mydict.txt"))
+        == 0
+    )
     assert load_model(str(tmp_path / "x.pt")).src_dict == d
 
 

@@ -124,8 +124,9 @@ def test_bf16_logits_are_scored_in_float32():
 def test_cross_entropy_equals_nll_loss_and_sentence_avg():
     model, sample = ToyModel(), make_sample()
     logits = model(**sample["net_input"])[0]
-    ref = F.nll_loss(F.log_softmax(logits, -1).view(-1, V), sample["target"].view(-1), ignore_index=PAD,
-                     reduction="sum")
+    ref = F.nll_loss(
+        F.log_softmax(logits, -1).view(-1, V), sample["target"].view(-1), ignore_index=PAD, reduction="sum"
+    )
     loss, sample_size, log = CrossEntropyCriterion(PAD)(model, sample)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
     assert log["nll_loss"].item() == pytest.approx(ref.item(), rel=1e-12)
@@ -154,7 +155,9 @@ def test_reduce_false_gives_per_token_losses_with_zero_pads():
 
 def test_ignore_prefix_size_drops_first_target_tokens():
     model, sample = ToyModel(), make_sample()
-    loss, _, log = LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=0.1, ignore_prefix_size=1)(model, sample)
+    loss, _, log = LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=0.1, ignore_prefix_size=1)(
+        model, sample
+    )
     ref, _ = reference_loss(model, sample, 0.1, prefix=1)
     assert loss.item() == pytest.approx(ref.item(), rel=1e-12)
 
@@ -181,8 +184,13 @@ def test_report_accuracy_and_reduce_metrics():
 
 def test_build_criterion_from_args_and_registry():
     assert set(CRITERIONS.names()) >= {"cross_entropy", "label_smoothed_cross_entropy"}
-    args = argparse.Namespace(criterion="label_smoothed_cross_entropy", label_smoothing=0.2, report_accuracy=True,
-                              sentence_avg=False, ignore_prefix_size=0)
+    args = argparse.Namespace(
+        criterion="label_smoothed_cross_entropy",
+        label_smoothing=0.2,
+        report_accuracy=True,
+        sentence_avg=False,
+        ignore_prefix_size=0,
+    )
 
     class Dict_:
         def pad(self):
@@ -203,9 +211,18 @@ def test_build_criterion_from_args_and_registry():
 def test_real_bart_tiny_matches_full_logits():
     bart = pytest.importorskip("seqtrain.models.bart")
     torch.manual_seed(0)
-    cfg = bart.BartConfig(vocab_size=V + 5, encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
-                          decoder_embed_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
-                          encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0)
+    cfg = bart.BartConfig(
+        vocab_size=V + 5,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_embed_dim=16,
+        decoder_embed_dim=16,
+        encoder_ffn_embed_dim=32,
+        decoder_ffn_embed_dim=32,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        dropout=0.0,
+    )
     model = bart.BARTModel(cfg, padding_idx=PAD).double().eval()
     sample = make_sample()
     loss, _, _ = LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=0.1)(model, sample)
@@ -214,16 +231,27 @@ def test_real_bart_tiny_matches_full_logits():
     t = sample["target"].view(-1, 1)
     keep = t.ne(PAD)
     eps_i = 0.1 / (logits.size(-1) - 1)
-    ref = ((1 - 0.1 - eps_i) * -lprobs.gather(-1, t)[keep].sum() + eps_i * -lprobs.sum(-1, keepdim=True)[keep].sum())
+    ref = (1 - 0.1 - eps_i) * -lprobs.gather(-1, t)[keep].sum() + eps_i * -lprobs.sum(-1, keepdim=True)[
+        keep
+    ].sum()
     assert loss.item() == pytest.approx(ref.item(), rel=1e-10)
 
 
 def _tiny_bart(vocab, dtype=torch.float64, seed=0):
     bart = pytest.importorskip("seqtrain.models.bart")
     torch.manual_seed(seed)
-    cfg = bart.BartConfig(vocab_size=vocab, encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
-                          decoder_embed_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
-                          encoder_attention_heads=2, decoder_attention_heads=2, dropout=0.0)
+    cfg = bart.BartConfig(
+        vocab_size=vocab,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_embed_dim=16,
+        decoder_embed_dim=16,
+        encoder_ffn_embed_dim=32,
+        decoder_ffn_embed_dim=32,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        dropout=0.0,
+    )
     return bart.BARTModel(cfg, padding_idx=PAD).to(dtype).train()
 
 
@@ -236,9 +264,11 @@ def test_projected_loss_matches_full_logits_values_gradients_and_accuracy(eps, c
     import seqtrain.criterions.cross_entropy as ce
 
     real = ce.projected_nll_loss
-    monkeypatch.setattr(ce, "projected_nll_loss",
-                        lambda h, w, t, e, accuracy: real(h, w, t, e, chunk_elements=chunk_elements,
-                                                          accuracy=accuracy))
+    monkeypatch.setattr(
+        ce,
+        "projected_nll_loss",
+        lambda h, w, t, e, accuracy: real(h, w, t, e, chunk_elements=chunk_elements, accuracy=accuracy),
+    )
     model, sample = _tiny_bart(V + 5), make_sample()
     crit = LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=eps, report_accuracy=True)
     loss, _, log = crit(model, sample)

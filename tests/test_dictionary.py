@@ -4,8 +4,14 @@ import os
 import pytest
 import torch
 
-from seqtrain.data.dictionary import (Dictionary, add_file_to_dictionary, count_chunk, find_offsets, iter_lines,
-                                      post_process)
+from seqtrain.data.dictionary import (
+    Dictionary,
+    add_file_to_dictionary,
+    count_chunk,
+    find_offsets,
+    iter_lines,
+    post_process,
+)
 from seqtrain.errors import SeqtrainError
 
 
@@ -26,9 +32,24 @@ def test_specials_are_fairseqs():
 def test_finalize_orders_by_count_then_symbol_and_pads():
     d = make_dict([("b", 5), ("a", 5), ("c", 9), ("d", 1), ("e", 5)])
     d.finalize(padding_factor=8)
-    assert d.symbols == ["<s>", "<pad>", "</s>", "<unk>", "c", "a", "b", "e", "d",
-                         "madeupword0000", "madeupword0001", "madeupword0002", "madeupword0003",
-                         "madeupword0004", "madeupword0005", "madeupword0006"]
+    assert d.symbols == [
+        "<s>",
+        "<pad>",
+        "</s>",
+        "<unk>",
+        "c",
+        "a",
+        "b",
+        "e",
+        "d",
+        "madeupword0000",
+        "madeupword0001",
+        "madeupword0002",
+        "madeupword0003",
+        "madeupword0004",
+        "madeupword0005",
+        "madeupword0006",
+    ]
     assert len(d) == 16 and d.count[4:9] == [9, 5, 5, 5, 1] and d.count[9:] == [0] * 7
     assert d.index("madeupword0003") == 12
 
@@ -38,7 +59,7 @@ def test_finalize_orders_by_count_then_symbol_and_pads():
 
 
 def test_finalize_threshold_and_nwords():
-    counts = [("w%d" % i, 10 - i) for i in range(10)]  # w0:10 .. w9:1
+    counts = [(f"w{i}", 10 - i) for i in range(10)]  # w0:10 .. w9:1
     d = make_dict(counts)
     d.finalize(threshold=7, padding_factor=1)
     assert d.symbols[4:] == ["w0", "w1", "w2", "w3"]  # counts 10, 9, 8, 7
@@ -55,8 +76,7 @@ def test_save_load_round_trip_and_exact_file(tmp_path):
     d.finalize(padding_factor=8)
     path = tmp_path / "dict.txt"
     d.save(str(path))
-    assert path.read_text(encoding="utf-8") == (
-        "hello 3\nwörld 2\nx 1\nmadeupword0000 0\n")
+    assert path.read_text(encoding="utf-8") == ("hello 3\nwörld 2\nx 1\nmadeupword0000 0\n")
     back = Dictionary.load(str(path))
     assert back == d and back.count == [1, 1, 1, 1, 3, 2, 1, 0]
     assert os.listdir(tmp_path) == ["dict.txt"]  # atomic write left no temp file
@@ -75,13 +95,16 @@ def test_overwrite_flag(tmp_path):
     assert Dictionary.load(str(tmp_path / "again.txt")) == d
 
 
-@pytest.mark.parametrize("content,lineno", [
-    ("a 1\nb\n", 2),
-    ("a 1\nb 2\nc x\n", 3),
-    ("a 1\n\nb 2\n", 2),
-    ("a 1\na 2\n", 2),  # duplicate without the overwrite flag
-    ("a 1 #fairseq:overwrite\nb 1.5\n", 2),
-])
+@pytest.mark.parametrize(
+    "content,lineno",
+    [
+        ("a 1\nb\n", 2),
+        ("a 1\nb 2\nc x\n", 3),
+        ("a 1\n\nb 2\n", 2),
+        ("a 1\na 2\n", 2),  # duplicate without the overwrite flag
+        ("a 1 #fairseq:overwrite\nb 1.5\n", 2),
+    ],
+)
 def test_malformed_lines_name_file_and_line(tmp_path, content, lineno):
     path = tmp_path / "dict.txt"
     path.write_text(content, encoding="utf-8")
@@ -113,7 +136,9 @@ def test_encode_line_and_string():
     ids = d.encode_line("▁he llo  ▁w zzz")
     assert ids.dtype == torch.int32 and ids.tolist() == [4, 5, 6, 3, 2]
     seen = []
-    assert d.encode_line(["▁he", "llo"], append_eos=False, consumer=lambda w, i: seen.append((w, i))).tolist() == [4, 5]
+    assert d.encode_line(
+        ["▁he", "llo"], append_eos=False, consumer=lambda w, i: seen.append((w, i))
+    ).tolist() == [4, 5]
     assert seen == [("▁he", 4), ("llo", 5)] and d.encode_line("").tolist() == [2]
     assert len(d) == 7  # add_if_not_exist defaults to False
     assert d.encode_line("new", add_if_not_exist=True).tolist() == [7, 2] and d.index("new") == 7

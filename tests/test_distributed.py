@@ -12,6 +12,7 @@ would restart the stream where the single process continues it.
 Tolerances (max abs difference of any parameter after 10 updates, rtol 0): DDP 5e-6, FSDP 2e-5 (sharded,
 reordered float reductions); logged figures equal to their 3 printed decimals.
 """
+
 from __future__ import annotations
 
 import os
@@ -83,24 +84,60 @@ def databin(toy_databin):
     return toy_databin(n_train=100, n_valid=40)
 
 
-
 def train_args(data: str, save_dir: str, *extra: str) -> list:
-    return [data, "--arch", "bart_tiny", "--cpu", "--dropout", "0", "--attention-dropout", "0",
-            "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "3", "--batch-size", "16",
-            "--seed", "5", "--log-format", "simple", "--log-interval", "1", "--max-update", str(MAX_UPDATE),
-            # saves after updates 3, 6 (an epoch end: no validation), 9 and 10 (the end)
-            "--save-interval-updates", "3", "--save-interval", "5", "--validate-interval", "5",
-            "--no-epoch-checkpoints", "--save-dir", save_dir,
-            "--log-file", os.path.join(save_dir, "train.log"), *extra]
+    return [
+        data,
+        "--arch",
+        "bart_tiny",
+        "--cpu",
+        "--dropout",
+        "0",
+        "--attention-dropout",
+        "0",
+        "--lr",
+        "3e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "3",
+        "--batch-size",
+        "16",
+        "--seed",
+        "5",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--max-update",
+        str(MAX_UPDATE),
+        # saves after updates 3, 6 (an epoch end: no validation), 9 and 10 (the end)
+        "--save-interval-updates",
+        "3",
+        "--save-interval",
+        "5",
+        "--validate-interval",
+        "5",
+        "--no-epoch-checkpoints",
+        "--save-dir",
+        save_dir,
+        "--log-file",
+        os.path.join(save_dir, "train.log"),
+        *extra,
+    ]
 
 
 def launch(cmd: list, tmp_path, env_extra: dict = None, timeout: float = 120) -> subprocess.CompletedProcess:
     hook_dir = tmp_path / "hook"
     hook_dir.mkdir(exist_ok=True)
     (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK + FAULT_HOOK)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
-        [str(hook_dir)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]),
-        SEQTRAIN_TEST_AUDIT_LOG=str(tmp_path / "writes.txt"))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join(
+            [str(hook_dir)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+        SEQTRAIN_TEST_AUDIT_LOG=str(tmp_path / "writes.txt"),
+    )
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", FAIL_RANK_ENV):
         env.pop(k, None)
     env.update(env_extra or {})
@@ -126,8 +163,11 @@ def figures(save_dir: str, tag: str = "train_inner", keys=SAME_FIGURES) -> list:
     if tag != "train_inner":
         rows = parse_log(path, tag)
     else:
-        rows = [{k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e]+)", line)}
-                for line in open(path, encoding="utf-8") if " | train_inner | " in line]
+        rows = [
+            {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e]+)", line)}
+            for line in open(path, encoding="utf-8")
+            if " | train_inner | " in line
+        ]
     out = [{k: row[k] for k in keys} for row in rows]
     assert out, f"no {tag} lines in {path}"
     return out
@@ -149,8 +189,17 @@ def torchrun_ddp(databin, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("torchrun_ddp")
     save_dir = str(tmp / "ckpt")
     os.makedirs(save_dir)
-    proc = launch([TORCHRUN, "--standalone", "--nproc_per_node", "2", SEQTRAIN_TRAIN,
-                   *train_args(databin, save_dir, "--ddp-backend", "c10d", "--update-freq", "2")], tmp)
+    proc = launch(
+        [
+            TORCHRUN,
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            SEQTRAIN_TRAIN,
+            *train_args(databin, save_dir, "--ddp-backend", "c10d", "--update-freq", "2"),
+        ],
+        tmp,
+    )
     check_ok(proc)
     return save_dir, tmp / "writes.txt"
 
@@ -207,9 +256,24 @@ def test_fsdp_spawned_resumes_one_process_checkpoint(databin, reference, torchru
     os.makedirs(save_dir)
     shutil.copy(os.path.join(reference, "checkpoint_2_3.pt"), os.path.join(save_dir, "checkpoint_last.pt"))
     assert model_of(save_dir)["extra_state"]["train_iterator"]["iterations_in_epoch"] == 4  # 4 batches
-    proc = launch([sys.executable, "-m", "seqtrain_cli.train",
-                   *train_args(databin, save_dir, "--distributed-world-size", "2", "--ddp-backend", "fully_sharded",
-                               "--update-freq", "2")], tmp_path)
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.train",
+            *train_args(
+                databin,
+                save_dir,
+                "--distributed-world-size",
+                "2",
+                "--ddp-backend",
+                "fully_sharded",
+                "--update-freq",
+                "2",
+            ),
+        ],
+        tmp_path,
+    )
     check_ok(proc)
     fsdp = model_of(save_dir)
     assert fsdp["extra_state"]["num_updates"] == MAX_UPDATE
@@ -226,8 +290,9 @@ def test_fsdp_spawned_resumes_one_process_checkpoint(databin, reference, torchru
     opt_ref, opt = ddp["optimizer"], fsdp["optimizer"]
     assert [g["params"] for g in opt["param_groups"]] == [g["params"] for g in opt_ref["param_groups"]]
     for i, st in opt_ref["state"].items():
-        assert {k: tuple(torch.as_tensor(v).shape) for k, v in opt["state"][i].items()} == \
-            {k: tuple(torch.as_tensor(v).shape) for k, v in st.items()}
+        assert {k: tuple(torch.as_tensor(v).shape) for k, v in opt["state"][i].items()} == {
+            k: tuple(torch.as_tensor(v).shape) for k, v in st.items()
+        }
     loaded = load_model(os.path.join(save_dir, "checkpoint_last.pt")).model.state_dict()  # as generate loads
     assert all(torch.equal(loaded[k], fsdp["model"][k]) for k in loaded)
     # ... and its mid-epoch checkpoint (update 9) resumes in one process
@@ -269,8 +334,11 @@ def test_a_failing_rank_ends_the_job(databin, tmp_path, launcher):
     if launcher == "spawn":
         # the parent's one-line summary names the rank that failed first, not rank 0 that lost its peer
         assert proc.returncode == 1
-        assert proc.stderr.strip().splitlines()[-1].startswith(
-            "seqtrain-train: error: rank 1 failed: RuntimeError: injected failure"), proc.stderr[-2000:]
+        assert (
+            proc.stderr.strip()
+            .splitlines()[-1]
+            .startswith("seqtrain-train: error: rank 1 failed: RuntimeError: injected failure")
+        ), proc.stderr[-2000:]
     else:
         assert "rank      : 1 (local_rank: 1)" in out  # torchrun's root-cause report
 
@@ -284,10 +352,17 @@ def test_call_main_single_process_and_half_a_torchrun_environment(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     seen = []
-    assert call_main(argparse.Namespace(distributed_world_size=1), lambda a: seen.append(a.distributed_rank) or 7) == 7
+    assert (
+        call_main(
+            argparse.Namespace(distributed_world_size=1), lambda a: seen.append(a.distributed_rank) or 7
+        )
+        == 7
+    )
     assert seen == [0]
     monkeypatch.setenv("WORLD_SIZE", "4")  # but no RANK / LOCAL_RANK / MASTER_*: not a torchrun launch
-    with pytest.raises(SeqtrainError, match=r"WORLD_SIZE=4 is set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not"):
+    with pytest.raises(
+        SeqtrainError, match=r"WORLD_SIZE=4 is set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not"
+    ):
         call_main(argparse.Namespace(distributed_world_size=1), lambda a: None)
 
 
@@ -301,8 +376,15 @@ def test_spawned_ddp_matches_one_process_with_update_freq_2(databin, tmp_path):
     train_main(train_args(databin, one, "--update-freq", "2"))
     two = str(tmp_path / "two")
     os.makedirs(two)
-    proc = launch([sys.executable, "-m", "seqtrain_cli.train",
-                   *train_args(databin, two, "--distributed-world-size", "2", "--ddp-backend", "c10d")], tmp_path)
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.train",
+            *train_args(databin, two, "--distributed-world-size", "2", "--ddp-backend", "c10d"),
+        ],
+        tmp_path,
+    )
     check_ok(proc)
     a, b = model_of(one), model_of(two)
     assert a["extra_state"]["num_updates"] == b["extra_state"]["num_updates"] == MAX_UPDATE

@@ -6,6 +6,7 @@ of epochs 1 and 2 in an uninterrupted run), or the error fairseq raised instead.
 the code path training takes: `TranslationTask.get_batch_iterator` on a LanguagePairDataset built from those
 sizes, with the arguments seqtrain-train passes for the training and the validation split.
 """
+
 import argparse
 import json
 import pathlib
@@ -28,8 +29,10 @@ MAX_POSITIONS = (1024, 1024)  # the bart_base model's, as in the fixture's runs
 @pytest.fixture(scope="module")
 def fixture_dir():
     if not (FIXTURE / "settings.json").exists():
-        pytest.skip(f"fairseq batch lists not found at {FIXTURE} (they live in ../shared, present in CI, "
-                    f"absent in a user's clone)")
+        pytest.skip(
+            f"fairseq batch lists not found at {FIXTURE} (they live in ../shared, present in CI, "
+            f"absent in a user's clone)"
+        )
     return FIXTURE
 
 
@@ -45,19 +48,33 @@ class Stored(torch.utils.data.Dataset):
         return len(self.sizes)
 
     def __getitem__(self, i):
-        return self.tokens[len(self.tokens) - int(self.sizes[i]):]
+        return self.tokens[len(self.tokens) - int(self.sizes[i]) :]
 
 
 def task_and_dataset(fixture_dir, split, truncate_source):
     sizes = np.load(fixture_dir / f"{split}_sizes.npz")
     d = Dictionary()
-    args = argparse.Namespace(data="data-bin", train_subset="train", source_lang="source",
-                              target_lang="target", max_source_positions=1024, max_target_positions=1024,
-                              truncate_source=truncate_source)
+    args = argparse.Namespace(
+        data="data-bin",
+        train_subset="train",
+        source_lang="source",
+        target_lang="target",
+        max_source_positions=1024,
+        max_target_positions=1024,
+        truncate_source=truncate_source,
+    )
     src, tgt = sizes["src"], sizes["tgt"]
-    dataset = LanguagePairDataset(Stored(src, d.eos()), src, d, Stored(tgt, d.eos()), tgt, d,
-                                  truncate_source=truncate_source, max_source_positions=1024,
-                                  max_target_positions=1024)
+    dataset = LanguagePairDataset(
+        Stored(src, d.eos()),
+        src,
+        d,
+        Stored(tgt, d.eos()),
+        tgt,
+        d,
+        truncate_source=truncate_source,
+        max_source_positions=1024,
+        max_target_positions=1024,
+    )
     return TranslationTask(args, d, d), dataset
 
 
@@ -65,14 +82,21 @@ def batch_iterator(task, dataset, setting, epoch=1):
     """What seqtrain-train asks the task for: its training iterator, or a validation iterator."""
     train = setting["split"] == "train"
     ignore = True if train else setting["skip_invalid_size_inputs_valid_test"]
-    return task.get_batch_iterator(dataset, max_tokens=setting["max_tokens"], max_positions=MAX_POSITIONS,
-                                   ignore_invalid_inputs=ignore, required_batch_size_multiple=1,
-                                   seed=setting["seed"], epoch=epoch, split=setting["split"])
+    return task.get_batch_iterator(
+        dataset,
+        max_tokens=setting["max_tokens"],
+        max_positions=MAX_POSITIONS,
+        ignore_invalid_inputs=ignore,
+        required_batch_size_multiple=1,
+        seed=setting["seed"],
+        epoch=epoch,
+        split=setting["split"],
+    )
 
 
 def fairseq_batches(lists, key):
     idx, off = lists[f"{key}_idx"], lists[f"{key}_off"]
-    return [idx[off[k]:off[k + 1]] for k in range(len(off) - 1)]
+    return [idx[off[k] : off[k + 1]] for k in range(len(off) - 1)]
 
 
 def assert_same_batches(ours, theirs, what):
@@ -139,8 +163,9 @@ def test_order_seed_is_seed_plus_1_or_the_epoch_when_each_epoch_has_its_own_data
     d = Dictionary()
 
     def frozen(data, seed, epoch):
-        args = argparse.Namespace(data=data, train_subset="train", max_source_positions=1024,
-                                  max_target_positions=1024)
+        args = argparse.Namespace(
+            data=data, train_subset="train", max_source_positions=1024, max_target_positions=1024
+        )
         dataset = LanguagePairDataset(Stored(src, d.eos()), src, d, Stored(tgt, d.eos()), tgt, d)
         itr = TranslationTask(args, d, d).get_batch_iterator(dataset, max_tokens=64, seed=seed, epoch=epoch)
         return [b.tolist() for b in itr.frozen_batches]

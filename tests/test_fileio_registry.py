@@ -1,4 +1,5 @@
 """seqtrain.registry (names, aliases, errors), seqtrain.fileio.atomic_write, and the bundled data sample."""
+
 import os
 
 import pytest

@@ -1,4 +1,5 @@
 """seqtrain-generate end to end: fairseq's output lines and scores, every example once, raw text, bad input."""
+
 import io
 import json
 import re
@@ -38,15 +39,25 @@ def _fairseq_lines(path):
 FLAGS = {
     "generate_beam4_valid.log": "--beam 4 --batch-size 64",
     "generate_nbest5_minlen7_valid.log": "--beam 5 --nbest 5 --lenpen 2.0 --min-len 7 --max-len-a 0 --max-len-b 9 "
-                                         "--batch-size 64",
+    "--batch-size 64",
 }
 
 
 @pytest.mark.parametrize("log", sorted(FLAGS))
 def test_matches_fairseq_generate_logs(fairseq_tiny, log):
     """The CLI on fairseq's own checkpoint and data-bin writes fairseq's hypotheses and base-2 scores."""
-    argv = [str(fairseq_tiny / "data-bin"), "--path", str(fairseq_tiny / "checkpoint_last.pt"), "--gen-subset",
-            "valid", "--cpu", "-s", "src", "-t", "tgt"] + FLAGS[log].split()
+    argv = [
+        str(fairseq_tiny / "data-bin"),
+        "--path",
+        str(fairseq_tiny / "checkpoint_last.pt"),
+        "--gen-subset",
+        "valid",
+        "--cpu",
+        "-s",
+        "src",
+        "-t",
+        "tgt",
+    ] + FLAGS[log].split()
     out = io.StringIO()
     generate_main(argv, out=out)
     ours = _parse(out.getvalue().split("\n"))
@@ -67,13 +78,28 @@ def test_matches_fairseq_generate_logs(fairseq_tiny, log):
 def test_every_example_once_in_input_order_at_any_batch_size(fairseq_tiny, tmp_path):
     """fairseq drops a final batch smaller than --required-batch-size-multiple; we never drop one, and the
     hypothesis of a sentence does not depend on its batch (fp32)."""
-    base = [str(fairseq_tiny / "data-bin"), "--path", str(fairseq_tiny / "checkpoint_last.pt"), "--gen-subset",
-            "test", "--cpu", "-s", "src", "-t", "tgt", "--beam", "3", "--quiet"]
+    base = [
+        str(fairseq_tiny / "data-bin"),
+        "--path",
+        str(fairseq_tiny / "checkpoint_last.pt"),
+        "--gen-subset",
+        "test",
+        "--cpu",
+        "-s",
+        "src",
+        "-t",
+        "tgt",
+        "--beam",
+        "3",
+        "--quiet",
+    ]
     res = {}
     for bs in ("1", "7", "64"):
         d = tmp_path / bs
-        r = generate_main(base + ["--batch-size", bs, "--required-batch-size-multiple", "8", "--results-path",
-                                  str(d)], out=io.StringIO())
+        r = generate_main(
+            base + ["--batch-size", bs, "--required-batch-size-multiple", "8", "--results-path", str(d)],
+            out=io.StringIO(),
+        )
         lines = (d / "hypotheses-test.txt").read_text(encoding="utf-8").split("\n")[:-1]
         assert len(lines) == 200 == r["n"]
         refs = (d / "references-test.txt").read_text(encoding="utf-8").split("\n")[:-1]
@@ -94,9 +120,29 @@ def test_raw_text_input_and_stdin(fairseq_tiny, tmp_path):
     ck = str(fairseq_tiny / "checkpoint_last.pt")
     data = str(fairseq_tiny / "data-bin")
     out = io.StringIO()
-    r = generate_main([data, "--path", ck, "-s", "src", "-t", "tgt", "--cpu", "--beam", "4", "--input",
-                       str(tmp_path / "in.txt"), "--reference", str(tmp_path / "ref.txt"), "--scoring", "rouge",
-                       "--results-path", str(tmp_path / "res")], out=out)
+    r = generate_main(
+        [
+            data,
+            "--path",
+            ck,
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--cpu",
+            "--beam",
+            "4",
+            "--input",
+            str(tmp_path / "in.txt"),
+            "--reference",
+            str(tmp_path / "ref.txt"),
+            "--scoring",
+            "rouge",
+            "--results-path",
+            str(tmp_path / "res"),
+        ],
+        out=out,
+    )
     assert len(r["hypotheses"]) == 12
     assert sum(h == t for h, t in zip(r["hypotheses"], tgt)) >= 9
     js = json.loads((tmp_path / "res" / "rouge-input.json").read_text())
@@ -104,9 +150,28 @@ def test_raw_text_input_and_stdin(fairseq_tiny, tmp_path):
     assert re.search(r"Generate input with beam=4: .*R", out.getvalue())
     # the same through the console script reading stdin
     proc = subprocess.run(
-        [sys.executable, "-m", "seqtrain_cli.generate", data, "--path", ck, "-s", "src", "-t", "tgt", "--cpu",
-         "--beam", "4", "--input", "-"],
-        input="\n".join(src) + "\n", capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.generate",
+            data,
+            "--path",
+            ck,
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--cpu",
+            "--beam",
+            "4",
+            "--input",
+            "-",
+        ],
+        input="\n".join(src) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     d_lines = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)}
     assert [d_lines[i] for i in range(12)] == r["hypotheses"]
@@ -123,8 +188,18 @@ def test_raw_text_input_and_stdin(fairseq_tiny, tmp_path):
     ],
 )
 def test_bad_flags_give_one_clear_error(fairseq_tiny, extra, message):
-    argv = [str(fairseq_tiny / "data-bin"), "--path", str(fairseq_tiny / "checkpoint_last.pt"), "--cpu",
-            "-s", "src", "-t", "tgt", "--gen-subset", "valid"] + extra
+    argv = [
+        str(fairseq_tiny / "data-bin"),
+        "--path",
+        str(fairseq_tiny / "checkpoint_last.pt"),
+        "--cpu",
+        "-s",
+        "src",
+        "-t",
+        "tgt",
+        "--gen-subset",
+        "valid",
+    ] + extra
     with pytest.raises(SeqtrainError, match=re.escape(message)):
         generate_main(argv, out=io.StringIO())
 
@@ -137,18 +212,45 @@ def test_dictionary_differing_from_checkpoint_is_refused(fairseq_tiny, tmp_path)
     lines[0], lines[1] = lines[1], lines[0]
     (data / "dict.tgt.txt").write_text("\n".join(lines), encoding="utf-8")
     with pytest.raises(SeqtrainError, match="dict.tgt.txt: the target dictionary differs"):
-        generate_main([str(data), "--path", str(fairseq_tiny / "checkpoint_last.pt"), "--cpu", "-s", "src", "-t",
-                       "tgt", "--gen-subset", "valid"], out=io.StringIO())
+        generate_main(
+            [
+                str(data),
+                "--path",
+                str(fairseq_tiny / "checkpoint_last.pt"),
+                "--cpu",
+                "-s",
+                "src",
+                "-t",
+                "tgt",
+                "--gen-subset",
+                "valid",
+            ],
+            out=io.StringIO(),
+        )
 
 
 @pytest.mark.slow
 def test_console_script_error_is_one_line(fairseq_tiny, tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "seqtrain_cli.generate", str(fairseq_tiny / "data-bin"), "--path",
-         str(tmp_path / "missing.pt"), "--cpu", "-s", "src", "-t", "tgt"],
-        capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.generate",
+            str(fairseq_tiny / "data-bin"),
+            "--path",
+            str(tmp_path / "missing.pt"),
+            "--cpu",
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
-    err = [l for l in proc.stderr.strip().split("\n") if l.startswith("seqtrain-generate: error:")]
+    err = [line for line in proc.stderr.strip().split("\n") if line.startswith("seqtrain-generate: error:")]
     assert len(err) == 1 and "missing.pt" in err[0] and "Traceback" not in proc.stderr
 
 
@@ -167,23 +269,76 @@ def test_end_to_end_on_bundled_sample(sample_dir, tmp_path):
             lines = (sample_dir / f"{split}.{side}").read_text(encoding="utf-8").split("\n")[:n]
             (raw / f"{split}.{side}").write_text("\n".join(lines) + "\n", encoding="utf-8")
     data = str(tmp_path / "bin")
-    preprocess(["--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--testpref",
-                str(raw / "test"), "--destdir", data, "--spm-vocab-size", "600", "--joined-dictionary",
-                "--no-progress-bar"])
+    preprocess(
+        [
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "valid"),
+            "--testpref",
+            str(raw / "test"),
+            "--destdir",
+            data,
+            "--spm-vocab-size",
+            "600",
+            "--joined-dictionary",
+            "--no-progress-bar",
+        ]
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train_main([data, "--arch", "bart_tiny", "--cpu", "--max-tokens", "2048", "--max-update", "40",
-                    "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10",
-                    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-                    "--truncate-source", "--max-source-positions", "128", "--save-dir", str(tmp_path / "ck"),
-                    "--log-format", "none", "--no-epoch-checkpoints"])
+        train_main(
+            [
+                data,
+                "--arch",
+                "bart_tiny",
+                "--cpu",
+                "--max-tokens",
+                "2048",
+                "--max-update",
+                "40",
+                "--lr",
+                "3e-3",
+                "--lr-scheduler",
+                "inverse_sqrt",
+                "--warmup-updates",
+                "10",
+                "--criterion",
+                "label_smoothed_cross_entropy",
+                "--label-smoothing",
+                "0.1",
+                "--truncate-source",
+                "--max-source-positions",
+                "128",
+                "--save-dir",
+                str(tmp_path / "ck"),
+                "--log-format",
+                "none",
+                "--no-epoch-checkpoints",
+            ]
+        )
         out = io.StringIO()
         res = tmp_path / "res"
         # no tokenizer or dictionary flags: the checkpoint carries them
-        r = generate_main([data, "--path", str(tmp_path / "ck" / "checkpoint_last.pt"), "--beam", "3",
-                           "--max-len-b", "20", "--batch-size", "8", "--scoring", "rouge", "--results-path",
-                           str(res)], out=out)
+        r = generate_main(
+            [
+                data,
+                "--path",
+                str(tmp_path / "ck" / "checkpoint_last.pt"),
+                "--beam",
+                "3",
+                "--max-len-b",
+                "20",
+                "--batch-size",
+                "8",
+                "--scoring",
+                "rouge",
+                "--results-path",
+                str(res),
+            ],
+            out=out,
+        )
     finally:
         torch.set_num_threads(threads)
     text = out.getvalue()
@@ -198,8 +353,12 @@ def test_end_to_end_on_bundled_sample(sample_dir, tmp_path):
     # D- lines and the hypothesis file are detokenized text, H- lines are sentencepiece pieces
     assert all("\u2581" not in h for h in hyps)
     assert any("\u2581" in e["H"][0][1] for e in parsed.values())
-    assert re.search(r"^Generate test with beam=3: ROUGE-1 [\d.]+ \| ROUGE-2 [\d.]+ \| ROUGE-L [\d.]+ \| "
-                     r"ROUGE-Lsum [\d.]+", text, re.M)
+    assert re.search(
+        r"^Generate test with beam=3: ROUGE-1 [\d.]+ \| ROUGE-2 [\d.]+ \| ROUGE-L [\d.]+ \| "
+        r"ROUGE-Lsum [\d.]+",
+        text,
+        re.M,
+    )
     js = json.loads((res / "rouge-test.json").read_text())
     assert set(js) >= {"rouge1", "rouge2", "rougeL", "rougeLsum"} and js["n"] == 25
     assert (res / "generate-test.txt").read_text(encoding="utf-8").count("\nH-") + 1 >= 25

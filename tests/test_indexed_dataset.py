@@ -7,8 +7,14 @@ import pytest
 import torch
 
 from seqtrain.data.dictionary import Dictionary, iter_lines
-from seqtrain.data.indexed_dataset import (MAGIC, MMapIndexedDataset, MMapIndexedDatasetBuilder, best_fitting_dtype,
-                                           dtype_code, make_builder)
+from seqtrain.data.indexed_dataset import (
+    MAGIC,
+    MMapIndexedDataset,
+    MMapIndexedDatasetBuilder,
+    best_fitting_dtype,
+    dtype_code,
+    make_builder,
+)
 from seqtrain.errors import SeqtrainError
 
 ITEMS = [[5, 6, 7, 2], [2], [], [65000, 1, 2], list(range(4, 30))]
@@ -52,15 +58,16 @@ def test_header_byte_layout(tmp_path):
     assert struct.unpack("<Q", raw[9:17]) == (1,)
     assert raw[17] == 8  # uint16 in fairseq's code table
     assert struct.unpack("<Q", raw[18:26]) == (n,)
-    assert list(struct.unpack(f"<{n}i", raw[26:26 + 4 * n])) == [4, 1, 0, 3, 26]
-    assert list(struct.unpack(f"<{n}q", raw[26 + 4 * n:])) == [0, 8, 10, 10, 16]
+    assert list(struct.unpack(f"<{n}i", raw[26 : 26 + 4 * n])) == [4, 1, 0, 3, 26]
+    assert list(struct.unpack(f"<{n}q", raw[26 + 4 * n :])) == [0, 8, 10, 10, 16]
     assert len(raw) == 26 + 12 * n
     assert open(prefix + ".bin", "rb").read(10) == struct.pack("<5H", 5, 6, 7, 2, 2)
 
 
 def test_dtype_table_and_best_fit():
-    assert [dtype_code(t) for t in (np.uint8, np.int8, np.int16, np.int32, np.int64, np.float64, np.uint16)] == \
-        [1, 2, 3, 4, 5, 6, 8]
+    assert [
+        dtype_code(t) for t in (np.uint8, np.int8, np.int16, np.int32, np.int64, np.float64, np.uint16)
+    ] == [1, 2, 3, 4, 5, 6, 8]
     assert best_fitting_dtype(208) == np.uint16 and best_fitting_dtype(65499) == np.uint16
     assert best_fitting_dtype(65500) == np.int32 and best_fitting_dtype(250000) == np.int32
 
@@ -93,12 +100,14 @@ def test_merge_shards_equals_single_pass(tmp_path):
         assert open(str(tmp_path / "merged") + ext, "rb").read() == open(single + ext, "rb").read()
     write(str(tmp_path / "wide"), ITEMS, np.int32)
     with pytest.raises(SeqtrainError, match=r"wide\.idx: dtype int32 differs from uint16"):
-        MMapIndexedDatasetBuilder(str(tmp_path / "m2.bin"), dtype=np.uint16).merge_file_(str(tmp_path / "wide"))
+        MMapIndexedDatasetBuilder(str(tmp_path / "m2.bin"), dtype=np.uint16).merge_file_(
+            str(tmp_path / "wide")
+        )
 
 
 def corrupt_cases():
     def patch(offset, data):
-        return lambda raw: raw[:offset] + data + raw[offset + len(data):]
+        return lambda raw: raw[:offset] + data + raw[offset + len(data) :]
 
     return [
         ("idx", patch(0, b"NOTANIDX\x00"), r"d\.idx: not a fairseq mmap index"),
@@ -138,7 +147,9 @@ def test_reading_is_memory_mapped(tmp_path):
     prefix = write(str(tmp_path / "d"), ITEMS)
     ds = MMapIndexedDataset(prefix)
     assert isinstance(ds._data, np.memmap)
-    assert not ds.sizes.flags.owndata and not ds.sizes.flags.writeable  # a view of the mapped .idx, not a copy
+    assert (
+        not ds.sizes.flags.owndata and not ds.sizes.flags.writeable
+    )  # a view of the mapped .idx, not a copy
 
 
 def test_rebinarize_fixture_byte_identical(fairseq_tiny, tmp_path):

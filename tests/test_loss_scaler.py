@@ -29,11 +29,16 @@ def test_default_flags_and_window():
     p = argparse.ArgumentParser()
     scaler_mod.add_args(p)
     args = p.parse_args([])
-    assert (args.fp16_init_scale, args.fp16_scale_window, args.fp16_scale_tolerance, args.min_loss_scale,
-            args.threshold_loss_scale) == (128, None, 0.0, 1e-4, None)
+    assert (
+        args.fp16_init_scale,
+        args.fp16_scale_window,
+        args.fp16_scale_tolerance,
+        args.min_loss_scale,
+        args.threshold_loss_scale,
+    ) == (128, None, 0.0, 1e-4, None)
     args.update_freq = [2]
     s = DynamicLossScaler.from_args(args, world_size=4)
-    assert s.loss_scale == 128.0 and s.scale_window == 2 ** 14 // 8
+    assert s.loss_scale == 128.0 and s.scale_window == 2**14 // 8
     assert DynamicLossScaler.from_args(p.parse_args(["--fp16-scale-window", "7"])).scale_window == 7
 
 

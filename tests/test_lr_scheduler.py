@@ -23,8 +23,13 @@ def setup(name, argv, max_update=0):
 
 
 def test_registry_and_unknown_name():
-    assert set(LR_SCHEDULERS.names()) >= {"fixed", "inverse_sqrt", "polynomial_decay", "reduce_lr_on_plateau",
-                                          "cosine"}
+    assert set(LR_SCHEDULERS.names()) >= {
+        "fixed",
+        "inverse_sqrt",
+        "polynomial_decay",
+        "reduce_lr_on_plateau",
+        "cosine",
+    }
     with pytest.raises(SeqtrainError, match="--lr-scheduler: unknown scheduler 'linear'"):
         build_lr_scheduler(argparse.Namespace(lr_scheduler="linear", lr=[1.0]), None)
 
@@ -54,7 +59,9 @@ def test_fixed_warmup():
 @pytest.mark.parametrize("init", [None, 1e-4])
 def test_inverse_sqrt(init):
     lr, w = 1e-3, 4
-    argv = ["--lr", str(lr), "--warmup-updates", str(w)] + ([] if init is None else ["--warmup-init-lr", str(init)])
+    argv = ["--lr", str(lr), "--warmup-updates", str(w)] + (
+        [] if init is None else ["--warmup-init-lr", str(init)]
+    )
     _, opt, s = setup("inverse_sqrt", argv)
     start = 0.0 if init is None else init
     assert opt.get_lr() == start
@@ -70,8 +77,21 @@ def test_inverse_sqrt(init):
 
 def test_polynomial_decay():
     lr, end, w, total, power = 1e-3, 1e-5, 10, 50, 2.0
-    _, opt, s = setup("polynomial_decay", ["--lr", str(lr), "--end-learning-rate", str(end), "--warmup-updates",
-                                           str(w), "--total-num-update", str(total), "--power", str(power)])
+    _, opt, s = setup(
+        "polynomial_decay",
+        [
+            "--lr",
+            str(lr),
+            "--end-learning-rate",
+            str(end),
+            "--warmup-updates",
+            str(w),
+            "--total-num-update",
+            str(total),
+            "--power",
+            str(power),
+        ],
+    )
     assert opt.get_lr() == pytest.approx(lr / w)
     for n in range(0, 60):
         if n <= w:
@@ -89,7 +109,9 @@ def test_polynomial_decay():
 
 def test_polynomial_decay_matches_fairseq_train_log(fairseq_tiny):
     """fairseq 0.12 trained the fixture with --lr 1e-3 --warmup-updates 10 --total-num-update 300."""
-    _, _, s = setup("polynomial_decay", ["--lr", "1e-3", "--warmup-updates", "10", "--total-num-update", "300"])
+    _, _, s = setup(
+        "polynomial_decay", ["--lr", "1e-3", "--warmup-updates", "10", "--total-num-update", "300"]
+    )
     log = (fairseq_tiny / "train.log").read_text()
     pairs = re.findall(r"num_updates[= ](\d+)[,| ]+lr[= ]([0-9.e-]+)", log)
     assert len(pairs) >= 20
@@ -98,8 +120,10 @@ def test_polynomial_decay_matches_fairseq_train_log(fairseq_tiny):
 
 
 def test_reduce_lr_on_plateau_minimize():
-    _, opt, s = setup("reduce_lr_on_plateau", ["--lr", "1.0", "--lr-shrink", "0.5", "--lr-patience", "1",
-                                               "--lr-threshold", "0.01"])
+    _, opt, s = setup(
+        "reduce_lr_on_plateau",
+        ["--lr", "1.0", "--lr-shrink", "0.5", "--lr-patience", "1", "--lr-threshold", "0.01"],
+    )
     losses = [10, 9.95, 9.95, 9.0, 9.0, 8.95, 5.0]
     # rule: improved iff loss < best * (1 - 0.01); shrink when more than 1 epoch in a row did not improve
     expected = [1.0, 1.0, 0.5, 0.5, 0.5, 0.25, 0.25]
@@ -109,8 +133,10 @@ def test_reduce_lr_on_plateau_minimize():
 
 
 def test_reduce_lr_on_plateau_maximize_and_warmup():
-    args, opt, s = setup("reduce_lr_on_plateau", ["--lr", "1.0", "--lr-shrink", "0.5", "--lr-patience", "0",
-                                                  "--lr-threshold", "0.01"])
+    args, opt, s = setup(
+        "reduce_lr_on_plateau",
+        ["--lr", "1.0", "--lr-shrink", "0.5", "--lr-patience", "0", "--lr-threshold", "0.01"],
+    )
     args.maximize_best_checkpoint_metric = True
     s = build_lr_scheduler(args, opt)
     assert [s.step(1, 10.0), s.step(2, 10.05), s.step(3, 20.0)] == pytest.approx([1.0, 0.5, 0.5])
@@ -128,26 +154,41 @@ def cosine_expected(n, lo, hi, w, init, period, t_mult, shrink):
     cur, start, t_i, i = n - w, 0.0, period, 0
     while cur >= start + t_i:  # walk the periods instead of fairseq's closed-form log
         start, t_i, i = start + t_i, t_i * t_mult, i + 1
-    lo_i, hi_i = lo * shrink ** i, hi * shrink ** i
+    lo_i, hi_i = lo * shrink**i, hi * shrink**i
     return lo_i + 0.5 * (hi_i - lo_i) * (1 + math.cos(math.pi * (cur - start) / t_i))
 
 
 @pytest.mark.parametrize("t_mult", [1.0, 2.0])
 def test_cosine(t_mult):
-    argv = ["--lr", "1e-3", "--min-lr", "1e-5", "--warmup-updates", "5", "--lr-period-updates", "10",
-            "--t-mult", str(t_mult), "--lr-shrink", "0.5"]
+    argv = [
+        "--lr",
+        "1e-3",
+        "--min-lr",
+        "1e-5",
+        "--warmup-updates",
+        "5",
+        "--lr-period-updates",
+        "10",
+        "--t-mult",
+        str(t_mult),
+        "--lr-shrink",
+        "0.5",
+    ]
     _, opt, s = setup("cosine", argv)
     assert opt.get_lr() == 1e-5
     for n in range(0, 5 + 69):
-        assert s.step_update(n) == pytest.approx(cosine_expected(n, 1e-5, 1e-3, 5, 1e-5, 10, t_mult, 0.5),
-                                                 rel=1e-9), n
+        assert s.step_update(n) == pytest.approx(
+            cosine_expected(n, 1e-5, 1e-3, 5, 1e-5, 10, t_mult, 0.5), rel=1e-9
+        ), n
 
 
 def test_cosine_legacy_max_lr_and_max_update_period():
     _, _, s = setup("cosine", ["--lr", "1e-5", "--max-lr", "1e-3"], max_update=20)
     assert (s.min_lr, s.max_lr, s.period) == (1e-5, 1e-3, 20)
     for n in range(0, 40):
-        assert s.step_update(n) == pytest.approx(cosine_expected(n, 1e-5, 1e-3, 0, 1e-5, 20, 1.0, 0.1), rel=1e-9)
+        assert s.step_update(n) == pytest.approx(
+            cosine_expected(n, 1e-5, 1e-3, 0, 1e-5, 20, 1.0, 0.1), rel=1e-9
+        )
     with pytest.raises(SeqtrainError, match="--lr-period-updates or --max-update"):
         setup("cosine", ["--lr", "1e-3"])
 
@@ -177,13 +218,19 @@ def drive(s, evs):
     return lrs
 
 
-@pytest.mark.parametrize("name,argv", [
-    ("fixed", ["--lr", "1,0.5", "--warmup-updates", "10", "--force-anneal", "3"]),
-    ("inverse_sqrt", ["--lr", "1", "--warmup-updates", "5"]),
-    ("polynomial_decay", ["--lr", "1", "--warmup-updates", "3", "--total-num-update", "18", "--power", "0.5"]),
-    ("reduce_lr_on_plateau", ["--lr", "1", "--warmup-updates", "3", "--lr-patience", "0"]),
-    ("cosine", ["--lr", "1", "--warmup-updates", "3", "--lr-period-updates", "5", "--t-mult", "2"]),
-])
+@pytest.mark.parametrize(
+    "name,argv",
+    [
+        ("fixed", ["--lr", "1,0.5", "--warmup-updates", "10", "--force-anneal", "3"]),
+        ("inverse_sqrt", ["--lr", "1", "--warmup-updates", "5"]),
+        (
+            "polynomial_decay",
+            ["--lr", "1", "--warmup-updates", "3", "--total-num-update", "18", "--power", "0.5"],
+        ),
+        ("reduce_lr_on_plateau", ["--lr", "1", "--warmup-updates", "3", "--lr-patience", "0"]),
+        ("cosine", ["--lr", "1", "--warmup-updates", "3", "--lr-period-updates", "5", "--t-mult", "2"]),
+    ],
+)
 def test_state_dict_round_trip_continues_identically(name, argv):
     evs = events()
     _, _, straight = setup(name, argv)

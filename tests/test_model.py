@@ -1,20 +1,31 @@
 """BART model: fairseq parity, parameter names, incremental decoding, beam folding, reordering, presets, flags."""
+
 import argparse
 
 import pytest
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.models.bart import BARTModel, BartConfig, add_args, build_model
+from seqtrain.models.bart import BartConfig, BARTModel, add_args, build_model
 from seqtrain.registry import ARCHS
 
 PAD, EOS = 1, 2
 
 
 def tiny(**kw):
-    base = dict(vocab_size=50, encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
-                encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4,
-                decoder_attention_heads=4, max_source_positions=64, max_target_positions=64)
+    base = dict(
+        vocab_size=50,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_embed_dim=32,
+        decoder_embed_dim=32,
+        encoder_ffn_embed_dim=64,
+        decoder_ffn_embed_dim=64,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        max_source_positions=64,
+        max_target_positions=64,
+    )
     base.update(kw)
     return BartConfig(**base)
 
@@ -34,7 +45,7 @@ def left_padded(lengths, vocab=50, seed=1):
     g = torch.Generator().manual_seed(seed)
     out = torch.full((len(lengths), max(lengths)), PAD)
     for i, n in enumerate(lengths):
-        out[i, max(lengths) - n:] = torch.randint(4, vocab, (n,), generator=g)
+        out[i, max(lengths) - n :] = torch.randint(4, vocab, (n,), generator=g)
         out[i, -1] = EOS
     return out
 
@@ -65,11 +76,14 @@ class Dict_:
 
 # ---------------------------------------------------------------- fairseq parity (files written by fairseq 0.12)
 
+
 def _fairseq_model(fairseq_tiny):
     torch.serialization.add_safe_globals([argparse.Namespace])
     ck = torch.load(fairseq_tiny / "checkpoint_last.pt", weights_only=True)
     args = ck["cfg"]["model"]
-    model = BARTModel(BartConfig.from_args(args, vocab_size=ck["model"]["encoder.embed_tokens.weight"].shape[0]))
+    model = BARTModel(
+        BartConfig.from_args(args, vocab_size=ck["model"]["encoder.embed_tokens.weight"].shape[0])
+    )
     state = {k: v for k, v in ck["model"].items() if not k.endswith(".version")}
     assert list(model.state_dict()) == list(state)  # same names, same order
     model.load_state_dict(state, strict=True)
@@ -102,16 +116,24 @@ def test_incremental_matches_fairseq_reference(fairseq_tiny):
 
 # ---------------------------------------------------------------- names, init
 
+
 def test_parameter_names_are_fairseqs():
     m = BARTModel(tiny(encoder_layers=1, decoder_layers=1))
     lin = lambda p: {f"{p}.weight", f"{p}.bias"}  # noqa: E731
     attn = lambda p: set().union(*(lin(f"{p}.{x}_proj") for x in "kvq"), lin(f"{p}.out_proj"))  # noqa: E731
-    expected = {"encoder.embed_tokens.weight", "encoder.embed_positions.weight", "decoder.embed_tokens.weight",
-                "decoder.embed_positions.weight", "decoder.output_projection.weight"}
+    expected = {
+        "encoder.embed_tokens.weight",
+        "encoder.embed_positions.weight",
+        "decoder.embed_tokens.weight",
+        "decoder.embed_positions.weight",
+        "decoder.output_projection.weight",
+    }
     expected |= lin("encoder.layernorm_embedding") | lin("decoder.layernorm_embedding")
     for side in ("encoder", "decoder"):
         L = f"{side}.layers.0"
-        expected |= attn(f"{L}.self_attn") | lin(f"{L}.self_attn_layer_norm") | lin(f"{L}.fc1") | lin(f"{L}.fc2")
+        expected |= (
+            attn(f"{L}.self_attn") | lin(f"{L}.self_attn_layer_norm") | lin(f"{L}.fc1") | lin(f"{L}.fc2")
+        )
         expected |= lin(f"{L}.final_layer_norm")
     expected |= attn("decoder.layers.0.encoder_attn") | lin("decoder.layers.0.encoder_attn_layer_norm")
     assert set(m.state_dict()) == expected
@@ -119,14 +141,25 @@ def test_parameter_names_are_fairseqs():
     # one shared tensor behind the three embedding names
     sd = m.state_dict()
     ptr = sd["encoder.embed_tokens.weight"].data_ptr()
-    assert sd["decoder.embed_tokens.weight"].data_ptr() == ptr == sd["decoder.output_projection.weight"].data_ptr()
+    assert (
+        sd["decoder.embed_tokens.weight"].data_ptr()
+        == ptr
+        == sd["decoder.output_projection.weight"].data_ptr()
+    )
     assert m.encoder.embed_positions.weight.shape == (64 + PAD + 1, 32)
 
 
 def test_init_like_fairseq_bart():
     torch.manual_seed(0)
-    m = BARTModel(tiny(encoder_embed_dim=64, decoder_embed_dim=64, encoder_ffn_embed_dim=256,
-                       decoder_ffn_embed_dim=256, vocab_size=400))
+    m = BARTModel(
+        tiny(
+            encoder_embed_dim=64,
+            decoder_embed_dim=64,
+            encoder_ffn_embed_dim=256,
+            decoder_ffn_embed_dim=256,
+            vocab_size=400,
+        )
+    )
     w = m.encoder.layers[0].fc1.weight
     assert abs(w.std().item() - 0.02) < 0.002 and abs(w.mean().item()) < 0.002
     assert m.encoder.embed_tokens.weight[PAD].abs().sum() == 0
@@ -138,6 +171,7 @@ def test_init_like_fairseq_bart():
 
 # ---------------------------------------------------------------- forward behaviour
 
+
 def test_left_padded_row_equals_unpadded_row():
     m = make_model()
     src = left_padded([9, 4, 6])
@@ -145,8 +179,8 @@ def test_left_padded_row_equals_unpadded_row():
     with torch.no_grad():
         batch, _ = m(src, None, prev)
         for i, n in enumerate([9, 4, 6]):
-            single, _ = m(src[i:i + 1, -n:], None, prev[i:i + 1])
-            torch.testing.assert_close(batch[i:i + 1], single, atol=1e-5, rtol=0)
+            single, _ = m(src[i : i + 1, -n:], None, prev[i : i + 1])
+            torch.testing.assert_close(batch[i : i + 1], single, atol=1e-5, rtol=0)
 
 
 def test_right_padded_decoder_rows_and_no_nan_at_pads():
@@ -221,7 +255,7 @@ def test_beam_folded_incremental_reorder_and_drop():
         prev2 = torch.cat([prev[new_order, :k], prev[:, k:]], dim=1)  # new continuations after the reorder
         inc2 = _steps(m, enc, prev2, state, k + 1, k + 2)
         full2, _ = m(src.repeat_interleave(beam, 0), None, prev2)
-        torch.testing.assert_close(inc2, full2[:, k:k + 2], atol=1e-5, rtol=0)
+        torch.testing.assert_close(inc2, full2[:, k : k + 2], atol=1e-5, rtol=0)
 
         # sentence 1 finishes: keep sentences 2 and 0, in that order
         encoder_order = torch.tensor([2, 0])
@@ -231,7 +265,7 @@ def test_beam_folded_incremental_reorder_and_drop():
         prev3 = prev2[new_order]
         inc3 = _steps(m, enc3, prev3, state, k + 3, T)
         full3, _ = m(src[encoder_order].repeat_interleave(beam, 0), None, prev3)
-        torch.testing.assert_close(inc3, full3[:, k + 2:], atol=1e-5, rtol=0)
+        torch.testing.assert_close(inc3, full3[:, k + 2 :], atol=1e-5, rtol=0)
         assert state["layers.0.encoder_attn"]["k"].shape[0] == 2
         assert torch.equal(enc3["encoder_padding_mask"], src[encoder_order].eq(PAD))
 
@@ -256,7 +290,9 @@ def test_checkpoint_activations_same_gradients(monkeypatch):
     src, prev = left_padded([7, 4]), right_padded([5, 3])
     grads = []
     for ckpt in (False, True):
-        m = make_model(dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, checkpoint_activations=ckpt)
+        m = make_model(
+            dropout=0.2, attention_dropout=0.1, activation_dropout=0.1, checkpoint_activations=ckpt
+        )
         m.train()
         torch.manual_seed(3)
         logits, _ = m(src, None, prev)
@@ -281,6 +317,7 @@ def test_dropout_active_only_in_training():
 
 # ---------------------------------------------------------------- presets, flags, errors
 
+
 def _parse(argv):
     p = argparse.ArgumentParser()
     p.add_argument("--max-source-positions", type=int, default=1024)  # as a task would add it first
@@ -288,10 +325,15 @@ def _parse(argv):
     return p.parse_args(argv)
 
 
-@pytest.mark.parametrize("arch,layers,dim,ffn,heads", [
-    ("bart_tiny", 2, 64, 128, 4), ("bart_small", 3, 256, 1024, 4),
-    ("bart_base", 6, 768, 3072, 12), ("bart_large", 12, 1024, 4096, 16),
-])
+@pytest.mark.parametrize(
+    "arch,layers,dim,ffn,heads",
+    [
+        ("bart_tiny", 2, 64, 128, 4),
+        ("bart_small", 3, 256, 1024, 4),
+        ("bart_base", 6, 768, 3072, 12),
+        ("bart_large", 12, 1024, 4096, 16),
+    ],
+)
 def test_presets_fill_fairseq_defaults(arch, layers, dim, ffn, heads):
     args = _parse([])
     ARCHS.get(arch)(args)
@@ -306,10 +348,29 @@ def test_presets_fill_fairseq_defaults(arch, layers, dim, ffn, heads):
 
 
 def test_override_flags_win_and_shapes_follow():
-    args = _parse(["--encoder-layers", "3", "--decoder-layers", "1", "--encoder-embed-dim", "48",
-                   "--decoder-embed-dim", "48", "--encoder-ffn-embed-dim", "96", "--decoder-attention-heads", "2",
-                   "--dropout", "0.25", "--max-target-positions", "40", "--activation-fn", "relu",
-                   "--checkpoint-activations"])
+    args = _parse(
+        [
+            "--encoder-layers",
+            "3",
+            "--decoder-layers",
+            "1",
+            "--encoder-embed-dim",
+            "48",
+            "--decoder-embed-dim",
+            "48",
+            "--encoder-ffn-embed-dim",
+            "96",
+            "--decoder-attention-heads",
+            "2",
+            "--dropout",
+            "0.25",
+            "--max-target-positions",
+            "40",
+            "--activation-fn",
+            "relu",
+            "--checkpoint-activations",
+        ]
+    )
     args.arch = "bart_tiny"
     m = build_model(args, Dict_(24), Dict_(24))
     assert len(m.encoder.layers) == 3 and len(m.decoder.layers) == 1
@@ -326,8 +387,17 @@ def test_override_flags_win_and_shapes_follow():
 
 def test_fairseq_finetuning_flags_are_accepted():
     # the flags fairseq's BART summarization fine-tuning command passes
-    args = _parse(["--layernorm-embedding", "--share-all-embeddings", "--share-decoder-input-output-embed",
-                   "--dropout", "0.1", "--attention-dropout", "0.1"])
+    args = _parse(
+        [
+            "--layernorm-embedding",
+            "--share-all-embeddings",
+            "--share-decoder-input-output-embed",
+            "--dropout",
+            "0.1",
+            "--attention-dropout",
+            "0.1",
+        ]
+    )
     args.arch = "bart_tiny"
     m = build_model(args, Dict_(24), Dict_(24))
     assert m.cfg.attention_dropout == 0.1 and m.encoder.layers[0].self_attn.dropout == 0.1
@@ -353,7 +423,9 @@ def test_user_errors_are_one_line_seqtrain_errors():
         build_model(args, Dict_(30), Dict_(20))
     bad = _parse(["--encoder-attention-heads", "5"])
     bad.arch = "bart_tiny"
-    with pytest.raises(SeqtrainError, match="--encoder-embed-dim 64 must be divisible by --encoder-attention-heads 5"):
+    with pytest.raises(
+        SeqtrainError, match="--encoder-embed-dim 64 must be divisible by --encoder-attention-heads 5"
+    ):
         build_model(bad, Dict_(30), Dict_(30))
     unknown = _parse([])
     unknown.arch = "bart_huge"
@@ -396,8 +468,9 @@ def test_ffn_recomputing_activation_matches_plain_autograd(activation_fn):
     g = torch.randn(3, 5, 16, dtype=torch.float64)
     out = layer._ffn(x)
     out.backward(g)
-    got = [x.grad.clone()] + [p.grad.clone() for p in (layer.fc1.weight, layer.fc1.bias, layer.fc2.weight,
-                                                       layer.fc2.bias)]
+    got = [x.grad.clone()] + [
+        p.grad.clone() for p in (layer.fc1.weight, layer.fc1.bias, layer.fc2.weight, layer.fc2.bias)
+    ]
     assert out.grad_fn.name().endswith("_FFNBackward")
     layer.zero_grad()
     x.grad = None
@@ -427,11 +500,19 @@ def test_weight_init_xavier_and_bert():
     import math
 
     from seqtrain.errors import SeqtrainError
-    from seqtrain.models.bart import BARTModel, BartConfig
+    from seqtrain.models.bart import BartConfig, BARTModel
 
-    cfg = dict(vocab_size=3000, encoder_layers=1, decoder_layers=1, encoder_embed_dim=128, decoder_embed_dim=128,
-               encoder_ffn_embed_dim=512, decoder_ffn_embed_dim=512, encoder_attention_heads=4,
-               decoder_attention_heads=4)
+    cfg = dict(
+        vocab_size=3000,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_embed_dim=128,
+        decoder_embed_dim=128,
+        encoder_ffn_embed_dim=512,
+        decoder_ffn_embed_dim=512,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+    )
     torch.manual_seed(0)
     bert = BARTModel(BartConfig(**cfg))
     torch.manual_seed(0)
@@ -445,11 +526,13 @@ def test_weight_init_xavier_and_bert():
     assert q.std().item() == pytest.approx(math.sqrt(2 / 256) / math.sqrt(2), rel=0.05)
     assert not xav.encoder.layers[0].fc1.bias.any()
     emb = xav.encoder.embed_tokens.weight
-    assert emb.std().item() == pytest.approx(128 ** -0.5, rel=0.05) and not emb[1].any()
+    assert emb.std().item() == pytest.approx(128**-0.5, rel=0.05) and not emb[1].any()
     assert xav.decoder.output_projection.weight is emb
     with pytest.raises(SeqtrainError, match="--weight-init 'normal'"):
         BARTModel(BartConfig(weight_init="normal", **cfg))
     parser = argparse.ArgumentParser()
     add_args(parser)
-    ns = parser.parse_args(["--weight-init", "xavier", "--encoder-normalize-before", "--decoder-normalize-before"])
+    ns = parser.parse_args(
+        ["--weight-init", "xavier", "--encoder-normalize-before", "--decoder-normalize-before"]
+    )
     assert ns.weight_init == "xavier" and ns.encoder_normalize_before and ns.decoder_normalize_before

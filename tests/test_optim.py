@@ -83,8 +83,20 @@ def test_adam_matches_torch_adamw():
     init = [torch.randn(4, 3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)]
     ours = [torch.nn.Parameter(t.clone()) for t in init]
     ref = [torch.nn.Parameter(t.clone()) for t in init]
-    args = parse(["--optimizer", "adam", "--lr", "0.01", "--adam-betas", "(0.8, 0.95)", "--adam-eps", "1e-6",
-                  "--weight-decay", "0.1"])
+    args = parse(
+        [
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.01",
+            "--adam-betas",
+            "(0.8, 0.95)",
+            "--adam-eps",
+            "1e-6",
+            "--weight-decay",
+            "0.1",
+        ]
+    )
     opt = build_optimizer(args, ours)
     assert isinstance(opt.optimizer, torch.optim.AdamW)
     assert opt.optimizer.param_groups[0]["fused"] is True  # fused kernel on the CPU too (torch >= 2.4)
@@ -99,14 +111,18 @@ def test_adam_matches_torch_adamw():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     assert not torch.equal(ours[0].detach(), init[0])
     with pytest.raises(SeqtrainError, match="--adam-betas"):
-        build_optimizer(argparse.Namespace(optimizer="adam", lr=[1.0], adam_betas="0.9", adam_eps=1e-8,
-                                           weight_decay=0.0), ours)
+        build_optimizer(
+            argparse.Namespace(optimizer="adam", lr=[1.0], adam_betas="0.9", adam_eps=1e-8, weight_decay=0.0),
+            ours,
+        )
 
 
 def test_sgd_matches_torch_sgd():
     init = torch.tensor([[0.5, -1.0], [2.0, 0.25]], dtype=torch.float64)
     a, b = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
-    opt = build_optimizer(parse(["--optimizer", "sgd", "--lr", "0.2", "--momentum", "0.5", "--wd", "0.01"]), [a])
+    opt = build_optimizer(
+        parse(["--optimizer", "sgd", "--lr", "0.2", "--momentum", "0.5", "--wd", "0.01"]), [a]
+    )
     ref = torch.optim.SGD([b], lr=0.2, momentum=0.5, weight_decay=0.01)
     for s in range(4):
         a.grad, b.grad = grads_at(s, a.shape), grads_at(s, b.shape)
@@ -115,8 +131,20 @@ def test_sgd_matches_torch_sgd():
     torch.testing.assert_close(a, b, rtol=1e-14, atol=0)
 
 
-def adafactor_reference(w0, grad_fn, steps, lr, beta1=None, wd=0.0, scale_parameter=False, relative_step=False,
-                        warmup_init=False, eps=(1e-30, 1e-3), clip=1.0, decay=-0.8):
+def adafactor_reference(
+    w0,
+    grad_fn,
+    steps,
+    lr,
+    beta1=None,
+    wd=0.0,
+    scale_parameter=False,
+    relative_step=False,
+    warmup_init=False,
+    eps=(1e-30, 1e-3),
+    clip=1.0,
+    decay=-0.8,
+):
     """Adafactor written straight from the paper / fairseq's description, in numpy float64."""
     w = w0.copy()
     factored = w.ndim >= 2
@@ -126,11 +154,11 @@ def adafactor_reference(w0, grad_fn, steps, lr, beta1=None, wd=0.0, scale_parame
     m = np.zeros_like(w)
     for t in range(1, steps + 1):
         g = grad_fn(t - 1)
-        rms_w = np.sqrt(np.mean(w ** 2))
+        rms_w = np.sqrt(np.mean(w**2))
         rho = min(1e-6 * t if warmup_init else 1e-2, 1 / math.sqrt(t)) if relative_step else lr
         alpha = (max(eps[1], rms_w) if scale_parameter else 1.0) * rho
-        beta2 = 1 - t ** decay
-        sq = g ** 2 + eps[0]
+        beta2 = 1 - t**decay
+        sq = g**2 + eps[0]
         if factored:
             R = beta2 * R + (1 - beta2) * sq.mean(axis=-1)
             C = beta2 * C + (1 - beta2) * sq.mean(axis=-2)
@@ -139,7 +167,7 @@ def adafactor_reference(w0, grad_fn, steps, lr, beta1=None, wd=0.0, scale_parame
         else:
             V = beta2 * V + (1 - beta2) * sq
             u = g / np.sqrt(V)
-        u = u / max(1.0, np.sqrt(np.mean(u ** 2)) / clip)
+        u = u / max(1.0, np.sqrt(np.mean(u**2)) / clip)
         u = alpha * u
         if beta1 is not None:
             m = beta1 * m + (1 - beta1) * u
@@ -151,13 +179,16 @@ def adafactor_reference(w0, grad_fn, steps, lr, beta1=None, wd=0.0, scale_parame
 
 
 @pytest.mark.parametrize("shape", [(4, 3), (5,)])
-@pytest.mark.parametrize("flags", [
-    dict(),
-    dict(beta1=0.9, wd=0.01),
-    dict(scale_parameter=True),
-    dict(relative_step=True, scale_parameter=True),
-    dict(relative_step=True, warmup_init=True),
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(),
+        dict(beta1=0.9, wd=0.01),
+        dict(scale_parameter=True),
+        dict(relative_step=True, scale_parameter=True),
+        dict(relative_step=True, warmup_init=True),
+    ],
+)
 def test_adafactor_matches_reference(shape, flags):
     torch.manual_seed(0)
     w0 = torch.randn(shape, dtype=torch.float64)
@@ -181,15 +212,21 @@ def test_adafactor_matches_reference(shape, flags):
 
 def test_adafactor_warmup_init_needs_relative_step():
     with pytest.raises(SeqtrainError, match="--warmup-init requires --relative-step"):
-        build_optimizer(parse(["--optimizer", "adafactor", "--warmup-init"]), [torch.nn.Parameter(torch.ones(2))])
+        build_optimizer(
+            parse(["--optimizer", "adafactor", "--warmup-init"]), [torch.nn.Parameter(torch.ones(2))]
+        )
 
 
 @pytest.mark.parametrize("name", ["adam", "nag", "sgd", "adafactor"])
 def test_state_dict_round_trip_continues_identically(name):
     torch.manual_seed(0)
     init = [torch.randn(3, 2, dtype=torch.float64), torch.randn(2, dtype=torch.float64)]
-    extra = {"adam": ["--wd", "0.1"], "nag": ["--momentum", "0.9"], "sgd": ["--momentum", "0.9"],
-             "adafactor": ["--beta1", "0.9"]}[name]
+    extra = {
+        "adam": ["--wd", "0.1"],
+        "nag": ["--momentum", "0.9"],
+        "sgd": ["--momentum", "0.9"],
+        "adafactor": ["--beta1", "0.9"],
+    }[name]
     args = parse(["--optimizer", name, "--lr", "0.05"] + extra)
 
     straight = [torch.nn.Parameter(t.clone()) for t in init]
@@ -227,7 +264,9 @@ def test_load_state_dict_overrides_and_grad_helpers():
 
 def test_frozen_parameters_are_left_out():
     a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2), requires_grad=False)
-    opt = build_optimizer(argparse.Namespace(optimizer="nag", lr=[0.1], momentum=0.9, weight_decay=0.0), [a, b])
+    opt = build_optimizer(
+        argparse.Namespace(optimizer="nag", lr=[0.1], momentum=0.9, weight_decay=0.0), [a, b]
+    )
     assert opt.param_groups[0]["params"] == [a]
 
 
@@ -235,11 +274,15 @@ def test_frozen_parameters_are_left_out():
 def test_adam_uses_fused_kernel_on_cuda():
     p = torch.nn.Parameter(torch.randn(8, device="cuda"))
     ref = torch.nn.Parameter(p.detach().clone())
-    opt = build_optimizer(argparse.Namespace(optimizer="adam", lr=[1e-2], adam_betas="(0.9, 0.98)",
-                                             adam_eps=1e-8, weight_decay=0.01), [p])
+    opt = build_optimizer(
+        argparse.Namespace(
+            optimizer="adam", lr=[1e-2], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.01
+        ),
+        [p],
+    )
     assert opt.param_groups[0]["fused"] is True
     ref_opt = torch.optim.AdamW([ref], lr=1e-2, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.01, foreach=False)
-    for s in range(3):
+    for _s in range(3):
         g = torch.randn(8, device="cuda")
         p.grad, ref.grad = g.clone(), g.clone()
         opt.step()
@@ -250,9 +293,19 @@ def test_adam_uses_fused_kernel_on_cuda():
 @pytest.mark.parametrize("name", ["nag", "adafactor"])
 def test_bf16_params_keep_fp32_state_across_resume(name):
     p = torch.nn.Parameter(torch.randn(3, 2).to(torch.bfloat16))
-    args = argparse.Namespace(optimizer=name, lr=[0.1], momentum=0.9, weight_decay=0.0, adafactor_eps="(1e-30, 1e-3)",
-                              clip_threshold=1.0, decay_rate=-0.8, beta1=0.9, scale_parameter=False,
-                              relative_step=False, warmup_init=False)
+    args = argparse.Namespace(
+        optimizer=name,
+        lr=[0.1],
+        momentum=0.9,
+        weight_decay=0.0,
+        adafactor_eps="(1e-30, 1e-3)",
+        clip_threshold=1.0,
+        decay_rate=-0.8,
+        beta1=0.9,
+        scale_parameter=False,
+        relative_step=False,
+        warmup_init=False,
+    )
     opt = build_optimizer(args, [p])
     p.grad = torch.randn(3, 2).to(torch.bfloat16)
     opt.step()

@@ -46,7 +46,9 @@ def test_collate_pads_source_left_target_right_and_shifts_eos():
     assert b["nsentences"] == 3
     assert b["ntokens"] == 2 + 4 + 2  # target tokens, </s> included, pads not
     assert torch.equal(b["net_input"]["src_lengths"], T(4, 3, 2))
-    assert torch.equal(b["net_input"]["src_tokens"], torch.tensor([[8, 9, 10, 2], [1, 5, 6, 2], [1, 1, 7, 2]]))
+    assert torch.equal(
+        b["net_input"]["src_tokens"], torch.tensor([[8, 9, 10, 2], [1, 5, 6, 2], [1, 1, 7, 2]])
+    )
     assert torch.equal(b["target"], torch.tensor([[15, 2, 1, 1], [11, 2, 1, 1], [12, 13, 14, 2]]))
     assert torch.equal(
         b["net_input"]["prev_output_tokens"], torch.tensor([[2, 15, 1, 1], [2, 11, 1, 1], [2, 12, 13, 14]])
@@ -55,7 +57,9 @@ def test_collate_pads_source_left_target_right_and_shifts_eos():
 
 def test_padding_sides_are_configurable():
     b = collate_all(make(left_pad_source=False, left_pad_target=True))
-    assert torch.equal(b["net_input"]["src_tokens"], torch.tensor([[8, 9, 10, 2], [5, 6, 2, 1], [7, 2, 1, 1]]))
+    assert torch.equal(
+        b["net_input"]["src_tokens"], torch.tensor([[8, 9, 10, 2], [5, 6, 2, 1], [7, 2, 1, 1]])
+    )
     assert torch.equal(b["target"], torch.tensor([[1, 1, 15, 2], [1, 1, 11, 2], [12, 13, 14, 2]]))
     assert torch.equal(
         b["net_input"]["prev_output_tokens"], torch.tensor([[1, 1, 2, 15], [1, 1, 2, 11], [2, 12, 13, 14]])
@@ -99,8 +103,12 @@ def test_truncate_source_keeps_eos_and_sizes_are_fairseqs():
     assert ds.num_tokens(3) == 3 and ds.size(1) == (4, 2)
     # with <s>, the whole item still fits the limit
     ds = make(src, tgt, truncate_source=True, max_source_positions=4, prepend_bos=True)
-    assert [ds[i]["source"].tolist() for i in range(4)] == [[BOS, 3, 4, EOS], [BOS, 8, 9, EOS],
-                                                            [BOS, 10, 11, EOS], [BOS, 13, EOS]]
+    assert [ds[i]["source"].tolist() for i in range(4)] == [
+        [BOS, 3, 4, EOS],
+        [BOS, 8, 9, EOS],
+        [BOS, 10, 11, EOS],
+        [BOS, 13, EOS],
+    ]
     assert ds.src_sizes.tolist() == [4, 4, 4, 4]
     assert make(src, tgt).src_sizes.tolist() == [len(s) for s in src]  # without truncation: the lengths
 

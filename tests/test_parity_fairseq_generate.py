@@ -5,6 +5,7 @@ The fixture's two logs were written by fairseq 0.12 itself (see its README): `--
 (natural-log score / ln 2): H- with full float repr, P- rounded to 4 decimals. We generate from the same
 checkpoint and data-bin and compare every hypothesis (tokens, order) and every score.
 """
+
 import math
 import re
 from collections import defaultdict
@@ -41,8 +42,9 @@ def fixture_run(fairseq_tiny):
     lm = load_model(str(fairseq_tiny / "checkpoint_last.pt"), dict_path=str(bin_dir / "dict.src.txt"))
     src = MMapIndexedDataset(str(bin_dir / "valid.src-tgt.src"))
     tgt = MMapIndexedDataset(str(bin_dir / "valid.src-tgt.tgt"))
-    dataset = LanguagePairDataset(src, src.sizes, lm.src_dict, tgt, tgt.sizes, lm.tgt_dict,
-                                  left_pad_source=True, shuffle=False)
+    dataset = LanguagePairDataset(
+        src, src.sizes, lm.src_dict, tgt, tgt.sizes, lm.tgt_dict, left_pad_source=True, shuffle=False
+    )
     order = dataset.ordered_indices().tolist()
     batches = [dataset.collater([dataset[i] for i in order[k : k + 64]]) for k in range(0, len(order), 64)]
     return fairseq_tiny, lm, batches
@@ -58,11 +60,16 @@ def run(lm, batches, **kw):
         torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("log_name, settings", [
-    ("generate_beam4_valid.log", dict(beam_size=4, nbest=1)),
-    ("generate_nbest5_minlen7_valid.log",
-     dict(beam_size=5, nbest=5, len_penalty=2.0, min_len=7, max_len_a=0, max_len_b=9)),
-])
+@pytest.mark.parametrize(
+    "log_name, settings",
+    [
+        ("generate_beam4_valid.log", dict(beam_size=4, nbest=1)),
+        (
+            "generate_nbest5_minlen7_valid.log",
+            dict(beam_size=5, nbest=5, len_penalty=2.0, min_len=7, max_len_a=0, max_len_b=9),
+        ),
+    ],
+)
 def test_same_hypotheses_and_scores_as_fairseq(fixture_run, log_name, settings):
     fairseq_tiny, lm, batches = fixture_run
     expected = parse_log(fairseq_tiny / log_name)

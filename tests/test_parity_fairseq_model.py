@@ -1,4 +1,5 @@
 """Parity with fairseq 0.12 itself: its checkpoint loads safely and gives the logits fairseq computed."""
+
 import argparse
 
 import pytest
@@ -20,7 +21,9 @@ def test_fixture_checkpoint_loads_safely(fairseq_tiny):
 
 
 def test_fixture_logits_match_fairseq(fairseq_tiny):
-    lm = load_model(str(fairseq_tiny / "checkpoint_last.pt"), dict_path=str(fairseq_tiny / "data-bin" / "dict.src.txt"))
+    lm = load_model(
+        str(fairseq_tiny / "checkpoint_last.pt"), dict_path=str(fairseq_tiny / "data-bin" / "dict.src.txt")
+    )
     refs = torch.load(str(fairseq_tiny / "reference_forward.pt"), weights_only=True)
     assert len(refs) == 5
     with torch.no_grad():
@@ -36,7 +39,9 @@ def test_fixture_exported_to_hf_matches_fairseq(fairseq_tiny, tmp_path):
     lm = load_model(str(fairseq_tiny / "checkpoint_last.pt"), dict_path=str(fairseq_tiny / "data-bin"))
     export_hf(lm, str(tmp_path))
     hf = transformers.BartForConditionalGeneration.from_pretrained(str(tmp_path)).eval()
-    ref = torch.load(str(fairseq_tiny / "reference_forward.pt"), weights_only=True)[0]  # one example, no padding
+    ref = torch.load(str(fairseq_tiny / "reference_forward.pt"), weights_only=True)[
+        0
+    ]  # one example, no padding
     with torch.no_grad():
         out = hf(input_ids=ref["src_tokens"], decoder_input_ids=ref["prev_output_tokens"]).logits
     torch.testing.assert_close(out, ref["logits"], rtol=0, atol=1e-5)

@@ -5,10 +5,11 @@ plus an offset of 2), fairseq's count non-pad tokens from padding_idx + 1. Both 
 the comparison uses right-padded sources and right-padded decoder rows of different lengths, and compares the
 logits at real (non-pad) decoder positions only.
 """
+
 import pytest
 import torch
 
-from seqtrain.models.bart import BARTModel, BartConfig
+from seqtrain.models.bart import BartConfig, BARTModel
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,31 +35,59 @@ def build_pair(vocab, dim, layers, heads, ffn, max_pos=64, seed=0, prenorm=False
     with pre-norm layers and a final layer norm after each stack)."""
     torch.manual_seed(seed)
     hf_config_cls = transformers.MBartConfig if prenorm else transformers.BartConfig
-    hf_model_cls = transformers.MBartForConditionalGeneration if prenorm else transformers.BartForConditionalGeneration
+    hf_model_cls = (
+        transformers.MBartForConditionalGeneration if prenorm else transformers.BartForConditionalGeneration
+    )
     hf_cfg = hf_config_cls(
-        vocab_size=vocab, d_model=dim, encoder_layers=layers, decoder_layers=layers,
-        encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn, decoder_ffn_dim=ffn,
-        max_position_embeddings=max_pos, scale_embedding=False, activation_function="gelu",
-        pad_token_id=PAD, bos_token_id=0, eos_token_id=EOS, decoder_start_token_id=EOS,
+        vocab_size=vocab,
+        d_model=dim,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        encoder_ffn_dim=ffn,
+        decoder_ffn_dim=ffn,
+        max_position_embeddings=max_pos,
+        scale_embedding=False,
+        activation_function="gelu",
+        pad_token_id=PAD,
+        bos_token_id=0,
+        eos_token_id=EOS,
+        decoder_start_token_id=EOS,
         attn_implementation="eager",  # a different attention code path from ours
     )
     hf = hf_model_cls(hf_cfg).eval()
-    with torch.no_grad():  # HF zero-inits biases and unit-inits LayerNorms: perturb so misplaced ones would show
+    with (
+        torch.no_grad()
+    ):  # HF zero-inits biases and unit-inits LayerNorms: perturb so misplaced ones would show
         for name, p in hf.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
     cfg = BartConfig(
-        vocab_size=vocab, encoder_layers=layers, decoder_layers=layers, encoder_embed_dim=dim, decoder_embed_dim=dim,
-        encoder_ffn_embed_dim=ffn, decoder_ffn_embed_dim=ffn, encoder_attention_heads=heads,
-        decoder_attention_heads=heads, max_source_positions=max_pos, max_target_positions=max_pos,
-        encoder_normalize_before=prenorm, decoder_normalize_before=prenorm,
+        vocab_size=vocab,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_embed_dim=dim,
+        decoder_embed_dim=dim,
+        encoder_ffn_embed_dim=ffn,
+        decoder_ffn_embed_dim=ffn,
+        encoder_attention_heads=heads,
+        decoder_attention_heads=heads,
+        max_source_positions=max_pos,
+        max_target_positions=max_pos,
+        encoder_normalize_before=prenorm,
+        decoder_normalize_before=prenorm,
     )
     with torch.device("meta"):  # skip our own random init: every value is overwritten below
         ours = BARTModel(cfg, padding_idx=PAD)
     ours.to_empty(device="cpu").eval()
     ours.tie_weights()  # to_empty() unties the output projection
     ours.load_state_dict(hf_to_seqtrain(hf.state_dict()), strict=True)
-    assert ours.decoder.output_projection.weight is ours.encoder.embed_tokens.weight is ours.decoder.embed_tokens.weight
+    assert (
+        ours.decoder.output_projection.weight
+        is ours.encoder.embed_tokens.weight
+        is ours.decoder.embed_tokens.weight
+    )
     return hf, ours
 
 
@@ -87,7 +116,8 @@ def check(hf, ours, vocab, src_lengths, tgt_lengths):
         enc = ours.encoder(src, None)
         state = {}
         steps = torch.cat(
-            [ours.decoder(prev[:, :t], enc, incremental_state=state)[0] for t in range(1, prev.size(1) + 1)], dim=1
+            [ours.decoder(prev[:, :t], enc, incremental_state=state)[0] for t in range(1, prev.size(1) + 1)],
+            dim=1,
         )
         torch.testing.assert_close(steps[real], ref[real], atol=1e-5, rtol=0)
     return ref

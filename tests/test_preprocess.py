@@ -40,8 +40,20 @@ def small_sample(tmp_path, sample_dir):
 
 
 def sample_argv(raw, dest, *extra):
-    return ["--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--testpref", str(raw / "test"),
-            "--destdir", str(dest), "--spm-vocab-size", "500", "--no-progress-bar", *extra]
+    return [
+        "--trainpref",
+        str(raw / "train"),
+        "--validpref",
+        str(raw / "valid"),
+        "--testpref",
+        str(raw / "test"),
+        "--destdir",
+        str(dest),
+        "--spm-vocab-size",
+        "500",
+        "--no-progress-bar",
+        *extra,
+    ]
 
 
 # --- compatibility and determinism ------------------------------------------------------------------------------
@@ -49,9 +61,28 @@ def sample_argv(raw, dest, *extra):
 def test_tokenizer_none_matches_fairseq_preprocess_byte_for_byte(fairseq_tiny, tmp_path):
     raw = fairseq_tiny / "raw"
     dest = tmp_path / "bin"
-    main(["-s", "src", "-t", "tgt", "--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"),
-            "--testpref", str(raw / "test"), "--destdir", str(dest), "--joined-dictionary", "--tokenizer", "none",
-            "--workers", "2", "--no-progress-bar"])
+    main(
+        [
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "valid"),
+            "--testpref",
+            str(raw / "test"),
+            "--destdir",
+            str(dest),
+            "--joined-dictionary",
+            "--tokenizer",
+            "none",
+            "--workers",
+            "2",
+            "--no-progress-bar",
+        ]
+    )
     theirs = sorted(os.listdir(fairseq_tiny / "data-bin"))
     assert len(theirs) == 14
     for name in theirs:
@@ -73,8 +104,13 @@ def test_worker_counts_give_identical_bytes_and_data_reads_back(small_sample, tm
         outs[w] = dest
     files = sorted(n for n in os.listdir(outs[1]) if n != "preprocess.json")
     assert files == sorted(n for n in os.listdir(outs[2]) if n != "preprocess.json")
-    assert {"spm.model", "tokenizer.json", "dict.source.txt", "dict.target.txt",
-            "test.source-target.target.idx"} <= set(files)
+    assert {
+        "spm.model",
+        "tokenizer.json",
+        "dict.source.txt",
+        "dict.target.txt",
+        "test.source-target.target.idx",
+    } <= set(files)
     for name in files:
         assert (outs[1] / name).read_bytes() == (outs[2] / name).read_bytes(), name
     s1, s2 = (json.loads((outs[w] / "preprocess.json").read_text()) for w in (1, 2))
@@ -103,15 +139,33 @@ def test_summary_figures_on_hand_made_corpus(tmp_path, capsys):
     write_pair(raw, "train", ["a b c", "a b", "a", "b c d e"], ["x", "x y", "y", "z"])
     write_pair(raw, "valid", ["a q q", "b"], ["x", "w"])
     dest = tmp_path / "bin"
-    main(["--trainpref", str(raw / "train"), "--validpref", str(raw / "valid"), "--destdir", str(dest),
-            "--tokenizer", "none", "--thresholdsrc", "2", "--no-progress-bar"])
+    main(
+        [
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            str(raw / "valid"),
+            "--destdir",
+            str(dest),
+            "--tokenizer",
+            "none",
+            "--thresholdsrc",
+            "2",
+            "--no-progress-bar",
+        ]
+    )
     # counts a3 b3 c2 d1 e1; threshold 2 drops d and e; 4 specials + 3 symbols padded to 8
     assert (dest / "dict.source.txt").read_text() == "a 3\nb 3\nc 2\nmadeupword0000 0\n"
     assert (dest / "dict.target.txt").read_text() == "x 2\ny 2\nz 1\nmadeupword0000 0\n"
     s = json.loads((dest / "preprocess.json").read_text())["splits"]
-    assert s["train"]["source"] == {"input": str(raw / "train.source"), "examples": 4, "tokens": 14, "unk": 2,
-                                    "unk_rate": 2 / 14,
-                                    "length": {"p50": 3, "p90": 5, "p95": 5, "p99": 5, "max": 5}}
+    assert s["train"]["source"] == {
+        "input": str(raw / "train.source"),
+        "examples": 4,
+        "tokens": 14,
+        "unk": 2,
+        "unk_rate": 2 / 14,
+        "length": {"p50": 3, "p90": 5, "p95": 5, "p99": 5, "max": 5},
+    }
     assert s["valid"]["source"]["tokens"] == 6 and s["valid"]["source"]["unk"] == 2
     assert s["valid"]["target"]["unk"] == 1 and s["valid"]["target"]["unk_rate"] == 0.25
     assert s["train"]["target"]["length"] == {"p50": 2, "p90": 3, "p95": 3, "p99": 3, "max": 3}
@@ -134,8 +188,21 @@ def test_given_dictionary_multiple_valid_splits_and_dict_only(tmp_path):
     write_pair(raw, "v2", ["c c"], ["y"])
     (tmp_path / "given.txt").write_text("c 10\na 5\n")
     dest = tmp_path / "bin"
-    main(["--trainpref", str(raw / "train"), "--validpref", f"{raw / 'v1'},{raw / 'v2'}", "--destdir", str(dest),
-            "--tokenizer", "none", "--srcdict", str(tmp_path / "given.txt"), "--no-progress-bar"])
+    main(
+        [
+            "--trainpref",
+            str(raw / "train"),
+            "--validpref",
+            f"{raw / 'v1'},{raw / 'v2'}",
+            "--destdir",
+            str(dest),
+            "--tokenizer",
+            "none",
+            "--srcdict",
+            str(tmp_path / "given.txt"),
+            "--no-progress-bar",
+        ]
+    )
     # a given dictionary is used as it is (no re-sorting, no padding), as fairseq does
     assert (dest / "dict.source.txt").read_text() == "c 10\na 5\n"
     assert MMapIndexedDataset(str(dest / "valid1.source-target.source"))[0].tolist() == [4, 4, 2]
@@ -143,9 +210,25 @@ def test_given_dictionary_multiple_valid_splits_and_dict_only(tmp_path):
     assert MMapIndexedDataset(str(dest / "train.source-target.source"))[0].tolist() == [5, 3, 2]
 
     only = tmp_path / "dictonly"
-    main(["--trainpref", str(raw / "train"), "--destdir", str(only), "--tokenizer", "none", "--joined-dictionary",
-            "--dict-only", "--no-progress-bar"])
-    assert sorted(os.listdir(only)) == ["dict.source.txt", "dict.target.txt", "preprocess.json", "tokenizer.json"]
+    main(
+        [
+            "--trainpref",
+            str(raw / "train"),
+            "--destdir",
+            str(only),
+            "--tokenizer",
+            "none",
+            "--joined-dictionary",
+            "--dict-only",
+            "--no-progress-bar",
+        ]
+    )
+    assert sorted(os.listdir(only)) == [
+        "dict.source.txt",
+        "dict.target.txt",
+        "preprocess.json",
+        "tokenizer.json",
+    ]
     assert (only / "dict.source.txt").read_text() == (only / "dict.target.txt").read_text()
     assert "x 1\n" in (only / "dict.source.txt").read_text()
 
@@ -175,19 +258,29 @@ def test_line_chunks_cover_the_file_on_line_boundaries(tmp_path):
         chunks = P.line_chunks(str(f), n)
         assert chunks[0][0] == 0 and chunks[-1][1] == len(data)
         assert all(a < b and b == c for (a, b), (c, _) in zip(chunks, chunks[1:] + [(len(data), 0)]))
-        assert all(data[a - 1:a] == b"\n" for a, _ in chunks[1:])
+        assert all(data[a - 1 : a] == b"\n" for a, _ in chunks[1:])
         lines = [line for a, b in chunks for line in P.read_chunk(str(f), a, b)]
         assert lines == data.decode().split("\n")
 
 
 BAD_INPUTS = {
-    "missing": (lambda raw: (raw / "train.target").unlink(), r"--trainpref .*train: input file not found: .*train\.target"),
-    "mismatch": (lambda raw: (raw / "train.target").write_text("x\ny\n"),
-                 r"line count mismatch: .*train\.source has 3 lines but .*train\.target has 2"),
+    "missing": (
+        lambda raw: (raw / "train.target").unlink(),
+        r"--trainpref .*train: input file not found: .*train\.target",
+    ),
+    "mismatch": (
+        lambda raw: (raw / "train.target").write_text("x\ny\n"),
+        r"line count mismatch: .*train\.source has 3 lines but .*train\.target has 2",
+    ),
     "empty_line": (lambda raw: (raw / "train.source").write_text("a\n\nc\n"), r"train\.source:2: empty line"),
-    "bad_utf8": (lambda raw: (raw / "train.target").write_bytes(b"x\ny\nz \xff\n"),
-                 r"train\.target:3: invalid UTF-8 \(byte 0xff at byte 3 of the line\)"),
-    "bad_srcdict": (lambda raw: (raw / "dict.txt").write_text("a 1\nb\n"), r"dict\.txt:2: malformed dictionary line 'b'"),
+    "bad_utf8": (
+        lambda raw: (raw / "train.target").write_bytes(b"x\ny\nz \xff\n"),
+        r"train\.target:3: invalid UTF-8 \(byte 0xff at byte 3 of the line\)",
+    ),
+    "bad_srcdict": (
+        lambda raw: (raw / "dict.txt").write_text("a 1\nb\n"),
+        r"dict\.txt:2: malformed dictionary line 'b'",
+    ),
 }
 
 
@@ -199,7 +292,15 @@ def test_bad_input_is_one_clear_error_and_writes_nothing(tmp_path, case):
     spoil, message = BAD_INPUTS[case]
     spoil(raw)
     dest = tmp_path / "bin"
-    argv = ["--trainpref", str(raw / "train"), "--destdir", str(dest), "--tokenizer", "none", "--no-progress-bar"]
+    argv = [
+        "--trainpref",
+        str(raw / "train"),
+        "--destdir",
+        str(dest),
+        "--tokenizer",
+        "none",
+        "--no-progress-bar",
+    ]
     if case == "bad_srcdict":
         argv += ["--srcdict", str(raw / "dict.txt")]
     with pytest.raises(SeqtrainError, match=message) as e:
@@ -213,12 +314,27 @@ def test_console_script_reports_error_line_and_exit_code(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     write_pair(raw, "train", ["a", "b"], ["x"])
-    r = subprocess.run([sys.executable, "-m", "seqtrain_cli.preprocess", "--trainpref", str(raw / "train"),
-                        "--destdir", str(tmp_path / "bin"), "--tokenizer", "none"],
-                       cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.preprocess",
+            "--trainpref",
+            str(raw / "train"),
+            "--destdir",
+            str(tmp_path / "bin"),
+            "--tokenizer",
+            "none",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1
-    assert r.stderr.splitlines() == [f"seqtrain-preprocess: error: line count mismatch: {raw / 'train.source'} has 2 "
-                                     f"lines but {raw / 'train.target'} has 1 (line i of each must belong together)"]
+    assert r.stderr.splitlines() == [
+        f"seqtrain-preprocess: error: line count mismatch: {raw / 'train.source'} has 2 "
+        f"lines but {raw / 'train.target'} has 1 (line i of each must belong together)"
+    ]
     assert not (tmp_path / "bin").exists()
 
 
@@ -227,7 +343,15 @@ def test_destdir_with_a_different_dictionary_is_refused_identical_is_fine(tmp_pa
     raw.mkdir()
     write_pair(raw, "train", ["a b", "b c"], ["x", "y"])
     dest = tmp_path / "bin"
-    argv = ["--trainpref", str(raw / "train"), "--destdir", str(dest), "--tokenizer", "none", "--no-progress-bar"]
+    argv = [
+        "--trainpref",
+        str(raw / "train"),
+        "--destdir",
+        str(dest),
+        "--tokenizer",
+        "none",
+        "--no-progress-bar",
+    ]
     main(argv)
     first = snapshot(dest)
     main(argv)  # same input, same dictionary: fine, same bytes
@@ -251,21 +375,49 @@ def test_failure_during_binarization_leaves_no_valid_looking_files(tmp_path, mon
 
     monkeypatch.setattr(P.ChunkWorker, "binarize", boom)
     with pytest.raises(SeqtrainError, match="simulated"):
-        main(["--trainpref", str(raw / "train"), "--destdir", str(dest), "--tokenizer", "none", "--no-progress-bar"])
+        main(
+            [
+                "--trainpref",
+                str(raw / "train"),
+                "--destdir",
+                str(dest),
+                "--tokenizer",
+                "none",
+                "--no-progress-bar",
+            ]
+        )
     assert os.listdir(dest) == ["keep.txt"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "nothing to preprocess"),
-    (["--trainpref", "x", "--workers", "0"], "--workers must be at least 1"),
-    (["--trainpref", "x", "-s", "en", "-t", "en"], "their files would collide"),
-    (["--trainpref", "x", "--joined-dictionary", "--srcdict", "a", "--tgtdict", "b", "--tokenizer", "none"],
-     "cannot use both --srcdict and --tgtdict with --joined-dictionary"),
-    (["--trainpref", "x", "--srcdict", "d.txt"], "pass the --spm-model it was made with"),
-    (["--trainpref", "x", "--tokenizer", "gpt2"], "--tokenizer gpt2 needs --gpt2-encoder-json"),
-    (["--validpref", "x", "--tokenizer", "none"], "--trainpref is needed to build the source dictionary"),
-    (["--trainpref", "x", "--tokenizer", "none", "--srcdict", "nope.txt"], "--srcdict: file not found: nope.txt"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "nothing to preprocess"),
+        (["--trainpref", "x", "--workers", "0"], "--workers must be at least 1"),
+        (["--trainpref", "x", "-s", "en", "-t", "en"], "their files would collide"),
+        (
+            [
+                "--trainpref",
+                "x",
+                "--joined-dictionary",
+                "--srcdict",
+                "a",
+                "--tgtdict",
+                "b",
+                "--tokenizer",
+                "none",
+            ],
+            "cannot use both --srcdict and --tgtdict with --joined-dictionary",
+        ),
+        (["--trainpref", "x", "--srcdict", "d.txt"], "pass the --spm-model it was made with"),
+        (["--trainpref", "x", "--tokenizer", "gpt2"], "--tokenizer gpt2 needs --gpt2-encoder-json"),
+        (["--validpref", "x", "--tokenizer", "none"], "--trainpref is needed to build the source dictionary"),
+        (
+            ["--trainpref", "x", "--tokenizer", "none", "--srcdict", "nope.txt"],
+            "--srcdict: file not found: nope.txt",
+        ),
+    ],
+)
 def test_flag_errors(argv, message, tmp_path):
     with pytest.raises(SeqtrainError, match=message):
         main(argv + ["--destdir", str(tmp_path / "bin")])
@@ -286,14 +438,18 @@ def test_spm_vocab_too_large_is_a_clear_error(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     write_pair(raw, "train", ["a b", "b c"], ["x", "y"])
-    with pytest.raises(SeqtrainError, match=r"--spm-vocab-size 8000: sentencepiece training failed: .*too high"):
+    with pytest.raises(
+        SeqtrainError, match=r"--spm-vocab-size 8000: sentencepiece training failed: .*too high"
+    ):
         main(["--trainpref", str(raw / "train"), "--destdir", str(tmp_path / "bin"), "--no-progress-bar"])
     assert not (tmp_path / "bin").exists()
 
 
 def _bytes_to_unicode():
     """GPT-2's printable stand-in for every byte (the byte-level BPE alphabet)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    keep = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    )
     chars, n = {}, 0
     for b in range(256):
         if b in keep:
@@ -317,10 +473,28 @@ def test_gpt2_tokenizer_with_bart_style_given_dictionaries_and_only_source(tmp_p
     # BART's dict.txt lists GPT-2 ids as decimal strings; 104 ("h") is missing here, so it becomes <unk>
     (tmp_path / "dict.txt").write_text("256 9\n257 8\n33 7\n101 6\n")
     dest = tmp_path / "bin"
-    gpt2 = ["--tokenizer", "gpt2", "--gpt2-encoder-json", str(tmp_path / "encoder.json"),
-            "--gpt2-vocab-bpe", str(tmp_path / "vocab.bpe")]
-    main(["--trainpref", str(raw / "train"), "--destdir", str(dest), "--srcdict", str(tmp_path / "dict.txt"),
-            "--tgtdict", str(tmp_path / "dict.txt"), "--no-progress-bar", *gpt2])
+    gpt2 = [
+        "--tokenizer",
+        "gpt2",
+        "--gpt2-encoder-json",
+        str(tmp_path / "encoder.json"),
+        "--gpt2-vocab-bpe",
+        str(tmp_path / "vocab.bpe"),
+    ]
+    main(
+        [
+            "--trainpref",
+            str(raw / "train"),
+            "--destdir",
+            str(dest),
+            "--srcdict",
+            str(tmp_path / "dict.txt"),
+            "--tgtdict",
+            str(tmp_path / "dict.txt"),
+            "--no-progress-bar",
+            *gpt2,
+        ]
+    )
     src = MMapIndexedDataset(str(dest / "train.source-target.source"))
     assert [src[i].tolist() for i in range(2)] == [[4, 5, 2], [4, 4, 6, 2]]  # "he", " he" / "he", "he", "!"
     assert MMapIndexedDataset(str(dest / "train.source-target.target"))[1].tolist() == [7, 2]
@@ -328,8 +502,20 @@ def test_gpt2_tokenizer_with_bart_style_given_dictionaries_and_only_source(tmp_p
     assert load_databin_tokenizer(str(dest)).encode("hehe!") == "256 256 33"
 
     only = tmp_path / "only"
-    main(["--trainpref", str(raw / "train"), "--destdir", str(only), "--only-source", "--no-progress-bar", *gpt2])
+    main(
+        [
+            "--trainpref",
+            str(raw / "train"),
+            "--destdir",
+            str(only),
+            "--only-source",
+            "--no-progress-bar",
+            *gpt2,
+        ]
+    )
     assert (only / "dict.source.txt").read_text() == "256 3\n257 1\n33 1\nmadeupword0000 0\n"
     assert sorted(n for n in os.listdir(only) if n.endswith((".bin", ".idx"))) == [
-        "train.source-target.source.bin", "train.source-target.source.idx"]
+        "train.source-target.source.bin",
+        "train.source-target.source.idx",
+    ]
     assert sorted(n for n in os.listdir(only) if n.startswith("dict")) == ["dict.source.txt"]

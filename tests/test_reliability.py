@@ -1,6 +1,7 @@
 """Reliability: graceful stop on SIGTERM / SIGINT, checkpoint writes that fail (disk full, permission denied),
 damaged checkpoints at start-up, NaN / inf losses (fp32 and the fp16 loss scaler), and safe loading of crafted
 checkpoints through every CLI. Tiny bart models on a 120-example toy data-bin; everything on CPU."""
+
 from __future__ import annotations
 
 import errno
@@ -30,13 +31,38 @@ def databin(toy_databin):
     return toy_databin(n_train=120, n_valid=16)
 
 
-
 def targs(data: str, save_dir: str, *extra: str) -> list:
     # 120 examples at --max-tokens 256: 5 updates an epoch; dropout on, so resume must restore the RNG stream
-    return [data, "--arch", "bart_tiny", "--encoder-layers", "1", "--decoder-layers", "1", "--cpu", "--seed", "5",
-            "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "3", "--max-tokens", "256",
-            "--criterion", "cross_entropy", "--log-format", "none", "--save-dir", save_dir,
-            "--no-epoch-checkpoints", "--max-update", "8", *extra]
+    return [
+        data,
+        "--arch",
+        "bart_tiny",
+        "--encoder-layers",
+        "1",
+        "--decoder-layers",
+        "1",
+        "--cpu",
+        "--seed",
+        "5",
+        "--lr",
+        "3e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "3",
+        "--max-tokens",
+        "256",
+        "--criterion",
+        "cross_entropy",
+        "--log-format",
+        "none",
+        "--save-dir",
+        save_dir,
+        "--no-epoch-checkpoints",
+        "--max-update",
+        "8",
+        *extra,
+    ]
 
 
 def sha(path: str) -> str:
@@ -50,7 +76,10 @@ def updates_in(path: str) -> int:
 @pytest.fixture(scope="module")
 def uninterrupted(databin, tmp_path_factory):
     save_dir = str(tmp_path_factory.mktemp("full"))
-    assert train_main(targs(databin, save_dir, "--save-interval-updates", "1", "--keep-interval-updates", "8")) == 0
+    assert (
+        train_main(targs(databin, save_dir, "--save-interval-updates", "1", "--keep-interval-updates", "8"))
+        == 0
+    )
     return save_dir
 
 
@@ -83,15 +112,24 @@ def stop_at_update(monkeypatch, update: int, signum: int) -> None:
     monkeypatch.setattr(Trainer, "train_step", train_step)
 
 
-@pytest.mark.parametrize("signum,update,where,flags", [
-    (signal.SIGTERM, 3, (1, 3), ("--save-interval-updates", "2")),  # mid-epoch, between two interval saves
-    # the last update of epoch 1 (4 batches), where the policy saves nothing (--save-interval 2): the stop
-    # writes checkpoint_last.pt at the epoch's end, after its lr step, and the restart begins epoch 2
-    (signal.SIGINT, 4, (2, 0), ("--save-interval", "2")),
-], ids=["sigterm-mid-epoch", "sigint-epoch-end"])
-def test_graceful_stop_saves_exact_position_and_resumes_bitwise(databin, uninterrupted, tmp_path, monkeypatch,
-                                                                  caplog, python_sigint, signum, update, where,
-                                                                  flags):
+@pytest.mark.parametrize(
+    "signum,update,where,flags",
+    [
+        (
+            signal.SIGTERM,
+            3,
+            (1, 3),
+            ("--save-interval-updates", "2"),
+        ),  # mid-epoch, between two interval saves
+        # the last update of epoch 1 (4 batches), where the policy saves nothing (--save-interval 2): the stop
+        # writes checkpoint_last.pt at the epoch's end, after its lr step, and the restart begins epoch 2
+        (signal.SIGINT, 4, (2, 0), ("--save-interval", "2")),
+    ],
+    ids=["sigterm-mid-epoch", "sigint-epoch-end"],
+)
+def test_graceful_stop_saves_exact_position_and_resumes_bitwise(
+    databin, uninterrupted, tmp_path, monkeypatch, caplog, python_sigint, signum, update, where, flags
+):
     save_dir = str(tmp_path / "stopped")
     with monkeypatch.context() as m:
         stop_at_update(m, update, signum)
@@ -105,8 +143,10 @@ def test_graceful_stop_saves_exact_position_and_resumes_bitwise(databin, uninter
     assert (itr["epoch"], itr["iterations_in_epoch"]) == where
     assert signal.getsignal(signal.SIGINT) is not None and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     assert train_main(targs(databin, save_dir, *flags)) == 0  # the same command continues
-    assert_same_state(load_checkpoint_file(os.path.join(uninterrupted, "checkpoint_last.pt")),
-                      load_checkpoint_file(os.path.join(save_dir, "checkpoint_last.pt")))
+    assert_same_state(
+        load_checkpoint_file(os.path.join(uninterrupted, "checkpoint_last.pt")),
+        load_checkpoint_file(os.path.join(save_dir, "checkpoint_last.pt")),
+    )
 
 
 def test_graceful_stop_second_signal_acts_at_once(python_sigint):
@@ -136,10 +176,25 @@ def test_sigterm_to_the_console_script(databin, tmp_path):
     """A real SIGTERM from outside, to the seqtrain-train process, while it trains."""
     save_dir = str(tmp_path / "ck")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    argv = targs(databin, save_dir, "--max-update", "400", "--log-format", "simple", "--log-interval", "1",
-                 "--disable-validation")
-    proc = subprocess.Popen([sys.executable, "-m", "seqtrain_cli.train", *argv], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    argv = targs(
+        databin,
+        save_dir,
+        "--max-update",
+        "400",
+        "--log-format",
+        "simple",
+        "--log-interval",
+        "1",
+        "--disable-validation",
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqtrain_cli.train", *argv],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -193,13 +248,18 @@ EACCES = PermissionError(errno.EACCES, "Permission denied")
 # Saves at updates 2 and 4 succeed, the one at update 6 fails: its torch.save (3rd), the rename of its file into
 # place (4th rename: update 2 renames checkpoint_1_2.pt and its checkpoint_last.pt link, the epoch end at update 4
 # only checkpoint_last.pt), or the link of checkpoint_last.pt to the new, complete checkpoint_2_6.pt (5th).
-@pytest.mark.parametrize("how,n,error,new_file", [
-    ("save", 3, ENOSPC, None),
-    ("rename", 4, EACCES, None),
-    ("rename", 5, EACCES, "checkpoint_2_6.pt"),
-], ids=["disk-full", "permission-denied", "permission-denied-on-link"])
-def test_failed_checkpoint_write_keeps_previous_and_stops_clearly(databin, tmp_path, monkeypatch, capsys, how,
-                                                                   n, error, new_file):
+@pytest.mark.parametrize(
+    "how,n,error,new_file",
+    [
+        ("save", 3, ENOSPC, None),
+        ("rename", 4, EACCES, None),
+        ("rename", 5, EACCES, "checkpoint_2_6.pt"),
+    ],
+    ids=["disk-full", "permission-denied", "permission-denied-on-link"],
+)
+def test_failed_checkpoint_write_keeps_previous_and_stops_clearly(
+    databin, tmp_path, monkeypatch, capsys, how, n, error, new_file
+):
     save_dir = str(tmp_path / "ck")
     argv = targs(databin, save_dir, "--save-interval-updates", "2", "--disable-validation")
     text = error.strerror
@@ -218,7 +278,11 @@ def test_failed_checkpoint_write_keeps_previous_and_stops_clearly(databin, tmp_p
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith("seqtrain-train: error: could not write checkpoint ")
-    assert "at update 6" in lines[0] and text in lines[0] and "checkpoint_last.pt (update 4) is intact" in lines[0]
+    assert (
+        "at update 6" in lines[0]
+        and text in lines[0]
+        and "checkpoint_last.pt (update 4) is intact" in lines[0]
+    )
     after = {n: sha(os.path.join(save_dir, n)) for n in os.listdir(save_dir)}
     if new_file is not None:  # a complete new checkpoint may have been written before the link failed
         assert updates_in(os.path.join(save_dir, new_file)) == 6
@@ -242,8 +306,10 @@ def test_unwritable_save_dir_fails_at_start(databin, tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     code, err = run_cli(cli_main, targs(databin, save_dir), capsys)
-    assert code == 1 and err.strip() == (f"seqtrain-train: error: --save-dir {save_dir}: cannot write checkpoints "
-                                         "there (Permission denied); pass a writable --save-dir or --no-save")
+    assert code == 1 and err.strip() == (
+        f"seqtrain-train: error: --save-dir {save_dir}: cannot write checkpoints "
+        "there (Permission denied); pass a writable --save-dir or --no-save"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ damaged files
@@ -270,8 +336,10 @@ def test_damaged_checkpoint_last_names_newest_intact(databin, uninterrupted, tmp
     intact = os.path.join(save_dir, "checkpoint_2_6.pt")
     problem = "truncated (no zip central directory)" if damage == "truncate" else "corrupted (record "
     assert err.startswith(f"seqtrain-train: error: {last} is {problem}"), err
-    assert err.strip().endswith(f"; the newest intact checkpoint is {intact}: resume from it with --restore-file "
-                                f"{intact} (or copy it over checkpoint_last.pt)"), err
+    assert err.strip().endswith(
+        f"; the newest intact checkpoint is {intact}: resume from it with --restore-file "
+        f"{intact} (or copy it over checkpoint_last.pt)"
+    ), err
     if damage != "truncate":
         assert "fails its checksum" in err  # torch.load alone would have loaded the flipped byte silently
     assert {n: sha(os.path.join(save_dir, n)) for n in os.listdir(save_dir)} == before
@@ -286,7 +354,8 @@ def test_damaged_checkpoint_last_without_alternative(databin, tmp_path, capsys):
     (save_dir / "checkpoint_last.pt").write_bytes(b"PK\x03\x04" + b"\0" * 100)
     code, err = run_cli(cli_main, targs(databin, str(save_dir)), capsys)
     assert code == 1 and err.strip().endswith(
-        f"no intact checkpoint in {save_dir}; move the damaged file away to start from scratch")
+        f"no intact checkpoint in {save_dir}; move the damaged file away to start from scratch"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ NaN / inf
@@ -348,13 +417,17 @@ def test_fp32_nonfinite_loss_through_the_cli(databin, tmp_path, monkeypatch, cap
     def forward(self, model, sample, reduce=True):
         calls[0] += 1
         loss, size, log = real(self, model, sample, reduce)
-        return (loss * float("nan"), size, dict(log, loss=log["loss"] * float("nan"))) if calls[0] == 4 else (
-            loss, size, log)
+        return (
+            (loss * float("nan"), size, dict(log, loss=log["loss"] * float("nan")))
+            if calls[0] == 4
+            else (loss, size, log)
+        )
 
     monkeypatch.setattr(CrossEntropyCriterion, "forward", forward)
     save_dir = str(tmp_path / "ck")
-    code, err = run_cli(cli_main, targs(databin, save_dir, "--save-interval-updates", "2", "--disable-validation"),
-                        capsys)
+    code, err = run_cli(
+        cli_main, targs(databin, save_dir, "--save-interval-updates", "2", "--disable-validation"), capsys
+    )
     assert code == 1 and err.startswith("seqtrain-train: error: loss is nan at update 4: training diverged")
     assert updates_in(os.path.join(save_dir, "checkpoint_last.pt")) == 2  # the last good state is kept
 
@@ -362,23 +435,23 @@ def test_fp32_nonfinite_loss_through_the_cli(databin, tmp_path, monkeypatch, cap
 def test_fp16_overflow_lowers_scale_and_skips_update(databin, tmp_path):
     """fp16 autocast needs CUDA; the loss-scaling logic is the same on CPU with the scaler attached by hand."""
     trainer, batches = make_trainer(databin, tmp_path)
-    trainer.scaler = DynamicLossScaler(init_scale=2.0 ** 7, scale_window=100, min_loss_scale=1e-4)
+    trainer.scaler = DynamicLossScaler(init_scale=2.0**7, scale_window=100, min_loss_scale=1e-4)
     poison_criterion(trainer, {2, 3}, float("inf"))
     assert trainer.train_step([batches[0]]) is not None and trainer.get_num_updates() == 1
     before = params(trainer)
-    assert trainer.train_step([batches[1]]) is None and trainer.scaler.loss_scale == 2.0 ** 6
-    assert trainer.train_step([batches[1]]) is None and trainer.scaler.loss_scale == 2.0 ** 5
+    assert trainer.train_step([batches[1]]) is None and trainer.scaler.loss_scale == 2.0**6
+    assert trainer.train_step([batches[1]]) is None and trainer.scaler.loss_scale == 2.0**5
     after = params(trainer)
     assert trainer.get_num_updates() == 1 and all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None or not p.grad.abs().sum() for p in trainer.model.parameters())  # grads cleared
     assert trainer.train_step([batches[1]]) is not None and trainer.get_num_updates() == 2  # and it trains on
-    assert trainer.state_dict({})["loss_scaler"]["loss_scale"] == 2.0 ** 5
+    assert trainer.state_dict({})["loss_scaler"]["loss_scale"] == 2.0**5
 
 
 def test_fp16_real_overflow_from_a_huge_scale(databin, tmp_path):
     # 2**140 overflows fp32 itself: the scaled loss is inf until the scale has come down far enough
     trainer, batches = make_trainer(databin, tmp_path)
-    trainer.scaler = DynamicLossScaler(init_scale=2.0 ** 140, scale_window=100)
+    trainer.scaler = DynamicLossScaler(init_scale=2.0**140, scale_window=100)
     skipped = 0
     while trainer.train_step([batches[0]]) is None:
         skipped += 1
@@ -391,7 +464,9 @@ def test_fp16_min_loss_scale_is_a_clear_error(databin, tmp_path):
     trainer, batches = make_trainer(databin, tmp_path)
     trainer.scaler = DynamicLossScaler(init_scale=8.0, scale_window=100, min_loss_scale=1.0)
     poison_criterion(trainer, set(range(1, 10)), float("inf"))
-    assert trainer.train_step([batches[0]]) is None and trainer.train_step([batches[0]]) is None  # 8 -> 4 -> 2
+    assert (
+        trainer.train_step([batches[0]]) is None and trainer.train_step([batches[0]]) is None
+    )  # 8 -> 4 -> 2
     with pytest.raises(MinimumLossScaleError) as e:
         trainer.train_step([batches[0]])
     assert isinstance(e.value, SeqtrainError)
@@ -413,8 +488,11 @@ def test_fp16_overflow_on_cuda(databin, tmp_path, monkeypatch):
 
     monkeypatch.setattr(CrossEntropyCriterion, "forward", forward)
     save_dir = str(tmp_path / "ck")
-    argv = [a for a in targs(databin, save_dir, "--fp16", "--fp16-init-scale", "128", "--disable-validation")
-            if a != "--cpu"]
+    argv = [
+        a
+        for a in targs(databin, save_dir, "--fp16", "--fp16-init-scale", "128", "--disable-validation")
+        if a != "--cpu"
+    ]
     assert train_main(argv) == 0
     state = load_checkpoint_file(os.path.join(save_dir, "checkpoint_last.pt"))
     assert state["extra_state"]["num_updates"] == 8 and calls[0] == 10  # two skipped updates redone
@@ -464,17 +542,22 @@ def test_crafted_checkpoint_refused_by_every_cli(databin, evil, tmp_path, capsys
     assert f"{path} needs arbitrary unpickling" in err and "pass --unsafe-load" in err
     assert "posix.mkdir" in err or "os.mkdir" in err
     assert not os.path.exists(marker)
-    assert not os.path.exists(tmp_path / "out.pt") and not os.path.exists(tmp_path / "a" / "checkpoint_last.pt")
+    assert not os.path.exists(tmp_path / "out.pt") and not os.path.exists(
+        tmp_path / "a" / "checkpoint_last.pt"
+    )
 
 
 def test_unsafe_load_is_the_only_way_and_says_so(databin, evil, tmp_path, capsys, caplog):
     path, marker = evil
-    code, err = run_cli(cli("convert"), [path, str(tmp_path / "out.pt"), "--to", "seqtrain", "--unsafe-load"],
-                        capsys)
+    code, err = run_cli(
+        cli("convert"), [path, str(tmp_path / "out.pt"), "--to", "seqtrain", "--unsafe-load"], capsys
+    )
     assert code == 0 and os.path.isdir(marker)  # the payload did run: that is what the flag allows
     os.rmdir(marker)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert any(f"--unsafe-load: unpickling {path} without restrictions; code inside it can run" in w
-               for w in warnings), warnings
+    assert any(
+        f"--unsafe-load: unpickling {path} without restrictions; code inside it can run" in w
+        for w in warnings
+    ), warnings
     converted = load_checkpoint_file(str(tmp_path / "out.pt"))  # the output is plain data again
     assert converted["format"] == "seqtrain"

@@ -1,4 +1,5 @@
 """Exact resume (bitwise on CPU, dropout on) and the --reset-* / --finetune-from-model / --restore-file rules."""
+
 from __future__ import annotations
 
 import os
@@ -18,17 +19,55 @@ from tests.utils import assert_same_state
 
 def args_for(data: str, save_dir: str, *extra: str) -> list:
     # dropout 0.1 (bart_tiny's default) and label smoothing: resume must restore the RNG stream, not only weights
-    return [data, "--arch", "bart_tiny", "--cpu", "--lr", "3e-3", "--max-tokens", "512", "--log-format", "none",
-            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--seed", "7",
-            "--save-dir", save_dir, *extra]
+    return [
+        data,
+        "--arch",
+        "bart_tiny",
+        "--cpu",
+        "--lr",
+        "3e-3",
+        "--max-tokens",
+        "512",
+        "--log-format",
+        "none",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--seed",
+        "7",
+        "--save-dir",
+        save_dir,
+        *extra,
+    ]
 
 
 SCHEDULES = {
-    "inverse_sqrt": ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", "3", "--max-update", "10",
-                     "--save-interval-updates", "3"],
+    "inverse_sqrt": [
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "3",
+        "--max-update",
+        "10",
+        "--save-interval-updates",
+        "3",
+    ],
     # polynomial_decay resets the lr at each epoch start: a resumed run must step it back by the update count
-    "freq2": ["--lr-scheduler", "polynomial_decay", "--warmup-updates", "2", "--total-num-update", "8",
-              "--max-update", "6", "--save-interval-updates", "1", "--update-freq", "2"],
+    "freq2": [
+        "--lr-scheduler",
+        "polynomial_decay",
+        "--warmup-updates",
+        "2",
+        "--total-num-update",
+        "8",
+        "--max-update",
+        "6",
+        "--save-interval-updates",
+        "1",
+        "--update-freq",
+        "2",
+    ],
 }
 
 
@@ -44,13 +83,17 @@ def full_runs(databin, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("schedule,resume_from,at,drop_rng", [
-    ("inverse_sqrt", "checkpoint_2_6.pt", (2, 2), False),   # mid-epoch: 2 of epoch 2's 4 batches done
-    ("inverse_sqrt", "checkpoint1.pt", (2, 0), False),      # end of epoch 1: resumes at the start of epoch 2
-    ("freq2", "checkpoint_2_3.pt", (2, 2), False),          # --update-freq 2, one update into epoch 2
-    # without the saved RNG states: dropout is seeded from (seed, update number), so the run is still exact
-    ("freq2", "checkpoint_2_3.pt", (2, 2), True),
-], ids=["mid-epoch", "epoch-end", "update-freq-2", "no-saved-rng"])
+@pytest.mark.parametrize(
+    "schedule,resume_from,at,drop_rng",
+    [
+        ("inverse_sqrt", "checkpoint_2_6.pt", (2, 2), False),  # mid-epoch: 2 of epoch 2's 4 batches done
+        ("inverse_sqrt", "checkpoint1.pt", (2, 0), False),  # end of epoch 1: resumes at the start of epoch 2
+        ("freq2", "checkpoint_2_3.pt", (2, 2), False),  # --update-freq 2, one update into epoch 2
+        # without the saved RNG states: dropout is seeded from (seed, update number), so the run is still exact
+        ("freq2", "checkpoint_2_3.pt", (2, 2), True),
+    ],
+    ids=["mid-epoch", "epoch-end", "update-freq-2", "no-saved-rng"],
+)
 @pytest.mark.slow
 def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_from, at, drop_rng):
     full = full_runs[schedule]
@@ -67,8 +110,12 @@ def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_
     train_main(args_for(databin, resumed, *SCHEDULES[schedule]))
     a = load_checkpoint_file(os.path.join(full, "checkpoint_last.pt"))
     b = load_checkpoint_file(os.path.join(resumed, "checkpoint_last.pt"))
-    assert b["extra_state"]["num_updates"] > start["extra_state"]["num_updates"]  # it did train after resuming
-    assert not torch.equal(b["model"]["encoder.layers.0.fc1.weight"], start["model"]["encoder.layers.0.fc1.weight"])
+    assert (
+        b["extra_state"]["num_updates"] > start["extra_state"]["num_updates"]
+    )  # it did train after resuming
+    assert not torch.equal(
+        b["model"]["encoder.layers.0.fc1.weight"], start["model"]["encoder.layers.0.fc1.weight"]
+    )
     assert_same_state(a, b)
 
 
@@ -98,7 +145,7 @@ def test_trainer_load_state_dict_reset_flags(databin, full_runs, tmp_path, flag)
         assert trainer.get_num_updates() == 6
         assert int(opt_state[0]["step"]) == 6
         assert trainer.lr_scheduler.best == (None if flag == "reset_lr_scheduler" else 123.0)
-        assert trainer.get_lr() == pytest.approx(3e-3 * 3 ** 0.5 / 6 ** 0.5)  # inverse_sqrt at update 6
+        assert trainer.get_lr() == pytest.approx(3e-3 * 3**0.5 / 6**0.5)  # inverse_sqrt at update 6
     count = trainer.meters["train"].meters["bsz"].count if "bsz" in trainer.meters["train"] else 0
     assert count == (0 if flag in ("reset_meters",) else 2)  # 2 updates of epoch 2 were in the meters
 
@@ -112,10 +159,25 @@ def test_reset_dataloader_and_meters_via_cli(databin, full_runs, tmp_path):
         os.makedirs(save_dir)
         shutil.copy(src, os.path.join(save_dir, "checkpoint_last.pt"))
         extra = [flag] if flag else []
-        train_main(args_for(databin, save_dir, "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "3",
-                            "--max-update", "7", "--no-epoch-checkpoints", *extra))
+        train_main(
+            args_for(
+                databin,
+                save_dir,
+                "--lr-scheduler",
+                "inverse_sqrt",
+                "--warmup-updates",
+                "3",
+                "--max-update",
+                "7",
+                "--no-epoch-checkpoints",
+                *extra,
+            )
+        )
         results[flag] = load_checkpoint_file(os.path.join(save_dir, "checkpoint_last.pt"))["extra_state"]
-    assert results[""]["train_iterator"]["epoch"] == 2 and results[""]["train_iterator"]["iterations_in_epoch"] == 3
+    assert (
+        results[""]["train_iterator"]["epoch"] == 2
+        and results[""]["train_iterator"]["iterations_in_epoch"] == 3
+    )
     # the data position restarts at epoch 1; the update count does not
     assert results["--reset-dataloader"]["train_iterator"]["epoch"] == 1
     assert results["--reset-dataloader"]["train_iterator"]["iterations_in_epoch"] == 1
@@ -137,27 +199,80 @@ def test_finetune_from_model_only_on_first_launch(databin, full_runs, tmp_path):
     itr = state["extra_state"]["train_iterator"]
     assert state["extra_state"]["num_updates"] == 1 and (itr["epoch"], itr["iterations_in_epoch"]) == (1, 1)
     # second launch: checkpoint_last.pt exists, so the run resumes and the (now missing) model is not read
-    train_main(args_for(databin, save_dir, "--finetune-from-model", str(tmp_path / "gone.pt"), *ft[:-3],
-                        "--max-update", "2", "--no-epoch-checkpoints"))
-    assert load_checkpoint_file(os.path.join(save_dir, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 2
+    train_main(
+        args_for(
+            databin,
+            save_dir,
+            "--finetune-from-model",
+            str(tmp_path / "gone.pt"),
+            *ft[:-3],
+            "--max-update",
+            "2",
+            "--no-epoch-checkpoints",
+        )
+    )
+    assert (
+        load_checkpoint_file(os.path.join(save_dir, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 2
+    )
 
     with pytest.raises(SeqtrainError, match="--finetune-from-model .*gone.pt: file not found"):
-        train_main(args_for(databin, str(tmp_path / "new"), "--finetune-from-model", str(tmp_path / "gone.pt"), *ft))
+        train_main(
+            args_for(databin, str(tmp_path / "new"), "--finetune-from-model", str(tmp_path / "gone.pt"), *ft)
+        )
     with pytest.raises(SeqtrainError, match="cannot be combined with --reset-optimizer"):
-        train_main(args_for(databin, str(tmp_path / "new"), "--finetune-from-model", pretrained,
-                            "--reset-optimizer", *ft))
+        train_main(
+            args_for(
+                databin, str(tmp_path / "new"), "--finetune-from-model", pretrained, "--reset-optimizer", *ft
+            )
+        )
     with pytest.raises(SeqtrainError, match="--restore-file .*nothere.pt: file not found"):
-        train_main(args_for(databin, str(tmp_path / "new"), "--restore-file", str(tmp_path / "nothere.pt"), *ft))
+        train_main(
+            args_for(databin, str(tmp_path / "new"), "--restore-file", str(tmp_path / "nothere.pt"), *ft)
+        )
 
 
 def test_restore_file_from_fairseq_checkpoint(fairseq_tiny, tmp_path):
     """fairseq's BART fine-tuning recipe: --restore-file a fairseq model with --reset-* flags loads its weights."""
-    ft = ["--arch", "bart_base", "--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "128",
-          "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512", "--decoder-ffn-embed-dim", "512",
-          "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--optimizer", "sgd", "--lr", "0",
-          "--max-tokens", "2048", "--max-update", "1", "--cpu", "--log-format", "none", "--disable-validation",
-          "--restore-file", str(fairseq_tiny / "checkpoint_last.pt"), "--reset-optimizer", "--reset-dataloader",
-          "--reset-meters", "--save-dir", str(tmp_path), "--no-epoch-checkpoints"]
+    ft = [
+        "--arch",
+        "bart_base",
+        "--encoder-layers",
+        "2",
+        "--decoder-layers",
+        "2",
+        "--encoder-embed-dim",
+        "128",
+        "--decoder-embed-dim",
+        "128",
+        "--encoder-ffn-embed-dim",
+        "512",
+        "--decoder-ffn-embed-dim",
+        "512",
+        "--encoder-attention-heads",
+        "4",
+        "--decoder-attention-heads",
+        "4",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0",
+        "--max-tokens",
+        "2048",
+        "--max-update",
+        "1",
+        "--cpu",
+        "--log-format",
+        "none",
+        "--disable-validation",
+        "--restore-file",
+        str(fairseq_tiny / "checkpoint_last.pt"),
+        "--reset-optimizer",
+        "--reset-dataloader",
+        "--reset-meters",
+        "--save-dir",
+        str(tmp_path),
+        "--no-epoch-checkpoints",
+    ]
     train_main([str(fairseq_tiny / "data-bin"), *ft])
     ours = load_checkpoint_file(str(tmp_path / "checkpoint_last.pt"))
     theirs = load_checkpoint_file(str(fairseq_tiny / "checkpoint_last.pt"))["model"]
@@ -179,7 +294,9 @@ def test_cuda_oom_skips_the_update(databin, full_runs, tmp_path, monkeypatch):
 
     def failing_step(sample, model, criterion, step, update_num, ignore_grad=False):
         real_step(sample, model, criterion, step, update_num, ignore_grad)  # gradients accumulate...
-        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")  # ...then it fails
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB"
+        )  # ...then it fails
 
     monkeypatch.setattr(trainer, "device", torch.device("cuda"))
     monkeypatch.setattr(trainer, "prepare_sample", lambda s: s)

@@ -21,7 +21,12 @@ REFS = [
 
 def test_sentence_splitter():
     assert split_sentences('Hello there. How are you?  I am "fine." Yes! no end') == [
-        "Hello there.", "How are you?", 'I am "fine."', "Yes!", "no end"]
+        "Hello there.",
+        "How are you?",
+        'I am "fine."',
+        "Yes!",
+        "no end",
+    ]
     assert split_sentences("version 1.5 is out") == ["version 1.5 is out"]  # no whitespace after the dot
     assert split_sentences("   ") == []
 

@@ -1,5 +1,6 @@
 """The helper scripts of the quickstart and the quality run: lead baseline, curve plotting from json logs, and the
 shell scripts' syntax and failure modes (the full quickstart takes minutes; it is run by hand, not here)."""
+
 from __future__ import annotations
 
 import json
@@ -25,10 +26,15 @@ def test_lead_baseline_is_first_sentence_cut_to_12_words(tmp_path):
     long = " ".join(f"w{i}" for i in range(20)) + ". Second."
     assert lead_baseline.lead(long) == " ".join(f"w{i}" for i in range(12))
     assert lead_baseline.lead("version 1.2.3 of the tool") == "version 1.2.3 of the tool"  # '.' without space
-    (tmp_path / "d.source").write_text("fast json parser library. It parses json.\nsmall tool. More text here.\n")
+    (tmp_path / "d.source").write_text(
+        "fast json parser library. It parses json.\nsmall tool. More text here.\n"
+    )
     (tmp_path / "d.target").write_text("fast json parser library\nsome other words\n")
     out = tmp_path / "scores.json"
-    assert lead_baseline.main([str(tmp_path / "d"), "--json", str(out), "--hypotheses", str(tmp_path / "h")]) == 0
+    assert (
+        lead_baseline.main([str(tmp_path / "d"), "--json", str(out), "--hypotheses", str(tmp_path / "h")])
+        == 0
+    )
     scores = json.loads(out.read_text())
     # pair 1 is exact (100); pair 2 shares nothing (0)
     assert (scores["rouge1"], scores["rouge2"], scores["rougeLsum"], scores["n"]) == (50.0, 50.0, 50.0, 2)
@@ -58,14 +64,17 @@ def _json_log(path, records):
 
 def test_plot_curves_reads_train_and_valid_points(tmp_path):
     log = tmp_path / "train.log"
-    _json_log(log, [
-        ("train_inner", 10, {"loss": 9.5, "nll_loss": 9.4, "num_updates": 10, "wall": 30.0}),
-        ("train_inner", 20, {"loss": 8.25, "nll_loss": 8.0, "num_updates": 20, "wall": 60.0}),
-        ("valid", 20, {"loss": 8.5, "nll_loss": 8.3, "num_updates": 20}),
-        ("valid1", 20, {"loss": 8.75, "num_updates": 20}),  # a second --valid-subset
-        ("train", 20, {"loss": 8.9, "num_updates": 20, "wall": 61.0}),  # epoch summary: not a curve point
-        ("train_inner", 30, {"loss": 7.75, "nll_loss": 7.5, "num_updates": 30, "wall": 90.0}),
-    ])
+    _json_log(
+        log,
+        [
+            ("train_inner", 10, {"loss": 9.5, "nll_loss": 9.4, "num_updates": 10, "wall": 30.0}),
+            ("train_inner", 20, {"loss": 8.25, "nll_loss": 8.0, "num_updates": 20, "wall": 60.0}),
+            ("valid", 20, {"loss": 8.5, "nll_loss": 8.3, "num_updates": 20}),
+            ("valid1", 20, {"loss": 8.75, "num_updates": 20}),  # a second --valid-subset
+            ("train", 20, {"loss": 8.9, "num_updates": 20, "wall": 61.0}),  # epoch summary: not a curve point
+            ("train_inner", 30, {"loss": 7.75, "nll_loss": 7.5, "num_updates": 30, "wall": 90.0}),
+        ],
+    )
     curves = plot_curves.read_json_log(str(log))
     assert curves["train"]["loss"] == [(10.0, 30.0, 9.5), (20.0, 60.0, 8.25), (30.0, 90.0, 7.75)]
     assert curves["valid"]["loss"] == [(20.0, 60.0, 8.5)]
@@ -83,14 +92,18 @@ def test_plot_curves_reads_train_and_valid_points(tmp_path):
 
 def test_plot_curves_refuses_a_log_without_json_lines(tmp_path):
     log = tmp_path / "simple.log"
-    log.write_text("2026-11-29 21:02:08 | INFO | train_inner | epoch 003:     2 / 4 loss=4.882, num_updates=10\n")
+    log.write_text(
+        "2026-11-29 21:02:08 | INFO | train_inner | epoch 003:     2 / 4 loss=4.882, num_updates=10\n"
+    )
     with pytest.raises(SeqtrainError, match="no train_inner JSON lines"):
         plot_curves.read_json_log(str(log))
 
 
 @pytest.mark.parametrize("script", ["quickstart.sh", "quality_run.sh", "gpu_check.sh"])
 def test_shell_scripts_parse(script):
-    out = subprocess.run(["bash", "-n", os.path.join(ROOT, "scripts", script)], capture_output=True, text=True)
+    out = subprocess.run(
+        ["bash", "-n", os.path.join(ROOT, "scripts", script)], capture_output=True, text=True
+    )
     assert (out.returncode, out.stderr) == (0, "")
 
 
@@ -98,12 +111,18 @@ def test_shell_scripts_parse(script):
 @pytest.mark.slow
 def test_gpu_check_fails_clearly_without_cuda(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path)}
-    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")], capture_output=True, text=True,
-                         env=env, timeout=120)
+    out = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert "sees no CUDA device" in out.stderr
-    assert out.stderr.strip().endswith("gpu_check.sh: error: no usable CUDA device (see the line above); "
-                                       "this script needs one GPU")
+    assert out.stderr.strip().endswith(
+        "gpu_check.sh: error: no usable CUDA device (see the line above); this script needs one GPU"
+    )
     assert os.listdir(tmp_path) == []  # stopped before writing anything
 
 
@@ -113,19 +132,34 @@ def test_source_dependence_gap_is_zero_exactly_when_the_source_is_cut_off():
     source_dependence = load_script("source_dependence")
     from seqtrain.data.dictionary import Dictionary
     from seqtrain.data.pair_dataset import LanguagePairDataset
-    from seqtrain.models.bart import BARTModel, BartConfig
+    from seqtrain.models.bart import BartConfig, BARTModel
 
     d = Dictionary()
     for i in range(40):
         d.add_symbol(f"w{i}")
     g = torch.Generator().manual_seed(0)
-    src = [torch.cat([torch.randint(4, len(d), (n,), generator=g), torch.tensor([2])]) for n in (5, 9, 3, 7, 6)]
-    tgt = [torch.cat([torch.randint(4, len(d), (n,), generator=g), torch.tensor([2])]) for n in (3, 2, 4, 3, 5)]
+    src = [
+        torch.cat([torch.randint(4, len(d), (n,), generator=g), torch.tensor([2])]) for n in (5, 9, 3, 7, 6)
+    ]
+    tgt = [
+        torch.cat([torch.randint(4, len(d), (n,), generator=g), torch.tensor([2])]) for n in (3, 2, 4, 3, 5)
+    ]
     ds = LanguagePairDataset(src, [len(s) for s in src], d, tgt, [len(t) for t in tgt], d)
     torch.manual_seed(0)
-    model = BARTModel(BartConfig(vocab_size=len(d), encoder_layers=1, decoder_layers=1, encoder_embed_dim=16,
-                                 decoder_embed_dim=16, encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32,
-                                 encoder_attention_heads=2, decoder_attention_heads=2, weight_init="xavier"))
+    model = BARTModel(
+        BartConfig(
+            vocab_size=len(d),
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_embed_dim=16,
+            decoder_embed_dim=16,
+            encoder_ffn_embed_dim=32,
+            decoder_ffn_embed_dim=32,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            weight_init="xavier",
+        )
+    )
     live = source_dependence.source_dependence(model, ds, batch_size=5)
     assert abs(live["gap"]) > 1e-3 and live["real"] > 0
     with torch.no_grad():

@@ -1,5 +1,6 @@
 """The batched generator against a slow reference, batch invariance, n-gram blocking, sampling, prefixes, flags,
 and Hugging Face transformers' beam search on the same weights."""
+
 import argparse
 import math
 
@@ -11,7 +12,7 @@ from seqtrain.generation.ngram import NGramRepeatBlocker, has_repeated_ngram
 from seqtrain.generation.options import add_generation_args, check_generation_args
 from seqtrain.generation.search import Sampling
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
-from seqtrain.models.bart import BARTModel, BartConfig
+from seqtrain.models.bart import BartConfig, BARTModel
 from tests.reference_beam_search import fairseq_forced_eos, reference_beam_search
 
 PAD, EOS, UNK, V = 1, 2, 3, 24
@@ -50,11 +51,23 @@ def peaked_init_(named_params, eos_row_scale=3.0):
 
 def tiny_model(seed=0, max_pos=64):
     torch.manual_seed(seed)
-    m = BARTModel(BartConfig(
-        vocab_size=V, encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
-        encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
-        max_source_positions=max_pos, max_target_positions=max_pos, dropout=0.0,
-    ), padding_idx=PAD)
+    m = BARTModel(
+        BartConfig(
+            vocab_size=V,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_embed_dim=32,
+            decoder_embed_dim=32,
+            encoder_ffn_embed_dim=64,
+            decoder_ffn_embed_dim=64,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            max_source_positions=max_pos,
+            max_target_positions=max_pos,
+            dropout=0.0,
+        ),
+        padding_idx=PAD,
+    )
     peaked_init_(m.named_parameters())
     with torch.no_grad():
         m.encoder.embed_tokens.weight[EOS] *= 3.0
@@ -85,7 +98,9 @@ VARIANTS = {
     "short_maxlen": dict(beam=3, max_len_b=4, nbest=3),
     "maxlen_a_per_sentence": dict(beam=3, max_len_a=1.5, max_len_b=1, nbest=2),
     "ngram2": dict(beam=4, max_len_b=14, no_repeat_ngram_size=2, nbest=4),
-    "ngram3_unkpen_lenpen05": dict(beam=5, max_len_b=12, no_repeat_ngram_size=3, unk_penalty=-2.0, len_penalty=0.5),
+    "ngram3_unkpen_lenpen05": dict(
+        beam=5, max_len_b=12, no_repeat_ngram_size=3, unk_penalty=-2.0, len_penalty=0.5
+    ),
     "beam1_temperature": dict(beam=1, max_len_b=10, temperature=0.7),
 }
 
@@ -96,9 +111,16 @@ def test_matches_reference(model, name):
     beam, nbest = kw.pop("beam"), kw.pop("nbest", 1)
     srcs = sources(4, seed=sorted(VARIANTS).index(name))
     gen = SequenceGenerator(
-        model, Dict4(), beam_size=beam, nbest=nbest, max_len_a=kw.get("max_len_a", 0.0),
-        max_len_b=kw["max_len_b"], min_len=kw.get("min_len", 1), len_penalty=kw.get("len_penalty", 1.0),
-        unk_penalty=kw.get("unk_penalty", 0.0), temperature=kw.get("temperature", 1.0),
+        model,
+        Dict4(),
+        beam_size=beam,
+        nbest=nbest,
+        max_len_a=kw.get("max_len_a", 0.0),
+        max_len_b=kw["max_len_b"],
+        min_len=kw.get("min_len", 1),
+        len_penalty=kw.get("len_penalty", 1.0),
+        unk_penalty=kw.get("unk_penalty", 0.0),
+        temperature=kw.get("temperature", 1.0),
         no_repeat_ngram_size=kw.get("no_repeat_ngram_size", 0),
     )
     fast = gen.generate(left_pad(srcs))
@@ -132,7 +154,9 @@ def test_length_conventions(model):
 
 def test_unnormalized_and_match_source_len(model):
     srcs = sources(3)
-    gen = SequenceGenerator(model, Dict4(), beam_size=3, nbest=3, normalize_scores=False, match_source_len=True)
+    gen = SequenceGenerator(
+        model, Dict4(), beam_size=3, nbest=3, normalize_scores=False, match_source_len=True
+    )
     for src, hypos in zip(srcs, gen.generate(left_pad(srcs))):
         for h in hypos:
             assert float(h["score"]) == pytest.approx(float(h["positional_scores"].sum()), abs=1e-5)
@@ -141,9 +165,12 @@ def test_unnormalized_and_match_source_len(model):
 
 # ------------------------------------------------------------------ (e) batch invariance
 
+
 def test_batch_invariance(model):
     srcs = sources(8, seed=7, lo=2, hi=12)
-    gen = SequenceGenerator(model, Dict4(), beam_size=4, nbest=2, max_len_a=1.2, max_len_b=3, no_repeat_ngram_size=3)
+    gen = SequenceGenerator(
+        model, Dict4(), beam_size=4, nbest=2, max_len_a=1.2, max_len_b=3, no_repeat_ngram_size=3
+    )
     together = gen.generate(left_pad(srcs))
     for src, hypos in zip(srcs, together):
         alone = gen.generate(torch.tensor([src]))[0]
@@ -154,6 +181,7 @@ def test_batch_invariance(model):
 
 
 # ------------------------------------------------------------------ (d) n-gram blocking
+
 
 def test_ngram_blocker_matches_python():
     g = torch.Generator().manual_seed(0)
@@ -175,7 +203,9 @@ def test_ngram_blocker_matches_python():
 def test_no_repeated_ngrams_in_output(model, n):
     srcs = left_pad(sources(6, seed=3))
     plain = SequenceGenerator(model, Dict4(), beam_size=4, nbest=4, max_len_b=15).generate(srcs)
-    assert any(has_repeated_ngram(h["tokens"].tolist(), n) for hs in plain for h in hs)  # blocking has work to do
+    assert any(
+        has_repeated_ngram(h["tokens"].tolist(), n) for hs in plain for h in hs
+    )  # blocking has work to do
     blocked = SequenceGenerator(model, Dict4(), beam_size=4, nbest=4, max_len_b=15, no_repeat_ngram_size=n)
     for hypos in blocked.generate(srcs):
         assert len(hypos) == 4
@@ -185,14 +215,19 @@ def test_no_repeated_ngrams_in_output(model, n):
 
 # ------------------------------------------------------------------ (f) sampling
 
+
 def _sampler(model, seed, **kw):
     gen = torch.Generator().manual_seed(seed)
-    return SequenceGenerator(model, Dict4(), beam_size=3, max_len_b=10, search_strategy=Sampling(generator=gen, **kw))
+    return SequenceGenerator(
+        model, Dict4(), beam_size=3, max_len_b=10, search_strategy=Sampling(generator=gen, **kw)
+    )
 
 
 def test_sampling_reproducible_with_seed(model):
     srcs = left_pad(sources(4))
-    runs = [[[h["tokens"].tolist() for h in hs] for hs in _sampler(model, s).generate(srcs)] for s in (5, 5, 6)]
+    runs = [
+        [[h["tokens"].tolist() for h in hs] for hs in _sampler(model, s).generate(srcs)] for s in (5, 5, 6)
+    ]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]
     distinct = {tuple(t) for hs in runs[0] for t in hs}
@@ -229,19 +264,25 @@ def test_sampling_respects_topk_topp(model, kw):
 
 # ------------------------------------------------------------------ prefixes, batch helper, flags
 
+
 def test_prefix_tokens_forced(model):
     srcs = left_pad(sources(3))
     prefix = torch.tensor([[5, 6], [7, PAD], [8, 9]])
-    out = SequenceGenerator(model, Dict4(), beam_size=3, nbest=3, max_len_b=8).generate(srcs, prefix_tokens=prefix)
+    out = SequenceGenerator(model, Dict4(), beam_size=3, nbest=3, max_len_b=8).generate(
+        srcs, prefix_tokens=prefix
+    )
     for p, hypos in zip(prefix.tolist(), out):
         want = [t for t in p if t != PAD]
         assert len(hypos) == 3 and all(h["tokens"].tolist()[: len(want)] == want for h in hypos)
     # a prefix ending in EOS ends the hypothesis there, in every beam slot (fairseq copies the first beam)
     out = SequenceGenerator(model, Dict4(), beam_size=3, nbest=3, max_len_b=8).generate(
-        srcs[:1], prefix_tokens=torch.tensor([[5, EOS]]))
+        srcs[:1], prefix_tokens=torch.tensor([[5, EOS]])
+    )
     assert [h["tokens"].tolist() for h in out[0]] == [[5, EOS]] * 3
     lp = torch.log_softmax(model(srcs[:1], None, torch.tensor([[EOS, 5]]))[0][0].float(), dim=-1).detach()
-    assert out[0][0]["positional_scores"].tolist() == pytest.approx([lp[0, 5].item(), lp[1, EOS].item()], abs=1e-5)
+    assert out[0][0]["positional_scores"].tolist() == pytest.approx(
+        [lp[0, 5].item(), lp[1, EOS].item()], abs=1e-5
+    )
 
 
 def test_generate_batch_keeps_sample_order(model):
@@ -257,10 +298,11 @@ def test_generate_batch_keeps_sample_order(model):
     gen = build_generator(model, Dict4(), args)
     out = generate_batch(gen, sample, prefix_size=args.prefix_size, force_bos=0)
     assert [i for i, _ in out] == [11, 3, 7, 0]
-    for (i, hypos), first in zip(out, [9, 10, 11, 13]):
+    for (_i, hypos), first in zip(out, [9, 10, 11, 13]):
         assert len(hypos) == 1 and hypos[0]["tokens"].tolist()[:2] == [0, first]
     alone = SequenceGenerator(model, Dict4(), beam_size=3, nbest=1, max_len_b=9).generate(
-        torch.tensor([srcs[2]]), prefix_tokens=torch.tensor([[0, 11]]))
+        torch.tensor([srcs[2]]), prefix_tokens=torch.tensor([[0, 11]])
+    )
     assert out[2][1][0]["tokens"].tolist() == alone[0][0]["tokens"].tolist()
 
 
@@ -268,8 +310,22 @@ def test_flags_defaults_and_errors():
     parser = argparse.ArgumentParser()
     add_generation_args(parser)
     a = parser.parse_args([])
-    assert (a.beam, a.nbest, a.lenpen, a.unkpen, a.max_len_a, a.max_len_b, a.min_len) == (5, 1, 1.0, 0.0, 0, 200, 1)
-    assert (a.no_repeat_ngram_size, a.prefix_size, a.sampling, a.sampling_topk, a.sampling_topp) == (0, 0, False, -1, -1.0)
+    assert (a.beam, a.nbest, a.lenpen, a.unkpen, a.max_len_a, a.max_len_b, a.min_len) == (
+        5,
+        1,
+        1.0,
+        0.0,
+        0,
+        200,
+        1,
+    )
+    assert (a.no_repeat_ngram_size, a.prefix_size, a.sampling, a.sampling_topk, a.sampling_topp) == (
+        0,
+        0,
+        False,
+        -1,
+        -1.0,
+    )
     assert a.temperature == 1.0 and not a.match_source_len and not a.no_early_stop
     check_generation_args(a)
     for argv, msg in [
@@ -299,6 +355,7 @@ def test_generate_restores_training_mode(model):
 
 # ------------------------------------------------------------------ (b) transformers' beam search, same weights
 
+
 @pytest.mark.slow
 def test_matches_transformers_generate():
     """Conventions: HF's max_length counts the decoder start token and the EOS, so max_length = max_len + 2 and
@@ -313,21 +370,47 @@ def test_matches_transformers_generate():
 
     torch.manual_seed(0)
     cfg = transformers.BartConfig(
-        vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        scale_embedding=False, activation_function="gelu", pad_token_id=PAD, bos_token_id=0, eos_token_id=EOS,
-        decoder_start_token_id=EOS, forced_bos_token_id=None, forced_eos_token_id=None, dropout=0.0,
+        vocab_size=V,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        scale_embedding=False,
+        activation_function="gelu",
+        pad_token_id=PAD,
+        bos_token_id=0,
+        eos_token_id=EOS,
+        decoder_start_token_id=EOS,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+        dropout=0.0,
     )
     hf = transformers.BartForConditionalGeneration(cfg).eval()
     peaked_init_(hf.named_parameters())
     with torch.no_grad():
         hf.model.shared.weight[EOS] *= 3.0
         hf.final_logits_bias.zero_()
-    ours = BARTModel(BartConfig(
-        vocab_size=V, encoder_layers=2, decoder_layers=2, encoder_embed_dim=32, decoder_embed_dim=32,
-        encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64, encoder_attention_heads=4, decoder_attention_heads=4,
-        max_source_positions=64, max_target_positions=64, dropout=0.0,
-    ), padding_idx=PAD).eval()
+    ours = BARTModel(
+        BartConfig(
+            vocab_size=V,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_embed_dim=32,
+            decoder_embed_dim=32,
+            encoder_ffn_embed_dim=64,
+            decoder_ffn_embed_dim=64,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            max_source_positions=64,
+            max_target_positions=64,
+            dropout=0.0,
+        ),
+        padding_idx=PAD,
+    ).eval()
     ours.load_state_dict(hf_state_to_seqtrain(hf.state_dict(), "hf", []), strict=True)
 
     srcs = sources(6, seed=11)
@@ -335,15 +418,35 @@ def test_matches_transformers_generate():
     width = max(map(len, srcs))
     hf_src = torch.tensor([s + [PAD] * (width - len(s)) for s in srcs])
     for beam, lenpen, ngram, min_len, max_len in [(4, 1.0, 0, 1, 12), (3, 2.0, 2, 4, 10), (5, 0.5, 3, 1, 14)]:
-        gen = SequenceGenerator(ours, Dict4(), beam_size=beam, nbest=1, max_len_b=max_len, min_len=min_len,
-                                len_penalty=lenpen, no_repeat_ngram_size=ngram)
+        gen = SequenceGenerator(
+            ours,
+            Dict4(),
+            beam_size=beam,
+            nbest=1,
+            max_len_b=max_len,
+            min_len=min_len,
+            len_penalty=lenpen,
+            no_repeat_ngram_size=ngram,
+        )
         mine = [h[0] for h in gen.generate(left_pad(srcs))]
         out = hf.generate(
-            input_ids=hf_src, attention_mask=hf_src.ne(PAD), num_beams=beam, length_penalty=lenpen,
-            early_stopping=True, no_repeat_ngram_size=ngram, min_length=min_len + 1, max_length=max_len + 2,
-            decoder_start_token_id=EOS, forced_bos_token_id=None, forced_eos_token_id=None, suppress_tokens=[PAD],
+            input_ids=hf_src,
+            attention_mask=hf_src.ne(PAD),
+            num_beams=beam,
+            length_penalty=lenpen,
+            early_stopping=True,
+            no_repeat_ngram_size=ngram,
+            min_length=min_len + 1,
+            max_length=max_len + 2,
+            decoder_start_token_id=EOS,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            suppress_tokens=[PAD],
             logits_processor=transformers.LogitsProcessorList([fairseq_forced_eos(max_len + 2, EOS)]),
-            do_sample=False, num_return_sequences=1, output_scores=True, return_dict_in_generate=True,
+            do_sample=False,
+            num_return_sequences=1,
+            output_scores=True,
+            return_dict_in_generate=True,
         )
         for i, h in enumerate(mine):
             seq = out.sequences[i].tolist()[1:]  # drop the decoder start token
@@ -354,10 +457,13 @@ def test_matches_transformers_generate():
 
 # ------------------------------------------------------------------ CUDA (skipped without a GPU)
 
+
 @pytest.mark.cuda
 def test_cuda_matches_cpu_and_sampling_runs_on_device(model):
     srcs = left_pad(sources(6, seed=4))
-    cpu = SequenceGenerator(model, Dict4(), beam_size=4, nbest=2, max_len_b=12, no_repeat_ngram_size=2).generate(srcs)
+    cpu = SequenceGenerator(
+        model, Dict4(), beam_size=4, nbest=2, max_len_b=12, no_repeat_ngram_size=2
+    ).generate(srcs)
     gpu_model = tiny_model().cuda()
     gen = SequenceGenerator(gpu_model, Dict4(), beam_size=4, nbest=2, max_len_b=12, no_repeat_ngram_size=2)
     gpu = gen.generate(srcs.cuda())
@@ -367,6 +473,8 @@ def test_cuda_matches_cpu_and_sampling_runs_on_device(model):
     runs = []
     for _ in range(2):
         g = torch.Generator(device="cuda").manual_seed(3)
-        sampler = SequenceGenerator(gpu_model, Dict4(), beam_size=3, max_len_b=8, search_strategy=Sampling(topk=3, generator=g))
+        sampler = SequenceGenerator(
+            gpu_model, Dict4(), beam_size=3, max_len_b=8, search_strategy=Sampling(topk=3, generator=g)
+        )
         runs.append([[h["tokens"].tolist() for h in hs] for hs in sampler.generate(srcs.cuda())])
     assert runs[0] == runs[1]

@@ -4,9 +4,16 @@ import pickle
 
 import pytest
 
-from seqtrain.data.tokenizer import (GPT2BPETokenizer, SentencePieceTokenizer, WhitespaceTokenizer, add_args,
-                                     build_tokenizer, load_databin_tokenizer, save_databin_tokenizer,
-                                     tokenizer_from_args)
+from seqtrain.data.tokenizer import (
+    GPT2BPETokenizer,
+    SentencePieceTokenizer,
+    WhitespaceTokenizer,
+    add_args,
+    build_tokenizer,
+    load_databin_tokenizer,
+    save_databin_tokenizer,
+    tokenizer_from_args,
+)
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TOKENIZERS
 from tests.utils import SAMPLE
@@ -100,8 +107,9 @@ def gpt2_files(tmp_path_factory):
     text = (SAMPLE / "train.target").read_text(encoding="utf-8").split("\n")[:2000]
     text += ["it's they're we've I'm you'll he'd don't", "café naïve 日本語 😀"] * 5
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(text, vocab_size=700, min_frequency=2, special_tokens=["<|endoftext|>"],
-                            show_progress=False)
+    bpe.train_from_iterator(
+        text, vocab_size=700, min_frequency=2, special_tokens=["<|endoftext|>"], show_progress=False
+    )
     bpe.save_model(str(folder))
     (folder / "vocab.json").rename(folder / "encoder.json")
     (folder / "merges.txt").rename(folder / "vocab.bpe")
@@ -180,9 +188,19 @@ def test_databin_without_tokenizer_json_is_none(tmp_path):
 def test_tokenizer_from_args(gpt2_files, sample_dir):
     p = argparse.ArgumentParser()
     add_args(p)
-    args = p.parse_args(["--tokenizer", "gpt2", "--gpt2-encoder-json", str(gpt2_files[0]),
-                         "--gpt2-vocab-bpe", str(gpt2_files[1])])
-    assert tokenizer_from_args(args).encode("Hello") == GPT2BPETokenizer.from_files(*map(str, gpt2_files)).encode("Hello")
+    args = p.parse_args(
+        [
+            "--tokenizer",
+            "gpt2",
+            "--gpt2-encoder-json",
+            str(gpt2_files[0]),
+            "--gpt2-vocab-bpe",
+            str(gpt2_files[1]),
+        ]
+    )
+    assert tokenizer_from_args(args).encode("Hello") == GPT2BPETokenizer.from_files(
+        *map(str, gpt2_files)
+    ).encode("Hello")
     with pytest.raises(SeqtrainError, match="--tokenizer gpt2 needs --gpt2-encoder-json"):
         tokenizer_from_args(p.parse_args(["--tokenizer", "gpt2"]))
     args = p.parse_args(["--spm-vocab-size", "300", "--spm-model-type", "bpe"])

@@ -1,5 +1,6 @@
 """End-to-end training: the loss falls, checkpoint flags write exactly fairseq's files, logs and TensorBoard
 scalars are there. Tiny: bart_tiny on a 200-example copy-and-reverse task, a few dozen updates per run."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,25 @@ def ckpt_files(folder: str) -> list:
 @pytest.mark.slow
 def test_loss_falls_and_valid_improves(databin, tmp_path):
     log = str(tmp_path / "train.log")
-    train_main(base_args(databin, str(tmp_path / "ck"), "--lr", "5e-3", "--max-update", "40",
-                         "--log-format", "simple", "--log-file", log, "--log-interval", "10",
-                         "--no-epoch-checkpoints", "--validate-interval", "3"))
+    train_main(
+        base_args(
+            databin,
+            str(tmp_path / "ck"),
+            "--lr",
+            "5e-3",
+            "--max-update",
+            "40",
+            "--log-format",
+            "simple",
+            "--log-file",
+            log,
+            "--log-interval",
+            "10",
+            "--no-epoch-checkpoints",
+            "--validate-interval",
+            "3",
+        )
+    )
     train = parse_log(log, "train")
     valid = parse_log(log, "valid")
     assert len(train) == 10 and len(valid) == 4  # 4 updates per epoch; validation every 3rd epoch + the last
@@ -37,8 +54,20 @@ def test_loss_falls_and_valid_improves(databin, tmp_path):
     # fairseq's columns, in fairseq's order
     text = open(log, encoding="utf-8").read()
     keys = [p.split(" ")[0] for p in re.search(r"\| train \| epoch 010 \| (.*)", text).group(1).split(" | ")]
-    assert keys == ["loss", "nll_loss", "ppl", "wps", "ups", "wpb", "bsz", "num_updates", "lr", "gnorm",
-                    "train_wall", "wall"]
+    assert keys == [
+        "loss",
+        "nll_loss",
+        "ppl",
+        "wps",
+        "ups",
+        "wpb",
+        "bsz",
+        "num_updates",
+        "lr",
+        "gnorm",
+        "train_wall",
+        "wall",
+    ]
     inner = re.findall(r"\| train_inner \| epoch (\d+):\s+(\d+) / 4 loss=", text)
     assert inner[0] == ("003", "2")  # update 10 is the 2nd of epoch 3
     best = torch.load(tmp_path / "ck" / "checkpoint_best.pt", weights_only=True)
@@ -50,17 +79,39 @@ def test_loss_falls_and_valid_improves(databin, tmp_path):
 CHECKPOINT_CASES = [
     # (flags, expected files)
     (["--max-epoch", "2"], ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_best.pt", "checkpoint_last.pt"]),
-    (["--max-update", "7", "--no-epoch-checkpoints", "--save-interval-updates", "1", "--keep-interval-updates", "2"],
-     ["checkpoint_2_6.pt", "checkpoint_2_7.pt", "checkpoint_best.pt", "checkpoint_last.pt"]),
-    (["--max-epoch", "3", "--keep-last-epochs", "1", "--keep-best-checkpoints", "2"],
-     ["checkpoint.best_loss_{1}.pt", "checkpoint.best_loss_{2}.pt", "checkpoint3.pt", "checkpoint_best.pt",
-      "checkpoint_last.pt"]),
-    (["--max-epoch", "3", "--save-interval", "2", "--no-last-checkpoints"], ["checkpoint2.pt", "checkpoint_best.pt"]),
+    (
+        [
+            "--max-update",
+            "7",
+            "--no-epoch-checkpoints",
+            "--save-interval-updates",
+            "1",
+            "--keep-interval-updates",
+            "2",
+        ],
+        ["checkpoint_2_6.pt", "checkpoint_2_7.pt", "checkpoint_best.pt", "checkpoint_last.pt"],
+    ),
+    (
+        ["--max-epoch", "3", "--keep-last-epochs", "1", "--keep-best-checkpoints", "2"],
+        [
+            "checkpoint.best_loss_{1}.pt",
+            "checkpoint.best_loss_{2}.pt",
+            "checkpoint3.pt",
+            "checkpoint_best.pt",
+            "checkpoint_last.pt",
+        ],
+    ),
+    (
+        ["--max-epoch", "3", "--save-interval", "2", "--no-last-checkpoints"],
+        ["checkpoint2.pt", "checkpoint_best.pt"],
+    ),
     (["--max-epoch", "2", "--no-save"], []),
 ]
 
 
-@pytest.mark.parametrize("flags,expected", CHECKPOINT_CASES, ids=["default", "interval", "keep", "save-interval", "no-save"])
+@pytest.mark.parametrize(
+    "flags,expected", CHECKPOINT_CASES, ids=["default", "interval", "keep", "save-interval", "no-save"]
+)
 @pytest.mark.slow
 def test_checkpoint_flags_write_exactly_these_files(databin, tmp_path, flags, expected):
     save_dir = str(tmp_path / "ck")
@@ -76,8 +127,10 @@ def test_checkpoint_flags_write_exactly_these_files(databin, tmp_path, flags, ex
         last = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), weights_only=True)
         assert last["extra_state"]["num_updates"] == (7 if "--max-update" in flags else 4 * int(flags[1]))
         # the last save was also the best (loss falls every epoch): one file, several names
-        assert os.stat(os.path.join(save_dir, "checkpoint_last.pt")).st_ino == \
-            os.stat(os.path.join(save_dir, "checkpoint_best.pt")).st_ino
+        assert (
+            os.stat(os.path.join(save_dir, "checkpoint_last.pt")).st_ino
+            == os.stat(os.path.join(save_dir, "checkpoint_best.pt")).st_ino
+        )
 
 
 @pytest.mark.slow
@@ -86,15 +139,46 @@ def test_tensorboard_scalars_and_json_log(databin, tmp_path):
 
     tb = tmp_path / "tb"
     log = tmp_path / "log.json"
-    train_main(base_args(databin, str(tmp_path / "ck"), "--max-update", "6", "--log-interval", "2",
-                         "--tensorboard-logdir", str(tb), "--peak-flops", "1e12", "--log-format", "json",
-                         "--log-file", str(log), "--no-save", "--profile", "2"))
+    train_main(
+        base_args(
+            databin,
+            str(tmp_path / "ck"),
+            "--max-update",
+            "6",
+            "--log-interval",
+            "2",
+            "--tensorboard-logdir",
+            str(tb),
+            "--peak-flops",
+            "1e12",
+            "--log-format",
+            "json",
+            "--log-file",
+            str(log),
+            "--no-save",
+            "--profile",
+            "2",
+        )
+    )
     scalars = {}
     for tag in ("train", "train_inner", "valid"):
         acc = EventAccumulator(str(tb / tag))
         acc.Reload()
         scalars[tag] = set(acc.Tags()["scalars"])
-    for key in ("loss", "nll_loss", "ppl", "lr", "gnorm", "wps", "ups", "wpb", "bsz", "train_wall", "mfu", "wall"):
+    for key in (
+        "loss",
+        "nll_loss",
+        "ppl",
+        "lr",
+        "gnorm",
+        "wps",
+        "ups",
+        "wpb",
+        "bsz",
+        "train_wall",
+        "mfu",
+        "wall",
+    ):
         assert key in scalars["train"] and key in scalars["train_inner"], key
     assert {"loss", "nll_loss", "ppl", "wps", "wpb", "bsz"} <= scalars["valid"]
     acc = EventAccumulator(str(tb / "train_inner"))
@@ -104,8 +188,11 @@ def test_tensorboard_scalars_and_json_log(databin, tmp_path):
     mfu, wps = acc.Scalars("mfu")[0].value, acc.Scalars("wps")[0].value
     assert mfu == pytest.approx(6 * 301_568 * wps / 1e12, rel=1e-2)
     # the json log: one object per line after the fairseq prefix
-    lines = [json.loads(line.split(" | ", 3)[3]) for line in log.read_text().splitlines()
-             if " | train_inner | " in line or " | train | " in line]
+    lines = [
+        json.loads(line.split(" | ", 3)[3])
+        for line in log.read_text().splitlines()
+        if " | train_inner | " in line or " | train | " in line
+    ]
     assert [d["update"] for d in lines if "update" in d] == [0.5, 1.0, 1.5]
     assert lines[-1]["epoch"] == 2 and lines[-1]["train_num_updates"] == 6
     # --profile 2: one torch.profiler trace of the 2 updates after a warm-up update
@@ -149,8 +236,10 @@ def test_meters_and_progress_formats(caplog):
             bar.log({"loss": 7.592, "lr": 0.001, "wpb": 1209.6}, tag="train_inner", step=10)
     bar.print({"loss": 7.454, "num_updates": 16}, tag="train", step=16)
     msgs = [r.getMessage() for r in caplog.records if r.name in ("train_inner", "train")]
-    assert msgs == ["epoch 001:    10 / 16 loss=7.592, lr=0.001, wpb=1209.6",
-                    "epoch 001 | loss 7.454 | num_updates 16"]
+    assert msgs == [
+        "epoch 001:    10 / 16 loss=7.592, lr=0.001, wpb=1209.6",
+        "epoch 001 | loss 7.454 | num_updates 16",
+    ]
 
 
 @pytest.mark.slow
@@ -158,8 +247,18 @@ def test_patience_stops_when_validation_stops_improving(databin, tmp_path):
     # With --maximize-best-checkpoint-metric a falling loss never improves: epoch 1 sets the best, epochs 2 and 3
     # do not, so --patience 2 stops after epoch 3 although --max-epoch allows 10.
     save_dir = str(tmp_path / "ck")
-    train_main(base_args(databin, save_dir, "--max-epoch", "10", "--patience", "2",
-                         "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints"))
+    train_main(
+        base_args(
+            databin,
+            save_dir,
+            "--max-epoch",
+            "10",
+            "--patience",
+            "2",
+            "--maximize-best-checkpoint-metric",
+            "--no-epoch-checkpoints",
+        )
+    )
     last = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), weights_only=True)
     assert last["extra_state"]["num_updates"] == 12
     manager = last["extra_state"]["checkpoint_manager"]
@@ -183,8 +282,21 @@ def test_fp16_and_bf16_on_cuda(databin, tmp_path):
     for precision in ("--fp16", "--bf16"):
         save_dir, log = str(tmp_path / precision), str(tmp_path / f"{precision}.log")
         argv = [a for a in base_args(databin, save_dir) if a != "--cpu"]
-        train_main(argv + [precision, "--max-update", "4", "--log-format", "simple", "--log-file", log,
-                           "--log-interval", "1", "--no-epoch-checkpoints"])
+        train_main(
+            argv
+            + [
+                precision,
+                "--max-update",
+                "4",
+                "--log-format",
+                "simple",
+                "--log-file",
+                log,
+                "--log-interval",
+                "1",
+                "--no-epoch-checkpoints",
+            ]
+        )
         last = torch.load(os.path.join(save_dir, "checkpoint_last.pt"), weights_only=True)
         assert last["extra_state"]["num_updates"] == 4
         inner = parse_log(log, "train")

@@ -1,6 +1,7 @@
 """seqtrain-train beyond the basics: validation with ROUGE (--eval-rouge) picking checkpoint_best, the
 memory-efficient precision flags, --stop-min-lr and --stop-time-hours. Tiny: bart_tiny on the toy task of
 test_train.py (200 examples, 4 updates per epoch)."""
+
 from __future__ import annotations
 
 import os
@@ -24,11 +25,30 @@ def test_eval_rouge_logs_scores_and_picks_best_checkpoint(databin, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     save_dir, log, tb = str(tmp_path / "ck"), str(tmp_path / "log"), tmp_path / "tb"
-    train_main(base_args(databin, save_dir, "--lr", "5e-3", "--max-epoch", "6", "--no-epoch-checkpoints",
-                         "--log-format", "simple", "--log-file", log, "--tensorboard-logdir", str(tb),
-                         "--eval-rouge", "--eval-rouge-args", '{"beam": 2, "max_len_b": 8, "lenpen": 1.0}',
-                         "--eval-rouge-print-samples",
-                         "--best-checkpoint-metric", "rouge_l", "--maximize-best-checkpoint-metric"))
+    train_main(
+        base_args(
+            databin,
+            save_dir,
+            "--lr",
+            "5e-3",
+            "--max-epoch",
+            "6",
+            "--no-epoch-checkpoints",
+            "--log-format",
+            "simple",
+            "--log-file",
+            log,
+            "--tensorboard-logdir",
+            str(tb),
+            "--eval-rouge",
+            "--eval-rouge-args",
+            '{"beam": 2, "max_len_b": 8, "lenpen": 1.0}',
+            "--eval-rouge-print-samples",
+            "--best-checkpoint-metric",
+            "rouge_l",
+            "--maximize-best-checkpoint-metric",
+        )
+    )
     valid = parse_log(log, "valid")
     assert len(valid) == 6
     for v in valid:
@@ -39,7 +59,9 @@ def test_eval_rouge_logs_scores_and_picks_best_checkpoint(databin, tmp_path):
     best = load(os.path.join(save_dir, "checkpoint_best.pt"))
     assert best["extra_state"]["best"] == pytest.approx(best_value)
     # ties count as better (fairseq), so the best file holds the last validation reaching the maximum
-    assert best["extra_state"]["num_updates"] == max(v["num_updates"] for v in valid if v["rouge_l"] == best_value)
+    assert best["extra_state"]["num_updates"] == max(
+        v["num_updates"] for v in valid if v["rouge_l"] == best_value
+    )
     assert valid[-1]["best_rouge_l"] == best_value
     text = open(log, encoding="utf-8").read()
     assert text.count("example hypothesis: ") == 6 and text.count("example reference: ") == 6
@@ -54,8 +76,9 @@ def test_rouge_validator_scores_what_it_generates(databin):
     from seqtrain.tasks import setup_task
 
     parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, base_args(databin, "unused", "--eval-rouge-args",
-                                                         "--beam 3 --max-len-b 5"))
+    args = options.parse_args_and_arch(
+        parser, base_args(databin, "unused", "--eval-rouge-args", "--beam 3 --max-len-b 5")
+    )
     task = setup_task(args)
     task.load_dataset("valid")
     torch.manual_seed(0)
@@ -71,8 +94,12 @@ def test_rouge_validator_scores_what_it_generates(databin):
     assert all(1 <= len(h.split()) <= 5 for h in rv.hypotheses)  # max_len_b 5 (the EOS is not a word)
     assert all(r.split()[0].startswith("w") for r in rv.references)
     want = score_pairs(rv.hypotheses, rv.references)
-    assert rv.scores() == {"rouge1": want["rouge1"], "rouge2": want["rouge2"], "rouge_l": want["rougeL"],
-                           "rouge_lsum": want["rougeLsum"]}
+    assert rv.scores() == {
+        "rouge1": want["rouge1"],
+        "rouge2": want["rouge2"],
+        "rouge_l": want["rougeL"],
+        "rouge_lsum": want["rougeLsum"],
+    }
     assert model.training  # restored after generating
 
 
@@ -98,7 +125,9 @@ def test_rouge_metric_needs_eval_rouge(databin, tmp_path):
     with pytest.raises(SeqtrainError, match="--best-checkpoint-metric rouge_l needs --eval-rouge"):
         train_main(base_args(databin, str(tmp_path / "ck"), "--best-checkpoint-metric", "rouge_l"))
     with pytest.raises(SeqtrainError, match="unknown generation setting"):
-        train_main(base_args(databin, str(tmp_path / "ck"), "--eval-rouge", "--eval-rouge-args", '{"bam": 2}'))
+        train_main(
+            base_args(databin, str(tmp_path / "ck"), "--eval-rouge", "--eval-rouge-args", '{"bam": 2}')
+        )
     assert not os.path.exists(tmp_path / "ck")  # failed before training
 
 
@@ -110,21 +139,36 @@ def test_memory_efficient_precision_flags(databin, tmp_path):
         with pytest.raises(SeqtrainError, match="--fp16 needs a CUDA device"):
             train_main(base_args(databin, str(tmp_path / "a"), "--memory-efficient-fp16"))
     save_dir = str(tmp_path / "b")
-    train_main(base_args(databin, save_dir, "--memory-efficient-bf16", "--max-update", "2", "--no-epoch-checkpoints"))
+    train_main(
+        base_args(databin, save_dir, "--memory-efficient-bf16", "--max-update", "2", "--no-epoch-checkpoints")
+    )
     last = load(os.path.join(save_dir, "checkpoint_last.pt"))
     assert last["args"]["bf16"] is True and last["loss_scaler"] is None
     assert last["extra_state"]["num_updates"] == 2
     assert last["model"]["encoder.layers.0.fc1.weight"].dtype == torch.float32  # fp32 master weights
     state = last["optimizer"]["state"]
-    assert all(v.dtype == torch.float32 for s in state.values() for v in s.values() if torch.is_tensor(v) and v.dim())
+    assert all(
+        v.dtype == torch.float32 for s in state.values() for v in s.values() if torch.is_tensor(v) and v.dim()
+    )
 
 
 @pytest.mark.cuda
 def test_memory_efficient_fp16_on_cuda(databin, tmp_path):
     save_dir, log = str(tmp_path / "ck"), str(tmp_path / "log")
     argv = [a for a in base_args(databin, save_dir) if a != "--cpu"]
-    train_main(argv + ["--memory-efficient-fp16", "--max-update", "4", "--log-format", "simple", "--log-file", log,
-                       "--no-epoch-checkpoints"])
+    train_main(
+        argv
+        + [
+            "--memory-efficient-fp16",
+            "--max-update",
+            "4",
+            "--log-format",
+            "simple",
+            "--log-file",
+            log,
+            "--no-epoch-checkpoints",
+        ]
+    )
     last = load(os.path.join(save_dir, "checkpoint_last.pt"))
     assert last["extra_state"]["num_updates"] == 4 and last["loss_scaler"]["loss_scale"] > 0
     assert last["model"]["encoder.layers.0.fc1.weight"].dtype == torch.float32
@@ -136,9 +180,25 @@ def test_stop_min_lr_stops_at_epoch_boundary(databin, tmp_path):
     # fixed schedule, one lr per epoch: 0.01, 0.005, 0.001, ... Like fairseq, the lr is checked before each epoch
     # with the value the previous epoch ended on, so epoch 3 (lr 0.001) runs and epoch 4 does not.
     save_dir, log = str(tmp_path / "ck"), str(tmp_path / "log")
-    train_main(base_args(databin, save_dir, "--lr-scheduler", "fixed", "--lr", "0.01,0.005,0.001,0.0005",
-                         "--max-epoch", "10", "--stop-min-lr", "0.001", "--no-epoch-checkpoints",
-                         "--log-format", "simple", "--log-file", log))
+    train_main(
+        base_args(
+            databin,
+            save_dir,
+            "--lr-scheduler",
+            "fixed",
+            "--lr",
+            "0.01,0.005,0.001,0.0005",
+            "--max-epoch",
+            "10",
+            "--stop-min-lr",
+            "0.001",
+            "--no-epoch-checkpoints",
+            "--log-format",
+            "simple",
+            "--log-file",
+            log,
+        )
+    )
     train = parse_log(log, "train")
     assert [t["lr"] for t in train] == [0.01, 0.005, 0.001]
     assert load(os.path.join(save_dir, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 12
@@ -148,15 +208,27 @@ def test_stop_min_lr_stops_at_epoch_boundary(databin, tmp_path):
 @pytest.mark.slow
 def test_stop_time_hours_counts_resumed_time(databin, tmp_path):
     save_dir = str(tmp_path / "ck")
-    train_main(base_args(databin, save_dir, "--max-epoch", "10", "--stop-time-hours", "1e-9",
-                         "--no-epoch-checkpoints"))
+    train_main(
+        base_args(
+            databin, save_dir, "--max-epoch", "10", "--stop-time-hours", "1e-9", "--no-epoch-checkpoints"
+        )
+    )
     last = load(os.path.join(save_dir, "checkpoint_last.pt"))
     assert last["extra_state"]["num_updates"] == 1  # over the limit after the first update: saved and stopped
     spent = last["extra_state"]["previous_training_time"]
     assert spent > 0
     # a resumed run carries the time already spent: a limit just above it allows only one more update
-    train_main(base_args(databin, save_dir, "--max-epoch", "10", "--stop-time-hours", str(spent / 3600 * 1.0001),
-                         "--no-epoch-checkpoints"))
+    train_main(
+        base_args(
+            databin,
+            save_dir,
+            "--max-epoch",
+            "10",
+            "--stop-time-hours",
+            str(spent / 3600 * 1.0001),
+            "--no-epoch-checkpoints",
+        )
+    )
     last = load(os.path.join(save_dir, "checkpoint_last.pt"))
     assert last["extra_state"]["num_updates"] == 2
     assert last["extra_state"]["previous_training_time"] > spent
@@ -167,9 +239,25 @@ def test_validate_interval_updates(databin, tmp_path, after, expected):
     # 4 updates per epoch; epoch-end validation is off (--validate-interval 100), so validations fall on multiples
     # of --validate-interval-updates (mid-epoch too) and at the final update, none before --validate-after-updates.
     log = str(tmp_path / "log")
-    train_main(base_args(databin, str(tmp_path / "ck"), "--max-update", "6", "--validate-interval", "100",
-                         "--validate-interval-updates", "3", "--validate-after-updates", str(after), "--no-save",
-                         "--log-format", "simple", "--log-file", log))
+    train_main(
+        base_args(
+            databin,
+            str(tmp_path / "ck"),
+            "--max-update",
+            "6",
+            "--validate-interval",
+            "100",
+            "--validate-interval-updates",
+            "3",
+            "--validate-after-updates",
+            str(after),
+            "--no-save",
+            "--log-format",
+            "simple",
+            "--log-file",
+            log,
+        )
+    )
     assert [v["num_updates"] for v in parse_log(log, "valid")] == expected
 
 
@@ -177,24 +265,40 @@ def test_packed_padded_batch_matches_unpadded_examples():
     """A padded batch runs position-wise work on real tokens only (Packing); its loss and gradients must equal
     the sums over the examples run one by one without any padding."""
     from seqtrain.criterions import CrossEntropyCriterion
-    from seqtrain.models.bart import BARTModel, BartConfig
+    from seqtrain.models.bart import BartConfig, BARTModel
 
     torch.manual_seed(0)
-    cfg = BartConfig(vocab_size=40, encoder_layers=2, decoder_layers=2, encoder_embed_dim=16, decoder_embed_dim=16,
-                     encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
-                     decoder_attention_heads=2, dropout=0.0, max_source_positions=32, max_target_positions=32)
+    cfg = BartConfig(
+        vocab_size=40,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_embed_dim=16,
+        decoder_embed_dim=16,
+        encoder_ffn_embed_dim=32,
+        decoder_ffn_embed_dim=32,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        dropout=0.0,
+        max_source_positions=32,
+        max_target_positions=32,
+    )
     model = BARTModel(cfg).double()
     crit = CrossEntropyCriterion(padding_idx=1)
     pairs = [(7, 5), (3, 2), (5, 4)]
-    examples = [(torch.randint(4, 40, (s - 1,)).tolist() + [2], torch.randint(4, 40, (t - 1,)).tolist() + [2])
-                for s, t in pairs]
+    examples = [
+        (torch.randint(4, 40, (s - 1,)).tolist() + [2], torch.randint(4, 40, (t - 1,)).tolist() + [2])
+        for s, t in pairs
+    ]
 
     def sample(exs):
         s, t = max(len(e[0]) for e in exs), max(len(e[1]) for e in exs)
         src = torch.tensor([[1] * (s - len(a)) + a for a, _ in exs])  # left-padded
         tgt = torch.tensor([b + [1] * (t - len(b)) for _, b in exs])  # right-padded
         prev = torch.tensor([[2] + b[:-1] + [1] * (t - len(b)) for _, b in exs])
-        return {"net_input": {"src_tokens": src, "src_lengths": None, "prev_output_tokens": prev}, "target": tgt}
+        return {
+            "net_input": {"src_tokens": src, "src_lengths": None, "prev_output_tokens": prev},
+            "target": tgt,
+        }
 
     def grads(exs):
         model.zero_grad()

@@ -1,5 +1,6 @@
 """Helpers shared by the test modules: paths, the toy data-bin builder, seqtrain-train arguments and log parsing,
 and loading a script of scripts/ that a test checks. Not a test file; import it as `tests.utils`."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,17 +31,50 @@ def make_toy_databin(folder, n_train: int = 200, n_valid: int = 40, seed: int = 
                 fs.write(" ".join(toks) + "\n")
                 ft.write(" ".join(reversed(toks[:4])) + "\n")
     dest = os.path.join(str(folder), "bin")
-    preprocess(["--source-lang", "src", "--target-lang", "tgt", "--trainpref", f"{raw}/train",
-                "--validpref", f"{raw}/valid", "--destdir", dest, "--joined-dictionary", "--tokenizer", "none",
-                "--no-progress-bar"])
+    preprocess(
+        [
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            f"{raw}/train",
+            "--validpref",
+            f"{raw}/valid",
+            "--destdir",
+            dest,
+            "--joined-dictionary",
+            "--tokenizer",
+            "none",
+            "--no-progress-bar",
+        ]
+    )
     return dest
 
 
 def base_args(data: str, save_dir: str, *extra: str) -> list:
     """seqtrain-train arguments for bart_tiny on the toy data-bin, on CPU, without logging."""
-    return [data, "--arch", "bart_tiny", "--cpu", "--lr", "3e-3", "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", "5", "--max-tokens", "512", "--log-format", "none", "--save-dir", save_dir,
-            "--seed", "3", *extra]
+    return [
+        data,
+        "--arch",
+        "bart_tiny",
+        "--cpu",
+        "--lr",
+        "3e-3",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "5",
+        "--max-tokens",
+        "512",
+        "--log-format",
+        "none",
+        "--save-dir",
+        save_dir,
+        "--seed",
+        "3",
+        *extra,
+    ]
 
 
 def parse_log(path: str, tag: str) -> list:

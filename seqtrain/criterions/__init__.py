@@ -3,11 +3,17 @@
 `criterion(model, sample, reduce=True) -> (loss, sample_size, logging_output)`;
 `Criterion.reduce_metrics(logging_outputs) -> dict` gives the numbers fairseq logs (base 2, ppl, accuracy).
 """
+
 from __future__ import annotations
 
 from typing import Any
 
-from seqtrain.criterions.cross_entropy import CrossEntropyCriterion, add_args, get_perplexity, smoothed_nll_loss
+from seqtrain.criterions.cross_entropy import (
+    CrossEntropyCriterion,
+    add_args,
+    get_perplexity,
+    smoothed_nll_loss,
+)
 from seqtrain.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import CRITERIONS
@@ -27,7 +33,9 @@ def build_criterion(args: Any, task_or_padding_idx: Any) -> CrossEntropyCriterio
         pad = obj.pad()
     name = getattr(args, "criterion", None) or "cross_entropy"
     if name not in CRITERIONS:
-        raise SeqtrainError(f"--criterion: unknown criterion {name!r}; choose from: {', '.join(CRITERIONS.names())}")
+        raise SeqtrainError(
+            f"--criterion: unknown criterion {name!r}; choose from: {', '.join(CRITERIONS.names())}"
+        )
     return CRITERIONS.get(name).from_args(args, pad)
 
 

@@ -10,11 +10,12 @@ of the hidden states and the projection at once, so no N x V tensor is kept for 
 from logsumexp that builds the gradient (softmax - smoothing - one-hot) in a single vocabulary-sized buffer.
 Models without `output_layer` fall back to full logits from `model(**net_input)`.
 """
+
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,14 +28,29 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     group = parser.add_argument_group("criterion")
     existing = parser._option_string_actions
     specs = [
-        (("--criterion",), dict(default="cross_entropy", choices=["cross_entropy", "label_smoothed_cross_entropy"],
-                                help="training criterion")),
-        (("--label-smoothing",), dict(type=float, default=0.0, metavar="D",
-                                      help="epsilon for label smoothing, 0 means no label smoothing")),
+        (
+            ("--criterion",),
+            dict(
+                default="cross_entropy",
+                choices=["cross_entropy", "label_smoothed_cross_entropy"],
+                help="training criterion",
+            ),
+        ),
+        (
+            ("--label-smoothing",),
+            dict(
+                type=float,
+                default=0.0,
+                metavar="D",
+                help="epsilon for label smoothing, 0 means no label smoothing",
+            ),
+        ),
         (("--report-accuracy",), dict(action="store_true", help="report token accuracy")),
         (("--ignore-prefix-size",), dict(type=int, default=0, help="ignore the first N target tokens")),
-        (("--sentence-avg",), dict(action="store_true",
-                                   help="normalize gradients by the number of sentences, not tokens")),
+        (
+            ("--sentence-avg",),
+            dict(action="store_true", help="normalize gradients by the number of sentences, not tokens"),
+        ),
     ]
     for flags, kw in specs:
         if not any(f in existing for f in flags):
@@ -50,7 +66,7 @@ class _SmoothedNLL(torch.autograd.Function):
     Returns (loss, nll) per row; nll carries no gradient (it is only logged)."""
 
     @staticmethod
-    def forward(ctx: Any, logits: Tensor, target: Tensor, epsilon: float) -> Tuple[Tensor, Tensor]:
+    def forward(ctx: Any, logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
         x = logits if logits.dtype == torch.float64 else logits.float()
         vocab = x.size(-1)
         lse = torch.logsumexp(x, dim=-1)
@@ -68,7 +84,7 @@ class _SmoothedNLL(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Optional[Tensor]) -> Tuple[Optional[Tensor], None, None]:
+    def backward(ctx: Any, grad_loss: Tensor, _grad_nll: Tensor | None) -> tuple[Tensor | None, None, None]:
         logits, target, lse = ctx.saved_tensors
         x = logits if logits.dtype == torch.float64 else logits.float()
         grad = torch.exp(x - lse.unsqueeze(-1))
@@ -92,8 +108,16 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     the loss in fp32. Returns (loss sum, nll sum, number of correct argmax predictions; 0 unless `accuracy`)."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float, chunk: int,
-                need_grad: bool, accuracy: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        epsilon: float,
+        chunk: int,
+        need_grad: bool,
+        accuracy: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         n, vocab = hidden.size(0), weight.size(0)
         eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
         c_target = 1.0 - epsilon - eps_i
@@ -104,7 +128,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_grad else None
         grad_w = torch.zeros_like(weight) if need_grad else None
         for start in range(0, n, chunk):
-            h, t = hidden[start:start + chunk], target[start:start + chunk]
+            h, t = hidden[start : start + chunk], target[start : start + chunk]
             z = torch.nn.functional.linear(h, weight)
             x = z if z.dtype == torch.float64 else z.float()
             lse = torch.logsumexp(x, dim=-1)
@@ -122,22 +146,38 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
                     g.sub_(eps_i)
                 g.scatter_add_(-1, t.unsqueeze(-1), g.new_full((g.size(0), 1), -c_target))
                 g = g.to(z.dtype)
-                grad_h[start:start + chunk] = torch.matmul(g, weight)
+                grad_h[start : start + chunk] = torch.matmul(g, weight)
                 grad_w += torch.matmul(g.t(), h)
         ctx.save_for_backward(grad_h, grad_w)
         ctx.mark_non_differentiable(nll_sum, correct)
         return loss, nll_sum, correct
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, _g1: Any, _g2: Any) -> Tuple[Optional[Tensor], ...]:
+    def backward(ctx: Any, grad_loss: Tensor, _g1: Any, _g2: Any) -> tuple[Tensor | None, ...]:
         grad_h, grad_w = ctx.saved_tensors
         if grad_h is None:
-            raise RuntimeError("backward through a projected loss computed without gradients (need_grad=False)")
-        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None, None, None
+            raise RuntimeError(
+                "backward through a projected loss computed without gradients (need_grad=False)"
+            )
+        return (
+            grad_h * grad_loss.to(grad_h.dtype),
+            grad_w * grad_loss.to(grad_w.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def projected_nll_loss(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: float = 0.0,
-                       chunk_elements: int = 1 << 22, accuracy: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
+def projected_nll_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float = 0.0,
+    chunk_elements: int = 1 << 22,
+    accuracy: bool = False,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Summed (loss, nll, n_correct) of the rows `hidden` (N x C) projected by `weight` (V x C, no bias);
     n_correct (the argmax pass over the logits) only with `accuracy`, else 0;
     equal to smoothed_nll_loss(hidden @ weight.T, target, epsilon) summed, computed chunk by chunk
@@ -147,7 +187,7 @@ def projected_nll_loss(hidden: Tensor, weight: Tensor, target: Tensor, epsilon: 
     return _ProjectedSmoothedNLL.apply(hidden, weight, target, float(epsilon), chunk, need_grad, accuracy)
 
 
-def smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> Tuple[Tensor, Tensor]:
+def smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> tuple[Tensor, Tensor]:
     """Per-row (loss, nll) for N x V logits and N targets; see _SmoothedNLL. Computed in fp32 (fp64 kept)."""
     return _SmoothedNLL.apply(logits, target, float(epsilon))
 
@@ -159,7 +199,7 @@ def _output_layer(model: Any):
     return getattr(inner, "output_layer", None)
 
 
-def _output_weight(model: Any) -> Optional[Tensor]:
+def _output_weight(model: Any) -> Tensor | None:
     """The output projection's weight when the model's output layer is a plain bias-free linear map (BART's,
     tied to the embeddings), so the loss can project chunk by chunk; None otherwise."""
     inner = getattr(model, "module", model)  # DistributedDataParallel and similar wrappers
@@ -169,10 +209,15 @@ def _output_weight(model: Any) -> Optional[Tensor]:
     return None
 
 
-def _target_hidden(model: Any, sample: Dict[str, Any], padding_idx: int, ignore_prefix_size: int,
-                   features_only: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _target_hidden(
+    model: Any, sample: dict[str, Any], padding_idx: int, ignore_prefix_size: int, features_only: bool
+) -> tuple[Tensor, Tensor, Tensor]:
     target = sample["target"]
-    hidden = model(**sample["net_input"], features_only=True)[0] if features_only else model(**sample["net_input"])[0]
+    hidden = (
+        model(**sample["net_input"], features_only=True)[0]
+        if features_only
+        else model(**sample["net_input"])[0]
+    )
     if ignore_prefix_size > 0:
         hidden = hidden[:, ignore_prefix_size:]
         target = target[:, ignore_prefix_size:]
@@ -180,11 +225,14 @@ def _target_hidden(model: Any, sample: Dict[str, Any], padding_idx: int, ignore_
     return hidden[mask], target[mask], mask
 
 
-def target_logits(model: Any, sample: Dict[str, Any], padding_idx: int,
-                  ignore_prefix_size: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+def target_logits(
+    model: Any, sample: dict[str, Any], padding_idx: int, ignore_prefix_size: int = 0
+) -> tuple[Tensor, Tensor, Tensor]:
     """Logits for the non-pad target positions only: (logits N x V, targets N, mask B x T')."""
     project = _output_layer(model)
-    selected, target, mask = _target_hidden(model, sample, padding_idx, ignore_prefix_size, project is not None)
+    selected, target, mask = _target_hidden(
+        model, sample, padding_idx, ignore_prefix_size, project is not None
+    )
     logits = project(selected) if project is not None else selected
     return logits, target, mask
 
@@ -196,17 +244,17 @@ def _scatter_back(values: Tensor, mask: Tensor) -> Tensor:
     return out.view(-1)
 
 
-def get_perplexity(loss_base2: Optional[float], digits: int = 2) -> float:
+def get_perplexity(loss_base2: float | None, digits: int = 2) -> float:
     """2 ** loss rounded as fairseq logs it; inf on overflow."""
     if loss_base2 is None:
         return math.inf
     try:
-        return round(2 ** loss_base2, digits)
+        return round(2**loss_base2, digits)
     except OverflowError:
         return math.inf
 
 
-def _sum(logs: List[Dict[str, Any]], key: str) -> float:
+def _sum(logs: list[dict[str, Any]], key: str) -> float:
     return float(sum(float(log.get(key, 0)) for log in logs))
 
 
@@ -215,8 +263,14 @@ class CrossEntropyCriterion:
     """Summed token NLL (natural log) over non-pad targets; sample_size = ntokens (nsentences with
     --sentence-avg)."""
 
-    def __init__(self, padding_idx: int, sentence_avg: bool = False, report_accuracy: bool = False,
-                 ignore_prefix_size: int = 0, label_smoothing: float = 0.0):
+    def __init__(
+        self,
+        padding_idx: int,
+        sentence_avg: bool = False,
+        report_accuracy: bool = False,
+        ignore_prefix_size: int = 0,
+        label_smoothing: float = 0.0,
+    ):
         self.padding_idx = padding_idx
         self.sentence_avg = sentence_avg
         self.report_accuracy = report_accuracy
@@ -224,22 +278,32 @@ class CrossEntropyCriterion:
         self.eps = label_smoothing
 
     @classmethod
-    def from_args(cls, args: Any, padding_idx: int) -> "CrossEntropyCriterion":
-        return cls(padding_idx, sentence_avg=bool(getattr(args, "sentence_avg", False)),
-                   report_accuracy=bool(getattr(args, "report_accuracy", False)),
-                   ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0))
+    def from_args(cls, args: Any, padding_idx: int) -> CrossEntropyCriterion:
+        return cls(
+            padding_idx,
+            sentence_avg=bool(getattr(args, "sentence_avg", False)),
+            report_accuracy=bool(getattr(args, "report_accuracy", False)),
+            ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
+        )
 
-    def __call__(self, model: Any, sample: Dict[str, Any], reduce: bool = True) -> Tuple[Tensor, Any, Dict[str, Any]]:
+    def __call__(
+        self, model: Any, sample: dict[str, Any], reduce: bool = True
+    ) -> tuple[Tensor, Any, dict[str, Any]]:
         return self.forward(model, sample, reduce)
 
-    def forward(self, model: Any, sample: Dict[str, Any], reduce: bool = True) -> Tuple[Tensor, Any, Dict[str, Any]]:
+    def forward(
+        self, model: Any, sample: dict[str, Any], reduce: bool = True
+    ) -> tuple[Tensor, Any, dict[str, Any]]:
         n_correct = None
         if reduce and _output_weight(model) is not None:
             # the usual path: projection and loss chunk by chunk, no N x V tensor kept. The weight is read after
             # the forward pass: FSDP swaps sharded parameters for gathered ones during it.
-            hidden, target, mask = _target_hidden(model, sample, self.padding_idx, self.ignore_prefix_size, True)
-            loss, nll, n_correct = projected_nll_loss(hidden, _output_weight(model), target, self.eps,
-                                                      accuracy=self.report_accuracy)
+            hidden, target, mask = _target_hidden(
+                model, sample, self.padding_idx, self.ignore_prefix_size, True
+            )
+            loss, nll, n_correct = projected_nll_loss(
+                hidden, _output_weight(model), target, self.eps, accuracy=self.report_accuracy
+            )
         else:
             logits, target, mask = target_logits(model, sample, self.padding_idx, self.ignore_prefix_size)
             loss, nll = smoothed_nll_loss(logits, target, self.eps)
@@ -254,7 +318,7 @@ class CrossEntropyCriterion:
         ntokens = sample.get("ntokens", int(mask.sum()))
         sample_size = nsentences if self.sentence_avg else ntokens
         # detached tensors, not floats: .item() here would force a device sync every step
-        logging_output: Dict[str, Any] = {
+        logging_output: dict[str, Any] = {
             "loss": loss.detach(),
             "nll_loss": nll.detach(),
             "ntokens": ntokens,
@@ -267,7 +331,7 @@ class CrossEntropyCriterion:
         return loss, sample_size, logging_output
 
     @staticmethod
-    def reduce_metrics(logging_outputs: List[Dict[str, Any]]) -> Dict[str, float]:
+    def reduce_metrics(logging_outputs: list[dict[str, Any]]) -> dict[str, float]:
         """Aggregate logging outputs as fairseq logs them: loss per sample_size and nll_loss per token, both in
         base 2; ppl = 2 ** nll_loss; accuracy in percent with --report-accuracy. (When averaging over several
         steps, weight loss by sample_size and nll_loss by ntokens, and recompute ppl from the averaged nll_loss.)"""
@@ -275,7 +339,7 @@ class CrossEntropyCriterion:
         nll_sum = _sum(logging_outputs, "nll_loss")
         ntokens = _sum(logging_outputs, "ntokens")
         sample_size = _sum(logging_outputs, "sample_size")
-        out: Dict[str, float] = {
+        out: dict[str, float] = {
             "loss": loss_sum / sample_size / math.log(2) if sample_size else 0.0,
             "nll_loss": nll_sum / ntokens / math.log(2) if ntokens else 0.0,
             "ntokens": ntokens,

@@ -6,6 +6,7 @@
 i.e. probability 1 - eps on the target and eps / (V - 1) on every other token. The logged nll_loss is the plain
 negative log-likelihood. The computation is the shared fast path in cross_entropy.py.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,16 +18,30 @@ from seqtrain.registry import CRITERIONS
 
 @CRITERIONS.register("label_smoothed_cross_entropy")
 class LabelSmoothedCrossEntropyCriterion(CrossEntropyCriterion):
-    def __init__(self, padding_idx: int, label_smoothing: float = 0.0, sentence_avg: bool = False,
-                 report_accuracy: bool = False, ignore_prefix_size: int = 0):
+    def __init__(
+        self,
+        padding_idx: int,
+        label_smoothing: float = 0.0,
+        sentence_avg: bool = False,
+        report_accuracy: bool = False,
+        ignore_prefix_size: int = 0,
+    ):
         if not 0.0 <= label_smoothing < 1.0:
             raise SeqtrainError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
-        super().__init__(padding_idx, sentence_avg=sentence_avg, report_accuracy=report_accuracy,
-                         ignore_prefix_size=ignore_prefix_size, label_smoothing=label_smoothing)
+        super().__init__(
+            padding_idx,
+            sentence_avg=sentence_avg,
+            report_accuracy=report_accuracy,
+            ignore_prefix_size=ignore_prefix_size,
+            label_smoothing=label_smoothing,
+        )
 
     @classmethod
-    def from_args(cls, args: Any, padding_idx: int) -> "LabelSmoothedCrossEntropyCriterion":
-        return cls(padding_idx, label_smoothing=float(getattr(args, "label_smoothing", 0.0) or 0.0),
-                   sentence_avg=bool(getattr(args, "sentence_avg", False)),
-                   report_accuracy=bool(getattr(args, "report_accuracy", False)),
-                   ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0))
+    def from_args(cls, args: Any, padding_idx: int) -> LabelSmoothedCrossEntropyCriterion:
+        return cls(
+            padding_idx,
+            label_smoothing=float(getattr(args, "label_smoothing", 0.0) or 0.0),
+            sentence_avg=bool(getattr(args, "sentence_avg", False)),
+            report_accuracy=bool(getattr(args, "report_accuracy", False)),
+            ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
+        )

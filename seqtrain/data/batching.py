@@ -5,11 +5,13 @@ little padding. A batch costs `len(batch) * max(num_tokens)`, padding included, 
 bounds; `--batch-size` caps the number of sentences; `--required-batch-size-multiple` makes batch sizes
 multiples of N where the bound allows it (tensor-core friendly shapes).
 """
+
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,7 +19,7 @@ from seqtrain.errors import SeqtrainError
 
 logger = logging.getLogger(__name__)
 
-MaxPositions = Union[None, int, Tuple[Optional[int], Optional[int]]]
+MaxPositions = None | int | tuple[int | None, int | None]
 
 
 def resolve_max_positions(*limits: MaxPositions) -> MaxPositions:
@@ -26,7 +28,7 @@ def resolve_max_positions(*limits: MaxPositions) -> MaxPositions:
     The task passes (its limits, the model's limits, --max-tokens), as fairseq does, so an example longer than
     --max-tokens is caught by `filter_by_size` with a clear message rather than inside batching.
     """
-    result: Optional[List[Optional[int]]] = None
+    result: list[int | None] | None = None
     for lim in limits:
         if lim is None:
             continue
@@ -79,7 +81,11 @@ def filter_by_size(
         )
     logger.warning(
         "%s: skipping %d examples longer than the limit (source %s, target %s); first few ids: %s",
-        split, len(ignored), max_src, max_tgt, ignored[:10].tolist(),
+        split,
+        len(ignored),
+        max_src,
+        max_tgt,
+        ignored[:10].tolist(),
     )
     return indices[~bad]
 
@@ -93,13 +99,13 @@ def _positions_repr(max_positions: MaxPositions) -> str:
 
 def batch_by_size(
     indices: np.ndarray,
-    num_tokens_fn: Optional[Callable[[int], int]] = None,
-    num_tokens_vec: Optional[np.ndarray] = None,
-    max_tokens: Optional[int] = None,
-    max_sentences: Optional[int] = None,
+    num_tokens_fn: Callable[[int], int] | None = None,
+    num_tokens_vec: np.ndarray | None = None,
+    max_tokens: int | None = None,
+    max_sentences: int | None = None,
     required_batch_size_multiple: int = 1,
     split: str = "",
-) -> List[np.ndarray]:
+) -> list[np.ndarray]:
     """Split `indices` (in order) into batches; returns a list of int64 arrays.
 
     Token counts come from `num_tokens_vec` (aligned with `indices`, as in fairseq) or `num_tokens_fn(index)`;
@@ -139,7 +145,7 @@ def batch_by_size(
     return np.split(indices, ends[:-1])
 
 
-def _batch_ends(ntok: List[int], max_tokens: int, max_sentences: int, mult: int) -> List[int]:
+def _batch_ends(ntok: list[int], max_tokens: int, max_sentences: int, mult: int) -> list[int]:
     """End positions (exclusive) of the batches, greedy left to right.
 
     The open batch is [start, pos). `cut` is its last end at which the size was "good" (a multiple of `mult`,
@@ -149,7 +155,7 @@ def _batch_ends(ntok: List[int], max_tokens: int, max_sentences: int, mult: int)
     bounds and has a good size or is a tail (< mult): the batches of fairseq 0.12's batch_by_size_vec.
     A plain loop over Python ints: about 0.5 s per million examples, once per run (batches are frozen).
     """
-    ends: List[int] = []
+    ends: list[int] = []
     start = cut = 0
     run_max = tail_max = 0  # longest example in [start, pos) and in [cut, pos)
     for pos, t in enumerate(ntok):

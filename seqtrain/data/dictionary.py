@@ -8,11 +8,13 @@ and `finalize` sorts by count (descending), ties by symbol, then pads with `made
 Counting for preprocess works on byte ranges of a file (`find_offsets` / `count_chunk`), so N workers each count a
 chunk and the merged counts are identical to a single pass.
 """
+
 from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import IO, Callable, Iterable, Iterator, List, Optional, Sequence, Union
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import IO
 
 import torch
 
@@ -25,11 +27,17 @@ OVERWRITE_FLAG = "#fairseq:overwrite"
 class Dictionary:
     """A symbol table with counts, in fairseq's format and index order."""
 
-    def __init__(self, bos: str = "<s>", pad: str = "<pad>", eos: str = "</s>", unk: str = "<unk>",
-                 extra_special_symbols: Optional[Sequence[str]] = None):
+    def __init__(
+        self,
+        bos: str = "<s>",
+        pad: str = "<pad>",
+        eos: str = "</s>",
+        unk: str = "<unk>",
+        extra_special_symbols: Sequence[str] | None = None,
+    ):
         self.bos_word, self.pad_word, self.eos_word, self.unk_word = bos, pad, eos, unk
-        self.symbols: List[str] = []
-        self.count: List[int] = []
+        self.symbols: list[str] = []
+        self.count: list[int] = []
         self.indices: dict = {}
         self.bos_index = self.add_symbol(bos)
         self.pad_index = self.add_symbol(pad)
@@ -52,12 +60,14 @@ class Dictionary:
         return sym in self.indices
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Dictionary) and self.symbols == other.symbols and self.indices == other.indices
+        return (
+            isinstance(other, Dictionary) and self.symbols == other.symbols and self.indices == other.indices
+        )
 
     def __repr__(self) -> str:
         return f"Dictionary({len(self)} symbols)"
 
-    def difference(self, other: "Dictionary") -> str:
+    def difference(self, other: Dictionary) -> str:
         """Where `other` first differs from this dictionary, for error messages ('' when equal)."""
         for i, (a, b) in enumerate(zip(self.symbols, other.symbols)):
             if a != b:
@@ -93,12 +103,12 @@ class Dictionary:
         self.count.append(n)
         return idx
 
-    def update(self, other: "Dictionary") -> None:
+    def update(self, other: Dictionary) -> None:
         """Add all symbols and counts of `other` (in its order)."""
         for word in other.symbols:
             self.add_symbol(word, other.count[other.indices[word]])
 
-    def add_counts(self, counter: "Counter[str]") -> None:
+    def add_counts(self, counter: Counter[str]) -> None:
         """Merge counts from `count_chunk`; sorted so the insertion order never depends on the chunking."""
         for word, n in sorted(counter.items()):
             self.add_symbol(word, n)
@@ -114,7 +124,9 @@ class Dictionary:
         new_indices = {s: i for i, s in enumerate(new_symbols)}
         # A later duplicate (overwrite) wins, as in fairseq, where a dict() collapses them.
         rest = dict(sorted(zip(self.symbols[ns:], self.count[ns:])))
-        ranked = sorted(rest.items(), key=lambda kv: kv[1], reverse=True)  # stable: ties stay sorted by symbol
+        ranked = sorted(
+            rest.items(), key=lambda kv: kv[1], reverse=True
+        )  # stable: ties stay sorted by symbol
         for symbol, n in ranked[: max(0, nwords - ns)]:
             if n < threshold:
                 break
@@ -132,8 +144,13 @@ class Dictionary:
                 i += 1
 
     # --- text <-> tensors ---------------------------------------------------------------------------------------
-    def encode_line(self, line: Union[str, Sequence[str]], add_if_not_exist: bool = False, append_eos: bool = True,
-                    consumer: Optional[Callable[[str, int], None]] = None) -> torch.IntTensor:
+    def encode_line(
+        self,
+        line: str | Sequence[str],
+        add_if_not_exist: bool = False,
+        append_eos: bool = True,
+        consumer: Callable[[str, int], None] | None = None,
+    ) -> torch.IntTensor:
         """Symbols (a whitespace-separated str or a list) -> int32 tensor of indices, `</s>` appended."""
         words = line.split() if isinstance(line, str) else list(line)
         if add_if_not_exist:
@@ -148,15 +165,23 @@ class Dictionary:
             ids.append(self.eos_index)
         return torch.tensor(ids, dtype=torch.int32)
 
-    def string(self, tensor: Union[torch.Tensor, Iterable[int]], bpe_symbol: Optional[str] = None,
-               extra_symbols_to_ignore: Optional[Iterable[int]] = None, include_eos: bool = False,
-               unk_string: Optional[str] = None, separator: str = " ") -> str:
+    def string(
+        self,
+        tensor: torch.Tensor | Iterable[int],
+        bpe_symbol: str | None = None,
+        extra_symbols_to_ignore: Iterable[int] | None = None,
+        include_eos: bool = False,
+        unk_string: str | None = None,
+        separator: str = " ",
+    ) -> str:
         """Indices -> symbols joined by `separator`, dropping pad, bos and (unless `include_eos`) eos.
         A 2-D tensor gives one line per row. `bpe_symbol` undoes subword joining as fairseq's post_process
         ("sentencepiece", "@@ ", "subword_nmt", or any continuation marker)."""
         if torch.is_tensor(tensor) and tensor.dim() == 2:
-            return "\n".join(self.string(t, bpe_symbol, extra_symbols_to_ignore, include_eos, unk_string, separator)
-                             for t in tensor)
+            return "\n".join(
+                self.string(t, bpe_symbol, extra_symbols_to_ignore, include_eos, unk_string, separator)
+                for t in tensor
+            )
         ignore = set(int(i) for i in (extra_symbols_to_ignore or ()))
         ignore.update((self.pad_index, self.bos_index))
         if not include_eos:
@@ -168,20 +193,22 @@ class Dictionary:
 
     # --- files and plain data -----------------------------------------------------------------------------------
     @classmethod
-    def load(cls, f: Union[str, os.PathLike, IO[str]]) -> "Dictionary":
+    def load(cls, f: str | os.PathLike | IO[str]) -> Dictionary:
         d = cls()
         d.add_from_file(f)
         return d
 
-    def add_from_file(self, f: Union[str, os.PathLike, IO[str]]) -> None:
+    def add_from_file(self, f: str | os.PathLike | IO[str]) -> None:
         if isinstance(f, (str, os.PathLike)):
             try:
-                with open(f, "r", encoding="utf-8") as fd:
+                with open(f, encoding="utf-8") as fd:
                     self.add_from_file(fd)
             except FileNotFoundError:
                 raise SeqtrainError(f"{f}: dictionary file not found") from None
             except UnicodeDecodeError as e:
-                raise SeqtrainError(f"{f}: dictionary is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+                raise SeqtrainError(
+                    f"{f}: dictionary is not valid UTF-8 ({e.reason} at byte {e.start})"
+                ) from None
             return
         name = getattr(f, "name", "<dictionary>")
         for lineno, raw in enumerate(f.readlines(), start=1):
@@ -195,14 +222,18 @@ class Dictionary:
             except ValueError:
                 n = None
             if not sep or n is None:
-                raise SeqtrainError(f"{name}:{lineno}: malformed dictionary line {line!r}; expected "
-                                    f"'<symbol> <count>' (optionally followed by ' {OVERWRITE_FLAG}')")
+                raise SeqtrainError(
+                    f"{name}:{lineno}: malformed dictionary line {line!r}; expected "
+                    f"'<symbol> <count>' (optionally followed by ' {OVERWRITE_FLAG}')"
+                )
             if word in self.indices and not overwrite:
-                raise SeqtrainError(f"{name}:{lineno}: duplicate symbol {word!r}; add ' {OVERWRITE_FLAG}' to the "
-                                    f"line if it is meant to replace the earlier entry")
+                raise SeqtrainError(
+                    f"{name}:{lineno}: duplicate symbol {word!r}; add ' {OVERWRITE_FLAG}' to the "
+                    f"line if it is meant to replace the earlier entry"
+                )
             self.add_symbol(word, n=n, overwrite=overwrite)
 
-    def save(self, path: Union[str, os.PathLike]) -> None:
+    def save(self, path: str | os.PathLike) -> None:
         """Write dict.txt atomically (specials are implied, so not written)."""
         with atomic_write(os.fspath(path), "w", encoding="utf-8") as f:
             f.write(self._dump())
@@ -210,21 +241,23 @@ class Dictionary:
     def _dump(self) -> str:
         seen = set(self.symbols[: self.nspecial])
         out = []
-        for word, n in zip(self.symbols[self.nspecial:], self.count[self.nspecial:]):
+        for word, n in zip(self.symbols[self.nspecial :], self.count[self.nspecial :]):
             # A repeated symbol can only come from an overwrite; mark it so the file loads back the same.
             out.append(f"{word} {n} {OVERWRITE_FLAG}\n" if word in seen else f"{word} {n}\n")
             seen.add(word)
         return "".join(out)
 
-    def to_list(self) -> List[List]:
+    def to_list(self) -> list[list]:
         """All entries (specials included) as plain data for checkpoints."""
         return [[s, int(c)] for s, c in zip(self.symbols, self.count)]
 
     @classmethod
-    def from_list(cls, entries: Sequence[Sequence]) -> "Dictionary":
+    def from_list(cls, entries: Sequence[Sequence]) -> Dictionary:
         """Inverse of `to_list`; the first four entries are the specials, in fairseq's order."""
         if len(entries) < 4:
-            raise SeqtrainError(f"stored dictionary has {len(entries)} entries; needs at least the 4 specials")
+            raise SeqtrainError(
+                f"stored dictionary has {len(entries)} entries; needs at least the 4 specials"
+            )
         d = cls(bos=entries[0][0], pad=entries[1][0], eos=entries[2][0], unk=entries[3][0])
         d.count[:4] = [int(e[1]) for e in entries[:4]]
         for word, n in entries[4:]:
@@ -232,7 +265,7 @@ class Dictionary:
         return d
 
 
-def placeholder_dictionary(rows: int, tokens: Optional[List[Optional[str]]] = None) -> Dictionary:
+def placeholder_dictionary(rows: int, tokens: list[str | None] | None = None) -> Dictionary:
     """A Dictionary of `rows` symbols: the four specials, then `tokens[i]` where given, else madeupwordNNNN (the
     names fairseq pads dictionaries with). Used where a checkpoint carries no dictionary and none is needed."""
     d = Dictionary()
@@ -245,7 +278,7 @@ def placeholder_dictionary(rows: int, tokens: Optional[List[Optional[str]]] = No
     return d
 
 
-def post_process(sentence: str, symbol: Optional[str]) -> str:
+def post_process(sentence: str, symbol: str | None) -> str:
     """Undo subword segmentation as fairseq's data_utils.post_process does for the common schemes."""
     if symbol is None or symbol == "none":
         return sentence
@@ -257,7 +290,7 @@ def post_process(sentence: str, symbol: Optional[str]) -> str:
 
 
 # --- counting in chunks (parallel-friendly) -------------------------------------------------------------------
-def find_offsets(path: str, num_chunks: int) -> List[int]:
+def find_offsets(path: str, num_chunks: int) -> list[int]:
     """Byte offsets splitting `path` into `num_chunks` ranges that each start at a line start.
     Returns num_chunks + 1 offsets (first 0, last the file size); ranges may be empty for few, long lines."""
     size = os.path.getsize(path)
@@ -296,8 +329,13 @@ def iter_lines(path: str, start: int = 0, end: int = -1, first_lineno: int = 1) 
             yield line[:-1] if line.endswith("\n") else line
 
 
-def count_chunk(path: str, start: int = 0, end: int = -1, tokenize: Optional[Callable[[str], List[str]]] = None,
-                eos_word: str = "</s>") -> "Counter[str]":
+def count_chunk(
+    path: str,
+    start: int = 0,
+    end: int = -1,
+    tokenize: Callable[[str], list[str]] | None = None,
+    eos_word: str = "</s>",
+) -> Counter[str]:
     """Symbol counts of one byte range, one `eos_word` per line (as fairseq counts). `tokenize` maps a line to
     symbols, a list or a space-separated str such as `Tokenizer.encode` returns (default: the line itself, split
     on whitespace); it must be picklable (a top-level function or a tokenizer's bound method) for a Pool."""
@@ -309,12 +347,13 @@ def count_chunk(path: str, start: int = 0, end: int = -1, tokenize: Optional[Cal
     return counter
 
 
-def _count_chunk_star(args: tuple) -> "Counter[str]":
+def _count_chunk_star(args: tuple) -> Counter[str]:
     return count_chunk(*args)
 
 
-def add_file_to_dictionary(path: str, d: Dictionary, tokenize: Optional[Callable[[str], List[str]]] = None,
-                           num_workers: int = 1) -> None:
+def add_file_to_dictionary(
+    path: str, d: Dictionary, tokenize: Callable[[str], list[str]] | None = None, num_workers: int = 1
+) -> None:
     """Count the symbols of a text file into `d` using `num_workers` processes; same result for any count."""
     if not os.path.isfile(path):
         raise SeqtrainError(f"{path}: no such file")

@@ -6,6 +6,7 @@
 (Megatron-LM's variant adds a document count and doc_idx; fairseq's files have none.)
 `.bin` is the items' tokens back to back in that dtype. Reading an item is O(1): both files are memory-mapped.
 """
+
 from __future__ import annotations
 
 import array
@@ -14,7 +15,7 @@ import os
 import shutil
 import struct
 import tempfile
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -27,8 +28,18 @@ VERSION = 1
 HEADER_SIZE = len(MAGIC) + 8 + 1 + 8  # magic, version, dtype code, count
 
 # fairseq's table; 6 and 7 are both float64 (np.float / np.double), and writing picks the first match.
-CODE_TO_DTYPE = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.double,
-                 8: np.uint16, 9: np.uint32, 10: np.uint64}
+CODE_TO_DTYPE = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.double,
+    8: np.uint16,
+    9: np.uint32,
+    10: np.uint64,
+}
 
 
 def dtype_code(dtype) -> int:
@@ -39,7 +50,7 @@ def dtype_code(dtype) -> int:
     raise ValueError(f"dtype {dt} has no code in fairseq's indexed dataset format")
 
 
-def best_fitting_dtype(vocab_size: Optional[int]) -> type:
+def best_fitting_dtype(vocab_size: int | None) -> type:
     """The smallest token dtype fairseq would pick for a vocabulary (uint16 below 65500 symbols)."""
     if vocab_size is not None and vocab_size < 65500:
         return np.uint16
@@ -72,8 +83,10 @@ class MMapIndex:
         except FileNotFoundError:
             raise SeqtrainError(f"{path}: index file not found") from None
         if header[: len(MAGIC)] != MAGIC and not (len(header) < len(MAGIC) and MAGIC.startswith(header)):
-            raise SeqtrainError(f"{path}: not a fairseq mmap index (bad magic {header[:9]!r}); expected "
-                                f"{MAGIC!r}, as written by fairseq-preprocess --dataset-impl mmap")
+            raise SeqtrainError(
+                f"{path}: not a fairseq mmap index (bad magic {header[:9]!r}); expected "
+                f"{MAGIC!r}, as written by fairseq-preprocess --dataset-impl mmap"
+            )
         if len(header) < HEADER_SIZE:
             raise SeqtrainError(f"{path}: truncated index ({file_size} bytes, header needs {HEADER_SIZE})")
         (version,) = struct.unpack("<Q", header[9:17])
@@ -100,8 +113,11 @@ class MMapIndex:
         if len(self) == 0:
             return 0
         nbytes = self.sizes.astype(np.int64) * self.dtype.itemsize
-        if (self.sizes < 0).any() or self.pointers[0] != 0 or \
-                not np.array_equal(self.pointers[1:], np.cumsum(nbytes[:-1])):
+        if (
+            (self.sizes < 0).any()
+            or self.pointers[0] != 0
+            or not np.array_equal(self.pointers[1:], np.cumsum(nbytes[:-1]))
+        ):
             raise SeqtrainError(f"{self.path}: corrupt index (sizes and pointers disagree)")
         return int(self.pointers[-1] + nbytes[-1])
 
@@ -120,8 +136,9 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
         try:
             have = os.path.getsize(bin_path)
         except FileNotFoundError:
-            raise SeqtrainError(f"{bin_path}: data file not found (its index {index_file_path(prefix)} exists)") \
-                from None
+            raise SeqtrainError(
+                f"{bin_path}: data file not found (its index {index_file_path(prefix)} exists)"
+            ) from None
         if have != need:
             state = "truncated" if have < need else "longer than its index says"
             raise SeqtrainError(f"{bin_path}: data file {state}: {have} bytes, index needs {need}")
@@ -139,7 +156,7 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> torch.Tensor:
         start = int(self._index.pointers[i]) // self._itemsize
-        arr = np.array(self._data[start: start + int(self._index.sizes[i])], dtype=np.int64)
+        arr = np.array(self._data[start : start + int(self._index.sizes[i])], dtype=np.int64)
         return torch.from_numpy(arr)
 
     @property
@@ -190,8 +207,9 @@ class MMapIndexedDatasetBuilder:
         dtype_code(self.dtype)  # reject dtypes fairseq cannot name, now rather than at finalize
         folder = os.path.dirname(os.path.abspath(self.bin_path))
         os.makedirs(folder, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.bin_path) + ".", suffix=".tmp",
-                                         dir=folder)
+        fd, self._tmp = tempfile.mkstemp(
+            prefix="." + os.path.basename(self.bin_path) + ".", suffix=".tmp", dir=folder
+        )
         self._file = os.fdopen(fd, "wb")
         self._sizes = array.array("i")  # int32, 4 bytes a line: a 10M-line corpus costs 40 MB here, not 300+
         if self.dtype.kind in "iu":
@@ -200,16 +218,20 @@ class MMapIndexedDatasetBuilder:
         else:
             self._range = None
 
-    def __enter__(self) -> "MMapIndexedDatasetBuilder":
+    def __enter__(self) -> MMapIndexedDatasetBuilder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
 
-    def add_item(self, tensor: Union[torch.Tensor, np.ndarray, Sequence[int]]) -> None:
+    def add_item(self, tensor: torch.Tensor | np.ndarray | Sequence[int]) -> None:
         src = tensor.numpy() if torch.is_tensor(tensor) else np.asarray(tensor)
-        if self._range is not None and src.size and (src.min() < self._range[0] or src.max() > self._range[1]):
+        if (
+            self._range is not None
+            and src.size
+            and (src.min() < self._range[0] or src.max() > self._range[1])
+        ):
             raise ValueError(f"token ids {int(src.min())}..{int(src.max())} do not fit {self.dtype}")
         arr = np.ascontiguousarray(src, dtype=self.dtype).reshape(-1)
         self._file.write(arr.tobytes(order="C"))
@@ -219,7 +241,9 @@ class MMapIndexedDatasetBuilder:
         """Append another dataset (e.g. one worker's shard) written with the same dtype."""
         other = MMapIndexedDataset(other_prefix)  # validates both files
         if other.dtype != self.dtype:
-            raise SeqtrainError(f"{index_file_path(other_prefix)}: dtype {other.dtype} differs from {self.dtype}")
+            raise SeqtrainError(
+                f"{index_file_path(other_prefix)}: dtype {other.dtype} differs from {self.dtype}"
+            )
         self._sizes.frombytes(np.ascontiguousarray(other.sizes, dtype=np.int32).tobytes())
         with open(data_file_path(other_prefix), "rb") as f:
             shutil.copyfileobj(f, self._file)
@@ -239,6 +263,6 @@ class MMapIndexedDatasetBuilder:
             os.unlink(self._tmp)
 
 
-def make_builder(prefix: str, vocab_size: Optional[int]) -> MMapIndexedDatasetBuilder:
+def make_builder(prefix: str, vocab_size: int | None) -> MMapIndexedDatasetBuilder:
     """A builder for `{prefix}.bin` with the dtype fairseq would pick for this vocabulary size."""
     return MMapIndexedDatasetBuilder(data_file_path(prefix), dtype=best_fitting_dtype(vocab_size))

@@ -11,13 +11,15 @@ so every rank runs the same number of steps; the trainer must treat `{}` as a du
 gradient all-reduce still happens) rather than skip it. Repeating a real batch instead would count its examples
 twice.
 """
+
 from __future__ import annotations
 
 import itertools
 import math
 import queue
 import threading
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +30,7 @@ from seqtrain.errors import SeqtrainError
 class CountingIterator:
     """Wraps an iterator and counts what it has yielded; `n` starts at `start` when resuming mid-epoch."""
 
-    def __init__(self, iterable: Iterable, start: int = 0, total: Optional[int] = None):
+    def __init__(self, iterable: Iterable, start: int = 0, total: int | None = None):
         self._itr = iter(iterable)
         self.n = start
         self.total = total if total is not None else start + len(iterable)  # type: ignore[arg-type]
@@ -36,7 +38,7 @@ class CountingIterator:
     def __len__(self) -> int:
         return self.total
 
-    def __iter__(self) -> "CountingIterator":
+    def __iter__(self) -> CountingIterator:
         return self
 
     def __next__(self) -> Any:
@@ -52,12 +54,12 @@ class CountingIterator:
     def has_next(self) -> bool:
         return self.n < self.total
 
-    def skip(self, k: int) -> "CountingIterator":
+    def skip(self, k: int) -> CountingIterator:
         for _ in range(k):
             next(self)
         return self
 
-    def take(self, k: int) -> "CountingIterator":
+    def take(self, k: int) -> CountingIterator:
         """Stop after `k` items in all (e.g. --max-update reached mid-epoch)."""
         self.total = min(self.total, k)
         return self
@@ -75,10 +77,10 @@ class GroupedIterator:
     def __len__(self) -> int:
         return self.total
 
-    def __iter__(self) -> "GroupedIterator":
+    def __iter__(self) -> GroupedIterator:
         return self
 
-    def __next__(self) -> List[Any]:
+    def __next__(self) -> list[Any]:
         chunk = list(itertools.islice(self.itr, self.chunk_size))
         if not chunk:
             raise StopIteration
@@ -95,7 +97,7 @@ class _BackgroundIterator:
     _END = object()
 
     def __init__(self, iterable: Iterable, size: int):
-        self._queue: "queue.Queue" = queue.Queue(size)
+        self._queue: queue.Queue = queue.Queue(size)
         self._len = len(iterable)  # type: ignore[arg-type]
         self._thread = threading.Thread(target=self._fill, args=(iter(iterable),), daemon=True)
         self._thread.start()
@@ -111,7 +113,7 @@ class _BackgroundIterator:
     def __len__(self) -> int:
         return self._len
 
-    def __iter__(self) -> "_BackgroundIterator":
+    def __iter__(self) -> _BackgroundIterator:
         return self
 
     def __next__(self) -> Any:
@@ -137,7 +139,7 @@ class _CollatingIterable:
             yield self.collate_fn([self.dataset[int(i)] for i in batch])
 
 
-def shard(batches: Sequence, num_shards: int, shard_id: int, fill_value: Any = ()) -> List:
+def shard(batches: Sequence, num_shards: int, shard_id: int, fill_value: Any = ()) -> list:
     """Batches shard_id, shard_id + num_shards, ...; padded with `fill_value` to ceil(len / num_shards)."""
     mine = list(batches[shard_id::num_shards])
     want = math.ceil(len(batches) / num_shards)
@@ -154,7 +156,7 @@ class EpochBatchIterator:
     def __init__(
         self,
         dataset: Any,
-        collate_fn: Callable[[List[Any]], Any],
+        collate_fn: Callable[[list[Any]], Any],
         batch_sampler: Sequence[Sequence[int]],
         seed: int = 1,
         num_shards: int = 1,
@@ -178,8 +180,8 @@ class EpochBatchIterator:
         self.epoch = epoch
         self.shuffle = True
         self.fix_batches_to_gpus = False
-        self._cur_epoch_itr: Optional[CountingIterator] = None
-        self._next_epoch_itr: Optional[CountingIterator] = None
+        self._cur_epoch_itr: CountingIterator | None = None
+        self._next_epoch_itr: CountingIterator | None = None
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -227,17 +229,21 @@ class EpochBatchIterator:
     def end_of_epoch(self) -> bool:
         return self._cur_epoch_itr is not None and not self._cur_epoch_itr.has_next()
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         if self.end_of_epoch():
             # A finished epoch resumes at the start of the next one.
             state = {"epoch": self.epoch + 1, "iterations_in_epoch": 0, "shuffle": self.shuffle}
         else:
-            state = {"epoch": self.epoch, "iterations_in_epoch": self.iterations_in_epoch, "shuffle": self.shuffle}
+            state = {
+                "epoch": self.epoch,
+                "iterations_in_epoch": self.iterations_in_epoch,
+                "shuffle": self.shuffle,
+            }
         if self.fix_batches_to_gpus:  # only written when used, so the state stays fairseq's three keys
             state["fix_batches_to_gpus"] = True
         return state
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a position saved by `state_dict` (also accepts fairseq's `train_iterator` state)."""
         self.epoch = int(state["epoch"])
         self.shuffle = bool(state.get("shuffle", True))
@@ -257,7 +263,7 @@ class EpochBatchIterator:
             self.epoch, self.shuffle, self.fix_batches_to_gpus, offset
         )
 
-    def epoch_batches(self, epoch: int, shuffle: bool = True, fix_batches_to_gpus: bool = False) -> List:
+    def epoch_batches(self, epoch: int, shuffle: bool = True, fix_batches_to_gpus: bool = False) -> list:
         """This rank's batches of `epoch` (index arrays, `[]` for filler), in the order it trains them."""
         batches = list(self.frozen_batches)
         if shuffle and not fix_batches_to_gpus:

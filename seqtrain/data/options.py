@@ -3,6 +3,7 @@
 --max-source-positions / --max-target-positions belong to the model and --seed to the common flags; they are
 defined elsewhere.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,46 +27,106 @@ def str2bool(value: Any) -> bool:
 def _bool_flag(group: argparse._ArgumentGroup, name: str, default: bool, help: str) -> None:
     # fairseq <= 0.10 took `--left-pad-source False`; fairseq 0.12 made the bare flag flip the default.
     # Accept both spellings: a value sets it, the bare flag flips it.
-    group.add_argument(name, type=str2bool, nargs="?", const=not default, default=default, metavar="BOOL", help=help)
+    group.add_argument(
+        name, type=str2bool, nargs="?", const=not default, default=default, metavar="BOOL", help=help
+    )
 
 
 def add_dataset_args(
     parser: argparse.ArgumentParser, train: bool = True, gen: bool = False
 ) -> argparse._ArgumentGroup:
     group = parser.add_argument_group("dataset and batching")
-    group.add_argument("-s", "--source-lang", default=None, metavar="SRC",
-                       help="source suffix of the data-bin files (default: inferred from them; "
-                            "seqtrain-preprocess writes 'source')")
-    group.add_argument("-t", "--target-lang", default=None, metavar="TGT",
-                       help="target suffix of the data-bin files (default: inferred; seqtrain-preprocess "
-                            "writes 'target')")
-    group.add_argument("--max-tokens", type=int, default=None, metavar="N",
-                       help="max tokens per batch, padding included: batch size x longest example")
-    group.add_argument("--batch-size", "--max-sentences", type=int, default=None, metavar="N", dest="batch_size",
-                       help="max sentences per batch")
-    group.add_argument("--required-batch-size-multiple", type=int, default=8, metavar="N",
-                       help="make batch sizes a multiple of N where --max-tokens allows it")
-    group.add_argument("--num-workers", type=int, default=0, metavar="N",
-                       help="DataLoader worker processes that read and pad batches (0: in the main process; "
-                            "fairseq's default is 1)")
-    group.add_argument("--skip-invalid-size-inputs-valid-test", action="store_true",
-                       help="drop examples longer than the max positions (with a warning) instead of failing")
-    group.add_argument("--truncate-source", action="store_true",
-                       help="cut sources longer than --max-source-positions to fit (keeping the final </s>)")
+    group.add_argument(
+        "-s",
+        "--source-lang",
+        default=None,
+        metavar="SRC",
+        help="source suffix of the data-bin files (default: inferred from them; "
+        "seqtrain-preprocess writes 'source')",
+    )
+    group.add_argument(
+        "-t",
+        "--target-lang",
+        default=None,
+        metavar="TGT",
+        help="target suffix of the data-bin files (default: inferred; seqtrain-preprocess writes 'target')",
+    )
+    group.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="max tokens per batch, padding included: batch size x longest example",
+    )
+    group.add_argument(
+        "--batch-size",
+        "--max-sentences",
+        type=int,
+        default=None,
+        metavar="N",
+        dest="batch_size",
+        help="max sentences per batch",
+    )
+    group.add_argument(
+        "--required-batch-size-multiple",
+        type=int,
+        default=8,
+        metavar="N",
+        help="make batch sizes a multiple of N where --max-tokens allows it",
+    )
+    group.add_argument(
+        "--num-workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="DataLoader worker processes that read and pad batches (0: in the main process; "
+        "fairseq's default is 1)",
+    )
+    group.add_argument(
+        "--skip-invalid-size-inputs-valid-test",
+        action="store_true",
+        help="drop examples longer than the max positions (with a warning) instead of failing",
+    )
+    group.add_argument(
+        "--truncate-source",
+        action="store_true",
+        help="cut sources longer than --max-source-positions to fit (keeping the final </s>)",
+    )
     _bool_flag(group, "--left-pad-source", True, "pad the source on the left (default: True)")
     _bool_flag(group, "--left-pad-target", False, "pad the target on the left (default: False)")
-    group.add_argument("--prepend-bos", action="store_true",
-                       help="put <s> before source and target (the Hugging Face BART convention)")
+    group.add_argument(
+        "--prepend-bos",
+        action="store_true",
+        help="put <s> before source and target (the Hugging Face BART convention)",
+    )
     if train:
         group.add_argument("--train-subset", default="train", metavar="SPLIT", help="data split to train on")
-        group.add_argument("--valid-subset", default="valid", metavar="SPLITS",
-                           help="comma-separated data splits to validate on")
-        group.add_argument("--max-tokens-valid", type=int, default=None, metavar="N",
-                           help="--max-tokens for validation (default: --max-tokens)")
-        group.add_argument("--batch-size-valid", "--max-sentences-valid", type=int, default=None, metavar="N",
-                           dest="batch_size_valid", help="--batch-size for validation (default: --batch-size)")
+        group.add_argument(
+            "--valid-subset",
+            default="valid",
+            metavar="SPLITS",
+            help="comma-separated data splits to validate on",
+        )
+        group.add_argument(
+            "--max-tokens-valid",
+            type=int,
+            default=None,
+            metavar="N",
+            help="--max-tokens for validation (default: --max-tokens)",
+        )
+        group.add_argument(
+            "--batch-size-valid",
+            "--max-sentences-valid",
+            type=int,
+            default=None,
+            metavar="N",
+            dest="batch_size_valid",
+            help="--batch-size for validation (default: --batch-size)",
+        )
     if gen:
-        group.add_argument("--gen-subset", default="test", metavar="SPLIT", help="data split to generate from")
+        group.add_argument(
+            "--gen-subset", default="test", metavar="SPLIT", help="data split to generate from"
+        )
     return group
 
 

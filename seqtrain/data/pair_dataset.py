@@ -5,9 +5,11 @@ source = `tokens </s>`, left-padded by default; target = `tokens </s>`, right-pa
 `prev_output_tokens` is the target with its final `</s>` moved to the front. `prepend_bos` puts `<s>` first on
 both sides (as Hugging Face BART does). `truncate_source` cuts long sources to fit `max_source_positions`.
 """
+
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +31,7 @@ def pad_sequences(
     out = torch.full((len(seqs), width), pad_idx, dtype=torch.long)
     for row, s in enumerate(seqs):
         if left_pad:
-            out[row, width - len(s):] = s
+            out[row, width - len(s) :] = s
         else:
             out[row, : len(s)] = s
     return out
@@ -59,9 +61,9 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         src: Sequence,
         src_sizes: Sequence[int],
         src_dict: Any,
-        tgt: Optional[Sequence] = None,
-        tgt_sizes: Optional[Sequence[int]] = None,
-        tgt_dict: Optional[Any] = None,
+        tgt: Sequence | None = None,
+        tgt_sizes: Sequence[int] | None = None,
+        tgt_dict: Any | None = None,
         left_pad_source: bool = True,
         left_pad_target: bool = False,
         shuffle: bool = True,
@@ -107,9 +109,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         if truncate_source:  # fairseq's recorded sizes: see the class docstring
             src_sizes = np.minimum(src_sizes + 1, self._src_limit)
         self.src_sizes = src_sizes + int(prepend_bos)
-        self.tgt_sizes = (
-            None if tgt is None else np.asarray(tgt_sizes, dtype=np.int64) + int(prepend_bos)
-        )
+        self.tgt_sizes = None if tgt is None else np.asarray(tgt_sizes, dtype=np.int64) + int(prepend_bos)
         self._sizes = (
             self.src_sizes if self.tgt_sizes is None else np.stack([self.src_sizes, self.tgt_sizes], axis=1)
         )
@@ -117,7 +117,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.src)
 
-    def __getitem__(self, index: int) -> Dict[str, Any]:
+    def __getitem__(self, index: int) -> dict[str, Any]:
         src = _as_long(self.src[index])
         if self.truncate_source and len(src) > self._src_limit:
             src = torch.cat([src[: self._src_limit - 1], src.new_tensor([self.src_dict.eos()])])
@@ -128,7 +128,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
                 tgt = torch.cat([tgt.new_tensor([self.tgt_dict.bos()]), tgt])
         return {"id": int(index), "source": src, "target": tgt}
 
-    def collater(self, samples: List[Dict[str, Any]]) -> Dict[str, Any]:
+    def collater(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """Pad a list of items into a batch, rows sorted by source length (longest first), as fairseq does.
 
         An empty list gives `{}`: the filler batch of a rank that ran out of batches (see iterators.py).
@@ -140,7 +140,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         # Stable sort: ties keep their batch order, so a batch always collates to the same tensor.
         src_lengths, order = src_lengths.sort(descending=True, stable=True)
         ordered = [samples[i] for i in order.tolist()]
-        batch: Dict[str, Any] = {
+        batch: dict[str, Any] = {
             "id": torch.tensor([s["id"] for s in ordered], dtype=torch.long),
             "nsentences": len(samples),
             "net_input": {
@@ -180,11 +180,11 @@ class LanguagePairDataset(torch.utils.data.Dataset):
             sizes = np.maximum(sizes, self.tgt_sizes[indices])
         return sizes
 
-    def size(self, index: int) -> Tuple[int, int]:
+    def size(self, index: int) -> tuple[int, int]:
         tgt = 0 if self.tgt_sizes is None else self.tgt_sizes[index]
         return int(self.src_sizes[index]), int(tgt)
 
-    def ordered_indices(self, seed: Optional[int] = 1) -> np.ndarray:
+    def ordered_indices(self, seed: int | None = 1) -> np.ndarray:
         """Indices sorted by source length, then target length, ties in a random order drawn from `seed`.
 
         Matches fairseq's order for the same seed (it calls this inside `numpy_seed(seed)`; a private RandomState

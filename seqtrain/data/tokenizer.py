@@ -10,13 +10,14 @@ Kinds (registered in `seqtrain.registry.TOKENIZERS`):
 checkpoint or `data-bin/tokenizer.json` carries it; `build_tokenizer(spec)` is the inverse. Tokenizers pickle as
 their spec, so multiprocessing workers rebuild them cheaply.
 """
+
 from __future__ import annotations
 
 import argparse
 import base64
 import json
 import os
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
@@ -35,17 +36,17 @@ class Tokenizer:
     def decode(self, symbols: str) -> str:
         raise NotImplementedError
 
-    def encode_batch(self, texts: Sequence[str]) -> List[str]:
+    def encode_batch(self, texts: Sequence[str]) -> list[str]:
         return [self.encode(t) for t in texts]
 
     def spec(self) -> dict:
         raise NotImplementedError
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "Tokenizer":
+    def from_spec(cls, spec: dict) -> Tokenizer:
         raise NotImplementedError
 
-    def files(self) -> Dict[str, bytes]:
+    def files(self) -> dict[str, bytes]:
         """Model files worth copying next to tokenizer.json for people and other tools (name -> bytes)."""
         return {}
 
@@ -77,7 +78,7 @@ class WhitespaceTokenizer(Tokenizer):
         return {"kind": self.kind, "version": SPEC_VERSION}
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "WhitespaceTokenizer":
+    def from_spec(cls, spec: dict) -> WhitespaceTokenizer:
         return cls()
 
 
@@ -96,7 +97,7 @@ class SentencePieceTokenizer(Tokenizer):
             raise SeqtrainError(f"not a valid sentencepiece model ({e})") from None
 
     @classmethod
-    def from_file(cls, path: str) -> "SentencePieceTokenizer":
+    def from_file(cls, path: str) -> SentencePieceTokenizer:
         try:
             with open(path, "rb") as f:
                 proto = f.read()
@@ -108,9 +109,17 @@ class SentencePieceTokenizer(Tokenizer):
             raise SeqtrainError(f"{path}: {e}") from None
 
     @classmethod
-    def train_iter(cls, sentences: Iterable[str], vocab_size: int = 8000, model_type: str = "unigram",
-                   character_coverage: float = 1.0, num_threads: int = 1, max_sentence_length: int = 1 << 16,
-                   verbose: bool = False, what: str = "sentencepiece training") -> "SentencePieceTokenizer":
+    def train_iter(
+        cls,
+        sentences: Iterable[str],
+        vocab_size: int = 8000,
+        model_type: str = "unigram",
+        character_coverage: float = 1.0,
+        num_threads: int = 1,
+        max_sentence_length: int = 1 << 16,
+        verbose: bool = False,
+        what: str = "sentencepiece training",
+    ) -> SentencePieceTokenizer:
         """Train on `sentences` as given: no sampling or shuffling of ours or sentencepiece's, so the same lines and
         the same `num_threads` give a byte-identical model. Errors name `what` (a file or a flag)."""
         import io
@@ -122,9 +131,15 @@ class SentencePieceTokenizer(Tokenizer):
         out = io.BytesIO()
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences), model_writer=out, vocab_size=vocab_size, model_type=model_type,
-                character_coverage=character_coverage, num_threads=num_threads, input_sentence_size=0,
-                shuffle_input_sentence=False, max_sentence_length=max_sentence_length,
+                sentence_iterator=iter(sentences),
+                model_writer=out,
+                vocab_size=vocab_size,
+                model_type=model_type,
+                character_coverage=character_coverage,
+                num_threads=num_threads,
+                input_sentence_size=0,
+                shuffle_input_sentence=False,
+                max_sentence_length=max_sentence_length,
                 minloglevel=0 if verbose else 2,
             )
         except RuntimeError as e:
@@ -134,8 +149,14 @@ class SentencePieceTokenizer(Tokenizer):
         return cls(out.getvalue())
 
     @classmethod
-    def train(cls, files: Sequence[str], vocab_size: int = 8000, model_type: str = "unigram",
-              character_coverage: float = 0.9995, max_sentence_length: int = 1 << 16) -> "SentencePieceTokenizer":
+    def train(
+        cls,
+        files: Sequence[str],
+        vocab_size: int = 8000,
+        model_type: str = "unigram",
+        character_coverage: float = 0.9995,
+        max_sentence_length: int = 1 << 16,
+    ) -> SentencePieceTokenizer:
         """Train on the non-empty lines of `files` (in order), with one thread: reproducible."""
         from seqtrain.data.dictionary import iter_lines
 
@@ -143,16 +164,22 @@ class SentencePieceTokenizer(Tokenizer):
             if not os.path.isfile(path):
                 raise SeqtrainError(f"{path}: no such file (sentencepiece training input)")
         lines = (line for path in files for line in iter_lines(path) if line.strip())
-        return cls.train_iter(lines, vocab_size, model_type, character_coverage, num_threads=1,
-                              max_sentence_length=max_sentence_length,
-                              what=f"sentencepiece training on {', '.join(files)}")
+        return cls.train_iter(
+            lines,
+            vocab_size,
+            model_type,
+            character_coverage,
+            num_threads=1,
+            max_sentence_length=max_sentence_length,
+            what=f"sentencepiece training on {', '.join(files)}",
+        )
 
     def encode(self, text: str) -> str:
         # Unicode whitespace other than ' ' could survive spm's normalization inside a piece and then split it;
         # splitting first is what spm's default remove_extra_whitespaces does anyway.
         return " ".join(self.sp.EncodeAsPieces(" ".join(text.split())))
 
-    def encode_batch(self, texts: Sequence[str]) -> List[str]:
+    def encode_batch(self, texts: Sequence[str]) -> list[str]:
         pieces = self.sp.Encode([" ".join(t.split()) for t in texts], out_type=str)
         return [" ".join(p) for p in pieces]
 
@@ -164,18 +191,21 @@ class SentencePieceTokenizer(Tokenizer):
         return self.sp.GetPieceSize()
 
     def spec(self) -> dict:
-        return {"kind": self.kind, "version": SPEC_VERSION,
-                "model_base64": base64.b64encode(self.model_proto).decode("ascii")}
+        return {
+            "kind": self.kind,
+            "version": SPEC_VERSION,
+            "model_base64": base64.b64encode(self.model_proto).decode("ascii"),
+        }
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "SentencePieceTokenizer":
+    def from_spec(cls, spec: dict) -> SentencePieceTokenizer:
         return cls(base64.b64decode(_field(spec, "model_base64")))
 
-    def files(self) -> Dict[str, bytes]:
+    def files(self) -> dict[str, bytes]:
         return {"spm.model": self.model_proto}
 
 
-def parse_vocab_bpe(text: str, name: str = "vocab.bpe") -> List[Tuple[str, str]]:
+def parse_vocab_bpe(text: str, name: str = "vocab.bpe") -> list[tuple[str, str]]:
     """GPT-2's merges file: an optional '#version' line, then one 'left right' pair per line, best first."""
     merges = []
     for lineno, line in enumerate(text.split("\n"), start=1):
@@ -216,11 +246,11 @@ class GPT2BPETokenizer(Tokenizer):
         self._size = len(vocab)
 
     @classmethod
-    def from_files(cls, encoder_json_path: str, vocab_bpe_path: str) -> "GPT2BPETokenizer":
+    def from_files(cls, encoder_json_path: str, vocab_bpe_path: str) -> GPT2BPETokenizer:
         texts = []
         for path in (encoder_json_path, vocab_bpe_path):
             try:
-                with open(path, "r", encoding="utf-8", newline="") as f:
+                with open(path, encoding="utf-8", newline="") as f:
                     texts.append(f.read())
             except (OSError, UnicodeDecodeError) as e:
                 raise SeqtrainError(f"{path}: cannot read GPT-2 BPE file ({e})") from None
@@ -232,14 +262,18 @@ class GPT2BPETokenizer(Tokenizer):
     def encode(self, text: str) -> str:
         return " ".join(map(str, self.tok.encode(text, add_special_tokens=False).ids))
 
-    def encode_batch(self, texts: Sequence[str]) -> List[str]:
-        return [" ".join(map(str, e.ids)) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+    def encode_batch(self, texts: Sequence[str]) -> list[str]:
+        return [
+            " ".join(map(str, e.ids)) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)
+        ]
 
     def decode(self, symbols: str) -> str:
         # Ids become byte-level tokens; anything else ("<unk>", "<mask>", madeupwords) stands for its own text.
         pieces = []
         for s in symbols.split():
-            tok = self.tok.id_to_token(int(s)) if s.isdigit() and s.isascii() and int(s) < self._size else None
+            tok = (
+                self.tok.id_to_token(int(s)) if s.isdigit() and s.isascii() and int(s) < self._size else None
+            )
             if tok is None:
                 tok = "".join(p for p, _ in self._bytes_view.pre_tokenize_str(s))
             pieces.append(tok)
@@ -250,15 +284,22 @@ class GPT2BPETokenizer(Tokenizer):
         return self._size
 
     def spec(self) -> dict:
-        return {"kind": self.kind, "version": SPEC_VERSION, "encoder_json": self.encoder_json,
-                "vocab_bpe": self.vocab_bpe}
+        return {
+            "kind": self.kind,
+            "version": SPEC_VERSION,
+            "encoder_json": self.encoder_json,
+            "vocab_bpe": self.vocab_bpe,
+        }
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "GPT2BPETokenizer":
+    def from_spec(cls, spec: dict) -> GPT2BPETokenizer:
         return cls(_field(spec, "encoder_json"), _field(spec, "vocab_bpe"))
 
-    def files(self) -> Dict[str, bytes]:
-        return {"encoder.json": self.encoder_json.encode("utf-8"), "vocab.bpe": self.vocab_bpe.encode("utf-8")}
+    def files(self) -> dict[str, bytes]:
+        return {
+            "encoder.json": self.encoder_json.encode("utf-8"),
+            "vocab.bpe": self.vocab_bpe.encode("utf-8"),
+        }
 
 
 def _field(spec: dict, key: str) -> str:
@@ -268,7 +309,7 @@ def _field(spec: dict, key: str) -> str:
     return value
 
 
-def build_tokenizer(spec: Optional[dict]) -> Tokenizer:
+def build_tokenizer(spec: dict | None) -> Tokenizer:
     """Rebuild a tokenizer from `Tokenizer.spec()` data; None means the `none` tokenizer."""
     if spec is None:
         return WhitespaceTokenizer()
@@ -299,7 +340,7 @@ def load_databin_tokenizer(data_dir: str) -> Tokenizer:
     if not os.path.exists(path):
         return WhitespaceTokenizer()
     try:
-        with open(path, "r", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             spec = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SeqtrainError(f"{path}: not valid JSON ({e})") from None
@@ -312,22 +353,50 @@ def load_databin_tokenizer(data_dir: str) -> Tokenizer:
 # --- flags (for seqtrain-preprocess) --------------------------------------------------------------------------
 def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     t = parser.add_argument_group("Tokenizer")
-    t.add_argument("--tokenizer", default="sentencepiece", choices=["sentencepiece", "gpt2", "none"],
-                   help="how raw text becomes dictionary symbols (default: sentencepiece; 'none' = the input is "
-                        "already tokenized, split on whitespace, as fairseq-preprocess does)")
+    t.add_argument(
+        "--tokenizer",
+        default="sentencepiece",
+        choices=["sentencepiece", "gpt2", "none"],
+        help="how raw text becomes dictionary symbols (default: sentencepiece; 'none' = the input is "
+        "already tokenized, split on whitespace, as fairseq-preprocess does)",
+    )
     t.add_argument("--spm-model", metavar="FP", help="use this sentencepiece model instead of training one")
-    t.add_argument("--spm-vocab-size", metavar="N", default=8000, type=int,
-                   help="sentencepiece vocabulary size to train (default: 8000)")
-    t.add_argument("--spm-model-type", default="unigram", choices=["unigram", "bpe"],
-                   help="sentencepiece model type to train (default: unigram)")
-    t.add_argument("--spm-character-coverage", metavar="F", default=1.0, type=float,
-                   help="share of characters the sentencepiece model covers (default: 1.0)")
-    t.add_argument("--spm-input-sentence-size", metavar="N", default=1_000_000, type=int,
-                   help="train sentencepiece on at most N train lines (source and target together), evenly spread "
-                        "over the files; bounds its memory on big corpora (default: 1000000; 0 = all lines)")
-    t.add_argument("--spm-num-threads", metavar="N", default=4, type=int,
-                   help="sentencepiece training threads (default: 4). The trained model depends on this number, "
-                        "so it is a flag of its own and not --workers")
+    t.add_argument(
+        "--spm-vocab-size",
+        metavar="N",
+        default=8000,
+        type=int,
+        help="sentencepiece vocabulary size to train (default: 8000)",
+    )
+    t.add_argument(
+        "--spm-model-type",
+        default="unigram",
+        choices=["unigram", "bpe"],
+        help="sentencepiece model type to train (default: unigram)",
+    )
+    t.add_argument(
+        "--spm-character-coverage",
+        metavar="F",
+        default=1.0,
+        type=float,
+        help="share of characters the sentencepiece model covers (default: 1.0)",
+    )
+    t.add_argument(
+        "--spm-input-sentence-size",
+        metavar="N",
+        default=1_000_000,
+        type=int,
+        help="train sentencepiece on at most N train lines (source and target together), evenly spread "
+        "over the files; bounds its memory on big corpora (default: 1000000; 0 = all lines)",
+    )
+    t.add_argument(
+        "--spm-num-threads",
+        metavar="N",
+        default=4,
+        type=int,
+        help="sentencepiece training threads (default: 4). The trained model depends on this number, "
+        "so it is a flag of its own and not --workers",
+    )
     t.add_argument("--gpt2-encoder-json", metavar="FP", help="GPT-2 BPE encoder.json (for --tokenizer gpt2)")
     t.add_argument("--gpt2-vocab-bpe", metavar="FP", help="GPT-2 BPE vocab.bpe (for --tokenizer gpt2)")
     return t
@@ -347,7 +416,10 @@ def tokenizer_from_args(args: argparse.Namespace, train_files: Sequence[str] = (
             return SentencePieceTokenizer.from_file(args.spm_model)
         if not train_files:
             raise SeqtrainError("--tokenizer sentencepiece needs --spm-model or training text to learn from")
-        return SentencePieceTokenizer.train(train_files, vocab_size=args.spm_vocab_size,
-                                            model_type=args.spm_model_type,
-                                            character_coverage=args.spm_character_coverage)
+        return SentencePieceTokenizer.train(
+            train_files,
+            vocab_size=args.spm_vocab_size,
+            model_type=args.spm_model_type,
+            character_coverage=args.spm_character_coverage,
+        )
     raise SeqtrainError(f"--tokenizer: unknown kind {kind!r}; choose from sentencepiece, gpt2, none")

@@ -1,10 +1,11 @@
 """Checkpoint formats: tell which one a file or folder is, read any of them into `CheckpointContents`, and the
 exporter of each (`EXPORTERS`). seqtrain's own format lives in `seqtrain.checkpoint`; fairseq's and Hugging
 Face's in the modules beside this one."""
+
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ def read_loaded(path: str, obj: Any, fmt: str = "auto") -> CheckpointContents:
 def read_checkpoint(
     path: str,
     fmt: str = "auto",
-    dict_path: Optional[str] = None,
+    dict_path: str | None = None,
     unsafe: bool = False,
     require_dict: bool = True,
 ) -> CheckpointContents:

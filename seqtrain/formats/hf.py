@@ -1,11 +1,12 @@
 """Hugging Face BART folders: read and write config.json, the weights (safetensors or pytorch_model.bin) and
 the tokenizer files."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 
@@ -18,8 +19,12 @@ from seqtrain.models.resize import EMBEDDING_KEYS
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
 # Old (transformers < 4) BART configs describe mBART-style variants with these switches.
 HF_REQUIRED = (
-    ("normalize_before", False), ("add_final_layer_norm", False), ("static_position_embeddings", False),
-    ("normalize_embedding", True), ("add_bias_logits", False), ("extra_pos_embeddings", 2),
+    ("normalize_before", False),
+    ("add_final_layer_norm", False),
+    ("static_position_embeddings", False),
+    ("normalize_embedding", True),
+    ("add_bias_logits", False),
+    ("extra_pos_embeddings", 2),
     ("pad_token_id", 1),
 )
 
@@ -27,32 +32,48 @@ HF_REQUIRED = (
 def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
     """A Hugging Face BartConfig (as a dict) -> seqtrain model args with fairseq's names."""
     if config.get("model_type") != "bart":
-        raise SeqtrainError(f"{where}: not a BART config (model_type {config.get('model_type')!r}, expected 'bart')")
+        raise SeqtrainError(
+            f"{where}: not a BART config (model_type {config.get('model_type')!r}, expected 'bart')"
+        )
     for name, want in HF_REQUIRED:
         if name in config and config[name] != want:
-            raise SeqtrainError(f"{where}: {name}={config[name]!r} is not supported (seqtrain's BART needs {want!r})")
+            raise SeqtrainError(
+                f"{where}: {name}={config[name]!r} is not supported (seqtrain's BART needs {want!r})"
+            )
     act = config.get("activation_function", "gelu")
     if act not in HF_ACTIVATIONS:
         raise SeqtrainError(
             f"{where}: activation_function {act!r} is not supported (use one of {', '.join(HF_ACTIVATIONS)})"
         )
     if config.get("tie_word_embeddings", True) is False:
-        raise SeqtrainError(f"{where}: tie_word_embeddings=false is not supported (seqtrain ties the embeddings)")
+        raise SeqtrainError(
+            f"{where}: tie_word_embeddings=false is not supported (seqtrain ties the embeddings)"
+        )
     d = int(config.get("d_model", 1024))
     max_pos = int(config.get("max_position_embeddings", 1024))
     fields = dict(
-        encoder_embed_dim=d, decoder_embed_dim=d, decoder_output_dim=d, decoder_input_dim=d,
-        encoder_layers=int(config.get("encoder_layers", 12)), decoder_layers=int(config.get("decoder_layers", 12)),
+        encoder_embed_dim=d,
+        decoder_embed_dim=d,
+        decoder_output_dim=d,
+        decoder_input_dim=d,
+        encoder_layers=int(config.get("encoder_layers", 12)),
+        decoder_layers=int(config.get("decoder_layers", 12)),
         encoder_ffn_embed_dim=int(config.get("encoder_ffn_dim", 4096)),
         decoder_ffn_embed_dim=int(config.get("decoder_ffn_dim", 4096)),
         encoder_attention_heads=int(config.get("encoder_attention_heads", 16)),
         decoder_attention_heads=int(config.get("decoder_attention_heads", 16)),
-        max_source_positions=max_pos, max_target_positions=max_pos,
-        dropout=float(config.get("dropout", 0.1)), attention_dropout=float(config.get("attention_dropout", 0.0)),
-        activation_dropout=float(config.get("activation_dropout", 0.0)), activation_fn=HF_ACTIVATIONS[act],
+        max_source_positions=max_pos,
+        max_target_positions=max_pos,
+        dropout=float(config.get("dropout", 0.1)),
+        attention_dropout=float(config.get("attention_dropout", 0.0)),
+        activation_dropout=float(config.get("activation_dropout", 0.0)),
+        activation_fn=HF_ACTIVATIONS[act],
         no_scale_embedding=not config.get("scale_embedding", False),
-        share_all_embeddings=True, share_decoder_input_output_embed=True, layernorm_embedding=True,
-        encoder_normalize_before=False, decoder_normalize_before=False,
+        share_all_embeddings=True,
+        share_decoder_input_output_embed=True,
+        layernorm_embedding=True,
+        encoder_normalize_before=False,
+        decoder_normalize_before=False,
         encoder_layerdrop=float(config.get("encoder_layerdrop", 0.0)),
         decoder_layerdrop=float(config.get("decoder_layerdrop", 0.0)),
         # HF BART tokenizers put <s> first in both sequences; seqtrain's --prepend-bos does the same
@@ -63,8 +84,8 @@ def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
 
 def _closest_arch(fields: dict) -> str:
     """The preset whose sizes match (only a label: every size is also set explicitly)."""
-    from seqtrain.registry import ARCHS
     import seqtrain.models.bart  # noqa: F401
+    from seqtrain.registry import ARCHS
 
     keys = ("encoder_embed_dim", "encoder_layers", "encoder_ffn_embed_dim", "encoder_attention_heads")
     for arch in ARCHS.names():
@@ -75,7 +96,9 @@ def _closest_arch(fields: dict) -> str:
     return "bart_large"
 
 
-def args_to_hf_config(args: argparse.Namespace, vocab_size: int, pad: int = 1, bos: int = 0, eos: int = 2) -> dict:
+def args_to_hf_config(
+    args: argparse.Namespace, vocab_size: int, pad: int = 1, bos: int = 0, eos: int = 2
+) -> dict:
     """seqtrain model args -> a Hugging Face BartConfig dict (for BartForConditionalGeneration)."""
     g = lambda k, d=None: getattr(args, k, d)  # noqa: E731
     if g("encoder_embed_dim") != g("decoder_embed_dim"):
@@ -85,38 +108,54 @@ def args_to_hf_config(args: argparse.Namespace, vocab_size: int, pad: int = 1, b
     act = g("activation_fn", "gelu")
     if act not in HF_ACTIVATIONS.values():
         raise SeqtrainError(f"activation_fn {act!r} has no Hugging Face BART equivalent here (gelu or relu)")
-    for name, want in (("encoder_normalize_before", False), ("decoder_normalize_before", False),
-                       ("layernorm_embedding", True)):
+    for name, want in (
+        ("encoder_normalize_before", False),
+        ("decoder_normalize_before", False),
+        ("layernorm_embedding", True),
+    ):
         if g(name, want) != want:
             raise SeqtrainError(f"{name}={g(name)!r} has no Hugging Face BART equivalent")
     return {
-        "model_type": "bart", "architectures": ["BartForConditionalGeneration"],
-        "vocab_size": int(vocab_size), "d_model": int(g("encoder_embed_dim")),
+        "model_type": "bart",
+        "architectures": ["BartForConditionalGeneration"],
+        "vocab_size": int(vocab_size),
+        "d_model": int(g("encoder_embed_dim")),
         "max_position_embeddings": int(g("max_source_positions", 1024)),
-        "encoder_layers": int(g("encoder_layers")), "decoder_layers": int(g("decoder_layers")),
-        "encoder_ffn_dim": int(g("encoder_ffn_embed_dim")), "decoder_ffn_dim": int(g("decoder_ffn_embed_dim")),
+        "encoder_layers": int(g("encoder_layers")),
+        "decoder_layers": int(g("decoder_layers")),
+        "encoder_ffn_dim": int(g("encoder_ffn_embed_dim")),
+        "decoder_ffn_dim": int(g("decoder_ffn_embed_dim")),
         "encoder_attention_heads": int(g("encoder_attention_heads")),
         "decoder_attention_heads": int(g("decoder_attention_heads")),
-        "activation_function": act, "dropout": float(g("dropout", 0.1)),
+        "activation_function": act,
+        "dropout": float(g("dropout", 0.1)),
         "attention_dropout": float(g("attention_dropout", 0.0)),
         "activation_dropout": float(g("activation_dropout", 0.0)),
         "encoder_layerdrop": float(g("encoder_layerdrop", 0.0) or 0.0),
         "decoder_layerdrop": float(g("decoder_layerdrop", 0.0) or 0.0),
-        "scale_embedding": not g("no_scale_embedding", True), "init_std": 0.02,
-        "pad_token_id": pad, "bos_token_id": bos, "eos_token_id": eos,
-        "decoder_start_token_id": eos, "forced_eos_token_id": eos,
-        "is_encoder_decoder": True, "tie_word_embeddings": True, "use_cache": True,
+        "scale_embedding": not g("no_scale_embedding", True),
+        "init_std": 0.02,
+        "pad_token_id": pad,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "decoder_start_token_id": eos,
+        "forced_eos_token_id": eos,
+        "is_encoder_decoder": True,
+        "tie_word_embeddings": True,
+        "use_cache": True,
     }
 
 
-def hf_state_to_seqtrain(state: Dict[str, torch.Tensor], where: str, notes: List[str]) -> Dict[str, torch.Tensor]:
+def hf_state_to_seqtrain(
+    state: dict[str, torch.Tensor], where: str, notes: list[str]
+) -> dict[str, torch.Tensor]:
     """Hugging Face BART names -> fairseq / seqtrain names. Below `model.` the layer names are already
     fairseq's; the embedding (model.shared, tied to lm_head) becomes the three tied fairseq embeddings."""
-    out: Dict[str, torch.Tensor] = {}
-    embeds: Dict[str, torch.Tensor] = {}
+    out: dict[str, torch.Tensor] = {}
+    embeds: dict[str, torch.Tensor] = {}
     dropped = []
     for k, v in state.items():
-        name = k[len("model."):] if k.startswith("model.") else k
+        name = k[len("model.") :] if k.startswith("model.") else k
         if name == "final_logits_bias":
             # seqtrain's output layer has no bias; a zero bias (every released BART) changes nothing
             if torch.count_nonzero(v).item():
@@ -125,10 +164,17 @@ def hf_state_to_seqtrain(state: Dict[str, torch.Tensor], where: str, notes: List
                     "so its logits would differ"
                 )
             continue
-        if name in ("shared.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+        if name in (
+            "shared.weight",
+            "encoder.embed_tokens.weight",
+            "decoder.embed_tokens.weight",
+            "lm_head.weight",
+        ):
             embeds[name] = v
         elif name.startswith(("encoder.layer_norm.", "decoder.layer_norm.")):
-            raise SeqtrainError(f"{where}: has a final {name.split('.')[0]} layer_norm (mBART-style); not a BART model")
+            raise SeqtrainError(
+                f"{where}: has a final {name.split('.')[0]} layer_norm (mBART-style); not a BART model"
+            )
         elif name.startswith(("encoder.", "decoder.")):
             out[name] = v
         else:
@@ -139,7 +185,9 @@ def hf_state_to_seqtrain(state: Dict[str, torch.Tensor], where: str, notes: List
     emb = next(embeds[n] for n in order if n in embeds)
     for n, t in embeds.items():
         if t.shape != emb.shape or not torch.equal(t, emb):
-            raise SeqtrainError(f"{where}: {n} differs from model.shared.weight; seqtrain needs tied embeddings")
+            raise SeqtrainError(
+                f"{where}: {n} differs from model.shared.weight; seqtrain needs tied embeddings"
+            )
     for k in EMBEDDING_KEYS:
         out[k] = emb
     if dropped:
@@ -147,7 +195,7 @@ def hf_state_to_seqtrain(state: Dict[str, torch.Tensor], where: str, notes: List
     return out
 
 
-def seqtrain_state_to_hf(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+def seqtrain_state_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The inverse mapping, one copy of the tied embedding (safetensors refuses shared storage)."""
     out = {"model.shared.weight": state["encoder.embed_tokens.weight"].contiguous().clone()}
     for k, v in state.items():
@@ -159,7 +207,7 @@ def seqtrain_state_to_hf(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tens
     return out
 
 
-def _load_hf_weights(folder: str) -> Tuple[Dict[str, torch.Tensor], str]:
+def _load_hf_weights(folder: str) -> tuple[dict[str, torch.Tensor], str]:
     names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
     st, index, binf = (os.path.join(folder, n) for n in names)
     try:
@@ -170,7 +218,7 @@ def _load_hf_weights(folder: str) -> Tuple[Dict[str, torch.Tensor], str]:
                 return load_file(st, device="cpu"), st
             with open(index, encoding="utf-8") as f:
                 shards = sorted(set(json.load(f)["weight_map"].values()))
-            state: Dict[str, torch.Tensor] = {}
+            state: dict[str, torch.Tensor] = {}
             for shard in shards:
                 state.update(load_file(os.path.join(folder, shard), device="cpu"))
             return state, index
@@ -206,8 +254,7 @@ def read_hf(folder: str) -> CheckpointContents:
     return ck
 
 
-
-def _hf_bpe_files(folder: str) -> Tuple[Optional[dict], Optional[str]]:
+def _hf_bpe_files(folder: str) -> tuple[dict | None, str | None]:
     """(vocab token -> id, merges text) from vocab.json + merges.txt, else from a BPE tokenizer.json."""
     names = ("vocab.json", "merges.txt", "tokenizer.json")
     vocab_file, merges_file, tok_file = (os.path.join(folder, n) for n in names)
@@ -231,7 +278,7 @@ def _hf_bpe_files(folder: str) -> Tuple[Optional[dict], Optional[str]]:
     return None, None
 
 
-def _hf_dictionary(folder: str, rows: int) -> Tuple[Any, Optional[dict]]:
+def _hf_dictionary(folder: str, rows: int) -> tuple[Any, dict | None]:
     """(Dictionary, gpt2 tokenizer spec or None) for an HF folder. Dictionary index i is HF token id i; with
     the BPE files its symbols are the ids as decimal strings (fairseq's GPT-2 convention, with HF's vocab.json
     as the id table), so seqtrain's gpt2 tokenizer built from vocab.json + merges.txt encodes text to these
@@ -239,7 +286,7 @@ def _hf_dictionary(folder: str, rows: int) -> Tuple[Any, Optional[dict]]:
     vocab, merges = _hf_bpe_files(folder)
     if not vocab:
         return placeholder_dictionary(rows), None
-    names: List[Optional[str]] = [None] * rows
+    names: list[str | None] = [None] * rows
     for tok, i in vocab.items():
         if isinstance(i, int) and 4 <= i < rows:
             names[i] = tok if tok == "<mask>" else str(i)
@@ -254,15 +301,15 @@ def _hf_dictionary(folder: str, rows: int) -> Tuple[Any, Optional[dict]]:
     return placeholder_dictionary(rows, names), spec
 
 
-
-
 def export_hf(lm: Any, folder: str) -> None:
     """A Hugging Face folder (config.json + model.safetensors) of a `seqtrain.hub.LoadedModel`, that
     transformers.BartForConditionalGeneration.from_pretrained loads."""
     from safetensors.torch import save as st_save
 
     if not getattr(lm.args, "share_all_embeddings", True):
-        raise SeqtrainError("Hugging Face BART shares one embedding; this model has --no-share-all-embeddings")
+        raise SeqtrainError(
+            "Hugging Face BART shares one embedding; this model has --no-share-all-embeddings"
+        )
     state = cpu_state(lm.model)
     vocab = state["encoder.embed_tokens.weight"].shape[0]
     d = lm.src_dict

@@ -10,10 +10,10 @@ n = 1 only generated tokens are blocked, since blocking the start token (EOS) wo
 fairseq 0.12's CPU fallback blocks nothing (it reads the pad-filled tail of its token buffer); seqtrain blocks on
 every device.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import Tensor
@@ -25,7 +25,7 @@ class NGramRepeatBlocker:
             raise ValueError(f"n-gram size must be >= 1, got {n}")
         self.n = n
 
-    def __call__(self, tokens: Tensor, lprobs: Tensor, sink: Optional[int] = None) -> Tensor:
+    def __call__(self, tokens: Tensor, lprobs: Tensor, sink: int | None = None) -> Tensor:
         """tokens: R x t (start token first, then the generated prefix); lprobs: R x V, masked in place.
         `sink`: a column that is -inf in every row already (the generator's pad); lets the blocker write -inf
         straight into lprobs instead of building an R x V mask."""

@@ -9,20 +9,19 @@ Beam search returns C = 2 * beam candidates so that `beam` of them remain to con
 end in EOS. Sampling returns C = beam: candidate i always extends hypothesis i (the generator keeps finished
 slots aside with its `cands_to_ignore` mask, as fairseq does).
 """
-from __future__ import annotations
 
-from typing import Optional, Tuple
+from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-Candidates = Tuple[Tensor, Tensor, Tensor]
+Candidates = tuple[Tensor, Tensor, Tensor]
 
 
 class BeamSearch:
     """fairseq's beam search: top 2*beam continuations over all beam x vocab extensions of a sentence."""
 
-    def step(self, step: int, lprobs: Tensor, prev_scores: Optional[Tensor]) -> Candidates:
+    def step(self, step: int, lprobs: Tensor, prev_scores: Tensor | None) -> Candidates:
         bsz, beam, vocab = lprobs.shape
         if step == 0:
             # all hypotheses are identical at the start: extend only the first so candidates are distinct
@@ -44,12 +43,12 @@ class Sampling:
     so a seed reproduces them.
     """
 
-    def __init__(self, topk: int = -1, topp: float = -1.0, generator: Optional[torch.Generator] = None):
+    def __init__(self, topk: int = -1, topp: float = -1.0, generator: torch.Generator | None = None):
         self.topk = topk
         self.topp = topp
         self.generator = generator
 
-    def _restrict(self, lprobs: Tensor) -> Tuple[Tensor, Optional[Tensor]]:
+    def _restrict(self, lprobs: Tensor) -> tuple[Tensor, Tensor | None]:
         """Returns (log-probs of the allowed tokens, their vocabulary ids or None when it is the whole vocab)."""
         if self.topp > 0:
             probs = lprobs.exp()
@@ -64,14 +63,16 @@ class Sampling:
             return values, ids
         return lprobs, None
 
-    def step(self, step: int, lprobs: Tensor, prev_scores: Optional[Tensor]) -> Candidates:
+    def step(self, step: int, lprobs: Tensor, prev_scores: Tensor | None) -> Candidates:
         bsz, beam, vocab = lprobs.shape
         if step == 0:
             lprobs = lprobs[:, :1, :]
         allowed, ids = self._restrict(lprobs)
         probs = allowed.exp().view(-1, allowed.size(-1))
         if step == 0:
-            draws = torch.multinomial(probs, beam, replacement=True, generator=self.generator).view(bsz, 1, beam)
+            draws = torch.multinomial(probs, beam, replacement=True, generator=self.generator).view(
+                bsz, 1, beam
+            )
             draws = draws.transpose(1, 2)  # bsz x beam x 1, every draw from hypothesis 0
             source = allowed.expand(bsz, beam, allowed.size(-1))
             ids = ids.expand(bsz, beam, ids.size(-1)) if ids is not None else None

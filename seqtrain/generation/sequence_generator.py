@@ -26,11 +26,13 @@ Output, per input sentence: up to nbest hypotheses, best first, each a dict like
 "positional_scores": FloatTensor (per-token natural-log probabilities, EOS included), "alignment": None,
 "attention": None}. Tensors are returned on the CPU.
 """
+
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,7 +42,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.generation.ngram import NGramRepeatBlocker
 from seqtrain.generation.search import BeamSearch, Sampling
 
-Hypothesis = Dict[str, Any]
+Hypothesis = dict[str, Any]
 
 
 class SequenceGenerator:
@@ -49,7 +51,7 @@ class SequenceGenerator:
         model: torch.nn.Module,
         tgt_dict: Any,
         beam_size: int = 5,
-        nbest: Optional[int] = None,
+        nbest: int | None = None,
         max_len_a: float = 0.0,
         max_len_b: int = 200,
         max_len: int = 0,
@@ -61,7 +63,7 @@ class SequenceGenerator:
         match_source_len: bool = False,
         no_repeat_ngram_size: int = 0,
         search_strategy: Any = None,
-        bos: Optional[int] = None,
+        bos: int | None = None,
     ):
         """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
         max_positions()[1] - 1, as fairseq). `bos` is the decoder start token (default: EOS). `nbest` hypotheses are
@@ -87,7 +89,9 @@ class SequenceGenerator:
         self.ngram_blocker = NGramRepeatBlocker(no_repeat_ngram_size) if no_repeat_ngram_size > 0 else None
         self.search = search_strategy if search_strategy is not None else BeamSearch()
         if self.max_len_a == 0 and not match_source_len and min_len > min(max_len_b, self.max_len - 1):
-            raise SeqtrainError(f"--min-len {min_len} is larger than the max length {min(max_len_b, self.max_len - 1)}")
+            raise SeqtrainError(
+                f"--min-len {min_len} is larger than the max length {min(max_len_b, self.max_len - 1)}"
+            )
 
     # ------------------------------------------------------------------ public API
 
@@ -95,16 +99,18 @@ class SequenceGenerator:
     def generate(
         self,
         src_tokens: Tensor,
-        src_lengths: Optional[Tensor] = None,
-        prefix_tokens: Optional[Tensor] = None,
-        bos_token: Optional[int] = None,
-    ) -> List[List[Hypothesis]]:
+        src_lengths: Tensor | None = None,
+        prefix_tokens: Tensor | None = None,
+        bos_token: int | None = None,
+    ) -> list[list[Hypothesis]]:
         """src_tokens: B x S (left or right padded). prefix_tokens: B x P tokens to force first (pad = not forced).
         Returns, per sentence in src_tokens' order, its hypotheses best first."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._generate(src_tokens, src_lengths, prefix_tokens, self.bos if bos_token is None else bos_token)
+            return self._generate(
+                src_tokens, src_lengths, prefix_tokens, self.bos if bos_token is None else bos_token
+            )
         finally:
             self.model.train(was_training)
 
@@ -120,8 +126,8 @@ class SequenceGenerator:
         return lens.clamp(min=0, max=self.max_len - 1)
 
     def _generate(
-        self, src_tokens: Tensor, src_lengths: Optional[Tensor], prefix_tokens: Optional[Tensor], bos: int
-    ) -> List[List[Hypothesis]]:
+        self, src_tokens: Tensor, src_lengths: Tensor | None, prefix_tokens: Tensor | None, bos: int
+    ) -> list[list[Hypothesis]]:
         model, beam, device = self.model, self.beam_size, src_tokens.device
         bsz = src_tokens.size(0)
         if bsz == 0:
@@ -131,7 +137,7 @@ class SequenceGenerator:
         encoder_out = model.encoder(src_tokens, src_lengths)
 
         max_lens = self._max_lengths(src_tokens)  # bsz, on the device
-        max_lens_host: List[int] = max_lens.tolist()
+        max_lens_host: list[int] = max_lens.tolist()
         steps = max(max_lens_host) if max_lens_host else 0
 
         tokens = torch.full((bsz * beam, steps + 2), self.pad, dtype=torch.long, device=device)
@@ -139,10 +145,10 @@ class SequenceGenerator:
         scores = torch.zeros(bsz * beam, steps + 1, dtype=torch.float32, device=device)  # cumulative
         cands_to_ignore = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
 
-        finalized: List[List[Hypothesis]] = [[] for _ in range(bsz)]
-        active: List[int] = list(range(bsz))  # original index of each sentence still in the batch
-        state: Dict[str, Any] = {}
-        reorder: Optional[Tuple[Tensor, Optional[Tensor]]] = None
+        finalized: list[list[Hypothesis]] = [[] for _ in range(bsz)]
+        active: list[int] = list(range(bsz))  # original index of each sentence still in the batch
+        state: dict[str, Any] = {}
+        reorder: tuple[Tensor, Tensor | None] | None = None
 
         for step in range(steps + 1):
             if reorder is not None:
@@ -164,9 +170,13 @@ class SequenceGenerator:
             lprobs = F.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1)
             lprobs = self._mask(step, lprobs, max_lens, prefix_tokens, step >= min(max_lens_host))
             if prefix_tokens is not None and step < prefix_tokens.size(1):
-                tokens, scores, lprobs = self._replicate_first_beam_at_forced_eos(step, prefix_tokens, tokens, scores, lprobs)
+                tokens, scores, lprobs = self._replicate_first_beam_at_forced_eos(
+                    step, prefix_tokens, tokens, scores, lprobs
+                )
             if self.ngram_blocker is not None:
-                lprobs = self.ngram_blocker(tokens[:, : step + 1], lprobs, sink=self.pad)  # pad is -inf already
+                lprobs = self.ngram_blocker(
+                    tokens[:, : step + 1], lprobs, sink=self.pad
+                )  # pad is -inf already
 
             prev = scores.view(n_sent, beam, -1)[:, :, step - 1] if step > 0 else None
             cand_scores, cand_tokens, cand_beams = self.search.step(step, lprobs.view(n_sent, beam, -1), prev)
@@ -177,8 +187,16 @@ class SequenceGenerator:
             eos_mask[:, :beam] &= ~cands_to_ignore
             eos_top = eos_mask[:, :beam]
             if bool(eos_top.any()):
-                self._finalize(step, eos_top, cand_rows[:, :beam], cand_scores[:, :beam], tokens, scores,
-                               active, finalized)
+                self._finalize(
+                    step,
+                    eos_top,
+                    cand_rows[:, :beam],
+                    cand_scores[:, :beam],
+                    tokens,
+                    scores,
+                    active,
+                    finalized,
+                )
 
             keep = [j for j, s in enumerate(active) if len(finalized[s]) < beam and step < max_lens_host[j]]
             if not keep:
@@ -214,7 +232,12 @@ class SequenceGenerator:
         return finalized
 
     def _mask(
-        self, step: int, lprobs: Tensor, max_lens: Tensor, prefix_tokens: Optional[Tensor], any_at_max: bool = True
+        self,
+        step: int,
+        lprobs: Tensor,
+        max_lens: Tensor,
+        prefix_tokens: Tensor | None,
+        any_at_max: bool = True,
     ) -> Tensor:
         """`any_at_max` False (the caller knows no sentence is at its max length) skips the forced-EOS pass."""
         beam, eos = self.beam_size, self.eos
@@ -241,7 +264,7 @@ class SequenceGenerator:
 
     def _replicate_first_beam_at_forced_eos(
         self, step: int, prefix_tokens: Tensor, tokens: Tensor, scores: Tensor, lprobs: Tensor
-    ) -> Tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """A prefix that contains EOS finishes the hypothesis; give every beam slot the first beam's state so the
         sentence collects `beam` (identical) finalized hypotheses, as fairseq does."""
         beam = self.beam_size
@@ -261,8 +284,8 @@ class SequenceGenerator:
         scores_top: Tensor,
         tokens: Tensor,
         scores: Tensor,
-        active: List[int],
-        finalized: List[List[Hypothesis]],
+        active: list[int],
+        finalized: list[list[Hypothesis]],
     ) -> None:
         """Store the hypotheses that end with EOS at this step (in candidate order, best first within a
         sentence), keeping at most `beam` per sentence: the first ones finalized win, as in fairseq."""
@@ -326,10 +349,10 @@ def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namesp
 
 def generate_batch(
     generator: SequenceGenerator,
-    sample: Dict[str, Any],
+    sample: dict[str, Any],
     prefix_size: int = 0,
-    force_bos: Optional[int] = None,
-) -> List[Tuple[int, List[Hypothesis]]]:
+    force_bos: int | None = None,
+) -> list[tuple[int, list[Hypothesis]]]:
     """Run `generator` on a collated sample ({"id", "net_input": {"src_tokens", "src_lengths", ...}, "target"}).
 
     Returns [(sample_id, hypotheses)] aligned with sample["id"] (row i of the batch is entry i), which is the
@@ -339,7 +362,7 @@ def generate_batch(
     """
     net_input = sample["net_input"]
     src_tokens = net_input["src_tokens"]
-    prefix: Optional[Tensor] = None
+    prefix: Tensor | None = None
     if prefix_size > 0:
         if sample.get("target") is None:
             raise SeqtrainError("--prefix-size needs target data (the prefix is read from the references)")

@@ -5,22 +5,24 @@ A `MetersDict` is one named set of meters (e.g. "train" for the whole epoch, "tr
 order the meters were first logged. Every meter can give and take a plain-data state (floats and ints only) so
 checkpoints keep the epoch's running statistics across a resume.
 """
+
 from __future__ import annotations
 
 import math
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Optional
+from collections.abc import Callable
+from typing import Any
 
 
-def _round(value: float, digits: Optional[int]) -> float:
+def _round(value: float, digits: int | None) -> float:
     if digits is None or not isinstance(value, float) or not math.isfinite(value):
         return value
     return round(value, digits)
 
 
 class Meter:
-    round: Optional[int] = None
+    round: int | None = None
 
     def reset(self) -> None:
         raise NotImplementedError
@@ -29,17 +31,17 @@ class Meter:
     def smoothed_value(self) -> float:
         raise NotImplementedError
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         raise NotImplementedError
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
 
 
 class AverageMeter(Meter):
     """Weighted running average (e.g. loss weighted by sample size)."""
 
-    def __init__(self, round: Optional[int] = None):
+    def __init__(self, round: int | None = None):
         self.round = round
         self.reset()
 
@@ -61,10 +63,10 @@ class AverageMeter(Meter):
     def smoothed_value(self) -> float:
         return _round(self.avg, self.round)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": "avg", "val": self.val, "sum": self.sum, "count": self.count, "round": self.round}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val, self.sum, self.count = state["val"], state["sum"], state["count"]
         self.round = state.get("round")
 
@@ -72,7 +74,7 @@ class AverageMeter(Meter):
 class LastMeter(Meter):
     """Keeps the latest value (lr, num_updates, loss_scale)."""
 
-    def __init__(self, round: Optional[int] = None):
+    def __init__(self, round: int | None = None):
         self.round = round
         self.reset()
 
@@ -86,17 +88,17 @@ class LastMeter(Meter):
     def smoothed_value(self) -> float:
         return _round(self.val, self.round)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": "last", "val": self.val, "round": self.round}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.val, self.round = state["val"], state.get("round")
 
 
 class SumMeter(Meter):
     """A running sum (train_wall: seconds spent inside train steps; oom: skipped updates)."""
 
-    def __init__(self, round: Optional[int] = None):
+    def __init__(self, round: int | None = None):
         self.round = round
         self.reset()
 
@@ -110,10 +112,10 @@ class SumMeter(Meter):
     def smoothed_value(self) -> float:
         return _round(self.sum, self.round)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": "sum", "sum": self.sum, "round": self.round}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sum, self.round = state["sum"], state.get("round")
 
 
@@ -124,7 +126,7 @@ class TimeMeter(Meter):
     where the stopped run left off.
     """
 
-    def __init__(self, round: Optional[int] = None):
+    def __init__(self, round: int | None = None):
         self.round = round
         self.reset()
 
@@ -148,10 +150,10 @@ class TimeMeter(Meter):
     def smoothed_value(self) -> float:
         return _round(self.avg, self.round)
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": "time", "init": self.elapsed_time, "n": self.n, "round": self.round}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reset(init=state["init"], n=state["n"])
         self.round = state.get("round")
 
@@ -163,11 +165,11 @@ class MetersDict:
     """An ordered set of named meters plus derived values computed from them at read time."""
 
     def __init__(self) -> None:
-        self.meters: "OrderedDict[str, Meter]" = OrderedDict()
-        self.derived: "OrderedDict[str, Callable[[MetersDict], float]]" = OrderedDict()
+        self.meters: OrderedDict[str, Meter] = OrderedDict()
+        self.derived: OrderedDict[str, Callable[[MetersDict], float]] = OrderedDict()
         self._order: list = []
 
-    def _get(self, name: str, cls: type, round: Optional[int]) -> Any:
+    def _get(self, name: str, cls: type, round: int | None) -> Any:
         meter = self.meters.get(name)
         if meter is None:
             meter = self.meters[name] = cls(round=round)
@@ -175,16 +177,18 @@ class MetersDict:
                 self._order.append(name)
         return meter
 
-    def log_scalar(self, name: str, value: float, weight: float = 1, round: Optional[int] = None) -> None:
+    def log_scalar(self, name: str, value: float, weight: float = 1, round: int | None = None) -> None:
         self._get(name, AverageMeter, round).update(value, weight)
 
-    def log_last(self, name: str, value: float, round: Optional[int] = None) -> None:
+    def log_last(self, name: str, value: float, round: int | None = None) -> None:
         self._get(name, LastMeter, round).update(value)
 
-    def log_sum(self, name: str, value: float, round: Optional[int] = None) -> None:
+    def log_sum(self, name: str, value: float, round: int | None = None) -> None:
         self._get(name, SumMeter, round).update(value)
 
-    def log_speed(self, name: str, value: float, round: Optional[int] = None, start: Optional[float] = None) -> None:
+    def log_speed(
+        self, name: str, value: float, round: int | None = None, start: float | None = None
+    ) -> None:
         """Count `value` events; the rate's clock starts when the meter is created, or at `start` (a
         time.perf_counter() value) if given then, so the work of the first logged step is timed too."""
         new = name not in self.meters
@@ -193,7 +197,7 @@ class MetersDict:
             meter.start = start
         meter.update(value)
 
-    def log_derived(self, name: str, fn: Callable[["MetersDict"], float]) -> None:
+    def log_derived(self, name: str, fn: Callable[[MetersDict], float]) -> None:
         if name not in self.derived:
             self.derived[name] = fn
             if name not in self._order:
@@ -209,8 +213,8 @@ class MetersDict:
         meter = self.meters[name]
         return meter.avg if hasattr(meter, "avg") else meter.smoothed_value
 
-    def smoothed_values(self) -> "OrderedDict[str, float]":
-        out: "OrderedDict[str, float]" = OrderedDict()
+    def smoothed_values(self) -> OrderedDict[str, float]:
+        out: OrderedDict[str, float] = OrderedDict()
         for name in self._order:
             if name in self.meters:
                 out[name] = self.meters[name].smoothed_value
@@ -224,11 +228,11 @@ class MetersDict:
         self.derived.clear()
         self._order = []
 
-    def state_dict(self) -> Dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         # Derived values are functions, so only their names are kept; whoever logs them re-registers them.
         return {"order": list(self._order), "meters": {k: m.state_dict() for k, m in self.meters.items()}}
 
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         self.reset()
         for name, s in state["meters"].items():
             meter = _KINDS[s["kind"]]()
@@ -241,6 +245,6 @@ class MetersDict:
 def perplexity(loss_base2: float, round: int = 2) -> float:
     """2 ** loss with fairseq's rounding; inf when the loss is too large to exponentiate."""
     try:
-        return _round(float(2 ** loss_base2), round)
+        return _round(float(2**loss_base2), round)
     except OverflowError:
         return float("inf")

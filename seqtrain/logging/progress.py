@@ -8,6 +8,7 @@ tag's logger name (train_inner, train, valid), so they read like fairseq's:
     epoch 001 | loss 7.454 | nll_loss 7.419 | ppl 171.09 | ...                          (simple/tqdm, print)
     {"epoch": 1, "update": 0.625, "loss": 7.592, ...}                                   (json, log)
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,8 @@ import math
 import numbers
 import sys
 from collections import OrderedDict
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from seqtrain.logging.tensorboard import TensorboardWriter
 
@@ -26,7 +28,7 @@ LOG_FORMATS = ("tqdm", "simple", "json", "none")
 def format_stat(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, numbers.Number):
         return str(value)
-    return "{:g}".format(value)
+    return f"{value:g}"
 
 
 def _json_value(value: Any) -> Any:
@@ -35,14 +37,20 @@ def _json_value(value: Any) -> Any:
     value = float(value)
     if not math.isfinite(value):
         return str(value)  # JSON has no NaN/inf literals
-    return float("{:g}".format(value))  # the digits the simple format shows (no 0.0012000000000000001)
+    return float(f"{value:g}")  # the digits the simple format shows (no 0.0012000000000000001)
 
 
 class ProgressBar:
     """Iterates over `iterable` and reports stats; subclasses choose the output format."""
 
-    def __init__(self, iterable: Iterable, epoch: Optional[int] = None, prefix: Optional[str] = None,
-                 total: Optional[int] = None, offset: int = 0):
+    def __init__(
+        self,
+        iterable: Iterable,
+        epoch: int | None = None,
+        prefix: str | None = None,
+        total: int | None = None,
+        offset: int = 0,
+    ):
         self.iterable = iterable
         self.epoch = epoch
         self.offset = offset
@@ -50,40 +58,40 @@ class ProgressBar:
         self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
         self.prefix = ""
         if epoch is not None:
-            self.prefix += "epoch {:03d}".format(epoch)
+            self.prefix += f"epoch {epoch:03d}"
         if prefix:
             self.prefix += (" | " if self.prefix else "") + prefix
-        self.tensorboard: Optional[TensorboardWriter] = None
+        self.tensorboard: TensorboardWriter | None = None
 
     def __iter__(self) -> Iterator:
         for item in self.iterable:
             self.n += 1
             yield item
 
-    def log(self, stats: Mapping[str, Any], tag: str = "train_inner", step: Optional[int] = None) -> None:
+    def log(self, stats: Mapping[str, Any], tag: str = "train_inner", step: int | None = None) -> None:
         if self.tensorboard is not None and step is not None:
             self.tensorboard.log_scalars(tag, stats, step)
         self._log(stats, tag, step)
 
-    def print(self, stats: Mapping[str, Any], tag: str = "train", step: Optional[int] = None) -> None:
+    def print(self, stats: Mapping[str, Any], tag: str = "train", step: int | None = None) -> None:
         if self.tensorboard is not None and step is not None:
             self.tensorboard.log_scalars(tag, stats, step)
         self._print(stats, tag, step)
 
-    def _log(self, stats: Mapping[str, Any], tag: str, step: Optional[int]) -> None:
+    def _log(self, stats: Mapping[str, Any], tag: str, step: int | None) -> None:
         pass
 
-    def _print(self, stats: Mapping[str, Any], tag: str, step: Optional[int]) -> None:
+    def _print(self, stats: Mapping[str, Any], tag: str, step: int | None) -> None:
         pass
 
     def _summary(self, stats: Mapping[str, Any]) -> str:
         parts = [self.prefix] if self.prefix else []
-        parts += ["{} {}".format(k, format_stat(v)) for k, v in stats.items()]
+        parts += [f"{k} {format_stat(v)}" for k, v in stats.items()]
         return " | ".join(parts)
 
     def _position(self) -> str:
         total = self.total if self.total is not None else "?"
-        return "{:5d} / {}".format(self.n, total)
+        return f"{self.n:5d} / {total}"
 
 
 class NoneProgressBar(ProgressBar):
@@ -92,8 +100,8 @@ class NoneProgressBar(ProgressBar):
 
 class SimpleProgressBar(ProgressBar):
     def _log(self, stats, tag, step):
-        body = ", ".join("{}={}".format(k, format_stat(v)) for k, v in stats.items())
-        logging.getLogger(tag).info("{}: {} {}".format(self.prefix, self._position(), body))
+        body = ", ".join(f"{k}={format_stat(v)}" for k, v in stats.items())
+        logging.getLogger(tag).info(f"{self.prefix}: {self._position()} {body}")
 
     def _print(self, stats, tag, step):
         logging.getLogger(tag).info(self._summary(stats))
@@ -101,7 +109,7 @@ class SimpleProgressBar(ProgressBar):
 
 class JsonProgressBar(ProgressBar):
     def _log(self, stats, tag, step):
-        out: "OrderedDict[str, Any]" = OrderedDict()
+        out: OrderedDict[str, Any] = OrderedDict()
         if self.epoch is not None:
             out["epoch"] = self.epoch
             if self.total:
@@ -111,11 +119,11 @@ class JsonProgressBar(ProgressBar):
         logging.getLogger(tag).info(json.dumps(out))
 
     def _print(self, stats, tag, step):
-        out: "OrderedDict[str, Any]" = OrderedDict()
+        out: OrderedDict[str, Any] = OrderedDict()
         if self.epoch is not None:
             out["epoch"] = self.epoch
         for k, v in stats.items():
-            out["{}_{}".format(tag, k)] = _json_value(v)
+            out[f"{tag}_{k}"] = _json_value(v)
         logging.getLogger(tag).info(json.dumps(out))
 
 
@@ -124,8 +132,14 @@ class TqdmProgressBar(ProgressBar):
         super().__init__(*args, **kwargs)
         from tqdm import tqdm
 
-        self._tqdm = tqdm(total=self.total, initial=self.offset, desc=self.prefix, leave=False,
-                          file=sys.stderr, dynamic_ncols=True)
+        self._tqdm = tqdm(
+            total=self.total,
+            initial=self.offset,
+            desc=self.prefix,
+            leave=False,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
 
     def __iter__(self):
         try:
@@ -143,7 +157,12 @@ class TqdmProgressBar(ProgressBar):
         logging.getLogger(tag).info(self._summary(stats))
 
 
-_BARS = {"tqdm": TqdmProgressBar, "simple": SimpleProgressBar, "json": JsonProgressBar, "none": NoneProgressBar}
+_BARS = {
+    "tqdm": TqdmProgressBar,
+    "simple": SimpleProgressBar,
+    "json": JsonProgressBar,
+    "none": NoneProgressBar,
+}
 
 
 def default_log_format(no_progress_bar: bool = False) -> str:
@@ -153,9 +172,16 @@ def default_log_format(no_progress_bar: bool = False) -> str:
     return "tqdm" if sys.stderr.isatty() else "simple"
 
 
-def progress_bar(iterable: Iterable, log_format: Optional[str] = None, epoch: Optional[int] = None,
-                 prefix: Optional[str] = None, total: Optional[int] = None, offset: int = 0,
-                 tensorboard: Optional[TensorboardWriter] = None, no_progress_bar: bool = False) -> ProgressBar:
+def progress_bar(
+    iterable: Iterable,
+    log_format: str | None = None,
+    epoch: int | None = None,
+    prefix: str | None = None,
+    total: int | None = None,
+    offset: int = 0,
+    tensorboard: TensorboardWriter | None = None,
+    no_progress_bar: bool = False,
+) -> ProgressBar:
     fmt = log_format or default_log_format(no_progress_bar)
     if no_progress_bar and fmt == "tqdm":
         fmt = "simple"

@@ -1,10 +1,12 @@
 """TensorBoard scalars, one event folder per tag (train_inner, train, valid), as fairseq lays them out."""
+
 from __future__ import annotations
 
 import math
 import numbers
 import os
-from typing import Any, Dict, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 
 class TensorboardWriter:
@@ -12,7 +14,7 @@ class TensorboardWriter:
 
     def __init__(self, logdir: str):
         self.logdir = logdir
-        self._writers: Dict[str, Any] = {}
+        self._writers: dict[str, Any] = {}
 
     def _writer(self, tag: str):
         if tag not in self._writers:

@@ -12,11 +12,12 @@ Incremental decoding (beam search): the caller creates `state = {}` and calls
 the last position is computed. The decoder batch may be `beam` times the encoder batch (rows b*beam..b*beam+beam-1
 share encoder row b); encoder keys/values are computed once per sentence and cached in `state`.
 """
+
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,21 +29,21 @@ from seqtrain.models.transformer import (
     ACTIVATIONS,
     INITS,
     LearnedPositionalEmbedding,
+    Packing,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
     embed_scale,
     reorder_cache,
 )
-from seqtrain.models.transformer import Packing
 from seqtrain.registry import ARCHS
 
-EncoderOut = Dict[str, Tensor]
+EncoderOut = dict[str, Tensor]
 
 
 @dataclass
 class BartConfig:
     vocab_size: int = 1000
-    tgt_vocab_size: Optional[int] = None  # only when embeddings are not shared; None = vocab_size
+    tgt_vocab_size: int | None = None  # only when embeddings are not shared; None = vocab_size
     encoder_layers: int = 6
     decoder_layers: int = 6
     encoder_embed_dim: int = 768
@@ -67,8 +68,10 @@ class BartConfig:
     checkpoint_activations: bool = False
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, vocab_size: int, tgt_vocab_size: Optional[int] = None) -> "BartConfig":
-        kw: Dict[str, Any] = {}
+    def from_args(
+        cls, args: argparse.Namespace, vocab_size: int, tgt_vocab_size: int | None = None
+    ) -> BartConfig:
+        kw: dict[str, Any] = {}
         for f in fields(cls):
             value = getattr(args, f.name, None)
             if value is not None:
@@ -85,7 +88,9 @@ def _check_config(cfg: BartConfig) -> None:
     for side in ("encoder", "decoder"):
         dim, heads = getattr(cfg, f"{side}_embed_dim"), getattr(cfg, f"{side}_attention_heads")
         if heads <= 0 or dim % heads:
-            raise SeqtrainError(f"--{side}-embed-dim {dim} must be divisible by --{side}-attention-heads {heads}")
+            raise SeqtrainError(
+                f"--{side}-embed-dim {dim} must be divisible by --{side}-attention-heads {heads}"
+            )
     if cfg.share_all_embeddings and cfg.encoder_embed_dim != cfg.decoder_embed_dim:
         raise SeqtrainError(
             f"--share-all-embeddings needs --encoder-embed-dim ({cfg.encoder_embed_dim}) "
@@ -117,15 +122,21 @@ class BartEncoder(nn.Module):
         self.layernorm_embedding = nn.LayerNorm(dim)
         self.layers = nn.ModuleList(
             TransformerEncoderLayer(
-                dim, cfg.encoder_ffn_embed_dim, cfg.encoder_attention_heads, cfg.dropout, cfg.attention_dropout,
-                cfg.activation_dropout, cfg.activation_fn, cfg.encoder_normalize_before,
+                dim,
+                cfg.encoder_ffn_embed_dim,
+                cfg.encoder_attention_heads,
+                cfg.dropout,
+                cfg.attention_dropout,
+                cfg.activation_dropout,
+                cfg.activation_fn,
+                cfg.encoder_normalize_before,
             )
             for _ in range(cfg.encoder_layers)
         )
         # pre-norm stacks end with a layer norm (fairseq's encoder.layer_norm); post-norm ones have none
         self.layer_norm = nn.LayerNorm(dim) if cfg.encoder_normalize_before else None
 
-    def forward(self, src_tokens: Tensor, src_lengths: Optional[Tensor] = None) -> EncoderOut:
+    def forward(self, src_tokens: Tensor, src_lengths: Tensor | None = None) -> EncoderOut:
         """src_tokens: B x S (left or right padded). Returns {"encoder_out": B x S x C,
         "encoder_padding_mask": B x S bool (True at pads)}. src_lengths is accepted for fairseq's signature;
         the padding mask is read from the tokens."""
@@ -173,8 +184,15 @@ class BartDecoder(nn.Module):
         self.layernorm_embedding = nn.LayerNorm(dim)
         self.layers = nn.ModuleList(
             TransformerDecoderLayer(
-                dim, cfg.decoder_ffn_embed_dim, cfg.decoder_attention_heads, cfg.encoder_embed_dim, cfg.dropout,
-                cfg.attention_dropout, cfg.activation_dropout, cfg.activation_fn, cfg.decoder_normalize_before,
+                dim,
+                cfg.decoder_ffn_embed_dim,
+                cfg.decoder_attention_heads,
+                cfg.encoder_embed_dim,
+                cfg.dropout,
+                cfg.attention_dropout,
+                cfg.activation_dropout,
+                cfg.activation_fn,
+                cfg.decoder_normalize_before,
             )
             for _ in range(cfg.decoder_layers)
         )
@@ -189,10 +207,10 @@ class BartDecoder(nn.Module):
     def forward(
         self,
         prev_output_tokens: Tensor,
-        encoder_out: Optional[EncoderOut] = None,
-        incremental_state: Optional[Dict[str, Any]] = None,
+        encoder_out: EncoderOut | None = None,
+        incremental_state: dict[str, Any] | None = None,
         features_only: bool = False,
-    ) -> Tuple[Tensor, Dict[str, Any]]:
+    ) -> tuple[Tensor, dict[str, Any]]:
         """prev_output_tokens: (B*beam) x T, right-padded. With `incremental_state`, the first T-1 positions must
         already be cached by earlier calls and only position T is computed (output (B*beam) x 1 x V)."""
         t = prev_output_tokens.size(1)
@@ -204,7 +222,9 @@ class BartDecoder(nn.Module):
         if state is not None:
             cached = state.get("steps", 0)
             if cached != t - 1:
-                raise ValueError(f"incremental_state holds {cached} steps but prev_output_tokens has {t} positions")
+                raise ValueError(
+                    f"incremental_state holds {cached} steps but prev_output_tokens has {t} positions"
+                )
             tokens = prev_output_tokens[:, -1:]
             positions = self.embed_positions(tokens, step=t)  # fairseq: padding_idx + step for every row
         else:
@@ -223,10 +243,14 @@ class BartDecoder(nn.Module):
             else:
                 memory_mask = _attn_mask(encoder_out["encoder_padding_mask"])
 
-        if state is None and memory is not None and x.size(0) % memory.size(0) == 0 and (
-                memory_mask is not None or bool(prev_output_tokens.eq(self.padding_idx).any())):
+        if (
+            state is None
+            and memory is not None
+            and x.size(0) % memory.size(0) == 0
+            and (memory_mask is not None or bool(prev_output_tokens.eq(self.padding_idx).any()))
+        ):
             return self._forward_packed(prev_output_tokens, x, encoder_out, memory_mask, features_only)
-        inner_states: List[Tensor] = [x]
+        inner_states: list[Tensor] = [x]
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and state is None
         for i, layer in enumerate(self.layers):
             if state is not None:
@@ -243,14 +267,20 @@ class BartDecoder(nn.Module):
         extra = {"attn": [None], "inner_states": inner_states}
         return (x if features_only else self.output_layer(x)), extra
 
-    def _forward_packed(self, prev_output_tokens: Tensor, x: Tensor, encoder_out: EncoderOut,
-                        memory_mask: Optional[Tensor], features_only: bool) -> Tuple[Tensor, Dict[str, Any]]:
+    def _forward_packed(
+        self,
+        prev_output_tokens: Tensor,
+        x: Tensor,
+        encoder_out: EncoderOut,
+        memory_mask: Tensor | None,
+        features_only: bool,
+    ) -> tuple[Tensor, dict[str, Any]]:
         """The full-sequence forward of a padded batch with position-wise work on real tokens only (Packing)."""
         packing = Packing(prev_output_tokens.ne(self.padding_idx))
         memory_packing = Packing(~encoder_out["encoder_padding_mask"])
         memory = memory_packing.pack(encoder_out["encoder_out"])
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
-        inner_states: List[Tensor] = [x]
+        inner_states: list[Tensor] = [x]
         x = packing.pack(x)
         for layer in self.layers:
             x = _run_layer(layer, use_ckpt, x, memory, memory_mask, None, None, packing, memory_packing)
@@ -259,7 +289,7 @@ class BartDecoder(nn.Module):
         return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": inner_states}
 
     def reorder_incremental_state(
-        self, incremental_state: Dict[str, Any], new_order: Tensor, encoder_order: Optional[Tensor] = None
+        self, incremental_state: dict[str, Any], new_order: Tensor, encoder_order: Tensor | None = None
     ) -> None:
         """In place: decoder-row caches follow `new_order`; encoder-row caches follow `encoder_order` if given."""
         for key, value in incremental_state.items():
@@ -273,7 +303,7 @@ class BartDecoder(nn.Module):
             incremental_state["encoder_attn_mask"] = mask.index_select(0, encoder_order)
 
 
-def _attn_mask(padding_mask: Tensor) -> Optional[Tensor]:
+def _attn_mask(padding_mask: Tensor) -> Tensor | None:
     """B x S pad mask (True at pads) -> B x 1 x 1 x S attend mask (True = attend), or None without pads
     (no mask lets CUDA pick the flash kernel; the .any() costs one device sync per forward)."""
     return (~padding_mask)[:, None, None, :] if padding_mask.any() else None
@@ -313,24 +343,29 @@ class BARTModel(nn.Module):
         self.decoder.output_projection.weight = self.decoder.embed_tokens.weight
 
     def forward(
-        self, src_tokens: Tensor, src_lengths: Optional[Tensor], prev_output_tokens: Tensor, features_only: bool = False
-    ) -> Tuple[Tensor, Dict[str, Any]]:
+        self,
+        src_tokens: Tensor,
+        src_lengths: Tensor | None,
+        prev_output_tokens: Tensor,
+        features_only: bool = False,
+    ) -> tuple[Tensor, dict[str, Any]]:
         encoder_out = self.encoder(src_tokens, src_lengths)
         return self.decoder(prev_output_tokens, encoder_out, features_only=features_only)
 
     def output_layer(self, x: Tensor) -> Tensor:
         return self.decoder.output_layer(x)
 
-    def get_normalized_probs(self, net_output: Tuple[Tensor, Any], log_probs: bool) -> Tensor:
+    def get_normalized_probs(self, net_output: tuple[Tensor, Any], log_probs: bool) -> Tensor:
         """fairseq's helper: (log-)softmax over the vocabulary, computed in float32."""
         logits = net_output[0].float()
         return F.log_softmax(logits, dim=-1) if log_probs else F.softmax(logits, dim=-1)
 
-    def max_positions(self) -> Tuple[int, int]:
+    def max_positions(self) -> tuple[int, int]:
         return self.cfg.max_source_positions, self.cfg.max_target_positions
 
 
 # ---------------------------------------------------------------- arch presets and flags
+
 
 def _fill(args: argparse.Namespace, **defaults: Any) -> None:
     for name, value in defaults.items():
@@ -341,7 +376,13 @@ def _fill(args: argparse.Namespace, **defaults: Any) -> None:
 def _fill_common(args: argparse.Namespace, dim: int, ffn: int, layers: int, heads: int) -> None:
     """fairseq's bart_large_architecture logic: decoder sizes default to the encoder's (so --encoder-* flags
     carry over), dropout 0.1, attention/activation dropout 0, 1024 positions, shared embeddings, GELU."""
-    _fill(args, encoder_embed_dim=dim, encoder_ffn_embed_dim=ffn, encoder_layers=layers, encoder_attention_heads=heads)
+    _fill(
+        args,
+        encoder_embed_dim=dim,
+        encoder_ffn_embed_dim=ffn,
+        encoder_layers=layers,
+        encoder_attention_heads=heads,
+    )
     _fill(
         args,
         decoder_embed_dim=args.encoder_embed_dim,
@@ -402,28 +443,48 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         add(f"--{side}-ffn-embed-dim", type=int, metavar="N", help=f"{side} feed-forward dimension")
         add(f"--{side}-attention-heads", type=int, metavar="N", help=f"number of {side} attention heads")
     add("--dropout", type=float, metavar="P", help="dropout probability (bart presets: 0.1)")
-    add("--attention-dropout", type=float, metavar="P", help="dropout on attention weights (bart presets: 0.0)")
+    add(
+        "--attention-dropout",
+        type=float,
+        metavar="P",
+        help="dropout on attention weights (bart presets: 0.0)",
+    )
     add("--activation-dropout", type=float, metavar="P", help="dropout after the FFN activation (0.0)")
     add("--relu-dropout", type=float, metavar="P", help="old name of --activation-dropout")
     add("--activation-fn", choices=sorted(ACTIVATIONS), help="FFN activation (bart presets: gelu)")
     add("--max-source-positions", type=int, metavar="N", help="max source length (1024)")
     add("--max-target-positions", type=int, metavar="N", help="max target length (1024)")
-    add("--share-all-embeddings", action=argparse.BooleanOptionalAction,
-        help="share encoder, decoder and output embeddings (bart: on; needs a joined dictionary)")
+    add(
+        "--share-all-embeddings",
+        action=argparse.BooleanOptionalAction,
+        help="share encoder, decoder and output embeddings (bart: on; needs a joined dictionary)",
+    )
     # Accepted because fairseq's BART fine-tuning commands pass them; BART always has both.
-    add("--share-decoder-input-output-embed", action="store_true",
-        help="tie decoder input and output embeddings (bart: on)")
+    add(
+        "--share-decoder-input-output-embed",
+        action="store_true",
+        help="tie decoder input and output embeddings (bart: on)",
+    )
     add("--layernorm-embedding", action="store_true", help="layer norm after the embeddings (bart: on)")
     add("--no-scale-embedding", action="store_true", help="do not scale embeddings by sqrt(dim) (bart: on)")
     for side in ("encoder", "decoder"):
-        add(f"--{side}-normalize-before", action="store_true",
-            help=f"pre-norm {side} layers and a final layer norm (mBART's layout; bart presets: off)")
-    add("--weight-init", choices=["bert", "xavier"],
+        add(
+            f"--{side}-normalize-before",
+            action="store_true",
+            help=f"pre-norm {side} layers and a final layer norm (mBART's layout; bart presets: off)",
+        )
+    add(
+        "--weight-init",
+        choices=["bert", "xavier"],
         help="initial weights of a model trained from scratch: bert (BART's N(0, 0.02); default) or xavier "
-             "(fairseq's transformer init: xavier-uniform layers, N(0, dim^-0.5) embeddings; learns far faster "
-             "for small models). Ignored when weights are loaded")
-    add("--checkpoint-activations", action="store_true",
-        help="recompute each layer's activations in the backward pass (less memory, more compute)")
+        "(fairseq's transformer init: xavier-uniform layers, N(0, dim^-0.5) embeddings; learns far faster "
+        "for small models). Ignored when weights are loaded",
+    )
+    add(
+        "--checkpoint-activations",
+        action="store_true",
+        help="recompute each layer's activations in the backward pass (less memory, more compute)",
+    )
     return group
 
 

@@ -1,9 +1,9 @@
 """Fitting checkpoint weights to a model: vocabulary rows to the dictionaries, learned positions to
 --max-source/target-positions, and one clear error when the weights do not fit the architecture."""
+
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Tuple
 
 import torch
 
@@ -12,31 +12,38 @@ from seqtrain.errors import SeqtrainError
 logger = logging.getLogger(__name__)
 
 # The three token embeddings of a BART model (tied when --share-all-embeddings)
-EMBEDDING_KEYS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "decoder.output_projection.weight")
+EMBEDDING_KEYS = (
+    "encoder.embed_tokens.weight",
+    "decoder.embed_tokens.weight",
+    "decoder.output_projection.weight",
+)
 
 
 def resize_embeddings(
-    state: Dict[str, torch.Tensor],
+    state: dict[str, torch.Tensor],
     src_size: int,
     tgt_size: int,
     padding_idx: int = 1,
     init: str = "mean",
     where: str = "checkpoint",
     seed: int = 0,
-) -> Dict[str, torch.Tensor]:
+) -> dict[str, torch.Tensor]:
     """Make the embedding rows match the dictionaries: extra rows (bart.base's padded 51201 rows, bart.large's
     <mask>) are cut; missing rows are appended, initialized to the mean of the existing rows (init="mean", so
     new tokens start with average logits) or normal(0, 0.02) (init="normal"); a new padding row is zero. Tied
     tensors stay tied. Logs one line when anything changed."""
     if init not in ("mean", "normal"):
         raise ValueError(f"init must be 'mean' or 'normal', got {init!r}")
-    wanted = {"encoder.embed_tokens.weight": src_size, "decoder.embed_tokens.weight": tgt_size,
-              "decoder.output_projection.weight": tgt_size}
+    wanted = {
+        "encoder.embed_tokens.weight": src_size,
+        "decoder.embed_tokens.weight": tgt_size,
+        "decoder.output_projection.weight": tgt_size,
+    }
     out = dict(state)
-    done: Dict[Tuple[int, Tuple[int, ...], int], torch.Tensor] = {}
-    changes: List[Tuple[str, int, int]] = []
+    done: dict[tuple[int, tuple[int, ...], int], torch.Tensor] = {}
+    changes: list[tuple[str, int, int]] = []
     gen = torch.Generator().manual_seed(seed)
-    new_rows_cache: Dict[Tuple[int, int], torch.Tensor] = {}
+    new_rows_cache: dict[tuple[int, int], torch.Tensor] = {}
     for key, size in wanted.items():
         t = state.get(key)
         if t is None or t.shape[0] == size:
@@ -65,7 +72,7 @@ def resize_embeddings(
         changes.append((key.rsplit(".", 1)[0], t.shape[0], size))
     if changes:
         parts = []
-        for (name, old, new) in changes:
+        for name, old, new in changes:
             how = f"truncated {old - new} rows" if new < old else f"added {new - old} rows ({init} init)"
             parts.append(f"{name} {old}->{new} ({how})")
         logger.info(f"{where}: resized vocabulary embeddings to the dictionary: {'; '.join(parts)}")
@@ -75,7 +82,9 @@ def resize_embeddings(
 POSITION_KEYS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
 
 
-def fit_positions(state: Dict[str, torch.Tensor], model: torch.nn.Module, where: str) -> Dict[str, torch.Tensor]:
+def fit_positions(
+    state: dict[str, torch.Tensor], model: torch.nn.Module, where: str
+) -> dict[str, torch.Tensor]:
     """Cut learned position rows the model does not use (e.g. --max-source-positions 256 when fine-tuning
     bart.base, which has 1024): positions are absolute, so the first rows are the ones kept. Logs one line."""
     expected = model.state_dict()
@@ -86,12 +95,14 @@ def fit_positions(state: Dict[str, torch.Tensor], model: torch.nn.Module, where:
             out[key] = state[key][:rows].clone()
             cut.append(f"{key.split('.')[0]} {state[key].shape[0]}->{rows}")
     if cut:
-        logger.info(f"{where}: kept the first positions of the learned position embeddings ({'; '.join(cut)} "
-                    f"rows), as --max-source-positions / --max-target-positions ask")
+        logger.info(
+            f"{where}: kept the first positions of the learned position embeddings ({'; '.join(cut)} "
+            f"rows), as --max-source-positions / --max-target-positions ask"
+        )
     return out
 
 
-def check_state_fits(model: torch.nn.Module, state: Dict[str, torch.Tensor], where: str) -> None:
+def check_state_fits(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Raise a SeqtrainError listing the first mismatching names and shapes, if `state` does not fit
     `model`."""
     expected = model.state_dict()
@@ -101,9 +112,13 @@ def check_state_fits(model: torch.nn.Module, state: Dict[str, torch.Tensor], whe
             usable = state[key].shape[0] - 2  # fairseq's offset: padding index + 1 rows come first
             raise SeqtrainError(
                 f"{where}: the checkpoint has learned positions for {usable} {side} tokens, fewer than the model "
-                f"asks for; pass --max-{'source' if side == 'encoder' else 'target'}-positions {usable} or less")
-    shapes = [f"{k} {tuple(state[k].shape)} vs model {tuple(v.shape)}"
-              for k, v in expected.items() if k in state and tuple(state[k].shape) != tuple(v.shape)]
+                f"asks for; pass --max-{'source' if side == 'encoder' else 'target'}-positions {usable} or less"
+            )
+    shapes = [
+        f"{k} {tuple(state[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and tuple(state[k].shape) != tuple(v.shape)
+    ]
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     if not (shapes or missing or unexpected):

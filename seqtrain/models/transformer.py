@@ -9,10 +9,12 @@ Module and parameter names mirror fairseq's (`self_attn.k_proj`, `encoder_attn_l
 fairseq state dict loads without renaming; definition order follows fairseq too, so `state_dict()` lists keys in
 the same order as a fairseq checkpoint.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,7 @@ from torch import Tensor, nn
 
 # One cache entry per attention module: {"k": B x H x T x d, "v": B x H x T x d}. Self-attention caches also
 # hold "k_buf"/"v_buf" (the storage "k"/"v" view) and "k_spare"/"v_spare" (see append_to_cache).
-Cache = Dict[str, Tensor]
+Cache = dict[str, Tensor]
 
 
 def _time_major(buf: Tensor, t: int, b: int, h: int, d: int) -> Tensor:
@@ -49,7 +51,13 @@ def append_to_cache(cache: Cache, name: str, new: Tensor) -> Tensor:
     need = (t_old + t_new) * b * h * d
     buf = cache.get(name + "_buf")
     in_place = old is not None and old.size(0) == b and _is_buffer_view(cache, name)
-    if buf is None or not in_place or buf.numel() < need or buf.dtype != new.dtype or buf.device != new.device:
+    if (
+        buf is None
+        or not in_place
+        or buf.numel() < need
+        or buf.dtype != new.dtype
+        or buf.device != new.device
+    ):
         grown = new.new_empty(max(need, 2 * buf.numel() if in_place and buf is not None else need * 16))
         if old is not None:
             _time_major(grown, t_old, b, h, d).copy_(old.permute(2, 0, 1, 3))
@@ -85,7 +93,7 @@ def _gelu_accurate(x: Tensor) -> Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-ACTIVATIONS: Dict[str, Callable[[Tensor], Tensor]] = {
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact erf form, as fairseq's "gelu" and transformers' "gelu"
     "gelu_accurate": _gelu_accurate,  # fairseq's name for the tanh approximation
@@ -114,7 +122,7 @@ class LearnedPositionalEmbedding(nn.Embedding):
         super().__init__(max_positions + padding_idx + 1, embedding_dim, padding_idx)
         self.max_positions = max_positions
 
-    def forward(self, tokens: Tensor, step: Optional[int] = None) -> Tensor:  # type: ignore[override]
+    def forward(self, tokens: Tensor, step: int | None = None) -> Tensor:  # type: ignore[override]
         """Positions for `tokens` (B x T); with `step` (incremental decoding) one position for every row."""
         if step is not None:
             return self.weight[self.padding_idx + step].view(1, 1, -1)
@@ -127,7 +135,7 @@ class MultiheadAttention(nn.Module):
     `kdim` is the width of the keys/values source (the encoder's for cross-attention).
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, kdim: Optional[int] = None, dropout: float = 0.0):
+    def __init__(self, embed_dim: int, num_heads: int, kdim: int | None = None, dropout: float = 0.0):
         super().__init__()
         if embed_dim % num_heads:
             raise ValueError(f"embed dim {embed_dim} is not divisible by {num_heads} attention heads")
@@ -149,12 +157,12 @@ class MultiheadAttention(nn.Module):
         b, _, t, _ = x.shape
         return x.transpose(1, 2).reshape(b, t, self.embed_dim)
 
-    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], is_causal: bool = False) -> Tensor:
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool = False) -> Tensor:
         p = self.dropout if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=is_causal)
 
     def self_attention(
-        self, x: Tensor, mask: Optional[Tensor] = None, is_causal: bool = False, cache: Optional[Cache] = None
+        self, x: Tensor, mask: Tensor | None = None, is_causal: bool = False, cache: Cache | None = None
     ) -> Tensor:
         """x: B x T x C. mask: bool, broadcastable to B x H x T x T. With `cache`, new keys/values are appended
         to the cached ones, and queries attend to all of them (the caller feeds one step at a time)."""
@@ -165,7 +173,7 @@ class MultiheadAttention(nn.Module):
         return self.out_proj(self._merge(self._sdpa(q, k, v, mask, is_causal)))
 
     def cross_attention(
-        self, x: Tensor, memory: Optional[Tensor], mask: Optional[Tensor], cache: Optional[Cache] = None
+        self, x: Tensor, memory: Tensor | None, mask: Tensor | None, cache: Cache | None = None
     ) -> Tensor:
         """x: (B*beam) x T x C queries; memory: B x S x kdim; mask: bool B x 1 x 1 S (True = real token) or None.
 
@@ -207,8 +215,15 @@ class _FFN(torch.autograd.Function):
     weights to the dtype those products used, and autograd casts the weight gradients back to the weights'."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
-                activation: Callable[[Tensor], Tensor]) -> Tensor:
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        w1: Tensor,
+        b1: Tensor | None,
+        w2: Tensor,
+        b2: Tensor | None,
+        activation: Callable[[Tensor], Tensor],
+    ) -> Tensor:
         h = F.linear(x, w1, b1)
         y = F.linear(activation(h), w2, b2)
         ctx.save_for_backward(x, h, w1, w2)
@@ -217,7 +232,7 @@ class _FFN(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx: Any, gy: Tensor) -> Tuple[Optional[Tensor], ...]:
+    def backward(ctx: Any, gy: Tensor) -> tuple[Tensor | None, ...]:
         x, h, w1, w2 = ctx.saved_tensors
         dt = h.dtype
         with torch.enable_grad():
@@ -239,8 +254,15 @@ class _FFN(torch.autograd.Function):
 class _FeedForward(nn.Module):
     """Mixin holding fc1/fc2 and the dropout settings shared by both layer kinds."""
 
-    def _init_ffn(self, embed_dim: int, ffn_dim: int, dropout: float, activation_dropout: float, activation_fn: str,
-                  normalize_before: bool = False):
+    def _init_ffn(
+        self,
+        embed_dim: int,
+        ffn_dim: int,
+        dropout: float,
+        activation_dropout: float,
+        activation_fn: str,
+        normalize_before: bool = False,
+    ):
         self.normalize_before = normalize_before
         if activation_fn not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation_fn!r}; choose from {', '.join(ACTIVATIONS)}")
@@ -265,7 +287,9 @@ class _FeedForward(nn.Module):
         if self.activation_dropout and self.training:
             return self.fc2(F.dropout(self.activation(self.fc1(x)), self.activation_dropout, True))
         if torch.is_grad_enabled() and not _is_meta_or_compiling(x):
-            return _FFN.apply(x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation)
+            return _FFN.apply(
+                x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation
+            )
         return self.fc2(self.activation(self.fc1(x)))
 
     def _ffn_block(self, x: Tensor) -> Tensor:
@@ -276,15 +300,22 @@ class TransformerEncoderLayer(_FeedForward):
     """Encoder layer, post-norm as BART's (x = LN(x + drop(sublayer(x)))) or, with normalize_before, pre-norm."""
 
     def __init__(
-        self, embed_dim: int, ffn_dim: int, heads: int, dropout: float = 0.1, attention_dropout: float = 0.0,
-        activation_dropout: float = 0.0, activation_fn: str = "gelu", normalize_before: bool = False,
+        self,
+        embed_dim: int,
+        ffn_dim: int,
+        heads: int,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        activation_fn: str = "gelu",
+        normalize_before: bool = False,
     ):
         super().__init__()
         self.self_attn = MultiheadAttention(embed_dim, heads, dropout=attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
         self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn, normalize_before)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor], packing: Optional["Packing"] = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, packing: Packing | None = None) -> Tensor:
         if packing is not None:  # x is packed (N x C); dispatched here so module hooks (FSDP's) run around it
             return encoder_layer_packed(self, x, packing, mask)
         x = self._residual(x, self.self_attn_layer_norm, lambda h: self.self_attn.self_attention(h, mask))
@@ -296,31 +327,53 @@ class TransformerDecoderLayer(_FeedForward):
     the encoder, feed-forward."""
 
     def __init__(
-        self, embed_dim: int, ffn_dim: int, heads: int, encoder_embed_dim: Optional[int] = None,
-        dropout: float = 0.1, attention_dropout: float = 0.0, activation_dropout: float = 0.0,
-        activation_fn: str = "gelu", normalize_before: bool = False,
+        self,
+        embed_dim: int,
+        ffn_dim: int,
+        heads: int,
+        encoder_embed_dim: int | None = None,
+        dropout: float = 0.1,
+        attention_dropout: float = 0.0,
+        activation_dropout: float = 0.0,
+        activation_fn: str = "gelu",
+        normalize_before: bool = False,
     ):
         super().__init__()
         self.self_attn = MultiheadAttention(embed_dim, heads, dropout=attention_dropout)
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
-        self.encoder_attn = MultiheadAttention(embed_dim, heads, kdim=encoder_embed_dim, dropout=attention_dropout)
+        self.encoder_attn = MultiheadAttention(
+            embed_dim, heads, kdim=encoder_embed_dim, dropout=attention_dropout
+        )
         self.encoder_attn_layer_norm = nn.LayerNorm(embed_dim)
         self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn, normalize_before)
 
     def forward(
-        self, x: Tensor, memory: Optional[Tensor], memory_mask: Optional[Tensor],
-        self_cache: Optional[Cache] = None, cross_cache: Optional[Cache] = None,
-        packing: Optional["Packing"] = None, memory_packing: Optional["Packing"] = None,
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        memory_mask: Tensor | None,
+        self_cache: Cache | None = None,
+        cross_cache: Cache | None = None,
+        packing: Packing | None = None,
+        memory_packing: Packing | None = None,
     ) -> Tensor:
-        if packing is not None:  # x and memory are packed; dispatched here so module hooks (FSDP's) run around it
+        if (
+            packing is not None
+        ):  # x and memory are packed; dispatched here so module hooks (FSDP's) run around it
             return decoder_layer_packed(self, x, packing, memory, memory_packing, memory_mask)
         # Decoder inputs are right-padded, so the causal mask alone is exact for real positions, and pad
         # positions always see at least position 0 (no all-masked rows, hence no NaN).
         causal = x.size(1) > 1
-        x = self._residual(x, self.self_attn_layer_norm,
-                           lambda h: self.self_attn.self_attention(h, is_causal=causal, cache=self_cache))
-        x = self._residual(x, self.encoder_attn_layer_norm,
-                           lambda h: self.encoder_attn.cross_attention(h, memory, memory_mask, cache=cross_cache))
+        x = self._residual(
+            x,
+            self.self_attn_layer_norm,
+            lambda h: self.self_attn.self_attention(h, is_causal=causal, cache=self_cache),
+        )
+        x = self._residual(
+            x,
+            self.encoder_attn_layer_norm,
+            lambda h: self.encoder_attn.cross_attention(h, memory, memory_mask, cache=cross_cache),
+        )
         return self._ffn_block(x)
 
 
@@ -352,7 +405,7 @@ def init_xavier_params(model: nn.Module) -> None:
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=module.embedding_dim ** -0.5)
+            nn.init.normal_(module.weight, mean=0.0, std=module.embedding_dim**-0.5)
             if module.padding_idx is not None:
                 with torch.no_grad():
                     module.weight[module.padding_idx].zero_()
@@ -410,7 +463,7 @@ class _Pack(torch.autograd.Function):
         return x.index_select(0, index)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tuple[Tensor, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         index, pad_index = ctx.saved_tensors
         return _scatter_rows(grad, index, pad_index, ctx.rows), None, None
 
@@ -422,7 +475,7 @@ class _Unpack(torch.autograd.Function):
         return _scatter_rows(x, index, pad_index, rows)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> Tuple[Tensor, None, None, None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         (index,) = ctx.saved_tensors
         return grad.index_select(0, index), None, None, None
 
@@ -434,16 +487,23 @@ def _fused_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
     return F.linear(x, weight, bias)
 
 
-def packed_self_attention(attn: MultiheadAttention, x: Tensor, packing: Packing, mask: Optional[Tensor],
-                          is_causal: bool) -> Tensor:
+def packed_self_attention(
+    attn: MultiheadAttention, x: Tensor, packing: Packing, mask: Tensor | None, is_causal: bool
+) -> Tensor:
     """Self-attention of packed x (N x C) over the padded layout `packing` describes; returns N x C."""
     q, k, v = packing.unpack(_fused_linear(x, attn.q_proj, attn.k_proj, attn.v_proj)).chunk(3, dim=-1)
     o = attn._sdpa(attn._heads(q), attn._heads(k), attn._heads(v), mask, is_causal)
     return attn.out_proj(packing.pack(attn._merge(o)))
 
 
-def packed_cross_attention(attn: MultiheadAttention, x: Tensor, packing: Packing, memory: Tensor,
-                           memory_packing: Packing, memory_mask: Optional[Tensor]) -> Tensor:
+def packed_cross_attention(
+    attn: MultiheadAttention,
+    x: Tensor,
+    packing: Packing,
+    memory: Tensor,
+    memory_packing: Packing,
+    memory_mask: Tensor | None,
+) -> Tensor:
     """Cross-attention of packed queries (N x C) to packed memory (M x kdim); returns N x C. The query batch may
     be `beam` times the memory batch (folded into the query axis, as MultiheadAttention.cross_attention does)."""
     q = packing.unpack(attn.q_proj(x))
@@ -460,20 +520,35 @@ def packed_cross_attention(attn: MultiheadAttention, x: Tensor, packing: Packing
     return attn.out_proj(packing.pack(o))
 
 
-def encoder_layer_packed(layer: "TransformerEncoderLayer", x: Tensor, packing: Packing,
-                         mask: Optional[Tensor]) -> Tensor:
+def encoder_layer_packed(
+    layer: TransformerEncoderLayer, x: Tensor, packing: Packing, mask: Tensor | None
+) -> Tensor:
     """TransformerEncoderLayer.forward on packed tokens."""
-    x = layer._residual(x, layer.self_attn_layer_norm,
-                        lambda h: packed_self_attention(layer.self_attn, h, packing, mask, False))
+    x = layer._residual(
+        x,
+        layer.self_attn_layer_norm,
+        lambda h: packed_self_attention(layer.self_attn, h, packing, mask, False),
+    )
     return layer._ffn_block(x)
 
 
-def decoder_layer_packed(layer: "TransformerDecoderLayer", x: Tensor, packing: Packing, memory: Tensor,
-                         memory_packing: Packing, memory_mask: Optional[Tensor]) -> Tensor:
+def decoder_layer_packed(
+    layer: TransformerDecoderLayer,
+    x: Tensor,
+    packing: Packing,
+    memory: Tensor,
+    memory_packing: Packing,
+    memory_mask: Tensor | None,
+) -> Tensor:
     """TransformerDecoderLayer.forward (no cache) on packed tokens; `memory` is the packed encoder output."""
-    x = layer._residual(x, layer.self_attn_layer_norm,
-                        lambda h: packed_self_attention(layer.self_attn, h, packing, None, packing.length > 1))
-    x = layer._residual(x, layer.encoder_attn_layer_norm,
-                        lambda h: packed_cross_attention(layer.encoder_attn, h, packing, memory, memory_packing,
-                                                         memory_mask))
+    x = layer._residual(
+        x,
+        layer.self_attn_layer_norm,
+        lambda h: packed_self_attention(layer.self_attn, h, packing, None, packing.length > 1),
+    )
+    x = layer._residual(
+        x,
+        layer.encoder_attn_layer_norm,
+        lambda h: packed_cross_attention(layer.encoder_attn, h, packing, memory, memory_packing, memory_mask),
+    )
     return layer._ffn_block(x)

@@ -8,11 +8,12 @@ gradients and skips the step, and the update is not counted. After each clean st
 `MinimumLossScaleError`, a SeqtrainError (printed as one line by the CLIs) and a FloatingPointError (what
 fairseq raises, for code that catches that).
 """
+
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -31,16 +32,37 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     group = parser.add_argument_group("fp16 loss scaling")
     existing = parser._option_string_actions
     specs = [
-        (("--fp16-init-scale",), dict(type=int, default=2 ** 7, help="initial fp16 loss scale")),
-        (("--fp16-scale-window",), dict(type=int, default=None,
-                                        help="clean updates before the loss scale doubles "
-                                             "(default: 2**14 / world size / update freq)")),
-        (("--fp16-scale-tolerance",), dict(type=float, default=0.0,
-                                           help="fraction of updates that may overflow before the scale "
-                                                "is lowered")),
-        (("--min-loss-scale",), dict(type=float, default=1e-4, metavar="D",
-                                     help="stop training when the loss scale falls to this value")),
-        (("--threshold-loss-scale",), dict(type=float, default=None, help="never lower the scale below this")),
+        (("--fp16-init-scale",), dict(type=int, default=2**7, help="initial fp16 loss scale")),
+        (
+            ("--fp16-scale-window",),
+            dict(
+                type=int,
+                default=None,
+                help="clean updates before the loss scale doubles "
+                "(default: 2**14 / world size / update freq)",
+            ),
+        ),
+        (
+            ("--fp16-scale-tolerance",),
+            dict(
+                type=float,
+                default=0.0,
+                help="fraction of updates that may overflow before the scale is lowered",
+            ),
+        ),
+        (
+            ("--min-loss-scale",),
+            dict(
+                type=float,
+                default=1e-4,
+                metavar="D",
+                help="stop training when the loss scale falls to this value",
+            ),
+        ),
+        (
+            ("--threshold-loss-scale",),
+            dict(type=float, default=None, help="never lower the scale below this"),
+        ),
     ]
     for flags, kw in specs:
         if not any(f in existing for f in flags):
@@ -51,12 +73,19 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
 def default_scale_window(world_size: int = 1, update_freq: int = 1) -> int:
     """fairseq's default: overflows are judged per optimizer update, which sees world_size * update_freq
     batches, so the window shrinks with both."""
-    return int(2 ** 14 / max(1, world_size) / max(1, update_freq))
+    return int(2**14 / max(1, world_size) / max(1, update_freq))
 
 
 class DynamicLossScaler:
-    def __init__(self, init_scale: float = 2.0 ** 7, scale_factor: float = 2.0, scale_window: int = 2000,
-                 tolerance: float = 0.0, threshold: Optional[float] = None, min_loss_scale: float = 1e-4):
+    def __init__(
+        self,
+        init_scale: float = 2.0**7,
+        scale_factor: float = 2.0,
+        scale_window: int = 2000,
+        tolerance: float = 0.0,
+        threshold: float | None = None,
+        min_loss_scale: float = 1e-4,
+    ):
         self.loss_scale = float(init_scale)
         self.scale_factor = scale_factor
         self.scale_window = int(scale_window)
@@ -69,12 +98,12 @@ class DynamicLossScaler:
         self._overflows_since_rescale = 0
 
     @classmethod
-    def from_args(cls, args: Any, world_size: int = 1) -> "DynamicLossScaler":
+    def from_args(cls, args: Any, world_size: int = 1) -> DynamicLossScaler:
         update_freq = getattr(args, "update_freq", [1])
         update_freq = update_freq[0] if isinstance(update_freq, (list, tuple)) else update_freq
         window = getattr(args, "fp16_scale_window", None)
         return cls(
-            init_scale=getattr(args, "fp16_init_scale", 2 ** 7),
+            init_scale=getattr(args, "fp16_init_scale", 2**7),
             scale_window=window if window is not None else default_scale_window(world_size, int(update_freq)),
             tolerance=getattr(args, "fp16_scale_tolerance", 0.0),
             threshold=getattr(args, "threshold_loss_scale", None),

@@ -8,30 +8,41 @@ Call sequence the trainer follows (as fairseq's trainer does):
 Each call sets the optimizer's lr and returns it. `state_dict()` holds every value the schedule depends on, so a
 resumed run continues with identical learning rates.
 """
+
 from __future__ import annotations
 
 import argparse
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.optim.optimizers import FlagSpec, Optimizer, add_component_args, flag_value, parse_lr_list
 from seqtrain.registry import LR_SCHEDULERS
 
-_WARMUP_0: FlagSpec = (("--warmup-updates",), dict(type=int, default=0, metavar="N",
-                                                    help="warm the lr up linearly for the first N updates"))
-_WARMUP_INIT: FlagSpec = (("--warmup-init-lr",), dict(type=float, default=-1, metavar="LR",
-                                                      help="initial lr during warmup (default: 0 with warmup)"))
-_LR_SHRINK: FlagSpec = (("--lr-shrink",), dict(type=float, default=0.1, metavar="LS",
-                                               help="shrink factor for annealing, lr_new = lr * lr_shrink"))
-_FORCE_ANNEAL: FlagSpec = (("--force-anneal", "--fa"), dict(type=int, default=None, metavar="N",
-                                                             help="force annealing at the given epoch (1-based)"))
+_WARMUP_0: FlagSpec = (
+    ("--warmup-updates",),
+    dict(type=int, default=0, metavar="N", help="warm the lr up linearly for the first N updates"),
+)
+_WARMUP_INIT: FlagSpec = (
+    ("--warmup-init-lr",),
+    dict(type=float, default=-1, metavar="LR", help="initial lr during warmup (default: 0 with warmup)"),
+)
+_LR_SHRINK: FlagSpec = (
+    ("--lr-shrink",),
+    dict(type=float, default=0.1, metavar="LS", help="shrink factor for annealing, lr_new = lr * lr_shrink"),
+)
+_FORCE_ANNEAL: FlagSpec = (
+    ("--force-anneal", "--fa"),
+    dict(type=int, default=None, metavar="N", help="force annealing at the given epoch (1-based)"),
+)
 
-SCHEDULER_FLAGS: Dict[str, List[FlagSpec]] = {
+SCHEDULER_FLAGS: dict[str, list[FlagSpec]] = {
     "fixed": [_FORCE_ANNEAL, _LR_SHRINK, _WARMUP_0],
     "inverse_sqrt": [
-        (("--warmup-updates",), dict(type=int, default=4000, metavar="N",
-                                     help="warm the lr up linearly for the first N updates")),
+        (
+            ("--warmup-updates",),
+            dict(type=int, default=4000, metavar="N", help="warm the lr up linearly for the first N updates"),
+        ),
         _WARMUP_INIT,
     ],
     "polynomial_decay": [
@@ -39,15 +50,31 @@ SCHEDULER_FLAGS: Dict[str, List[FlagSpec]] = {
         _FORCE_ANNEAL,
         (("--end-learning-rate",), dict(type=float, default=0.0, help="learning rate to decay to")),
         (("--power",), dict(type=float, default=1.0, help="decay exponent")),
-        (("--total-num-update",), dict(type=int, default=None,
-                                       help="updates over which to decay the lr (default: --max-update)")),
+        (
+            ("--total-num-update",),
+            dict(type=int, default=None, help="updates over which to decay the lr (default: --max-update)"),
+        ),
     ],
     "reduce_lr_on_plateau": [
         _LR_SHRINK,
-        (("--lr-threshold",), dict(type=float, default=1e-4, metavar="LT",
-                                   help="relative improvement needed to count as a new optimum")),
-        (("--lr-patience",), dict(type=int, default=0, metavar="N",
-                                  help="epochs with no improvement after which the lr is shrunk")),
+        (
+            ("--lr-threshold",),
+            dict(
+                type=float,
+                default=1e-4,
+                metavar="LT",
+                help="relative improvement needed to count as a new optimum",
+            ),
+        ),
+        (
+            ("--lr-patience",),
+            dict(
+                type=int,
+                default=0,
+                metavar="N",
+                help="epochs with no improvement after which the lr is shrunk",
+            ),
+        ),
         _WARMUP_0,
         _WARMUP_INIT,
     ],
@@ -55,44 +82,54 @@ SCHEDULER_FLAGS: Dict[str, List[FlagSpec]] = {
         _WARMUP_0,
         _WARMUP_INIT,
         (("--min-lr",), dict(type=float, default=0.0, help="cosine floor (fairseq 0.12: --lr is the peak)")),
-        (("--max-lr",), dict(type=float, default=None,
-                             help="fairseq <= 0.10 form: the peak lr, with --lr as the floor")),
-        (("--lr-period-updates",), dict(type=float, default=-1,
-                                        help="updates in the first period (default: --max-update - warmup)")),
+        (
+            ("--max-lr",),
+            dict(type=float, default=None, help="fairseq <= 0.10 form: the peak lr, with --lr as the floor"),
+        ),
+        (
+            ("--lr-period-updates",),
+            dict(type=float, default=-1, help="updates in the first period (default: --max-update - warmup)"),
+        ),
         (("--t-mult",), dict(type=float, default=1.0, help="factor to grow the length of each period")),
         _LR_SHRINK,
     ],
 }
 
 
-def add_args(parser: argparse.ArgumentParser, name: Optional[str] = None) -> argparse._ArgumentGroup:
+def add_args(parser: argparse.ArgumentParser, name: str | None = None) -> argparse._ArgumentGroup:
     """Add `--lr-scheduler` and the flags of scheduler `name` (or of all schedulers; see optimizers.py)."""
     existing = parser._option_string_actions
     group = add_component_args(parser, "lr scheduler", SCHEDULER_FLAGS, name)
     if "--lr-scheduler" not in existing:
-        group.add_argument("--lr-scheduler", default=name or "fixed", choices=sorted(SCHEDULER_FLAGS),
-                           help="learning rate scheduler (fairseq names)")
+        group.add_argument(
+            "--lr-scheduler",
+            default=name or "fixed",
+            choices=sorted(SCHEDULER_FLAGS),
+            help="learning rate scheduler (fairseq names)",
+        )
     return group
 
 
 class LRScheduler:
     name = ""
     # attributes the schedule depends on besides `best`: saved and restored, so a resumed run continues exactly
-    state_keys: Tuple[str, ...] = ()
+    state_keys: tuple[str, ...] = ()
 
     def __init__(self, args: Any, optimizer: Optimizer):
         self.args = args
         self.optimizer = optimizer
         self.lrs = parse_lr_list(getattr(args, "lr", 0.25))
-        self.best: Optional[float] = None
+        self.best: float | None = None
 
     def opt(self, dest: str) -> Any:
         return flag_value(self.args, SCHEDULER_FLAGS, self.name, dest)
 
     def _single_lr(self) -> float:
         if len(self.lrs) > 1:
-            raise SeqtrainError(f"--lr: {self.name} takes one learning rate, got {self.lrs}; "
-                                "use --lr-scheduler fixed for one lr per epoch")
+            raise SeqtrainError(
+                f"--lr: {self.name} takes one learning rate, got {self.lrs}; "
+                "use --lr-scheduler fixed for one lr per epoch"
+            )
         return self.lrs[0]
 
     def state_dict(self) -> dict:
@@ -107,7 +144,7 @@ class LRScheduler:
     def step_begin_epoch(self, epoch: int) -> float:
         return self.optimizer.get_lr()
 
-    def step(self, epoch: int, val_loss: Optional[float] = None) -> float:
+    def step(self, epoch: int, val_loss: float | None = None) -> float:
         if val_loss is not None:
             self.best = val_loss if self.best is None else min(self.best, val_loss)
         return self.optimizer.get_lr()
@@ -119,6 +156,7 @@ class LRScheduler:
 @LR_SCHEDULERS.register("fixed")
 class FixedSchedule(LRScheduler):
     """lr = lrs[epoch - 1] (last one repeated); from --force-anneal on, lrs[-1] * lr_shrink^(epoch + 1 - fa)."""
+
     name = "fixed"
     state_keys = ("lr", "warmup_factor")
 
@@ -151,6 +189,7 @@ class FixedSchedule(LRScheduler):
 @LR_SCHEDULERS.register("inverse_sqrt")
 class InverseSquareRootSchedule(LRScheduler):
     """Linear warmup from --warmup-init-lr to --lr over W updates, then lr * sqrt(W) / sqrt(num_updates)."""
+
     name = "inverse_sqrt"
     state_keys = ("lr",)
 
@@ -163,7 +202,7 @@ class InverseSquareRootSchedule(LRScheduler):
         init = float(self.opt("warmup_init_lr"))
         self.warmup_init_lr = (0.0 if self.warmup_updates > 0 else peak) if init < 0 else init
         self.lr_step = (peak - self.warmup_init_lr) / self.warmup_updates
-        self.decay_factor = peak * self.warmup_updates ** 0.5
+        self.decay_factor = peak * self.warmup_updates**0.5
         self.lr = self.warmup_init_lr
         self.optimizer.set_lr(self.lr)
 
@@ -171,7 +210,7 @@ class InverseSquareRootSchedule(LRScheduler):
         if num_updates < self.warmup_updates:
             self.lr = self.warmup_init_lr + num_updates * self.lr_step
         else:
-            self.lr = self.decay_factor * num_updates ** -0.5
+            self.lr = self.decay_factor * num_updates**-0.5
         self.optimizer.set_lr(self.lr)
         return self.lr
 
@@ -179,6 +218,7 @@ class InverseSquareRootSchedule(LRScheduler):
 @LR_SCHEDULERS.register("polynomial_decay")
 class PolynomialDecaySchedule(LRScheduler):
     """Warmup lr * n/W for n <= W, then end + (lr - end) * (1 - (n - W)/(T - W))^power, end after T updates."""
+
     name = "polynomial_decay"
     state_keys = ("lr", "warmup_factor")
 
@@ -189,8 +229,9 @@ class PolynomialDecaySchedule(LRScheduler):
         self.warmup_factor = 1.0 / self.warmup_updates if self.warmup_updates > 0 else 1.0
         total = self.opt("total_num_update") or getattr(args, "max_update", 0) or 0
         if total <= 0:
-            raise SeqtrainError("--total-num-update (or --max-update) must be > 0 for --lr-scheduler "
-                                "polynomial_decay")
+            raise SeqtrainError(
+                "--total-num-update (or --max-update) must be > 0 for --lr-scheduler polynomial_decay"
+            )
         self.total_num_update = int(total)
         self.end_learning_rate = float(self.opt("end_learning_rate"))
         self.power = float(self.opt("power"))
@@ -217,7 +258,7 @@ class PolynomialDecaySchedule(LRScheduler):
             lr = self.end_learning_rate
         else:
             remaining = 1 - (num_updates - w) / (self.total_num_update - w)
-            lr = (self.lr - self.end_learning_rate) * remaining ** self.power + self.end_learning_rate
+            lr = (self.lr - self.end_learning_rate) * remaining**self.power + self.end_learning_rate
         self.optimizer.set_lr(lr)
         return self.optimizer.get_lr()
 
@@ -227,6 +268,7 @@ class ReduceLROnPlateauSchedule(LRScheduler):
     """Optional linear warmup; afterwards, at each epoch end, lr *= lr_shrink once the validation metric has not
     improved by a relative --lr-threshold for more than --lr-patience epochs (torch's ReduceLROnPlateau rule,
     which fairseq wraps; kept here with its full state so resume is exact)."""
+
     name = "reduce_lr_on_plateau"
     state_keys = ("last_epoch", "num_bad_epochs", "lr", "warmup_end")
 
@@ -253,7 +295,7 @@ class ReduceLROnPlateauSchedule(LRScheduler):
             return metric > self.best * (1 + self.threshold)
         return metric < self.best * (1 - self.threshold)
 
-    def step(self, epoch: int, val_loss: Optional[float] = None) -> float:
+    def step(self, epoch: int, val_loss: float | None = None) -> float:
         self.last_epoch = epoch
         if val_loss is None or not self.warmup_end:
             return self.optimizer.get_lr()
@@ -283,6 +325,7 @@ class ReduceLROnPlateauSchedule(LRScheduler):
 class CosineSchedule(LRScheduler):
     """SGDR (Loshchilov & Hutter): warmup to max_lr, then per period i of length period * t_mult^i,
     lr = min_i + (max_i - min_i) * (1 + cos(pi * t_curr / t_i)) / 2 with min_i, max_i shrunk by lr_shrink^i."""
+
     name = "cosine"
     state_keys = ("lr",)
 
@@ -295,7 +338,9 @@ class CosineSchedule(LRScheduler):
         else:
             self.min_lr, self.max_lr = float(self.opt("min_lr")), lr
         if self.max_lr <= self.min_lr:
-            raise SeqtrainError(f"--lr-scheduler cosine: peak lr {self.max_lr} must exceed the floor {self.min_lr}")
+            raise SeqtrainError(
+                f"--lr-scheduler cosine: peak lr {self.max_lr} must exceed the floor {self.min_lr}"
+            )
         init = float(self.opt("warmup_init_lr"))
         self.warmup_init_lr = self.min_lr if init < 0 else init
         self.warmup_updates = int(self.opt("warmup_updates") or 0)
@@ -307,8 +352,9 @@ class CosineSchedule(LRScheduler):
             if max_update <= 0:
                 raise SeqtrainError("--lr-scheduler cosine needs --lr-period-updates or --max-update")
             self.period = max_update - self.warmup_updates
-        self.lr_step = ((self.max_lr - self.warmup_init_lr) / self.warmup_updates
-                        if self.warmup_updates > 0 else 1.0)
+        self.lr_step = (
+            (self.max_lr - self.warmup_init_lr) / self.warmup_updates if self.warmup_updates > 0 else 1.0
+        )
         self.lr = self.warmup_init_lr
         self.optimizer.set_lr(self.lr)
 
@@ -319,13 +365,13 @@ class CosineSchedule(LRScheduler):
             cur = num_updates - self.warmup_updates
             if self.t_mult != 1:
                 i = math.floor(math.log(1 - cur / self.period * (1 - self.t_mult), self.t_mult))
-                t_i = self.t_mult ** i * self.period
-                t_curr = cur - (1 - self.t_mult ** i) / (1 - self.t_mult) * self.period
+                t_i = self.t_mult**i * self.period
+                t_curr = cur - (1 - self.t_mult**i) / (1 - self.t_mult) * self.period
             else:
                 i = math.floor(cur / self.period)
                 t_i = self.period
                 t_curr = cur - self.period * i
-            shrink = self.lr_shrink ** i
+            shrink = self.lr_shrink**i
             lo, hi = self.min_lr * shrink, self.max_lr * shrink
             self.lr = lo + 0.5 * (hi - lo) * (1 + math.cos(math.pi * t_curr / t_i))
         self.optimizer.set_lr(self.lr)
@@ -336,6 +382,7 @@ def build_lr_scheduler(args: Any, optimizer: Optimizer) -> LRScheduler:
     """Build `args.lr_scheduler` (default fixed) driving `optimizer`'s learning rate."""
     name = getattr(args, "lr_scheduler", None) or "fixed"
     if name not in LR_SCHEDULERS:
-        raise SeqtrainError(f"--lr-scheduler: unknown scheduler {name!r}; "
-                            f"choose from: {', '.join(LR_SCHEDULERS.names())}")
+        raise SeqtrainError(
+            f"--lr-scheduler: unknown scheduler {name!r}; choose from: {', '.join(LR_SCHEDULERS.names())}"
+        )
     return LR_SCHEDULERS.get(name)(args, optimizer)

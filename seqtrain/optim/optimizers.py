@@ -10,12 +10,14 @@ optimizers' flags, where a flag whose default differs between optimizers (`--mom
 default None and the builder fills in the chosen optimizer's default. Flags already on the parser are skipped,
 so options.py may add shared ones (`--lr`, `--weight-decay`) itself.
 """
+
 from __future__ import annotations
 
 import argparse
 import ast
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -25,10 +27,10 @@ from seqtrain.registry import OPTIMIZERS
 # ---------------------------------------------------------------------------------------------------------------
 # flag tables shared by optimizers and lr schedulers
 
-FlagSpec = Tuple[Tuple[str, ...], Dict[str, Any]]
+FlagSpec = tuple[tuple[str, ...], dict[str, Any]]
 
 
-def parse_lr_list(value: Any) -> List[float]:
+def parse_lr_list(value: Any) -> list[float]:
     """fairseq's `--lr` list form: "0.1", "0.1,0.05", "[0.1, 0.05]", a float or a list -> list of floats."""
     if isinstance(value, (int, float)):
         return [float(value)]
@@ -47,7 +49,7 @@ def parse_lr_list(value: Any) -> List[float]:
     return lrs
 
 
-def _lr_arg(value: str) -> List[float]:
+def _lr_arg(value: str) -> list[float]:
     try:
         return parse_lr_list(value)
     except SeqtrainError as e:
@@ -57,8 +59,8 @@ def _lr_arg(value: str) -> List[float]:
 def add_component_args(
     parser: argparse.ArgumentParser,
     title: str,
-    tables: Dict[str, List[FlagSpec]],
-    name: Optional[str],
+    tables: dict[str, list[FlagSpec]],
+    name: str | None,
     common: Sequence[FlagSpec] = (),
 ) -> argparse._ArgumentGroup:
     """Add `common` plus the flags of `tables[name]` (or of every entry when name is None), skipping flags the
@@ -66,7 +68,7 @@ def add_component_args(
     if name is not None and name not in tables:
         raise SeqtrainError(f"unknown {title} {name!r}; choose from: {', '.join(sorted(tables))}")
     chosen = [name] if name is not None else list(tables)
-    defaults: Dict[str, set] = {}
+    defaults: dict[str, set] = {}
     for n in chosen:
         for flags, kw in tables[n]:
             defaults.setdefault(flags[0], set()).add(repr(kw.get("default")))
@@ -81,7 +83,7 @@ def add_component_args(
     return group
 
 
-def flag_value(args: Any, tables: Dict[str, List[FlagSpec]], name: str, dest: str) -> Any:
+def flag_value(args: Any, tables: dict[str, list[FlagSpec]], name: str, dest: str) -> Any:
     """`args.<dest>`, or component `name`'s default when the flag is absent or None (union-mode parsers)."""
     value = getattr(args, dest, None)
     if value is not None:
@@ -92,28 +94,40 @@ def flag_value(args: Any, tables: Dict[str, List[FlagSpec]], name: str, dest: st
     return None
 
 
-def _literal_floats(value: Any, flag: str, n: int) -> Tuple[float, ...]:
+def _literal_floats(value: Any, flag: str, n: int) -> tuple[float, ...]:
     """Parse fairseq's tuple-as-string flags ('(0.9, 0.999)') without eval."""
     try:
         parsed = ast.literal_eval(value) if isinstance(value, str) else value
         out = tuple(float(v) for v in parsed)
     except (ValueError, TypeError, SyntaxError):
-        raise SeqtrainError(f"{flag}: expected a tuple of {n} numbers like '(0.9, 0.999)', got {value!r}") from None
+        raise SeqtrainError(
+            f"{flag}: expected a tuple of {n} numbers like '(0.9, 0.999)', got {value!r}"
+        ) from None
     if len(out) != n:
         raise SeqtrainError(f"{flag}: expected {n} numbers, got {value!r}")
     return out
 
 
-COMMON_FLAGS: List[FlagSpec] = [
-    (("--lr",), dict(default=[0.25], type=_lr_arg, metavar="LR_1,LR_2,...,LR_N",
-                     help="learning rate; a comma-separated list gives one per epoch (fixed schedule)")),
+COMMON_FLAGS: list[FlagSpec] = [
+    (
+        ("--lr",),
+        dict(
+            default=[0.25],
+            type=_lr_arg,
+            metavar="LR_1,LR_2,...,LR_N",
+            help="learning rate; a comma-separated list gives one per epoch (fixed schedule)",
+        ),
+    ),
 ]
 
-OPTIMIZER_FLAGS: Dict[str, List[FlagSpec]] = {
+OPTIMIZER_FLAGS: dict[str, list[FlagSpec]] = {
     "adam": [
         (("--adam-betas",), dict(default="(0.9, 0.999)", metavar="B", help="betas for Adam")),
         (("--adam-eps",), dict(type=float, default=1e-8, metavar="D", help="epsilon for Adam")),
-        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="decoupled weight decay")),
+        (
+            ("--weight-decay", "--wd"),
+            dict(type=float, default=0.0, metavar="WD", help="decoupled weight decay"),
+        ),
     ],
     "nag": [
         (("--momentum",), dict(type=float, default=0.99, metavar="M", help="momentum factor")),
@@ -125,28 +139,53 @@ OPTIMIZER_FLAGS: Dict[str, List[FlagSpec]] = {
     ],
     "adafactor": [
         (("--adafactor-eps",), dict(default="(1e-30, 1e-3)", metavar="E", help="epsilons for Adafactor")),
-        (("--clip-threshold",), dict(type=float, default=1.0, metavar="C",
-                                     help="threshold for clipping the update's root mean square")),
-        (("--decay-rate",), dict(type=float, default=-0.8, metavar="D",
-                                 help="decay rate of the second moment estimator")),
-        (("--beta1",), dict(type=float, default=None, metavar="B",
-                            help="beta for the first moment estimator (off when unset)")),
+        (
+            ("--clip-threshold",),
+            dict(
+                type=float,
+                default=1.0,
+                metavar="C",
+                help="threshold for clipping the update's root mean square",
+            ),
+        ),
+        (
+            ("--decay-rate",),
+            dict(type=float, default=-0.8, metavar="D", help="decay rate of the second moment estimator"),
+        ),
+        (
+            ("--beta1",),
+            dict(
+                type=float,
+                default=None,
+                metavar="B",
+                help="beta for the first moment estimator (off when unset)",
+            ),
+        ),
         (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="weight decay")),
         (("--scale-parameter",), dict(action="store_true", help="scale the lr by the parameter's RMS")),
-        (("--relative-step",), dict(action="store_true",
-                                    help="use lr = 1/sqrt(step) (capped at 1e-2) instead of --lr")),
-        (("--warmup-init",), dict(action="store_true", help="relative step warm-up: lr = min(1e-6*step, ...)")),
+        (
+            ("--relative-step",),
+            dict(action="store_true", help="use lr = 1/sqrt(step) (capped at 1e-2) instead of --lr"),
+        ),
+        (
+            ("--warmup-init",),
+            dict(action="store_true", help="relative step warm-up: lr = min(1e-6*step, ...)"),
+        ),
     ],
 }
 
 
-def add_args(parser: argparse.ArgumentParser, name: Optional[str] = None) -> argparse._ArgumentGroup:
+def add_args(parser: argparse.ArgumentParser, name: str | None = None) -> argparse._ArgumentGroup:
     """Add `--optimizer`, `--lr` and the optimizer flags (of `name`, or of all optimizers)."""
     existing = parser._option_string_actions
     group = add_component_args(parser, "optimizer", OPTIMIZER_FLAGS, name, COMMON_FLAGS)
     if "--optimizer" not in existing:
-        group.add_argument("--optimizer", default=name or "adam", choices=sorted(OPTIMIZER_FLAGS),
-                           help="optimizer (fairseq names)")
+        group.add_argument(
+            "--optimizer",
+            default=name or "adam",
+            choices=sorted(OPTIMIZER_FLAGS),
+            help="optimizer (fairseq names)",
+        )
     return group
 
 
@@ -162,7 +201,7 @@ class Optimizer:
         self.name = name
 
     @property
-    def param_groups(self) -> List[dict]:
+    def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
 
     @property
@@ -177,7 +216,7 @@ class Optimizer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    def step(self, closure: Optional[Callable] = None) -> Any:
+    def step(self, closure: Callable | None = None) -> Any:
         return self.optimizer.step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -194,8 +233,11 @@ class Optimizer:
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return torch.tensor(0.0)
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True) if hasattr(
-            torch.nn.utils, "get_total_norm") else torch.norm(torch.stack([g.float().norm() for g in grads]))
+        norm = (
+            torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+            if hasattr(torch.nn.utils, "get_total_norm")
+            else torch.norm(torch.stack([g.float().norm() for g in grads]))
+        )
         norm = norm.float()
         if max_norm > 0:
             coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
@@ -205,7 +247,7 @@ class Optimizer:
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
 
-    def load_state_dict(self, state_dict: dict, optimizer_overrides: Optional[dict] = None) -> None:
+    def load_state_dict(self, state_dict: dict, optimizer_overrides: dict | None = None) -> None:
         """Load optimizer state; `optimizer_overrides` (e.g. {"lr": 1e-4}) replace saved hyper-parameters, as
         fairseq's --optimizer-overrides does when resuming with different settings."""
         self.optimizer.load_state_dict(state_dict)
@@ -243,7 +285,7 @@ class NAG(_Fp32StateOptimizer):
         super().__init__(params, dict(lr=lr, lr_old=lr, momentum=momentum, weight_decay=weight_decay))
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable] = None) -> Any:
+    def step(self, closure: Callable | None = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -282,17 +324,34 @@ class Adafactor(_Fp32StateOptimizer):
     default flags (no --scale-parameter, no --relative-step) the two are identical.
     """
 
-    def __init__(self, params: Iterable, lr: Optional[float] = None, eps: Tuple[float, float] = (1e-30, 1e-3),
-                 clip_threshold: float = 1.0, decay_rate: float = -0.8, beta1: Optional[float] = None,
-                 weight_decay: float = 0.0, scale_parameter: bool = True, relative_step: bool = True,
-                 warmup_init: bool = False):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float | None = None,
+        eps: tuple[float, float] = (1e-30, 1e-3),
+        clip_threshold: float = 1.0,
+        decay_rate: float = -0.8,
+        beta1: float | None = None,
+        weight_decay: float = 0.0,
+        scale_parameter: bool = True,
+        relative_step: bool = True,
+        warmup_init: bool = False,
+    ):
         if warmup_init and not relative_step:
             raise SeqtrainError("--warmup-init requires --relative-step (adafactor)")
         if lr is None and not relative_step:
             raise SeqtrainError("adafactor needs --lr unless --relative-step is set")
-        defaults = dict(lr=lr if lr is not None else 0.0, eps=tuple(eps), clip_threshold=clip_threshold,
-                        decay_rate=decay_rate, beta1=beta1, weight_decay=weight_decay,
-                        scale_parameter=scale_parameter, relative_step=relative_step, warmup_init=warmup_init)
+        defaults = dict(
+            lr=lr if lr is not None else 0.0,
+            eps=tuple(eps),
+            clip_threshold=clip_threshold,
+            decay_rate=decay_rate,
+            beta1=beta1,
+            weight_decay=weight_decay,
+            scale_parameter=scale_parameter,
+            relative_step=relative_step,
+            warmup_init=warmup_init,
+        )
         super().__init__(params, defaults)
 
     @staticmethod
@@ -309,7 +368,7 @@ class Adafactor(_Fp32StateOptimizer):
         return scale * lr
 
     @torch.no_grad()
-    def step(self, closure: Optional[Callable] = None) -> Any:
+    def step(self, closure: Callable | None = None) -> Any:
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -401,18 +460,30 @@ def build_adam(args: Any, params: Iterable) -> Optimizer:
 @OPTIMIZERS.register("nag")
 def build_nag(args: Any, params: Iterable) -> Optimizer:
     t = OPTIMIZER_FLAGS
-    return Optimizer(NAG(_trainable(params), lr=parse_lr_list(args.lr)[0],
-                         momentum=float(flag_value(args, t, "nag", "momentum")),
-                         weight_decay=float(flag_value(args, t, "nag", "weight_decay"))), "nag")
+    return Optimizer(
+        NAG(
+            _trainable(params),
+            lr=parse_lr_list(args.lr)[0],
+            momentum=float(flag_value(args, t, "nag", "momentum")),
+            weight_decay=float(flag_value(args, t, "nag", "weight_decay")),
+        ),
+        "nag",
+    )
 
 
 @OPTIMIZERS.register("sgd")
 def build_sgd(args: Any, params: Iterable) -> Optimizer:
     t = OPTIMIZER_FLAGS
-    return Optimizer(torch.optim.SGD(_trainable(params), lr=parse_lr_list(args.lr)[0],
-                                     momentum=float(flag_value(args, t, "sgd", "momentum")),
-                                     weight_decay=float(flag_value(args, t, "sgd", "weight_decay")),
-                                     foreach=True), "sgd")
+    return Optimizer(
+        torch.optim.SGD(
+            _trainable(params),
+            lr=parse_lr_list(args.lr)[0],
+            momentum=float(flag_value(args, t, "sgd", "momentum")),
+            weight_decay=float(flag_value(args, t, "sgd", "weight_decay")),
+            foreach=True,
+        ),
+        "sgd",
+    )
 
 
 @OPTIMIZERS.register("adafactor")
@@ -440,5 +511,7 @@ def build_optimizer(args: Any, params: Iterable) -> Optimizer:
     """Build `args.optimizer` over `params` (tensors; those without requires_grad are dropped, or param groups)."""
     name = getattr(args, "optimizer", None) or "adam"
     if name not in OPTIMIZERS:
-        raise SeqtrainError(f"--optimizer: unknown optimizer {name!r}; choose from: {', '.join(OPTIMIZERS.names())}")
+        raise SeqtrainError(
+            f"--optimizer: unknown optimizer {name!r}; choose from: {', '.join(OPTIMIZERS.names())}"
+        )
     return OPTIMIZERS.get(name)(args, params)

@@ -1,4 +1,12 @@
 """Scoring of generated text: ROUGE (wrapping Google's rouge-score)."""
-from seqtrain.scoring.rouge import ROUGE_TYPES, format_summary, score_files, score_pairs, split_sentences, write_json
+
+from seqtrain.scoring.rouge import (
+    ROUGE_TYPES,
+    format_summary,
+    score_files,
+    score_pairs,
+    split_sentences,
+    write_json,
+)
 
 __all__ = ["ROUGE_TYPES", "format_summary", "score_files", "score_pairs", "split_sentences", "write_json"]

@@ -6,11 +6,13 @@ depend on it: a sentence ends at '.', '!' or '?' (optionally followed by closing
 whitespace. (Abbreviations such as "e.g. x" split too; nltk's punkt would avoid that but needs a download.)
 Newlines do not change ROUGE-1/2/L, whose tokenizer treats them as spaces.
 """
+
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rouge_score import rouge_scorer
 
@@ -22,9 +24,9 @@ _LABELS = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rouge
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
-def split_sentences(text: str) -> List[str]:
+def split_sentences(text: str) -> list[str]:
     """Split at '.', '!', '?' (plus closing quotes/brackets) followed by whitespace; drops empty pieces."""
-    pieces: List[str] = []
+    pieces: list[str] = []
     start = 0
     for m in _SENTENCE_END.finditer(text):
         # keep closing quotes/brackets with the sentence they close
@@ -39,7 +41,7 @@ def _prepare(text: str) -> str:
     return "\n".join(split_sentences(text))
 
 
-def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[str, float]:
+def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Mean F1 x 100 of each ROUGE type over aligned (hypothesis, reference) pairs; also "n" = pair count."""
     if len(hypotheses) != len(references):
         raise SeqtrainError(f"{len(hypotheses)} hypotheses but {len(references)} references")
@@ -52,12 +54,12 @@ def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> Dict[st
         for key in ROUGE_TYPES:
             totals[key] += scores[key].fmeasure
     n = len(hypotheses)
-    out: Dict[str, float] = {key: 100.0 * totals[key] / n for key in ROUGE_TYPES}
+    out: dict[str, float] = {key: 100.0 * totals[key] / n for key in ROUGE_TYPES}
     out["n"] = n
     return out
 
 
-def _read_lines(path: str) -> List[str]:
+def _read_lines(path: str) -> list[str]:
     """One example per line; a final newline does not start an extra (empty) example."""
     try:
         with open(path, encoding="utf-8") as f:
@@ -71,17 +73,19 @@ def _read_lines(path: str) -> List[str]:
     return [line.rstrip("\r") for line in text.split("\n")] if text else []
 
 
-def score_files(sys_path: str, ref_path: str) -> Dict[str, float]:
+def score_files(sys_path: str, ref_path: str) -> dict[str, float]:
     """Score a hypothesis file against a reference file, line by line."""
     hyps, refs = _read_lines(sys_path), _read_lines(ref_path)
     if len(hyps) != len(refs):
-        raise SeqtrainError(f"line counts differ: {sys_path} has {len(hyps)} lines, {ref_path} has {len(refs)}")
+        raise SeqtrainError(
+            f"line counts differ: {sys_path} has {len(hyps)} lines, {ref_path} has {len(refs)}"
+        )
     if not hyps:
         raise SeqtrainError(f"nothing to score: {sys_path} is empty")
     return score_pairs(hyps, refs)
 
 
-def format_summary(scores: Dict[str, float]) -> str:
+def format_summary(scores: dict[str, float]) -> str:
     """One line, e.g. 'ROUGE-1 44.12 | ROUGE-2 21.30 | ROUGE-L 30.92 | ROUGE-Lsum 41.07 | n 300'."""
     parts = [f"{_LABELS[k]} {scores[k]:.2f}" for k in ROUGE_TYPES if k in scores]
     if "n" in scores:
@@ -89,7 +93,7 @@ def format_summary(scores: Dict[str, float]) -> str:
     return " | ".join(parts)
 
 
-def write_json(scores: Dict[str, float], path: str, **extra: object) -> None:
+def write_json(scores: dict[str, float], path: str, **extra: object) -> None:
     """Write the scores (plus any extra fields, e.g. file names) as JSON, atomically."""
     with atomic_write(path, "w", encoding="utf-8") as f:
         json.dump({**extra, **scores}, f, indent=2, sort_keys=True)
@@ -99,7 +103,7 @@ def write_json(scores: Dict[str, float], path: str, **extra: object) -> None:
 __all__ = ["ROUGE_TYPES", "split_sentences", "score_pairs", "score_files", "format_summary", "write_json"]
 
 
-def score(args: Any) -> Dict[str, float]:
+def score(args: Any) -> dict[str, float]:
     """seqtrain-score: print ROUGE of --sys against --ref (and write --json); returns the scores."""
     scores = score_files(args.sys, args.ref)
     print(format_summary(scores))

@@ -1,4 +1,5 @@
 """Tasks: what data a run reads and how one step uses it. Importing this package registers them in TASKS."""
+
 from __future__ import annotations
 
 import argparse

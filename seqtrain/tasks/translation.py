@@ -5,13 +5,14 @@ defines one training / validation step. The data-bin layout is fairseq's: dict.{
 {split}.{src}-{tgt}.{lang}.bin/.idx; `data` may list several data-bins separated by ':' (epoch k trains on the
 ((k-1) mod n)-th, as fairseq does for sharded corpora; validation always reads the first).
 """
+
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def infer_language_pair(path: str) -> Tuple[Optional[str], Optional[str]]:
+def infer_language_pair(path: str) -> tuple[str | None, str | None]:
     """(src, tgt) from the names of the data files, e.g. train.source-target.source.idx -> (source, target)."""
     pair_re = re.compile(r"^[^.]+\.([^.-]+)-([^.-]+)\.([^.]+)\.idx$")
     found = []
@@ -50,18 +51,26 @@ class TranslationTask:
     @staticmethod
     def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         group = parser.add_argument_group("Task (translation)")
-        group.add_argument("data", metavar="DATA",
-                           help="data-bin folder (or several, separated by ':', used one per epoch in turn)")
+        group.add_argument(
+            "data",
+            metavar="DATA",
+            help="data-bin folder (or several, separated by ':', used one per epoch in turn)",
+        )
         return group
 
-    def __init__(self, args: argparse.Namespace, src_dict: Dictionary, tgt_dict: Dictionary,
-                 tokenizer_spec: Optional[dict] = None):
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        src_dict: Dictionary,
+        tgt_dict: Dictionary,
+        tokenizer_spec: dict | None = None,
+    ):
         self.args = args
         self.src_dict = src_dict
         self.tgt_dict = tgt_dict
         self.tokenizer_spec = tokenizer_spec
-        self.datasets: Dict[str, LanguagePairDataset] = {}
-        self._iterators: Dict[int, EpochBatchIterator] = {}
+        self.datasets: dict[str, LanguagePairDataset] = {}
+        self._iterators: dict[int, EpochBatchIterator] = {}
 
     # fairseq's name, used by criteria and generation
     @property
@@ -69,7 +78,7 @@ class TranslationTask:
         return self.tgt_dict
 
     @classmethod
-    def setup_task(cls, args: argparse.Namespace) -> "TranslationTask":
+    def setup_task(cls, args: argparse.Namespace) -> TranslationTask:
         paths = cls._paths(args)
         if args.source_lang is None or args.target_lang is None:
             src, tgt = infer_language_pair(paths[0])
@@ -82,7 +91,11 @@ class TranslationTask:
             args.target_lang = args.target_lang or tgt
         src_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{args.source_lang}.txt"))
         tgt_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{args.target_lang}.txt"))
-        if (src_dict.pad(), src_dict.eos(), src_dict.unk()) != (tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()):
+        if (src_dict.pad(), src_dict.eos(), src_dict.unk()) != (
+            tgt_dict.pad(),
+            tgt_dict.eos(),
+            tgt_dict.unk(),
+        ):
             raise SeqtrainError(f"{paths[0]}: source and target dictionaries disagree on the special symbols")
         logger.info(f"[{args.source_lang}] dictionary: {len(src_dict)} types")
         logger.info(f"[{args.target_lang}] dictionary: {len(tgt_dict)} types")
@@ -92,19 +105,23 @@ class TranslationTask:
         return cls(args, src_dict, tgt_dict, spec)
 
     @staticmethod
-    def _paths(args: argparse.Namespace) -> List[str]:
+    def _paths(args: argparse.Namespace) -> list[str]:
         paths = [p for p in str(args.data).split(":") if p]
         if not paths:
             raise SeqtrainError("DATA: no data-bin folder given")
         for p in paths:
             if not os.path.isdir(p):
-                raise SeqtrainError(f"DATA {p}: not a folder (expected a data-bin made by seqtrain-preprocess)")
+                raise SeqtrainError(
+                    f"DATA {p}: not a folder (expected a data-bin made by seqtrain-preprocess)"
+                )
         return paths
 
     @staticmethod
     def _load_dictionary(path: str) -> Dictionary:
         if not os.path.exists(path):
-            raise SeqtrainError(f"{path}: dictionary not found (is this a data-bin from seqtrain-preprocess?)")
+            raise SeqtrainError(
+                f"{path}: dictionary not found (is this a data-bin from seqtrain-preprocess?)"
+            )
         return Dictionary.load(path)
 
     # ---------------------------------------------------------------------------------------------- data
@@ -115,24 +132,36 @@ class TranslationTask:
             if MMapIndexedDataset.exists(prefix):
                 return prefix
         raise SeqtrainError(
-            f"{folder}: split {split!r} not found (expected {split}.{src}-{tgt}.{lang}.bin and .idx)")
+            f"{folder}: split {split!r} not found (expected {split}.{src}-{tgt}.{lang}.bin and .idx)"
+        )
 
     def load_dataset(self, split: str, epoch: int = 1, **_: Any) -> LanguagePairDataset:
         """Open `split` (memory-mapped; nothing is read until batches are built) and keep it in self.datasets."""
         paths = self._paths(self.args)
-        folder = paths[(epoch - 1) % len(paths)] if split == getattr(self.args, "train_subset", "train") else paths[0]
+        folder = (
+            paths[(epoch - 1) % len(paths)]
+            if split == getattr(self.args, "train_subset", "train")
+            else paths[0]
+        )
         src_prefix = self._prefix(folder, split, self.args.source_lang)
         tgt_prefix = self._prefix(folder, split, self.args.target_lang)
         src, tgt = MMapIndexedDataset(src_prefix), MMapIndexedDataset(tgt_prefix)
         if len(src) == 0:
             raise SeqtrainError(f"{src_prefix}.idx: split {split!r} has no examples")
         if len(src) != len(tgt):
-            raise SeqtrainError(f"{src_prefix}.idx has {len(src)} examples but {tgt_prefix}.idx has {len(tgt)}: "
-                                f"source and target of split {split!r} must be aligned (run seqtrain-preprocess "
-                                "again)")
+            raise SeqtrainError(
+                f"{src_prefix}.idx has {len(src)} examples but {tgt_prefix}.idx has {len(tgt)}: "
+                f"source and target of split {split!r} must be aligned (run seqtrain-preprocess "
+                "again)"
+            )
         a = self.args
         dataset = LanguagePairDataset(
-            src, src.sizes, self.src_dict, tgt, tgt.sizes, self.tgt_dict,
+            src,
+            src.sizes,
+            self.src_dict,
+            tgt,
+            tgt.sizes,
+            self.tgt_dict,
             left_pad_source=bool(getattr(a, "left_pad_source", True)),
             left_pad_target=bool(getattr(a, "left_pad_target", False)),
             prepend_bos=bool(getattr(a, "prepend_bos", False)),
@@ -149,15 +178,28 @@ class TranslationTask:
             raise KeyError(f"dataset {split!r} is not loaded (call load_dataset first)")
         return self.datasets[split]
 
-    def max_positions(self) -> Tuple[int, int]:
-        return (int(getattr(self.args, "max_source_positions", None) or 1024),
-                int(getattr(self.args, "max_target_positions", None) or 1024))
+    def max_positions(self) -> tuple[int, int]:
+        return (
+            int(getattr(self.args, "max_source_positions", None) or 1024),
+            int(getattr(self.args, "max_target_positions", None) or 1024),
+        )
 
-    def get_batch_iterator(self, dataset: LanguagePairDataset, max_tokens: Optional[int] = None,
-                           max_sentences: Optional[int] = None, max_positions: Any = None,
-                           ignore_invalid_inputs: bool = False, required_batch_size_multiple: int = 1,
-                           seed: int = 1, num_shards: int = 1, shard_id: int = 0, num_workers: int = 0,
-                           epoch: int = 1, data_buffer_size: int = 0, split: str = "train") -> EpochBatchIterator:
+    def get_batch_iterator(
+        self,
+        dataset: LanguagePairDataset,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+        max_positions: Any = None,
+        ignore_invalid_inputs: bool = False,
+        required_batch_size_multiple: int = 1,
+        seed: int = 1,
+        num_shards: int = 1,
+        shard_id: int = 0,
+        num_workers: int = 0,
+        epoch: int = 1,
+        data_buffer_size: int = 0,
+        split: str = "train",
+    ) -> EpochBatchIterator:
         """Length-bucketed batches of `dataset` in an EpochBatchIterator. The same dataset object gives the same
         iterator back (its batches are frozen; only the epoch order changes), as fairseq caches them.
 
@@ -176,11 +218,25 @@ class TranslationTask:
         limits = (max_positions, self.max_positions(), max_tokens if train else None)
         max_positions = resolve_max_positions(*limits)
         indices = filter_by_size(indices, dataset, max_positions, ignore_invalid_inputs, split=split)
-        batches = batch_by_size(indices, dataset.num_tokens, max_tokens=max_tokens, max_sentences=max_sentences,
-                                required_batch_size_multiple=required_batch_size_multiple, split=split)
-        itr = EpochBatchIterator(dataset, dataset.collater, batches, seed=seed, num_shards=num_shards,
-                                 shard_id=shard_id, epoch=epoch, buffer_size=data_buffer_size,
-                                 num_workers=num_workers)
+        batches = batch_by_size(
+            indices,
+            dataset.num_tokens,
+            max_tokens=max_tokens,
+            max_sentences=max_sentences,
+            required_batch_size_multiple=required_batch_size_multiple,
+            split=split,
+        )
+        itr = EpochBatchIterator(
+            dataset,
+            dataset.collater,
+            batches,
+            seed=seed,
+            num_shards=num_shards,
+            shard_id=shard_id,
+            epoch=epoch,
+            buffer_size=data_buffer_size,
+            num_workers=num_workers,
+        )
         self._iterators[id(dataset)] = itr
         return itr
 
@@ -196,8 +252,15 @@ class TranslationTask:
         return build_criterion(args, self)
 
     # ---------------------------------------------------------------------------------------------- steps
-    def train_step(self, sample: Dict[str, Any], model: torch.nn.Module, criterion: Any, step: StepContext,
-                   update_num: int, ignore_grad: bool = False) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
+    def train_step(
+        self,
+        sample: dict[str, Any],
+        model: torch.nn.Module,
+        criterion: Any,
+        step: StepContext,
+        update_num: int,
+        ignore_grad: bool = False,
+    ) -> tuple[torch.Tensor, Any, dict[str, Any]]:
         """Forward (under `step.autocast()`) and backward (`step.backward(loss)`, which applies the fp16 loss
         scale) on one batch of update `update_num`; returns (loss, sample_size, logging_output)."""
         model.train()
@@ -209,11 +272,12 @@ class TranslationTask:
             step.backward(loss)
         return loss, sample_size, logging_output
 
-    def valid_step(self, sample: Dict[str, Any], model: torch.nn.Module, criterion: Any
-                   ) -> Tuple[torch.Tensor, Any, Dict[str, Any]]:
+    def valid_step(
+        self, sample: dict[str, Any], model: torch.nn.Module, criterion: Any
+    ) -> tuple[torch.Tensor, Any, dict[str, Any]]:
         model.eval()
         with torch.no_grad():
             return criterion(model, sample)
 
-    def reduce_metrics(self, logging_outputs: List[Dict[str, Any]], criterion: Any) -> Dict[str, float]:
+    def reduce_metrics(self, logging_outputs: list[dict[str, Any]], criterion: Any) -> dict[str, float]:
         return type(criterion).reduce_metrics(logging_outputs)
