@@ -26,6 +26,9 @@ Host-device syncs per update (CUDA; each waits for the device's queued work):
   5. criteria only: `int(mask.sum())` when a batch carries no "ntokens" (seqtrain's collater always sets it).
 Batches move to the device with `non_blocking=True` (prepare_sample); that is no sync, but the copy from pageable
 memory is not asynchronous either.
+
+Why one module: the update step, its numerics (loss scaling, clipping, the NaN/inf checks) and the
+state a checkpoint stores must change together; they are one contract.
 """
 
 from __future__ import annotations
