@@ -126,8 +126,8 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="FLOPS",
-        help="peak FLOP/s of one device (e.g. 989e12 for H100 bf16); logs mfu = achieved / peak, "
-        "achieved ~ 6 x params x target tokens/s",
+        help="peak FLOP/s of one device (default: from a table of A100/H100/H200 by precision); logs "
+        "mfu = counted FLOP/s (source and target tokens, attention included; docs/performance.md) / peak",
     )
     _add(
         g,

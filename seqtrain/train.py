@@ -266,11 +266,9 @@ class TrainLoop:
 
     def training_stats(self, which: str) -> OrderedDict[str, Any]:
         stats = self.trainer.meters[which].smoothed_values()
-        if self.args.peak_flops and "wps" in stats:
-            # ~6 FLOPs per parameter per trained token (forward 2, backward 4); counts target tokens only.
-            stats["mfu"] = float(
-                "{:.4g}".format(6.0 * self.trainer.num_params * stats["wps"] / self.args.peak_flops)
-            )
+        flops = stats.pop("flops", None)  # counted FLOP/s (seqtrain/flops.py), logged when a peak is known
+        if flops is not None and self.trainer.peak_flops:
+            stats["mfu"] = float(f"{flops / self.trainer.peak_flops:.4g}")
         stats["wall"] = round(self.trainer.cumulative_training_time(), 0)
         return stats
 
