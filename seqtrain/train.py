@@ -29,6 +29,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.tensorboard import TensorboardWriter
+from seqtrain.savedir_lock import save_dir_lock
 from seqtrain.stop_signals import GracefulStop
 from seqtrain.tasks import setup_task
 from seqtrain.train_checkpoints import CheckpointManager
@@ -100,6 +101,14 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     check_args(args)
+    if args.no_save:
+        return _train(args)
+    # one run per --save-dir: the lock is held before anything there is read or deleted
+    with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     logger.info(args)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

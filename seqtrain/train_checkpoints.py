@@ -69,8 +69,11 @@ def link_or_copy(src: str, dst: str) -> None:
 
 
 # Temporary names of interrupted writes: atomic_write's ".NAME.XXXX.tmp" and link_or_copy's ".NAME.XXXX.link"
-# (and the --save-dir write probe of prepare_save_dir).
-_PARTIAL_WRITE = re.compile(r"\.(checkpoint[^/]*\.pt\.[A-Za-z0-9_]+\.(tmp|link)|write-test\.[A-Za-z0-9_]+)")
+# (and the --save-dir write probe of prepare_save_dir, the lock record of seqtrain.savedir_lock, config.yaml's).
+_PARTIAL_WRITE = re.compile(
+    r"\.(checkpoint[^/]*\.pt\.[A-Za-z0-9_]+\.(tmp|link)|write-test\.[A-Za-z0-9_]+"
+    r"|seqtrain\.lock\.[0-9a-f]+\.tmp|config\.yaml\.[A-Za-z0-9_]+\.tmp)"
+)
 
 
 def checkpoint_problem(path: str) -> str | None:
