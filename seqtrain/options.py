@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from seqtrain.config_file import actions_by_key, apply_config, load_config
+from seqtrain.config_file import actions_by_key, apply_config, config_text, load_config
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.progress import LOG_FORMATS
 
@@ -68,8 +69,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         parser,
         "--config",
         metavar="FILE",
-        help="JSON or YAML-style `key: value` file of flag defaults (keys: flag names with - or _); "
-        "flags given on the command line override it",
+        help="YAML (or JSON) file of flag values (keys: flag names with - or _, at the top level or in "
+        "sections); flags given on the command line override it",
+    )
+    _add(
+        g,
+        parser,
+        "--print-config",
+        action="store_true",
+        help="print the resolved flags (command line > --config > arch preset > defaults) as a YAML config "
+        "file that reproduces the run, and exit",
     )
     _add(g, parser, "--seed", type=int, default=1, metavar="N", help="random seed (default: 1)")
     _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
@@ -739,8 +748,6 @@ def parse_args_and_arch(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
 ) -> argparse.Namespace:
     """Parse `argv` with `parser` once the chosen components added their flags; then apply the arch preset."""
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     stage = parser.get_default("_stage")
     # Choices default to the parser's defaults (fairseq's: adam is seqtrain's default optimizer, fixed the
@@ -791,4 +798,24 @@ def parse_args_and_arch(
         del args._stage
     if getattr(args, "config", None):
         args.config = os.path.abspath(args.config)
+    if getattr(args, "print_config", False):
+        args.print_config = False  # the printed file must not print itself
+        sys.stdout.write(config_text(parser, args, CONFIG_HEADER))
+        raise SystemExit(0)  # as --help: print, then exit
     return args
+
+
+CONFIG_HEADER = (
+    "The resolved flags of a seqtrain run (command line > --config > arch preset > defaults):\n"
+    "--config THIS_FILE alone reproduces them."
+)
+
+
+def resolved_train_config(args: argparse.Namespace) -> str:
+    """The flags of a parsed seqtrain-train run as a YAML config file (see config_file.config_text)."""
+    parser = get_training_parser()
+    _add_choice_args(parser, "task", args.task)
+    _add_choice_args(parser, "optimizer", args.optimizer)
+    _add_choice_args(parser, "lr_scheduler", args.lr_scheduler)
+    _order_groups(parser)
+    return config_text(parser, args, CONFIG_HEADER)
