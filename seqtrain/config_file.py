@@ -132,7 +132,8 @@ def actions_by_key(parser: argparse.ArgumentParser) -> dict[str, argparse.Action
         if action.dest in ("help", "config"):
             continue
         out[action.dest] = action
-        for flag in action.option_strings:
+        negatives = getattr(action, "negatives", ())
+        for flag in [o for o in action.option_strings if o not in negatives]:
             out[flag.lstrip("-")] = action
             out[flag.lstrip("-").replace("-", "_")] = action
     return out

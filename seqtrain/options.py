@@ -54,6 +54,37 @@ def int_list(value: Any) -> list[int]:
     return out
 
 
+class _Switch(argparse._StoreTrueAction):
+    """A store_true flag that also has a negative form (--no-X; for a flag named --no-X, --X): the negative
+    turns off a true that a --config file set."""
+
+    negatives: tuple[str, ...] = ()
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, option_string not in self.negatives)
+
+
+def add_negations(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give every switch (store_true flag) of `parser` its negative form. Returns the parser."""
+    for action in list(parser._actions):
+        if type(action) is not argparse._StoreTrueAction:
+            continue
+        names = [o[2:] for o in action.option_strings if o.startswith("--")]
+        negatives = tuple(
+            neg
+            for neg in (f"--{n[3:]}" if n.startswith("no-") else f"--no-{n}" for n in names)
+            if neg not in parser._option_string_actions
+        )
+        if not negatives:
+            continue
+        action.__class__ = _Switch
+        action.negatives = negatives  # type: ignore[attr-defined]
+        action.option_strings = [*action.option_strings, *negatives]
+        for neg in negatives:
+            parser._option_string_actions[neg] = action
+    return parser
+
+
 def _add(group: Any, parser: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:
     """Add a flag unless a component already declared it (components own their flags; these are fallbacks)."""
     if any(f in parser._option_string_actions for f in flags):
@@ -323,8 +354,18 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         "--restore-file",
         default="checkpoint_last.pt",
         metavar="FILE",
-        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir; "
-        "any other path is used as given)",
+        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir); another path "
+        "(e.g. pretrained weights) initialises only a first launch: once --save-dir has a checkpoint_last.pt, "
+        "a relaunch resumes from that (see --restore-file-always)",
+    )
+    _add(
+        g,
+        parser,
+        "--restore-file-always",
+        action="store_true",
+        help="load --restore-file at every launch, also when --save-dir has a checkpoint_last.pt (fairseq's "
+        "behaviour; by default a relaunch resumes from checkpoint_last.pt and --restore-file with its --reset-* "
+        "flags initialises only the first launch)",
     )
     _add(
         g,
@@ -622,7 +663,7 @@ def get_preprocessing_parser() -> argparse.ArgumentParser:
         prog="seqtrain-preprocess",
         description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
     )
-    return add_args(parser)
+    return add_negations(add_args(parser))
 
 
 def get_convert_parser() -> argparse.ArgumentParser:
@@ -654,7 +695,7 @@ def get_convert_parser() -> argparse.ArgumentParser:
         help="allow arbitrary unpickling of the input (may run code; only for trusted files)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p
+    return add_negations(p)
 
 
 def get_score_parser() -> argparse.ArgumentParser:
@@ -667,7 +708,7 @@ def get_score_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
     p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    return p
+    return add_negations(p)
 
 
 def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
@@ -779,6 +820,7 @@ def parse_args_and_arch(
                     f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
                 )
     _order_groups(parser)
+    add_negations(parser)
     if first.config:
         apply_config(parser, first.config, config, lines, ignore=_other_cli_flags(stage, first))
 

@@ -323,34 +323,70 @@ class CheckpointManager:
             raise SeqtrainError(
                 f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}"
             ) from None
-        default_restore = a.restore_file == "checkpoint_last.pt"
+        own_last = os.path.join(self.save_dir, "checkpoint_last.pt")
+        default_restore = a.restore_file == "checkpoint_last.pt" or (
+            os.path.exists(a.restore_file)
+            and os.path.exists(own_last)
+            and os.path.samefile(a.restore_file, own_last)
+        )
         if a.finetune_from_model is not None:
             if reset_optimizer or reset_lr_scheduler or reset_meters or reset_dataloader:
                 raise SeqtrainError(
-                    "--finetune-from-model cannot be combined with --reset-optimizer, "
-                    "--reset-lr-scheduler, --reset-meters or --reset-dataloader (it implies them)"
+                    "--finetune-from-model cannot be combined with --reset-optimizer, --reset-lr-scheduler, "
+                    "--reset-meters or --reset-dataloader (it implies them; turn a config's off with "
+                    "--no-reset-..., or use --restore-file, which also initialises only a first launch)"
                 )
             if not default_restore:
                 raise SeqtrainError("--finetune-from-model and --restore-file cannot be given together")
 
         if default_restore:
-            path = os.path.join(self.save_dir, "checkpoint_last.pt")
+            path = own_last
             if not os.path.exists(path) and a.finetune_from_model is not None:
                 if not os.path.exists(a.finetune_from_model):
                     raise SeqtrainError(f"--finetune-from-model {a.finetune_from_model}: file not found")
                 logger.info(
-                    f"loading pretrained model from {a.finetune_from_model}: "
-                    "optimizer, lr scheduler, meters, dataloader will be reset"
+                    f"first launch ({self.save_dir} has no checkpoint_last.pt): loading pretrained model from "
+                    f"{a.finetune_from_model}; optimizer, lr scheduler, meters, dataloader start fresh"
                 )
                 trainer.load_model_weights(
                     read_checkpoint(a.finetune_from_model, unsafe=a.unsafe_load, require_dict=False),
                     a.finetune_from_model,
                 )
                 return None, get_train_iterator(1)
+            if os.path.exists(path) and a.finetune_from_model is not None:
+                logger.info(f"resuming from {path} (--finetune-from-model is used only by a first launch)")
+        elif os.path.exists(own_last) and not a.restore_file_always:
+            # A relaunch (preemption, crash) continues this run; the initial weights and the --reset-* flags
+            # only served the first launch. fairseq reloads --restore-file at every launch: --restore-file-always.
+            logger.info(
+                f"resuming from {own_last}: --restore-file {a.restore_file} initialises only a first launch "
+                "(an empty --save-dir); --restore-file-always loads it at every launch"
+            )
+            path = own_last
+            reset_optimizer = reset_lr_scheduler = reset_meters = reset_dataloader = False
         else:
             path = a.restore_file
             if not os.path.exists(path):
                 raise SeqtrainError(f"--restore-file {path}: file not found")
+            resets = [
+                name
+                for name, on in (
+                    ("optimizer", reset_optimizer),
+                    ("lr scheduler", reset_lr_scheduler),
+                    ("meters", reset_meters),
+                    ("dataloader", reset_dataloader),
+                )
+                if on
+            ]
+            why = (
+                "--restore-file-always"
+                if os.path.exists(own_last)
+                else f"{self.save_dir} has no checkpoint_last.pt"
+            )
+            logger.info(
+                f"initialising from --restore-file {path} ({why})"
+                + (f"; reset: {', '.join(resets)}" if resets else "")
+            )
 
         logger.info(f"Preparing to load checkpoint {path}")
         if not os.path.exists(path):

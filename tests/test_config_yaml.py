@@ -98,6 +98,7 @@ def test_non_utf8_config_is_one_line_error(tmp_path):
             os.path.join(REPO, "configs", "bart_large_cnndm.yaml"),
             "--lr",
             "1e-5",
+            "--no-fp16",
             "--max-tokens",
             "1024",
             "--restore-file",
@@ -147,3 +148,35 @@ def test_run_saves_its_config(databin, tmp_path):
     )  # what the run itself resolved before saving (--max-tokens-valid from --max-tokens)
     assert comparable(saved) == comparable(given)
     assert not [n for n in os.listdir(save) if n.startswith(".")]
+
+
+def test_every_switch_has_a_negative_form(tmp_path):
+    """A config's true is turned off on the command line: --no-X (for a flag named --no-X: --X)."""
+    import argparse
+
+    train = options.get_training_parser()
+    options.parse_args_and_arch(train, ["data", "--arch", "bart_tiny"])  # adds the component flags
+    gen = options.get_generation_parser()
+    options.parse_args_and_arch(gen, ["data", "--path", "x.pt"])
+    built = [
+        train,
+        gen,
+        options.get_preprocessing_parser(),
+        options.get_convert_parser(),
+        options.get_score_parser(),
+    ]
+    for parser in built:
+        for action in parser._actions:
+            if isinstance(action, argparse._StoreTrueAction):
+                assert getattr(action, "negatives", ()), action.option_strings
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("arch: bart_tiny\nfp16: true\nreset-optimizer: true\nno-epoch-checkpoints: true\n")
+    args = parse("data", "--config", str(cfg), "--no-fp16", "--no-reset-optimizer", "--epoch-checkpoints")
+    assert (args.fp16, args.reset_optimizer, args.no_epoch_checkpoints) == (False, False, False)
+    args = parse("data", "--config", str(cfg))
+    assert (args.fp16, args.reset_optimizer, args.no_epoch_checkpoints) == (True, True, True)
+    assert parse("data", "--arch", "bart_tiny", "--no-save", "--save").no_save is False
+    # a negative form is no config key: it would read as the switch itself
+    cfg.write_text("arch: bart_tiny\nno-fp16: true\n")
+    with pytest.raises(SeqtrainError, match="unknown option 'no-fp16'"):
+        parse("data", "--config", str(cfg))
