@@ -176,6 +176,36 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tracking_args(parser: argparse.ArgumentParser) -> None:
+    """Experiment trackers of seqtrain-train (seqtrain.logging.trackers), in the Logging group."""
+    g = next(g for g in parser._action_groups if g.title == "Logging")
+    _add(
+        g,
+        parser,
+        "--wandb-project",
+        default=None,
+        metavar="NAME",
+        help="also log to this Weights & Biases project (needs pip install 'seqtrain[wandb]'; WANDB_MODE=offline "
+        "logs locally)",
+    )
+    _add(
+        g,
+        parser,
+        "--wandb-run-name",
+        default=None,
+        metavar="NAME",
+        help="the W&B run name (default: wandb's)",
+    )
+    _add(
+        g,
+        parser,
+        "--jsonl-log",
+        default=None,
+        metavar="FILE",
+        help='also append every logged line\'s stats to FILE as JSON lines ({"tag", "step", stat: value, ...})',
+    )
+
+
 def add_distributed_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Distributed training")
     _add(
@@ -575,6 +605,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     eval_rouge.add_args(parser, dataset)
     add_checkpoint_args(parser)
     add_distributed_args(parser)
+    add_tracking_args(parser)
     parser.set_defaults(_stage="train")
     _order_groups(parser)
     return parser

@@ -29,7 +29,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
-from seqtrain.logging.tensorboard import TensorboardWriter
+from seqtrain.logging.trackers import Tracker, make_trackers
 from seqtrain.options import resolved_train_config
 from seqtrain.savedir_lock import save_dir_lock
 from seqtrain.stop_signals import GracefulStop
@@ -169,16 +169,14 @@ def _train(args: argparse.Namespace) -> int:
 
     manager = CheckpointManager(args)
     _, epoch_itr = manager.restore(trainer, get_train_iterator)
-    tensorboard = (
-        TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir and is_master(args) else None
-    )
-    loop = TrainLoop(args, trainer, task, manager, tensorboard)
+    tracker = make_trackers(args) if is_master(args) else None
+    loop = TrainLoop(args, trainer, task, manager, tracker)
     try:
         with loop.stop:
             loop.run(epoch_itr, get_train_iterator)
     finally:
-        if tensorboard is not None:
-            tensorboard.close()
+        if tracker is not None:
+            tracker.close()
     if loop.stop.requested:
         return loop.stop.exit_code
     logger.info(f"done training in {trainer.cumulative_training_time():.1f} seconds")
@@ -194,10 +192,10 @@ class TrainLoop:
         trainer: Trainer,
         task: Any,
         manager: CheckpointManager,
-        tensorboard: TensorboardWriter | None,
+        tracker: Tracker | None,
     ):
         self.args, self.trainer, self.task, self.manager = args, trainer, task, manager
-        self.tensorboard = tensorboard
+        self.tracker = tracker
         self.profiler: Any | None = None
         self.stop = GracefulStop()
         self.rouge: Any | None = None
@@ -242,7 +240,7 @@ class TrainLoop:
             epoch=epoch,
             total=len(grouped),
             offset=grouped.n,
-            tensorboard=self.tensorboard,
+            tracker=self.tracker,
             no_progress_bar=args.no_progress_bar,
         )
         trainer.begin_epoch(epoch)
@@ -373,7 +371,7 @@ class TrainLoop:
                 args.log_format,
                 epoch=epoch,
                 prefix=f"valid on '{subset}' subset",
-                tensorboard=self.tensorboard,
+                tracker=self.tracker,
                 no_progress_bar=args.no_progress_bar,
             )
             trainer.begin_valid()
