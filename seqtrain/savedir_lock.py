@@ -40,15 +40,20 @@ STALE_AFTER_S = 600.0
 _TAKEOVER_PAUSE_S = 0.2
 
 
-def process_start_time(pid: int) -> str | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), None where /proc has no such pid."""
+def _proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat from field 3 (state) on; [] where /proc has no such pid."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
             stat = f.read()
     except OSError:
-        return None
+        return []
     # the command name (field 2) is parenthesised and may hold spaces: split after its closing parenthesis
-    fields = stat[stat.rfind(")") + 2 :].split()
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def process_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), None where /proc has no such pid."""
+    fields = _proc_stat(pid)
     return fields[19] if len(fields) > 19 else None
 
 
@@ -59,7 +64,8 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    fields = _proc_stat(pid)
+    return not (fields and fields[0] in ("Z", "X"))  # a killed process its parent has not reaped yet is gone
 
 
 def _describe(owner: dict[str, Any]) -> str:

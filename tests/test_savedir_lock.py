@@ -48,9 +48,16 @@ def test_second_lock_refused_naming_owner_then_released(tmp_path):
 def test_stale_locks_taken_over(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not reaped yet: os.kill(pid, 0) works
+    while (
+        process_start_time(zombie.pid) is not None
+        and open(f"/proc/{zombie.pid}/stat").read().split(")")[1][1] != "Z"
+    ):
+        time.sleep(0.01)
     host = socket.gethostname()
     cases = {
         "dead pid": dict(host=host, pid=dead.pid, started=0, heartbeat=time.time()),
+        "zombie": dict(host=host, pid=zombie.pid, started=0, heartbeat=time.time()),
         # a live pid whose process started at another time than the owner's: the pid was reused
         "reused pid": dict(host=host, pid=os.getppid(), proc_start="1", started=0, heartbeat=time.time()),
         "silent host": dict(host="elsewhere", pid=1, started=0, heartbeat=time.time() - STALE_AFTER_S - 5),
@@ -62,6 +69,7 @@ def test_stale_locks_taken_over(tmp_path):
         lock.acquire()
         assert json.load(open(os.path.join(folder, LOCK_NAME)))["run_id"] == lock.record["run_id"], name
         lock.release()
+    zombie.wait()
 
 
 def test_live_owners_refused(tmp_path):
@@ -142,3 +150,31 @@ def test_kill9_then_same_command_takes_over_and_resumes(tmp_path):
     assert "Loaded checkpoint" in out, out
     assert chaos.load(os.path.join(save, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 40
     assert not os.path.exists(os.path.join(save, LOCK_NAME))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_all_ranks_refuse_with_rank0s_error(databin, tmp_path):
+    """2 spawned CPU ranks on a save dir held by another run: rank 0 is refused and rank 1 leaves with the same
+    one-line error (no hang at a barrier)."""
+    from tests.utils import REPO, base_args
+
+    save = str(tmp_path / "ck")
+    holder = SaveDirLock(save)
+    holder.acquire()
+    try:
+        argv = base_args(databin, save, "--max-update", "2", "--distributed-world-size", "2")
+        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+        out = subprocess.run(
+            [sys.executable, "-m", "seqtrain_cli.train", *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+        )
+    finally:
+        holder.release()
+    assert out.returncode == 1, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert "is in use by another training run" in last and f"pid {os.getpid()}" in last, out.stderr[-3000:]
+    assert os.listdir(save) == []  # nothing read, written or deleted
