@@ -26,7 +26,6 @@ from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.trackers import Tracker, make_trackers
@@ -82,16 +81,6 @@ def check_args(args: argparse.Namespace) -> None:
         generation_args(args.eval_rouge_args)  # a bad --eval-rouge-args fails now, not after the first epoch
 
 
-def save_resolved_config(args: argparse.Namespace) -> None:
-    """SAVE_DIR/config.yaml: this run's resolved flags (--config it alone to reproduce the run)."""
-    path = os.path.join(args.save_dir, "config.yaml")
-    try:
-        with atomic_write(path, "w") as f:
-            f.write(resolved_train_config(args))
-    except OSError as e:
-        raise SeqtrainError(f"--save-dir {args.save_dir}: cannot write {path} ({e.strerror or e})") from None
-
-
 # ---------------------------------------------------------------------------------------------------- main
 def train(args: argparse.Namespace) -> int:
     """Train with the parsed flags (seqtrain.options.parse_train_args) on one process or one per rank; returns
@@ -122,8 +111,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     logger.info(args)
-    if not args.no_save and is_master(args):
-        save_resolved_config(args)
+    config = resolved_train_config(args)  # the flags as given, before the task fills in what it infers
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
@@ -167,7 +155,7 @@ def _train(args: argparse.Namespace) -> int:
             split=split,
         )
 
-    manager = CheckpointManager(args)
+    manager = CheckpointManager(args, config)
     _, epoch_itr = manager.restore(trainer, get_train_iterator)
     tracker = make_trackers(args) if is_master(args) else None
     loop = TrainLoop(args, trainer, task, manager, tracker)

@@ -116,8 +116,11 @@ class CheckpointManager:
     """Applies the checkpoint flags of one run: what to save after an update or epoch, what to prune, where to
     resume from, and --patience."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, config_text: str | None = None):
+        """`config_text`: the run's resolved flags (seqtrain.options.resolved_train_config), written to
+        SAVE_DIR/config.yaml with the run's first checkpoint."""
         self.args = args
+        self.config_text = config_text
         self.save_dir = args.save_dir
         self.best: float | None = None
         self.patience_best: float | None = None
@@ -272,6 +275,12 @@ class CheckpointManager:
         current = paths[0]
         try:
             os.makedirs(self.save_dir, exist_ok=True)
+            if self.config_text is not None and distributed.get_rank() == 0:
+                # the flags of the run whose checkpoints these are (`--config` it alone to reproduce the run)
+                current = os.path.join(self.save_dir, "config.yaml")
+                with atomic_write(current, "w") as f:
+                    f.write(self.config_text)
+                self.config_text, current = None, paths[0]
             # every rank calls it (FSDP gathers the full state); only rank 0 writes
             trainer.save_checkpoint(current, extra_state, with_optimizer=not a.no_save_optimizer_state)
             for current in paths[1:] if distributed.get_rank() == 0 else []:
