@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from seqtrain.config_file import actions_by_key, apply_config, load_config
+from seqtrain.config_file import actions_by_key, apply_config, config_text, load_config
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.progress import LOG_FORMATS
 
@@ -57,6 +58,37 @@ def int_list(value: Any) -> list[int]:
     return out
 
 
+class _Switch(argparse._StoreTrueAction):
+    """A store_true flag that also has a negative form (--no-X; for a flag named --no-X, --X): the negative
+    turns off a true that a --config file set."""
+
+    negatives: tuple[str, ...] = ()
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, option_string not in self.negatives)
+
+
+def add_negations(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give every switch (store_true flag) of `parser` its negative form. Returns the parser."""
+    for action in list(parser._actions):
+        if type(action) is not argparse._StoreTrueAction:
+            continue
+        names = [o[2:] for o in action.option_strings if o.startswith("--")]
+        negatives = tuple(
+            neg
+            for neg in (f"--{n[3:]}" if n.startswith("no-") else f"--no-{n}" for n in names)
+            if neg not in parser._option_string_actions
+        )
+        if not negatives:
+            continue
+        action.__class__ = _Switch
+        action.negatives = negatives  # type: ignore[attr-defined]
+        action.option_strings = [*action.option_strings, *negatives]
+        for neg in negatives:
+            parser._option_string_actions[neg] = action
+    return parser
+
+
 def _add(group: Any, parser: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:
     """Add a flag unless a component already declared it (components own their flags; these are fallbacks)."""
     if any(f in parser._option_string_actions for f in flags):
@@ -72,8 +104,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         parser,
         "--config",
         metavar="FILE",
-        help="JSON or YAML-style `key: value` file of flag defaults (keys: flag names with - or _); "
-        "flags given on the command line override it",
+        help="YAML (or JSON) file of flag values (keys: flag names with - or _, at the top level or in "
+        "sections); flags given on the command line override it",
+    )
+    _add(
+        g,
+        parser,
+        "--print-config",
+        action="store_true",
+        help="print the resolved flags (command line > --config > arch preset > defaults) as a YAML config "
+        "file that reproduces the run, and exit",
     )
     _add(g, parser, "--seed", type=int, default=1, metavar="N", help="random seed (default: 1)")
     _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
@@ -137,6 +177,36 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="record a torch.profiler trace of N updates (after 1 warm-up) into --tensorboard-logdir or --save-dir",
+    )
+
+
+def add_tracking_args(parser: argparse.ArgumentParser) -> None:
+    """Experiment trackers of seqtrain-train (seqtrain.logging.trackers), in the Logging group."""
+    g = next(g for g in parser._action_groups if g.title == "Logging")
+    _add(
+        g,
+        parser,
+        "--wandb-project",
+        default=None,
+        metavar="NAME",
+        help="also log to this Weights & Biases project (needs pip install 'seqtrain[wandb]'; WANDB_MODE=offline "
+        "logs locally)",
+    )
+    _add(
+        g,
+        parser,
+        "--wandb-run-name",
+        default=None,
+        metavar="NAME",
+        help="the W&B run name (default: wandb's)",
+    )
+    _add(
+        g,
+        parser,
+        "--jsonl-log",
+        default=None,
+        metavar="FILE",
+        help='also append every logged line\'s stats to FILE as JSON lines ({"tag", "step", stat: value, ...})',
     )
 
 
@@ -318,8 +388,18 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         "--restore-file",
         default="checkpoint_last.pt",
         metavar="FILE",
-        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir; "
-        "any other path is used as given)",
+        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir); another path "
+        "(e.g. pretrained weights) initialises only a first launch: once --save-dir has a checkpoint_last.pt, "
+        "a relaunch resumes from that (see --restore-file-always)",
+    )
+    _add(
+        g,
+        parser,
+        "--restore-file-always",
+        action="store_true",
+        help="load --restore-file at every launch, also when --save-dir has a checkpoint_last.pt (fairseq's "
+        "behaviour; by default a relaunch resumes from checkpoint_last.pt and --restore-file with its --reset-* "
+        "flags initialises only the first launch)",
     )
     _add(
         g,
@@ -529,6 +609,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     eval_rouge.add_args(parser, dataset)
     add_checkpoint_args(parser)
     add_distributed_args(parser)
+    add_tracking_args(parser)
     parser.set_defaults(_stage="train")
     _order_groups(parser)
     return parser
@@ -617,7 +698,7 @@ def get_preprocessing_parser() -> argparse.ArgumentParser:
         prog="seqtrain-preprocess",
         description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
     )
-    return add_args(parser)
+    return add_negations(add_args(parser))
 
 
 def get_convert_parser() -> argparse.ArgumentParser:
@@ -649,7 +730,7 @@ def get_convert_parser() -> argparse.ArgumentParser:
         help="allow arbitrary unpickling of the input (may run code; only for trusted files)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p
+    return add_negations(p)
 
 
 def get_score_parser() -> argparse.ArgumentParser:
@@ -662,7 +743,7 @@ def get_score_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
     p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    return p
+    return add_negations(p)
 
 
 def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
@@ -743,8 +824,6 @@ def parse_args_and_arch(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
 ) -> argparse.Namespace:
     """Parse `argv` with `parser` once the chosen components added their flags; then apply the arch preset."""
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     stage = parser.get_default("_stage")
     # Choices default to the parser's defaults (fairseq's: adam is seqtrain's default optimizer, fixed the
@@ -776,6 +855,7 @@ def parse_args_and_arch(
                     f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
                 )
     _order_groups(parser)
+    add_negations(parser)
     if first.config:
         apply_config(parser, first.config, config, lines, ignore=_other_cli_flags(stage, first))
 
@@ -795,4 +875,24 @@ def parse_args_and_arch(
         del args._stage
     if getattr(args, "config", None):
         args.config = os.path.abspath(args.config)
+    if getattr(args, "print_config", False):
+        args.print_config = False  # the printed file must not print itself
+        sys.stdout.write(config_text(parser, args, CONFIG_HEADER))
+        raise SystemExit(0)  # as --help: print, then exit
     return args
+
+
+CONFIG_HEADER = (
+    "The resolved flags of a seqtrain run (command line > --config > arch preset > defaults):\n"
+    "--config THIS_FILE alone reproduces them."
+)
+
+
+def resolved_train_config(args: argparse.Namespace) -> str:
+    """The flags of a parsed seqtrain-train run as a YAML config file (see config_file.config_text)."""
+    parser = get_training_parser()
+    _add_choice_args(parser, "task", args.task)
+    _add_choice_args(parser, "optimizer", args.optimizer)
+    _add_choice_args(parser, "lr_scheduler", args.lr_scheduler)
+    _order_groups(parser)
+    return config_text(parser, args, CONFIG_HEADER)

@@ -28,7 +28,9 @@ from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
-from seqtrain.logging.tensorboard import TensorboardWriter
+from seqtrain.logging.trackers import Tracker, make_trackers
+from seqtrain.options import resolved_train_config
+from seqtrain.savedir_lock import save_dir_lock
 from seqtrain.stop_signals import GracefulStop
 from seqtrain.tasks import setup_task
 from seqtrain.train_checkpoints import CheckpointManager
@@ -100,7 +102,16 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     check_args(args)
+    if args.no_save:
+        return _train(args)
+    # one run per --save-dir: the lock is held before anything there is read or deleted
+    with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     logger.info(args)
+    config = resolved_train_config(args)  # the flags as given, before the task fills in what it infers
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
@@ -144,18 +155,16 @@ def _main(args: argparse.Namespace) -> int:
             split=split,
         )
 
-    manager = CheckpointManager(args)
+    manager = CheckpointManager(args, config)
     _, epoch_itr = manager.restore(trainer, get_train_iterator)
-    tensorboard = (
-        TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir and is_master(args) else None
-    )
-    loop = TrainLoop(args, trainer, task, manager, tensorboard)
+    tracker = make_trackers(args) if is_master(args) else None
+    loop = TrainLoop(args, trainer, task, manager, tracker)
     try:
         with loop.stop:
             loop.run(epoch_itr, get_train_iterator)
     finally:
-        if tensorboard is not None:
-            tensorboard.close()
+        if tracker is not None:
+            tracker.close()
     if loop.stop.requested:
         return loop.stop.exit_code
     logger.info(f"done training in {trainer.cumulative_training_time():.1f} seconds")
@@ -171,10 +180,10 @@ class TrainLoop:
         trainer: Trainer,
         task: Any,
         manager: CheckpointManager,
-        tensorboard: TensorboardWriter | None,
+        tracker: Tracker | None,
     ):
         self.args, self.trainer, self.task, self.manager = args, trainer, task, manager
-        self.tensorboard = tensorboard
+        self.tracker = tracker
         self.profiler: Any | None = None
         self.stop = GracefulStop()
         self.rouge: Any | None = None
@@ -219,7 +228,7 @@ class TrainLoop:
             epoch=epoch,
             total=len(grouped),
             offset=grouped.n,
-            tensorboard=self.tensorboard,
+            tracker=self.tracker,
             no_progress_bar=args.no_progress_bar,
         )
         trainer.begin_epoch(epoch)
@@ -348,7 +357,7 @@ class TrainLoop:
                 args.log_format,
                 epoch=epoch,
                 prefix=f"valid on '{subset}' subset",
-                tensorboard=self.tensorboard,
+                tracker=self.tracker,
                 no_progress_bar=args.no_progress_bar,
             )
             trainer.begin_valid()
