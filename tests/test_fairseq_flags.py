@@ -137,3 +137,63 @@ def test_user_dir_plugin_arch_and_criterion_train(tmp_path, toy_databin):
         1,
     )
     assert tuple(ck["model"]["encoder.layers.0.fc1.weight"].shape) == (48, 32)
+
+
+def test_bart_summarization_recipe_parses():
+    """fairseq's examples/bart/README.summarization.md fine-tuning command line, program name swapped."""
+    argv = [
+        "cnn_dm-bin",
+        "--restore-file",
+        "bart.large/model.pt",
+        "--max-tokens",
+        "2048",
+        "--task",
+        "translation",
+    ]
+    argv += [
+        "--source-lang",
+        "source",
+        "--target-lang",
+        "target",
+        "--truncate-source",
+        "--layernorm-embedding",
+    ]
+    argv += ["--share-all-embeddings", "--share-decoder-input-output-embed", "--reset-optimizer"]
+    argv += [
+        "--reset-dataloader",
+        "--reset-meters",
+        "--required-batch-size-multiple",
+        "1",
+        "--arch",
+        "bart_large",
+    ]
+    argv += ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--dropout", "0.1"]
+    argv += ["--attention-dropout", "0.1", "--weight-decay", "0.01", "--optimizer", "adam", "--adam-betas"]
+    argv += [
+        "(0.9, 0.999)",
+        "--adam-eps",
+        "1e-08",
+        "--clip-norm",
+        "0.1",
+        "--lr-scheduler",
+        "polynomial_decay",
+    ]
+    argv += [
+        "--lr",
+        "3e-05",
+        "--total-num-update",
+        "20000",
+        "--warmup-updates",
+        "500",
+        "--fp16",
+        "--update-freq",
+    ]
+    argv += ["4", "--skip-invalid-size-inputs-valid-test", "--find-unused-parameters"]
+    args = parse_train_args(argv)
+    assert (args.arch, args.total_num_update, args.update_freq, args.lr) == (
+        "bart_large",
+        20000,
+        [4],
+        [3e-05],
+    )
+    assert (args.label_smoothing, args.clip_norm, args.adam_betas) == (0.1, 0.1, "(0.9, 0.999)")

@@ -144,7 +144,16 @@ def test_fairseq_checkpoint_round_trip_generates_as_fairseq(fairseq_tiny, tmp_pa
     from seqtrain_cli.convert import main as convert_main
 
     out = tmp_path / "model.pt"
-    convert_main([str(fairseq_tiny / "checkpoint_last.pt"), str(out), "--to", "fairseq"])
+    convert_main(
+        [
+            str(fairseq_tiny / "checkpoint_last.pt"),
+            str(out),
+            "--to",
+            "fairseq",
+            "--dict",
+            str(fairseq_tiny / "data-bin"),
+        ]
+    )
     cmd = [VENV / "bin" / "fairseq-generate", fairseq_tiny / "data-bin", "--task", "translation"]
     cmd += [
         "--source-lang",
