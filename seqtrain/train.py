@@ -26,6 +26,7 @@ from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
+from seqtrain.fairseq_compat import import_user_dir
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.tensorboard import TensorboardWriter
@@ -89,6 +90,8 @@ def train(args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Train in this process (one rank); returns train's exit code."""
+    if getattr(args, "user_dir", None):  # a spawned rank is a fresh interpreter: its registries need the plugins again
+        import_user_dir(args.user_dir)
     file_handler = setup_train_logging(args)
     try:
         return _main(args)

@@ -197,3 +197,22 @@ def test_bart_summarization_recipe_parses():
         [3e-05],
     )
     assert (args.label_smoothing, args.clip_norm, args.adam_betas) == (0.1, 0.1, "(0.9, 0.999)")
+
+
+@pytest.mark.slow
+def test_user_dir_plugin_in_spawned_ranks(tmp_path, toy_databin):
+    """Two spawned CPU ranks (fresh interpreters) import the plugin again and train with its criterion."""
+    from seqtrain_cli.train import train_main
+
+    log = tmp_path / "train.log"
+    argv = [toy_databin(), "--user-dir", str(PLUGIN), "--arch", "toy_micro", "--criterion"]
+    argv += ["toy_double_cross_entropy", "--cpu", "--max-tokens", "256", "--max-update", "2", "--lr", "1e-3"]
+    argv += ["--distributed-world-size", "2", "--log-format", "json", "--log-interval", "1"]
+    argv += ["--log-file", str(log), "--save-dir", str(tmp_path), "--disable-validation", "--no-save"]
+    assert train_main(argv) in (0, None)
+    stats = [
+        json.loads(line.split(" | ", 3)[3])
+        for line in log.read_text().splitlines()
+        if "| train_inner |" in line
+    ]
+    assert len(stats) == 2 and all(s["loss"] == pytest.approx(2 * s["nll_loss"], abs=2e-3) for s in stats)
