@@ -90,7 +90,8 @@ def train(args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Train in this process (one rank); returns train's exit code."""
-    if getattr(args, "user_dir", None):  # a spawned rank is a fresh interpreter: its registries need the plugins again
+    # a spawned rank is a fresh interpreter: its registries need the --user-dir plugins again
+    if getattr(args, "user_dir", None):
         import_user_dir(args.user_dir)
     file_handler = setup_train_logging(args)
     try:
