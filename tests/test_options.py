@@ -208,6 +208,7 @@ def test_help_groups_in_order():
         "LR scheduler (fixed)",
         "Checkpoint",
         "Distributed training",
+        "fairseq compatibility",
     ]
     sections = out.stdout.split("\n\n")
     checkpoint = next(s for s in sections if s.startswith("Checkpoint:"))
