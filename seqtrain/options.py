@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from seqtrain import fairseq_compat
 from seqtrain.config_file import actions_by_key, apply_config, config_text, load_config
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.progress import LOG_FORMATS
@@ -36,7 +37,9 @@ class ArgumentParser(argparse.ArgumentParser):
     block and exiting, like every other user error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see --help)")
+        from seqtrain.fairseq_compat import unrecognized_message
+
+        raise UsageError(f"{unrecognized_message(self.get_default('_stage'), message)} (see --help)")
 
 
 # ------------------------------------------------------------------------------------------------- small types
@@ -174,9 +177,12 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
         parser,
         "--profile",
         type=int,
+        nargs="?",
+        const=10,
         default=0,
         metavar="N",
-        help="record a torch.profiler trace of N updates (after 1 warm-up) into --tensorboard-logdir or --save-dir",
+        help="record a torch.profiler trace of N updates (bare --profile, as fairseq's: 10) after 1 warm-up, "
+        "into --tensorboard-logdir or --save-dir",
     )
 
 
@@ -610,6 +616,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     add_checkpoint_args(parser)
     add_distributed_args(parser)
     add_tracking_args(parser)
+    fairseq_compat.add_args(parser)
     parser.set_defaults(_stage="train")
     _order_groups(parser)
     return parser
@@ -632,6 +639,7 @@ def _generation_base_parser(default_task: str = "translation") -> argparse.Argum
         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)",
     )
     add_distributed_args(parser)
+    fairseq_compat.add_args(parser)
     parser.set_defaults(_stage="generate")
     _order_groups(parser)
     return parser
@@ -681,6 +689,16 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
         "'@@ '); D- lines and the hypothesis file are always detokenized",
     )
     g.add_argument("--quiet", action="store_true", help="print only the summary lines, not S-/T-/H-/D-/P-")
+    # fairseq-generate's task flags: sources (and targets) are cut or filtered at the smaller of these and the
+    # model's own maximum, as fairseq's resolve_max_positions does
+    for side in ("source", "target"):
+        g.add_argument(
+            f"--max-{side}-positions",
+            type=int,
+            default=1024,
+            metavar="N",
+            help=f"max {side} length; the model's own maximum applies when smaller",
+        )
     g.add_argument(
         "--model-overrides",
         default="{}",
@@ -811,12 +829,20 @@ def _other_cli_flags(stage: str | None, choices: argparse.Namespace) -> dict[str
 
 
 def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:])."""
+    """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:]); --user-dir is imported first."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fairseq_compat.import_user_dir_of(argv)
     return parse_args_and_arch(get_training_parser(), argv)
 
 
 def parse_generation_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """seqtrain-generate's flags, parsed; --config FILE supplies defaults, as in seqtrain-train."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fairseq_compat.import_user_dir_of(argv)
     return parse_args_and_arch(get_generation_parser(), argv)
 
 
@@ -871,6 +897,7 @@ def parse_args_and_arch(
         args.fp16 = True
     if getattr(args, "memory_efficient_bf16", False):
         args.bf16 = True
+    fairseq_compat.apply(args)
     if hasattr(args, "_stage"):
         del args._stage
     if getattr(args, "config", None):

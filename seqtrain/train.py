@@ -26,6 +26,7 @@ from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
+from seqtrain.fairseq_compat import import_user_dir
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.trackers import Tracker, make_trackers
@@ -34,7 +35,7 @@ from seqtrain.savedir_lock import save_dir_lock
 from seqtrain.stop_signals import GracefulStop
 from seqtrain.tasks import setup_task
 from seqtrain.train_checkpoints import CheckpointManager
-from seqtrain.trainer import Trainer
+from seqtrain.trainer import Trainer, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
 
@@ -91,6 +92,9 @@ def train(args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Train in this process (one rank); returns train's exit code."""
+    # a spawned rank is a fresh interpreter: its registries need the --user-dir plugins again
+    if getattr(args, "user_dir", None):
+        import_user_dir(args.user_dir)
     file_handler = setup_train_logging(args)
     try:
         return _main(args)
@@ -200,6 +204,7 @@ class TrainLoop:
                 f"already at --max-update {args.max_update} ({trainer.get_num_updates()} updates): nothing to do"
             )
             return
+        self.dry_run_validation()
         lr = trainer.get_lr()
         with self._profiling():
             while epoch_itr.next_epoch_idx <= max_epoch:
@@ -333,25 +338,43 @@ class TrainLoop:
             self.manager.save(trainer, epoch_itr, valid_loss)
         return should_stop
 
+    def valid_iterator(self, subset: str) -> Any:
+        """One pass over validation split `subset`, batched as fairseq's Trainer.get_valid_iterator does."""
+        args, task = self.args, self.task
+        return task.get_batch_iterator(
+            task.dataset(subset),
+            max_tokens=args.max_tokens_valid,
+            max_sentences=args.batch_size_valid,
+            max_positions=self.trainer.model.max_positions(),
+            ignore_invalid_inputs=args.skip_invalid_size_inputs_valid_test,
+            required_batch_size_multiple=args.required_batch_size_multiple,
+            seed=args.seed,
+            num_shards=args.distributed_world_size,
+            shard_id=args.distributed_rank,
+            num_workers=args.num_workers,
+            split=subset,
+        ).next_epoch_itr(shuffle=False)
+
+    def dry_run_validation(self) -> None:
+        """fairseq's dry run before the first update: batch and load every validation split once, so a split that
+        cannot be batched (an example too long without --skip-invalid-size-inputs-valid-test, ...) fails at the
+        start with the error validation would give, not after training up to the first validation."""
+        if self.args.disable_validation:
+            return
+        state = rng_state()  # a DataLoader draws its seed from torch's RNG: keep resumed runs exact
+        for subset in self.args.valid_subset.split(","):
+            logger.info(f'begin dry-run validation on "{subset}" subset')
+            for _ in self.valid_iterator(subset):
+                pass
+        set_rng_state(state)
+
     def validate(self, epoch: int) -> float | None:
         """Validate on each --valid-subset; returns the --best-checkpoint-metric of the first one."""
-        args, trainer, task = self.args, self.trainer, self.task
+        args, trainer = self.args, self.trainer
         first: float | None = None
         for subset in args.valid_subset.split(","):
             logger.info(f'begin validation on "{subset}" subset')
-            itr = task.get_batch_iterator(
-                task.dataset(subset),
-                max_tokens=args.max_tokens_valid,
-                max_sentences=args.batch_size_valid,
-                max_positions=trainer.model.max_positions(),
-                ignore_invalid_inputs=args.skip_invalid_size_inputs_valid_test,
-                required_batch_size_multiple=args.required_batch_size_multiple,
-                seed=args.seed,
-                num_shards=args.distributed_world_size,
-                shard_id=args.distributed_rank,
-                num_workers=args.num_workers,
-                split=subset,
-            ).next_epoch_itr(shuffle=False)
+            itr = self.valid_iterator(subset)
             progress = progress_lib.progress_bar(
                 itr,
                 args.log_format,

@@ -35,7 +35,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
             ("--criterion",),
             dict(
                 default="cross_entropy",
-                choices=["cross_entropy", "label_smoothed_cross_entropy"],
+                choices=CRITERIONS.names(),  # a --user-dir plugin's are registered by now
                 help="training criterion",
             ),
         ),
