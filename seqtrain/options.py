@@ -5,6 +5,10 @@ Precedence, highest first: flags on the command line > `--config FILE` values (s
 (--task, --arch, --criterion, --optimizer, --lr-scheduler) are read, then the chosen components add their own
 flags and the full command line is parsed. The arch preset runs last and only fills model fields still unset (None), so
 explicit flags and config values win over it.
+
+Why one module: every flag of every program is defined here once, so the CLIs, the config files,
+`--print-config`-style tooling and docs/flags.md read one source; the file is long because the flags are many
+(one call each), not because it holds logic.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ The steps are fairseq-preprocess's, streamed so memory does not grow with the nu
    on the input text, never on the worker count.
 5. everything is written into a temporary folder inside --destdir and moved into place at the end, so an
    interrupted or failed run leaves no file that looks valid but is not; `preprocess.json` is moved last.
+
+Why one module: the five steps above share one streaming plan (byte ranges, shards, the temporary
+folder) and are read top to bottom as fairseq-preprocess's counterpart.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ all on the device) come back to the host in one transfer, which the fp16 overflo
 a zero-sized update and the meters need before the optimizer step. With several ranks the training loop adds
 one more per update (seqtrain.train: the stop decisions, agreed in one all-reduce). tests/test_sync_free.py
 counts them.
+
+Why one module: the update step, its numerics (loss scaling, clipping, the NaN/inf checks) and the
+state a checkpoint stores must change together; they are one contract.
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ on CUDA). Masks are boolean and broadcast (True = may attend), never large float
 Module and parameter names mirror fairseq's (`self_attn.k_proj`, `encoder_attn_layer_norm`, `fc1`, ...) so a
 fairseq state dict loads without renaming; definition order follows fairseq too, so `state_dict()` lists keys in
 the same order as a fairseq checkpoint.
+
+Why one module: attention, the layers and the packing helpers share the key/value cache and mask
+conventions; split apart, each piece would need the others' invariants restated.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Write docs/flags.md from the programs' own argument parsers.
 
-    PYTHONPATH=. python docs/gen_flags.py > docs/flags.md
+    PYTHONPATH=. python scripts/gen_flags.py > docs/flags.md
 
 One table per parser group (flag, default, help), in the order `--help` shows them; seqtrain-train's optimizer
 and LR-scheduler groups are listed for every registered choice.
@@ -13,15 +13,14 @@ import sys
 from collections.abc import Iterable
 
 import seqtrain.tasks  # noqa: F401  (registers the tasks)
-from seqtrain import generate, options, preprocess, registry
+from seqtrain import options, registry
 from seqtrain.optim import lr_scheduler, optimizers
-from seqtrain_cli import convert, score
 
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
 INTRO = """# Flag reference
 
 Every flag of the five command-line programs, with its default and help text, grouped as `--help` groups them.
-The tables are generated from the programs' own argument parsers by `docs/gen_flags.py`; `PROG --help` prints
+The tables are generated from the programs' own argument parsers by `scripts/gen_flags.py`; `PROG --help` prints
 the same. Flag names and defaults are fairseq 0.12's wherever fairseq has the flag.
 
 Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) ·
@@ -103,7 +102,7 @@ def choice_group(add_args, name: str) -> list[argparse.Action]:
 
 def main() -> None:
     out = [INTRO]
-    parser_tables(preprocess.get_parser(), out)
+    parser_tables(options.get_preprocessing_parser(), out)
     out.append(TRAIN)
     parser = options.get_training_parser()
     options._add_choice_args(parser, "task", "translation")
@@ -120,15 +119,15 @@ def main() -> None:
         table(f"LR scheduler `{name}` (`--lr-scheduler {name}`)", actions, out, CHOICE_FLAGS)
 
     out.append(GENERATE)
-    parser = generate.get_parser()
+    parser = options.get_generation_parser()
     options._add_choice_args(parser, "task", "translation")
     options._order_groups(parser)
     parser_tables(parser, out)
 
     out.append("## seqtrain-convert\n")
-    parser_tables(convert.get_parser(), out)
+    parser_tables(options.get_convert_parser(), out)
     out.append("## seqtrain-score\n")
-    parser_tables(score.get_parser(), out)
+    parser_tables(options.get_score_parser(), out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")
 
 
