@@ -21,6 +21,12 @@ the update equals a one-process run over the same global batch.
 Checkpoint state: FSDP parameters and optimizer state are gathered into full (unsharded) tensors on rank 0, and the
 optimizer state is converted to torch's plain integer-keyed layout, so every checkpoint has one format and resumes
 at any world size, with or without FSDP, and loads in seqtrain-generate.
+
+Collectives without host syncs: `sum_logging_outputs` sums an update's logged figures over ranks on the device
+(the trainer reads them once, with the gradient norm); `agree` makes every rank take a stop decision together.
+
+Why one module: launching, wrapping and the collective and checkpoint helpers share the process-group state and
+the rank conventions (who writes, who reduces); apart, each would restate the others' assumptions.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ Incremental decoding (beam search): the caller creates `state = {}` and calls
 `model.decoder(prev_output_tokens, encoder_out, incremental_state=state)` with the whole prefix each step; only
 the last position is computed. The decoder batch may be `beam` times the encoder batch (rows b*beam..b*beam+beam-1
 share encoder row b); encoder keys/values are computed once per sentence and cached in `state`.
+
+Why one module: the config, the two stacks, the arch presets and the model flags describe one model; the
+presets fill the flags the config reads, and fairseq's checkpoints name all of it together.
 """
 
 from __future__ import annotations
