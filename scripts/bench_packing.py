@@ -13,7 +13,8 @@ against the result: the "auto" column is what training does.
     python scripts/bench_packing.py --layers 6 --batches 30 --threads 2
 
 Runs alternate batch by batch (padded, packed, auto on the same batch, then the next batch), --repeats rounds;
-each batch's best time per mode is kept, so a busy machine slows all modes alike. Synthetic data: summarization-like lengths (sources 40-400 tokens, targets 8-64).
+each batch's best time per mode is kept, so a busy machine slows all modes alike. Synthetic data:
+summarization-like lengths (sources 40-400 tokens, targets 8-64).
 """
 
 from __future__ import annotations
@@ -80,7 +81,11 @@ def orders(ds: LanguagePairDataset, seed: int) -> dict[str, np.ndarray]:
     windowed = np.concatenate(
         [w[np.argsort(ds.src_sizes[w], kind="stable")] for w in np.array_split(windowed, len(ds) // 64)]
     )
-    return {"length-bucketed": by_len, "sorted in windows of 64": windowed, "unsorted": r.permutation(len(ds))}
+    return {
+        "length-bucketed": by_len,
+        "sorted in windows of 64": windowed,
+        "unsorted": r.permutation(len(ds)),
+    }
 
 
 def pad_fraction(samples: list[dict]) -> tuple[float, float]:
@@ -107,8 +112,18 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--batches", type=int, default=12, help="batches per batch set (from the middle of it)")
     p.add_argument("--repeats", type=int, default=3)
+
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=PACK_MIN_PAD_FRACTION,
+        help="the auto column's pad fraction above which a side is packed (default: the collater's)",
+    )
+    p.add_argument(
+        "--sets", default="length-bucketed,sorted in windows of 64,unsorted", help="batch sets to run"
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
@@ -128,22 +143,26 @@ def main() -> None:
     criterion = LabelSmoothedCrossEntropyCriterion(1, label_smoothing=0.1)
     ds = make_dataset(4000, a.vocab, a.seed)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout
     except OSError:
         commit = "?"
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')} | {platform.processor() or platform.machine()}, {a.threads} threads"
         f" | torch {torch.__version__} | commit {commit.strip()} | d={a.dim} ffn={a.ffn} heads={a.heads}"
-        f" layers={a.layers}+{a.layers} V={a.vocab} max-tokens={a.max_tokens}"
+        f" layers={a.layers}+{a.layers} V={a.vocab} max-tokens={a.max_tokens} auto: pads > {a.threshold:.0%}"
     )
     print("| batches | pads src / tgt | padded tok/s | packed tok/s | packed / padded | auto (chooses) |")
     print("|---|---|---|---|---|---|")
     for name, order in orders(ds, a.seed).items():
+        if name not in a.sets.split(","):
+            continue
         batches = make_batches(ds, order, a.max_tokens)
         mid = len(batches) // 2
         chosen = batches[mid : mid + a.batches]
         sets = {}
-        for mode, threshold in (("padded", 1.0), ("packed", 0.0), ("auto", PACK_MIN_PAD_FRACTION)):
+        for mode, threshold in (("padded", 1.0), ("packed", 0.0), ("auto", a.threshold)):
             ds.pack_min_pad_fraction = threshold
             sets[mode] = [ds.collater([ds[i] for i in b]) for b in chosen]
         tokens = sum(s["ntokens"] + int(s["net_input"]["src_lengths"].sum()) for s in sets["padded"])
@@ -154,8 +173,10 @@ def main() -> None:
                 for mode, samples in sets.items():
                     best[mode][i] = min(best[mode][i], time_step(model, criterion, samples[i]))
         src_pad, tgt_pad = pad_fraction(sets["padded"])
-        packed_sides = sum(("src_index" in s["net_input"]["layout"]) + ("tgt_index" in s["net_input"]["layout"])
-                           for s in sets["auto"])
+        packed_sides = sum(
+            ("src_index" in s["net_input"]["layout"]) + ("tgt_index" in s["net_input"]["layout"])
+            for s in sets["auto"]
+        )
         speed = {mode: tokens / sum(t) for mode, t in best.items()}
         print(
             f"| {name} | {src_pad:.1%} / {tgt_pad:.1%} | {speed['padded']:,.0f} | {speed['packed']:,.0f} | "

@@ -308,3 +308,11 @@ def test_cuda_forward_backward_raise_on_sync_and_an_update_syncs_once(databin, t
             torch.cuda.set_sync_debug_mode("default")
         syncs = [w for w in caught if "synchroniz" in str(w.message)]
         assert len(syncs) <= 2, [str(w.message) for w in syncs]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("flag", [(), ("--no-tf32",)], ids=["default", "no-tf32"])
+def test_cuda_fp32_matmuls_use_tf32_unless_no_tf32(databin, tmp_path, flag):
+    build_trainer(databin, str(tmp_path), *flag)
+    assert torch.backends.cuda.matmul.allow_tf32 is (not flag)
+    assert torch.backends.cudnn.allow_tf32 is (not flag)
