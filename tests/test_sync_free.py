@@ -207,9 +207,10 @@ def test_forward_and_backward_do_not_sync(trainer, packed):
     not CRITERION_SYNC_FREE, reason="needs the criterion of issue 14 item 3 (sample['target_rows'])"
 )
 def test_the_criterion_does_not_sync(trainer):
+    sample = batches(trainer, True, n=1)[0]
     trainer.optimizer.zero_grad()
     with SyncCounter() as counter:
-        forward_backward(trainer, batches(trainer, True, n=1)[0])
+        forward_backward(trainer, sample)
     assert counter.syncs == []
 
 
