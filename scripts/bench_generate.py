@@ -158,11 +158,13 @@ def seqtrain_config(vocab: int, shape: str) -> BartConfig:
     )
 
 
-def peaked_random_state(vocab: int, seed: int, eos_scale: float) -> dict[str, torch.Tensor]:
-    """bart_base-shaped random weights (seqtrain names) with a peaked next-token distribution and an EOS that is
-    likely enough to end hypotheses at varied lengths. Deterministic for a seed."""
+def peaked_random_state(
+    vocab: int, seed: int, eos_scale: float, shape: str = "base"
+) -> dict[str, torch.Tensor]:
+    """Random weights of a SHAPES shape (seqtrain names) with a peaked next-token distribution and an EOS that
+    is likely enough to end hypotheses at varied lengths. Deterministic for a seed."""
     torch.manual_seed(seed)
-    model = BARTModel(seqtrain_config(vocab, "base"))
+    model = BARTModel(seqtrain_config(vocab, shape))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name and name.endswith("weight"):

@@ -21,7 +21,8 @@ INTRO = """# Flag reference
 
 Every flag of the five command-line programs, with its default and help text, grouped as `--help` groups them.
 The tables are generated from the programs' own argument parsers by `scripts/gen_flags.py`; `PROG --help` prints
-the same. Flag names and defaults are fairseq 0.12's wherever fairseq has the flag.
+the same. Flag names are fairseq 0.12's wherever fairseq has the flag, and so are the defaults except where
+[fairseq.md](fairseq.md)'s table says otherwise; a fairseq flag seqtrain lacks is refused, naming it.
 
 Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) ·
 [seqtrain-generate](#seqtrain-generate) · [seqtrain-convert](#seqtrain-convert) ·

@@ -1,8 +1,9 @@
-"""`--config FILE`: flag defaults from a JSON object or YAML-style `key: value` lines, checked like flags.
+"""`--config FILE`: flag defaults from a YAML file (PyYAML safe_load) or a JSON object, checked like flags.
 
-Keys are flag names (with - or _); each value is converted as argparse would convert it on the command line, and
-a bad key or value is an error naming the file, the line and the key. seqtrain.options applies the file between
-the command line and the `--arch` preset.
+Keys are flag names (with - or _), at the top level or in sections (nested mappings, any names: the section
+names only group); each value is converted as argparse would convert it on the command line, and a bad key or
+value is an error naming the file, the line and the key. seqtrain.options applies the file between the command
+line and the `--arch` preset, and `config_text` writes the resolved flags of a run back as such a file.
 """
 
 from __future__ import annotations
@@ -15,56 +16,80 @@ from seqtrain.data.options import str2bool
 from seqtrain.errors import SeqtrainError
 
 
-def _parse_scalar(text: str) -> Any:
-    text = text.strip()
-    if not text or text in ("~", "null", "None"):
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        pass
-    low = text.lower()
-    if low in ("true", "yes", "on"):
-        return True
-    if low in ("false", "no", "off"):
-        return False
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    if text.startswith("[") and text.endswith("]"):
-        return [_parse_scalar(part) for part in text[1:-1].split(",") if part.strip()]
-    return text
+def _json_valued(key: str) -> bool:
+    """Flags whose value is a JSON object (--optimizer-overrides, --model-overrides, --eval-rouge-args): a
+    mapping under such a key is the flag's value, not a section."""
+    key = key.lstrip("-").replace("-", "_")
+    return key.endswith("_overrides") or key.endswith("_args")
+
+
+def _flatten(
+    path: str, values: dict[str, Any], lines: dict[str, int], out: dict[str, Any], out_lines: dict[str, int]
+) -> None:
+    for key, value in values.items():
+        key = str(key)
+        if isinstance(value, dict) and not _json_valued(key):
+            _flatten(path, value, lines.get(f"{key}.", {}), out, out_lines)  # type: ignore[arg-type]
+            continue
+        if key in out:
+            where = f" line {lines[key]}" if lines.get(key) else ""
+            raise SeqtrainError(f"--config {path}{where}: {key!r} is given twice (in two sections)")
+        out[key] = value
+        out_lines[key] = lines.get(key, 0)  # type: ignore[assignment]
+
+
+def _key_lines(node: Any) -> dict[str, Any]:
+    """Line of each key of a YAML mapping node; a nested mapping's lines under "KEY." (yaml.compose keeps
+    marks, safe_load does not)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    if not isinstance(node, yaml.MappingNode):
+        return out
+    for key_node, value_node in node.value:
+        key = str(key_node.value)
+        out[key] = key_node.start_mark.line + 1
+        if isinstance(value_node, yaml.MappingNode):
+            out[f"{key}."] = _key_lines(value_node)
+    return out
 
 
 def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """Read a config file: JSON object, or YAML-style `key: value` lines (# comments). Returns (values,
-    line number of each key; 0 for JSON)."""
+    """Read a config file: a JSON object, or YAML (PyYAML's safe_load). Sections (nested mappings) are
+    flattened: {optimization: {lr: 0.1}} is lr: 0.1. Returns (values by flag name, line number of each key;
+    0 where unknown)."""
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise SeqtrainError(f"--config {path}: cannot read ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise SeqtrainError(f"--config {path}: not UTF-8 text") from None
     if text.lstrip().startswith("{"):
         try:
             values = json.loads(text)
         except ValueError as e:
             raise SeqtrainError(f"--config {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
-        if not isinstance(values, dict):
-            raise SeqtrainError(f"--config {path}: expected a JSON object of flag values")
-        return values, {k: 0 for k in values}
-    values: dict[str, Any] = {}
-    lines: dict[str, int] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.split(" #")[0].rstrip() if not raw.lstrip().startswith("#") else ""
-        if not line.strip() or line.strip() == "---":
-            continue
-        if line[0].isspace() or ":" not in line:
-            raise SeqtrainError(
-                f"--config {path} line {n}: expected `key: value` (no nesting), got {raw.strip()!r}"
-            )
-        key, value = line.split(":", 1)
-        values[key.strip()] = _parse_scalar(value)
-        lines[key.strip()] = n
-    return values, lines
+        lines: dict[str, Any] = {}
+    else:
+        try:
+            values = yaml.safe_load(text)
+            lines = _key_lines(yaml.compose(text, Loader=yaml.SafeLoader))
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise SeqtrainError(f"--config {path}{where}: invalid YAML: {problem}") from None
+        if values is None:
+            values = {}
+    if not isinstance(values, dict):
+        raise SeqtrainError(f"--config {path}: expected a mapping of flag names to values")
+    flat: dict[str, Any] = {}
+    flat_lines: dict[str, int] = {}
+    _flatten(path, values, lines, flat, flat_lines)
+    return flat, flat_lines
 
 
 def _convert(action: argparse.Action, value: Any, where: str) -> Any:
@@ -107,7 +132,8 @@ def actions_by_key(parser: argparse.ArgumentParser) -> dict[str, argparse.Action
         if action.dest in ("help", "config"):
             continue
         out[action.dest] = action
-        for flag in action.option_strings:
+        negatives = getattr(action, "negatives", ())
+        for flag in [o for o in action.option_strings if o not in negatives]:
             out[flag.lstrip("-")] = action
             out[flag.lstrip("-").replace("-", "_")] = action
     return out
@@ -151,3 +177,38 @@ def apply_config(
         elif action.required:
             action.required = False
     parser.set_defaults(**defaults)
+
+
+def config_text(parser: argparse.ArgumentParser, args: argparse.Namespace, header: str = "") -> str:
+    """The resolved flags of `args` as a YAML config file: read back with --config alone (and nothing on the
+    command line), it gives the same flags. One `flag: value` line per flag, under a comment per help group."""
+    import yaml
+
+    lines = [f"# {line}".rstrip() for line in header.splitlines()]
+    seen: set[str] = set()
+    for group in parser._action_groups:
+        body = []
+        for action in group._group_actions:
+            if action.dest in seen or action.dest in ("help", "config", "print_config"):
+                continue
+            if not hasattr(args, action.dest):
+                continue
+            seen.add(action.dest)
+            value = getattr(args, action.dest)
+            if value is None and action.default is None:
+                continue
+            key = action.option_strings[0].lstrip("-") if action.option_strings else action.dest
+            longs = [o for o in action.option_strings if o.startswith("--")]
+            if longs:
+                key = longs[0][2:]
+            if isinstance(value, list):  # one line: key: [a, b]
+                body.append(
+                    f"{key}: " + yaml.safe_dump(value, default_flow_style=True, width=1 << 16).strip()
+                )
+            else:
+                body.append(
+                    yaml.safe_dump({key: value}, default_flow_style=False, width=1 << 16).rstrip("\n")
+                )
+        if body:
+            lines += [f"# ---- {group.title}", *body]
+    return "\n".join(lines) + "\n"

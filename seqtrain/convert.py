@@ -14,6 +14,7 @@ import os
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.formats import EXPORTERS, read_checkpoint
+from seqtrain.formats.fairseq import export_fairseq
 from seqtrain.hub import LoadedModel, build_from_contents
 from seqtrain.logging import setup_logging
 
@@ -40,7 +41,10 @@ def convert(args: argparse.Namespace) -> None:
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
     model = build_from_contents(ck)  # checks the weights fit the architecture before anything is written
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
-    EXPORTERS[args.to](lm, args.output)
+    if args.to == "fairseq":  # carries the update count and data position over into optimizer_history
+        export_fairseq(lm, args.output, source=ck.state)
+    else:
+        EXPORTERS[args.to](lm, args.output)
     n = sum(p.numel() for p in model.parameters())
     logger.info(
         f"wrote {args.output} ({args.to}, from {ck.format}; arch {ck.args.arch}, {n:,} parameters, "

@@ -3,11 +3,13 @@
 Launching (`call_main(args, main)`, the only entry the CLIs use), first match wins:
   1. torchrun: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT in the environment (WORLD_SIZE > 1):
      this process is one rank; the process group is initialised from the environment (`env://`).
-  2. --distributed-world-size N > 1 with --distributed-no-spawn and --distributed-init-method URL: a rank started
+  2. srun (SLURM_STEP_ID, SLURM_PROCID, ... in the environment): the ranks from SLURM's variables, one task per
+     GPU or one task per node that spawns its node's ranks (seqtrain.slurm).
+  3. --distributed-world-size N > 1 with --distributed-no-spawn and --distributed-init-method URL: a rank started
      by some other launcher (SLURM scripts): rank --distributed-rank, device --device-id.
-  3. --distributed-world-size N > 1: spawn N processes on this node (torch.multiprocessing.spawn), one per GPU,
+  4. --distributed-world-size N > 1: spawn N processes on this node (torch.multiprocessing.spawn), one per GPU,
      or N CPU processes with gloo under --cpu / without CUDA.
-  4. Otherwise `main(args)` runs in this process.
+  5. Otherwise `main(args)` runs in this process.
 Backend: nccl on CUDA, gloo on the CPU (--distributed-backend overrides); collectives time out after
 --distributed-timeout seconds, so a rank waiting on a dead peer fails instead of hanging. A rank that raises
 prints its error with its rank; the spawn path then stops the other ranks and ends with a SeqtrainError naming the
@@ -50,6 +52,7 @@ import torch.distributed as dist
 
 from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
+from seqtrain.slurm import slurm_task
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +169,17 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
         args.distributed_rank = env["RANK"]
         args.device_id = env["LOCAL_RANK"]
         return distributed_main(args, main, "env://")
+    task = slurm_task(cfg.distributed_port, world_size, torch.cuda.device_count() if cfg.uses_cuda else 0)
+    if task is not None:
+        if world_size > 1 and world_size != task.world_size:
+            logger.warning(
+                f"--distributed-world-size {world_size} ignored: the SLURM job has {task.world_size} ranks"
+            )
+        args.distributed_world_size = task.world_size
+        if task.procs_per_task > 1:  # one task per node: it starts its node's ranks
+            return _spawn(args, main, task.procs_per_task, task.init_method, rank_offset=task.rank)
+        args.distributed_rank, args.device_id = task.rank, task.local_rank
+        return distributed_main(args, main, task.init_method)
     if world_size <= 1:
         args.distributed_world_size = 1
         args.distributed_rank = 0
@@ -187,11 +201,14 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
     return _spawn(args, main, world_size, init_method)
 
 
-def _spawn(args: argparse.Namespace, main: Callable, world_size: int, init_method: str) -> None:
+def _spawn(
+    args: argparse.Namespace, main: Callable, nprocs: int, init_method: str, rank_offset: int = 0
+) -> None:
+    """Start ranks rank_offset .. rank_offset + nprocs - 1 of the job on this node, one process each."""
     from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 
     context = torch.multiprocessing.spawn(
-        _spawned_rank, args=(args, main, init_method), nprocs=world_size, join=False
+        _spawned_rank, args=(args, main, init_method, rank_offset), nprocs=nprocs, join=False
     )
     try:
         # After a rank fails, the others get SPAWN_GRACE_S seconds to end by themselves (gloo peers notice the
@@ -213,8 +230,10 @@ def _spawn(args: argparse.Namespace, main: Callable, world_size: int, init_metho
         ) from None
 
 
-def _spawned_rank(index: int, args: argparse.Namespace, main: Callable, init_method: str) -> None:
-    args.distributed_rank = index
+def _spawned_rank(
+    index: int, args: argparse.Namespace, main: Callable, init_method: str, rank_offset: int
+) -> None:
+    args.distributed_rank = rank_offset + index
     args.device_id = index
     distributed_main(args, main, init_method, print_traceback=True)
 

@@ -221,6 +221,7 @@ def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, A
 
     lm, model, tokenizer, src_lang, tgt_lang = _load(args, device)
     max_src, max_tgt = model.max_positions()
+    max_src, max_tgt = min(max_src, args.max_source_positions), min(max_tgt, args.max_target_positions)
     if args.min_len > max_tgt - 1:
         raise SeqtrainError(
             f"--min-len {args.min_len} is above the model's maximum target length {max_tgt - 1}"

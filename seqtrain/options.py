@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
-from seqtrain.config_file import actions_by_key, apply_config, load_config
+from seqtrain import fairseq_compat
+from seqtrain.config_file import actions_by_key, apply_config, config_text, load_config
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.progress import LOG_FORMATS
 
@@ -35,7 +37,9 @@ class ArgumentParser(argparse.ArgumentParser):
     block and exiting, like every other user error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see --help)")
+        from seqtrain.fairseq_compat import unrecognized_message
+
+        raise UsageError(f"{unrecognized_message(self.get_default('_stage'), message)} (see --help)")
 
 
 # ------------------------------------------------------------------------------------------------- small types
@@ -57,6 +61,37 @@ def int_list(value: Any) -> list[int]:
     return out
 
 
+class _Switch(argparse._StoreTrueAction):
+    """A store_true flag that also has a negative form (--no-X; for a flag named --no-X, --X): the negative
+    turns off a true that a --config file set."""
+
+    negatives: tuple[str, ...] = ()
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, option_string not in self.negatives)
+
+
+def add_negations(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Give every switch (store_true flag) of `parser` its negative form. Returns the parser."""
+    for action in list(parser._actions):
+        if type(action) is not argparse._StoreTrueAction:
+            continue
+        names = [o[2:] for o in action.option_strings if o.startswith("--")]
+        negatives = tuple(
+            neg
+            for neg in (f"--{n[3:]}" if n.startswith("no-") else f"--no-{n}" for n in names)
+            if neg not in parser._option_string_actions
+        )
+        if not negatives:
+            continue
+        action.__class__ = _Switch
+        action.negatives = negatives  # type: ignore[attr-defined]
+        action.option_strings = [*action.option_strings, *negatives]
+        for neg in negatives:
+            parser._option_string_actions[neg] = action
+    return parser
+
+
 def _add(group: Any, parser: argparse.ArgumentParser, *flags: str, **kw: Any) -> None:
     """Add a flag unless a component already declared it (components own their flags; these are fallbacks)."""
     if any(f in parser._option_string_actions for f in flags):
@@ -72,8 +107,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         parser,
         "--config",
         metavar="FILE",
-        help="JSON or YAML-style `key: value` file of flag defaults (keys: flag names with - or _); "
-        "flags given on the command line override it",
+        help="YAML (or JSON) file of flag values (keys: flag names with - or _, at the top level or in "
+        "sections); flags given on the command line override it",
+    )
+    _add(
+        g,
+        parser,
+        "--print-config",
+        action="store_true",
+        help="print the resolved flags (command line > --config > arch preset > defaults) as a YAML config "
+        "file that reproduces the run, and exit",
     )
     _add(g, parser, "--seed", type=int, default=1, metavar="N", help="random seed (default: 1)")
     _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
@@ -133,17 +176,50 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="FLOPS",
-        help="peak FLOP/s of one device (e.g. 989e12 for H100 bf16); logs mfu = achieved / peak, "
-        "achieved ~ 6 x params x target tokens/s",
+        help="peak FLOP/s of one device (default: from a table of A100/H100/H200 by precision); logs "
+        "mfu = counted FLOP/s (source and target tokens, attention included; docs/performance.md) / peak",
     )
     _add(
         g,
         parser,
         "--profile",
         type=int,
+        nargs="?",
+        const=10,
         default=0,
         metavar="N",
-        help="record a torch.profiler trace of N updates (after 1 warm-up) into --tensorboard-logdir or --save-dir",
+        help="record a torch.profiler trace of N updates (bare --profile, as fairseq's: 10) after 1 warm-up, "
+        "into --tensorboard-logdir or --save-dir",
+    )
+
+
+def add_tracking_args(parser: argparse.ArgumentParser) -> None:
+    """Experiment trackers of seqtrain-train (seqtrain.logging.trackers), in the Logging group."""
+    g = next(g for g in parser._action_groups if g.title == "Logging")
+    _add(
+        g,
+        parser,
+        "--wandb-project",
+        default=None,
+        metavar="NAME",
+        help="also log to this Weights & Biases project (needs pip install 'seqtrain[wandb]'; WANDB_MODE=offline "
+        "logs locally)",
+    )
+    _add(
+        g,
+        parser,
+        "--wandb-run-name",
+        default=None,
+        metavar="NAME",
+        help="the W&B run name (default: wandb's)",
+    )
+    _add(
+        g,
+        parser,
+        "--jsonl-log",
+        default=None,
+        metavar="FILE",
+        help='also append every logged line\'s stats to FILE as JSON lines ({"tag", "step", stat: value, ...})',
     )
 
 
@@ -325,8 +401,18 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         "--restore-file",
         default="checkpoint_last.pt",
         metavar="FILE",
-        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir; "
-        "any other path is used as given)",
+        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir); another path "
+        "(e.g. pretrained weights) initialises only a first launch: once --save-dir has a checkpoint_last.pt, "
+        "a relaunch resumes from that (see --restore-file-always)",
+    )
+    _add(
+        g,
+        parser,
+        "--restore-file-always",
+        action="store_true",
+        help="load --restore-file at every launch, also when --save-dir has a checkpoint_last.pt (fairseq's "
+        "behaviour; by default a relaunch resumes from checkpoint_last.pt and --restore-file with its --reset-* "
+        "flags initialises only the first launch)",
     )
     _add(
         g,
@@ -536,6 +622,8 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     eval_rouge.add_args(parser, dataset)
     add_checkpoint_args(parser)
     add_distributed_args(parser)
+    add_tracking_args(parser)
+    fairseq_compat.add_args(parser)
     parser.set_defaults(_stage="train")
     _order_groups(parser)
     return parser
@@ -558,6 +646,7 @@ def _generation_base_parser(default_task: str = "translation") -> argparse.Argum
         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)",
     )
     add_distributed_args(parser)
+    fairseq_compat.add_args(parser)
     parser.set_defaults(_stage="generate")
     _order_groups(parser)
     return parser
@@ -607,6 +696,16 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
         "'@@ '); D- lines and the hypothesis file are always detokenized",
     )
     g.add_argument("--quiet", action="store_true", help="print only the summary lines, not S-/T-/H-/D-/P-")
+    # fairseq-generate's task flags: sources (and targets) are cut or filtered at the smaller of these and the
+    # model's own maximum, as fairseq's resolve_max_positions does
+    for side in ("source", "target"):
+        g.add_argument(
+            f"--max-{side}-positions",
+            type=int,
+            default=1024,
+            metavar="N",
+            help=f"max {side} length; the model's own maximum applies when smaller",
+        )
     g.add_argument(
         "--model-overrides",
         default="{}",
@@ -624,7 +723,7 @@ def get_preprocessing_parser() -> argparse.ArgumentParser:
         prog="seqtrain-preprocess",
         description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
     )
-    return add_args(parser)
+    return add_negations(add_args(parser))
 
 
 def get_convert_parser() -> argparse.ArgumentParser:
@@ -656,7 +755,7 @@ def get_convert_parser() -> argparse.ArgumentParser:
         help="allow arbitrary unpickling of the input (may run code; only for trusted files)",
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
-    return p
+    return add_negations(p)
 
 
 def get_score_parser() -> argparse.ArgumentParser:
@@ -669,7 +768,7 @@ def get_score_parser() -> argparse.ArgumentParser:
     p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
     p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    return p
+    return add_negations(p)
 
 
 def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
@@ -737,12 +836,20 @@ def _other_cli_flags(stage: str | None, choices: argparse.Namespace) -> dict[str
 
 
 def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:])."""
+    """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:]); --user-dir is imported first."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fairseq_compat.import_user_dir_of(argv)
     return parse_args_and_arch(get_training_parser(), argv)
 
 
 def parse_generation_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """seqtrain-generate's flags, parsed; --config FILE supplies defaults, as in seqtrain-train."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    fairseq_compat.import_user_dir_of(argv)
     return parse_args_and_arch(get_generation_parser(), argv)
 
 
@@ -750,8 +857,6 @@ def parse_args_and_arch(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
 ) -> argparse.Namespace:
     """Parse `argv` with `parser` once the chosen components added their flags; then apply the arch preset."""
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     stage = parser.get_default("_stage")
     # Choices default to the parser's defaults (fairseq's: adam is seqtrain's default optimizer, fixed the
@@ -783,6 +888,7 @@ def parse_args_and_arch(
                     f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
                 )
     _order_groups(parser)
+    add_negations(parser)
     if first.config:
         apply_config(parser, first.config, config, lines, ignore=_other_cli_flags(stage, first))
 
@@ -798,8 +904,29 @@ def parse_args_and_arch(
         args.fp16 = True
     if getattr(args, "memory_efficient_bf16", False):
         args.bf16 = True
+    fairseq_compat.apply(args)
     if hasattr(args, "_stage"):
         del args._stage
     if getattr(args, "config", None):
         args.config = os.path.abspath(args.config)
+    if getattr(args, "print_config", False):
+        args.print_config = False  # the printed file must not print itself
+        sys.stdout.write(config_text(parser, args, CONFIG_HEADER))
+        raise SystemExit(0)  # as --help: print, then exit
     return args
+
+
+CONFIG_HEADER = (
+    "The resolved flags of a seqtrain run (command line > --config > arch preset > defaults):\n"
+    "--config THIS_FILE alone reproduces them."
+)
+
+
+def resolved_train_config(args: argparse.Namespace) -> str:
+    """The flags of a parsed seqtrain-train run as a YAML config file (see config_file.config_text)."""
+    parser = get_training_parser()
+    _add_choice_args(parser, "task", args.task)
+    _add_choice_args(parser, "optimizer", args.optimizer)
+    _add_choice_args(parser, "lr_scheduler", args.lr_scheduler)
+    _order_groups(parser)
+    return config_text(parser, args, CONFIG_HEADER)

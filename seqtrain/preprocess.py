@@ -35,6 +35,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from seqtrain import preprocess_jsonl
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from seqtrain.data.tokenizer import (
@@ -129,6 +130,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         choices=["mmap"],
         help="output format; only fairseq's mmap format is written (accepted for fairseq command lines)",
     )
+    preprocess_jsonl.add_args(g)
     g.add_argument("--no-progress-bar", action="store_true", help="disable the progress bar")
     g.add_argument("--debug", action="store_true", help="show a traceback on errors")
 
@@ -149,12 +151,17 @@ class SplitInput:
     flag: str
     paths: dict[str, str] = field(default_factory=dict)  # lang -> input file
     n_lines: int = 0
+    jsonl_path: str = (
+        ""  # with --jsonl: PREFIX.jsonl, whose values become `paths` (seqtrain.preprocess_jsonl)
+    )
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations that cannot work, reported before any file is read."""
     if not (args.trainpref or args.validpref or args.testpref):
         raise SeqtrainError("nothing to preprocess: give --trainpref, --validpref and/or --testpref")
+    if (args.source_key or args.target_key) and not args.jsonl:
+        raise SeqtrainError("--source-key / --target-key need --jsonl (they name keys of JSON lines inputs)")
     if args.workers < 1:
         raise SeqtrainError(f"--workers must be at least 1, got {args.workers}")
     if args.padding_factor < 1:
@@ -219,11 +226,19 @@ def collect_inputs(args: argparse.Namespace) -> list[SplitInput]:
     for s in splits:
         for lang in languages(args):
             s.paths[lang] = f"{s.prefix}.{lang}"
+        if args.jsonl:
+            s.jsonl_path = f"{s.prefix}.jsonl"
     return splits
 
 
 def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
-    """Every file exists, is valid UTF-8, has no empty line; source and target line counts agree."""
+    """Every file exists, is valid UTF-8, has no empty line; source and target line counts agree. (JSON lines
+    inputs are checked as they are read, by seqtrain.preprocess_jsonl.)"""
+    if args.jsonl:
+        for s in splits:
+            if not os.path.isfile(s.jsonl_path):
+                raise SeqtrainError(f"{s.flag} {s.prefix}: input file not found: {s.jsonl_path}")
+        return
     for s in splits:
         for path in s.paths.values():
             if not os.path.isfile(path):
@@ -450,6 +465,8 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     )  # same filesystem: the final moves are renames
     ok = False
     try:
+        if args.jsonl:
+            preprocess_jsonl.extract_splits(args, splits, languages(args), work)
         spec = make_tokenizer(args, train, work).spec()
         dicts = make_dictionaries(args, spec, train)
         for lang, d in dicts.items():
@@ -670,7 +687,7 @@ def binarize_splits(
                 os.unlink(shard + ".bin")
                 os.unlink(shard + ".idx")
             builder.finalize(prefix + ".idx")
-        report.setdefault(s.name, {})[lang] = split_report(s.paths[lang], stats)
+        report.setdefault(s.name, {})[lang] = split_report(s.jsonl_path or s.paths[lang], stats)
     os.rmdir(shard_dir)
     return report
 

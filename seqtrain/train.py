@@ -31,13 +31,16 @@ from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
+from seqtrain.fairseq_compat import import_user_dir
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
-from seqtrain.logging.tensorboard import TensorboardWriter
+from seqtrain.logging.trackers import Tracker, make_trackers
+from seqtrain.options import resolved_train_config
+from seqtrain.savedir_lock import save_dir_lock
 from seqtrain.stop_signals import GracefulStop
 from seqtrain.tasks import setup_task
 from seqtrain.train_checkpoints import CheckpointManager
-from seqtrain.trainer import Trainer
+from seqtrain.trainer import Trainer, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
 
@@ -94,6 +97,9 @@ def train(args: argparse.Namespace) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Train in this process (one rank); returns train's exit code."""
+    # a spawned rank is a fresh interpreter: its registries need the --user-dir plugins again
+    if getattr(args, "user_dir", None):
+        import_user_dir(args.user_dir)
     file_handler = setup_train_logging(args)
     try:
         return _main(args)
@@ -105,7 +111,16 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     check_args(args)
+    if args.no_save:
+        return _train(args)
+    # one run per --save-dir: the lock is held before anything there is read or deleted
+    with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     logger.info(args)
+    config = resolved_train_config(args)  # the flags as given, before the task fills in what it infers
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
@@ -149,18 +164,16 @@ def _main(args: argparse.Namespace) -> int:
             split=split,
         )
 
-    manager = CheckpointManager(args)
+    manager = CheckpointManager(args, config)
     _, epoch_itr = manager.restore(trainer, get_train_iterator)
-    tensorboard = (
-        TensorboardWriter(args.tensorboard_logdir) if args.tensorboard_logdir and is_master(args) else None
-    )
-    loop = TrainLoop(args, trainer, task, manager, tensorboard)
+    tracker = make_trackers(args) if is_master(args) else None
+    loop = TrainLoop(args, trainer, task, manager, tracker)
     try:
         with loop.stop:
             loop.run(epoch_itr, get_train_iterator)
     finally:
-        if tensorboard is not None:
-            tensorboard.close()
+        if tracker is not None:
+            tracker.close()
     if loop.stop.requested:
         return loop.stop.exit_code
     logger.info(f"done training in {trainer.cumulative_training_time():.1f} seconds")
@@ -176,10 +189,10 @@ class TrainLoop:
         trainer: Trainer,
         task: Any,
         manager: CheckpointManager,
-        tensorboard: TensorboardWriter | None,
+        tracker: Tracker | None,
     ):
         self.args, self.trainer, self.task, self.manager = args, trainer, task, manager
-        self.tensorboard = tensorboard
+        self.tracker = tracker
         self.profiler: Any | None = None
         self.stop = GracefulStop()
         self.rouge: Any | None = None
@@ -196,6 +209,7 @@ class TrainLoop:
                 f"already at --max-update {args.max_update} ({trainer.get_num_updates()} updates): nothing to do"
             )
             return
+        self.dry_run_validation()
         lr = trainer.get_lr()
         with self._profiling():
             while epoch_itr.next_epoch_idx <= max_epoch:
@@ -224,7 +238,7 @@ class TrainLoop:
             epoch=epoch,
             total=len(grouped),
             offset=grouped.n,
-            tensorboard=self.tensorboard,
+            tracker=self.tracker,
             no_progress_bar=args.no_progress_bar,
         )
         trainer.begin_epoch(epoch)
@@ -284,11 +298,9 @@ class TrainLoop:
 
     def training_stats(self, which: str) -> OrderedDict[str, Any]:
         stats = self.trainer.meters[which].smoothed_values()
-        if self.args.peak_flops and "wps" in stats:
-            # ~6 FLOPs per parameter per trained token (forward 2, backward 4); counts target tokens only.
-            stats["mfu"] = float(
-                "{:.4g}".format(6.0 * self.trainer.num_params * stats["wps"] / self.args.peak_flops)
-            )
+        flops = stats.pop("flops", None)  # counted FLOP/s (seqtrain/flops.py), logged when a peak is known
+        if flops is not None and self.trainer.peak_flops:
+            stats["mfu"] = float(f"{flops / self.trainer.peak_flops:.4g}")
         stats["wall"] = round(self.trainer.cumulative_training_time(), 0)
         return stats
 
@@ -347,31 +359,49 @@ class TrainLoop:
             self.manager.save(trainer, epoch_itr, valid_loss)
         return should_stop
 
+    def valid_iterator(self, subset: str) -> Any:
+        """One pass over validation split `subset`, batched as fairseq's Trainer.get_valid_iterator does."""
+        args, task = self.args, self.task
+        return task.get_batch_iterator(
+            task.dataset(subset),
+            max_tokens=args.max_tokens_valid,
+            max_sentences=args.batch_size_valid,
+            max_positions=self.trainer.model.max_positions(),
+            ignore_invalid_inputs=args.skip_invalid_size_inputs_valid_test,
+            required_batch_size_multiple=args.required_batch_size_multiple,
+            seed=args.seed,
+            num_shards=args.distributed_world_size,
+            shard_id=args.distributed_rank,
+            num_workers=args.num_workers,
+            split=subset,
+        ).next_epoch_itr(shuffle=False)
+
+    def dry_run_validation(self) -> None:
+        """fairseq's dry run before the first update: batch and load every validation split once, so a split that
+        cannot be batched (an example too long without --skip-invalid-size-inputs-valid-test, ...) fails at the
+        start with the error validation would give, not after training up to the first validation."""
+        if self.args.disable_validation:
+            return
+        state = rng_state()  # a DataLoader draws its seed from torch's RNG: keep resumed runs exact
+        for subset in self.args.valid_subset.split(","):
+            logger.info(f'begin dry-run validation on "{subset}" subset')
+            for _ in self.valid_iterator(subset):
+                pass
+        set_rng_state(state)
+
     def validate(self, epoch: int) -> float | None:
         """Validate on each --valid-subset; returns the --best-checkpoint-metric of the first one."""
-        args, trainer, task = self.args, self.trainer, self.task
+        args, trainer = self.args, self.trainer
         first: float | None = None
         for subset in args.valid_subset.split(","):
             logger.info(f'begin validation on "{subset}" subset')
-            itr = task.get_batch_iterator(
-                task.dataset(subset),
-                max_tokens=args.max_tokens_valid,
-                max_sentences=args.batch_size_valid,
-                max_positions=trainer.model.max_positions(),
-                ignore_invalid_inputs=args.skip_invalid_size_inputs_valid_test,
-                required_batch_size_multiple=args.required_batch_size_multiple,
-                seed=args.seed,
-                num_shards=args.distributed_world_size,
-                shard_id=args.distributed_rank,
-                num_workers=args.num_workers,
-                split=subset,
-            ).next_epoch_itr(shuffle=False)
+            itr = self.valid_iterator(subset)
             progress = progress_lib.progress_bar(
                 itr,
                 args.log_format,
                 epoch=epoch,
                 prefix=f"valid on '{subset}' subset",
-                tensorboard=self.tensorboard,
+                tracker=self.tracker,
                 no_progress_bar=args.no_progress_bar,
             )
             trainer.begin_valid()

@@ -69,8 +69,11 @@ def link_or_copy(src: str, dst: str) -> None:
 
 
 # Temporary names of interrupted writes: atomic_write's ".NAME.XXXX.tmp" and link_or_copy's ".NAME.XXXX.link"
-# (and the --save-dir write probe of prepare_save_dir).
-_PARTIAL_WRITE = re.compile(r"\.(checkpoint[^/]*\.pt\.[A-Za-z0-9_]+\.(tmp|link)|write-test\.[A-Za-z0-9_]+)")
+# (and the --save-dir write probe of prepare_save_dir, the lock record of seqtrain.savedir_lock, config.yaml's).
+_PARTIAL_WRITE = re.compile(
+    r"\.(checkpoint[^/]*\.pt\.[A-Za-z0-9_]+\.(tmp|link)|write-test\.[A-Za-z0-9_]+"
+    r"|seqtrain\.lock\.[0-9a-f]+\.tmp|config\.yaml\.[A-Za-z0-9_]+\.tmp)"
+)
 
 
 def checkpoint_problem(path: str) -> str | None:
@@ -113,8 +116,11 @@ class CheckpointManager:
     """Applies the checkpoint flags of one run: what to save after an update or epoch, what to prune, where to
     resume from, and --patience."""
 
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: argparse.Namespace, config_text: str | None = None):
+        """`config_text`: the run's resolved flags (seqtrain.options.resolved_train_config), written to
+        SAVE_DIR/config.yaml with the run's first checkpoint."""
         self.args = args
+        self.config_text = config_text
         self.save_dir = args.save_dir
         self.best: float | None = None
         self.patience_best: float | None = None
@@ -269,6 +275,12 @@ class CheckpointManager:
         current = paths[0]
         try:
             os.makedirs(self.save_dir, exist_ok=True)
+            if self.config_text is not None and distributed.get_rank() == 0:
+                # the flags of the run whose checkpoints these are (`--config` it alone to reproduce the run)
+                current = os.path.join(self.save_dir, "config.yaml")
+                with atomic_write(current, "w") as f:
+                    f.write(self.config_text)
+                self.config_text, current = None, paths[0]
             # every rank calls it (FSDP gathers the full state); only rank 0 writes
             trainer.save_checkpoint(current, extra_state, with_optimizer=not a.no_save_optimizer_state)
             for current in paths[1:] if distributed.get_rank() == 0 else []:
@@ -320,34 +332,70 @@ class CheckpointManager:
             raise SeqtrainError(
                 f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}"
             ) from None
-        default_restore = a.restore_file == "checkpoint_last.pt"
+        own_last = os.path.join(self.save_dir, "checkpoint_last.pt")
+        default_restore = a.restore_file == "checkpoint_last.pt" or (
+            os.path.exists(a.restore_file)
+            and os.path.exists(own_last)
+            and os.path.samefile(a.restore_file, own_last)
+        )
         if a.finetune_from_model is not None:
             if reset_optimizer or reset_lr_scheduler or reset_meters or reset_dataloader:
                 raise SeqtrainError(
-                    "--finetune-from-model cannot be combined with --reset-optimizer, "
-                    "--reset-lr-scheduler, --reset-meters or --reset-dataloader (it implies them)"
+                    "--finetune-from-model cannot be combined with --reset-optimizer, --reset-lr-scheduler, "
+                    "--reset-meters or --reset-dataloader (it implies them; turn a config's off with "
+                    "--no-reset-..., or use --restore-file, which also initialises only a first launch)"
                 )
             if not default_restore:
                 raise SeqtrainError("--finetune-from-model and --restore-file cannot be given together")
 
         if default_restore:
-            path = os.path.join(self.save_dir, "checkpoint_last.pt")
+            path = own_last
             if not os.path.exists(path) and a.finetune_from_model is not None:
                 if not os.path.exists(a.finetune_from_model):
                     raise SeqtrainError(f"--finetune-from-model {a.finetune_from_model}: file not found")
                 logger.info(
-                    f"loading pretrained model from {a.finetune_from_model}: "
-                    "optimizer, lr scheduler, meters, dataloader will be reset"
+                    f"first launch ({self.save_dir} has no checkpoint_last.pt): loading pretrained model from "
+                    f"{a.finetune_from_model}; optimizer, lr scheduler, meters, dataloader start fresh"
                 )
                 trainer.load_model_weights(
                     read_checkpoint(a.finetune_from_model, unsafe=a.unsafe_load, require_dict=False),
                     a.finetune_from_model,
                 )
                 return None, get_train_iterator(1)
+            if os.path.exists(path) and a.finetune_from_model is not None:
+                logger.info(f"resuming from {path} (--finetune-from-model is used only by a first launch)")
+        elif os.path.exists(own_last) and not a.restore_file_always:
+            # A relaunch (preemption, crash) continues this run; the initial weights and the --reset-* flags
+            # only served the first launch. fairseq reloads --restore-file at every launch: --restore-file-always.
+            logger.info(
+                f"resuming from {own_last}: --restore-file {a.restore_file} initialises only a first launch "
+                "(an empty --save-dir); --restore-file-always loads it at every launch"
+            )
+            path = own_last
+            reset_optimizer = reset_lr_scheduler = reset_meters = reset_dataloader = False
         else:
             path = a.restore_file
             if not os.path.exists(path):
                 raise SeqtrainError(f"--restore-file {path}: file not found")
+            resets = [
+                name
+                for name, on in (
+                    ("optimizer", reset_optimizer),
+                    ("lr scheduler", reset_lr_scheduler),
+                    ("meters", reset_meters),
+                    ("dataloader", reset_dataloader),
+                )
+                if on
+            ]
+            why = (
+                "--restore-file-always"
+                if os.path.exists(own_last)
+                else f"{self.save_dir} has no checkpoint_last.pt"
+            )
+            logger.info(
+                f"initialising from --restore-file {path} ({why})"
+                + (f"; reset: {', '.join(resets)}" if resets else "")
+            )
 
         logger.info(f"Preparing to load checkpoint {path}")
         if not os.path.exists(path):

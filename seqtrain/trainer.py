@@ -45,6 +45,7 @@ from seqtrain import distributed
 from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
 from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
+from seqtrain.flops import Seq2SeqFlops, device_peak_flops
 from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.resize import check_state_fits, fit_positions, resize_embeddings
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
@@ -139,6 +140,9 @@ class Trainer:
         self._start_time = time.time()
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.num_trained_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        # mfu: counted FLOPs of each update (seqtrain/flops.py) against --peak-flops or the GPU's table figure
+        self.peak_flops = device_peak_flops(self.device, self.amp_dtype, getattr(args, "peak_flops", None))
+        self._flop_count = Seq2SeqFlops.from_model(self.model) if self.peak_flops else None
         self._dummy_batch: dict[str, Any] | None = None
         self._valid_start: float | None = None
 
@@ -213,6 +217,10 @@ class Trainer:
         logging_outputs: list[dict[str, Any]] = []
         sample_size = 0.0
         step = self.step_context()
+        flops = 0.0
+        if self.scaler is not None and hasattr(self.criterion, "loss_scale"):
+            # the criterion makes gradients in its forward pass (projected loss): it scales them before fp16
+            self.criterion.loss_scale = self.scaler.loss_scale
         for i, sample in enumerate(samples):
             is_dummy = not sample  # an empty batch (a short shard) still runs, with zero weight
             if is_dummy:
@@ -225,6 +233,8 @@ class Trainer:
                     continue
                 sample = self._dummy_batch
             else:
+                if self._flop_count is not None:  # counted from the lengths while they are on the CPU
+                    flops += self._flop_count.sample_train_flops(sample, self.task.tgt_dict.pad())
                 sample = self.prepare_sample(sample)
                 if self._dummy_batch is None:
                     self._dummy_batch = sample
@@ -304,7 +314,7 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.update()
         self.set_num_updates(self.num_updates + 1)
-        return self._log_train_stats([totals], gnorm, start)
+        return self._log_train_stats([totals], gnorm, start, flops)
 
     def _check_finite(self, totals: dict[str, float], gnorm: float) -> None:
         """Without loss scaling a NaN/inf loss or gradient cannot be skipped away: stop before the optimizer
@@ -328,7 +338,7 @@ class Trainer:
         torch.cuda.empty_cache()
 
     def _log_train_stats(
-        self, logging_outputs: list[dict[str, Any]], gnorm: float, start: float
+        self, logging_outputs: list[dict[str, Any]], gnorm: float, start: float, flops: float = 0.0
     ) -> dict[str, float]:
         train_time = time.perf_counter() - start
         stats = self.task.reduce_metrics(logging_outputs, self.criterion)
@@ -345,6 +355,8 @@ class Trainer:
             if self.scaler is not None:
                 meters.log_last("loss_scale", self.scaler.loss_scale, round=4)
             meters.log_sum("train_wall", train_time, round=0)
+            if flops:  # FLOP/s of this rank; the training loop logs it as mfu
+                meters.log_speed("flops", flops, start=start)
         return {**stats, "gnorm": gnorm, "lr": self.get_lr(), "num_updates": self.num_updates}
 
     # ------------------------------------------------------------------------------------------------ validation

@@ -94,7 +94,9 @@ def test_to_fairseq_and_seqtrain_round_trip(tmp_path, fairseq_ckpt):
     fq = tmp_path / "out" / "model.pt"
     assert convert(str(st), str(fq), "--to", "fairseq") == 0
     raw_fq = load_checkpoint_file(str(fq))
-    assert isinstance(raw_fq["args"], argparse.Namespace) and raw_fq["args"].arch == "bart_tiny"
+    # bart_tiny is seqtrain's: exported as fairseq's bart_base with every dimension explicit
+    assert isinstance(raw_fq["args"], argparse.Namespace) and raw_fq["args"].arch == "bart_base"
+    assert (raw_fq["args"].encoder_embed_dim, raw_fq["args"].encoder_layers) == (64, 2)
     assert raw_fq["model"]["encoder.version"].item() == 3.0
     assert Dictionary.load(str(fq.parent / "dict.txt")) == d
     lm = load_model(str(fq))

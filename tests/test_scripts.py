@@ -17,11 +17,17 @@ from seqtrain.errors import SeqtrainError
 from tests.utils import REPO, load_script
 
 ROOT = str(REPO)
-lead_baseline = load_script("lead_baseline")
+LEAD_MISSING = None
+try:
+    lead_baseline = load_script("lead_baseline")  # scores with rouge-score
+except ModuleNotFoundError as e:  # no rouge-score (the GPU image): its test skips, the others run
+    lead_baseline, LEAD_MISSING = None, f"lead_baseline needs rouge-score: {e}"
 plot_curves = load_script("plot_curves")
 
 
 def test_lead_baseline_is_first_sentence_cut_to_12_words(tmp_path):
+    if lead_baseline is None:
+        pytest.skip(LEAD_MISSING)
     assert lead_baseline.lead("GNU Emacs editor. It is extensible.") == "GNU Emacs editor"
     long = " ".join(f"w{i}" for i in range(20)) + ". Second."
     assert lead_baseline.lead(long) == " ".join(f"w{i}" for i in range(12))

@@ -2,13 +2,15 @@
 
 Speed: the output projection to the vocabulary is the largest matrix product of a BART step, and most target
 positions of a padded batch are padding. So the criterion asks the model for hidden states
-(`model(**net_input, features_only=True)`), keeps only the rows whose target is not padding, and projects those
-(`model.output_layer`). For BART (a bias-free output projection) projection and loss run together over chunks of
-rows (_ProjectedSmoothedNLL): each chunk's logits, loss and gradient are computed and folded into the gradients
-of the hidden states and the projection at once, so no N x V tensor is kept for the backward pass. Otherwise
-(reduce=False, other output layers) the logits are made whole and the loss is a custom autograd function working
-from logsumexp that builds the gradient (softmax - smoothing - one-hot) in a single vocabulary-sized buffer.
-Models without `output_layer` fall back to full logits from `model(**net_input)`.
+(`model(**net_input, features_only=True)`) and scores only the rows whose target is not padding: the rows
+listed in `sample["target_rows"]` when the collater gives them, else every row with the pads weighted 0
+(selecting them by a boolean mask would force a host-device sync on CUDA). For BART (a bias-free output
+projection) projection and loss run together over chunks of rows (projected_loss.py): each chunk's logits,
+loss and gradient are computed and folded into the gradients of the hidden states and the projection at once,
+so no N x V tensor is kept for the backward pass. Otherwise (reduce=False, other output layers) the logits are
+made whole and the loss is a custom autograd function working from logsumexp that builds the gradient
+(softmax - smoothing - one-hot) in a single vocabulary-sized buffer. Models without `output_layer` fall back to
+full logits from `model(**net_input)`. Nothing here forces a host-device sync.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.registry import CRITERIONS
 
 
@@ -32,7 +35,7 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
             ("--criterion",),
             dict(
                 default="cross_entropy",
-                choices=["cross_entropy", "label_smoothed_cross_entropy"],
+                choices=CRITERIONS.names(),  # a --user-dir plugin's are registered by now
                 help="training criterion",
             ),
         ),
@@ -62,7 +65,8 @@ class _SmoothedNLL(torch.autograd.Function):
     """Per-token (label-smoothed) NLL from raw logits, fairseq's formula:
         loss = (1 - eps - eps_i) * nll + eps_i * smooth,   eps_i = eps / (V - 1),
         nll = lse - x[t],   smooth = -sum_v log p_v = V * lse - sum_v x_v.
-    Because (1 - eps - eps_i) + eps_i * V = 1, d loss / d x = softmax(x) - eps_i - (1 - eps - eps_i) * onehot(t).
+    Because (1 - eps - eps_i) + eps_i * V = 1,
+        d loss / d x = softmax(x) - eps_i - (1 - eps - eps_i) * onehot(t).
     Returns (loss, nll) per row; nll carries no gradient (it is only logged)."""
 
     @staticmethod
@@ -95,98 +99,6 @@ class _SmoothedNLL(torch.autograd.Function):
         return grad.to(logits.dtype), None, None
 
 
-class _ProjectedSmoothedNLL(torch.autograd.Function):
-    """Output projection and _SmoothedNLL's loss in one, over row chunks, summed: the N x V logits never exist
-    whole. For each chunk of hidden rows h (n x C) the forward pass computes the logits h W^T, the loss, and the
-    gradient of the loss with respect to those logits, which it folds straight into the gradients with respect
-    to h (n x C) and W (V x C, accumulated). The backward pass only scales the stored gradients by the incoming
-    one. Peak memory for the loss: one chunk of logits instead of three N x V tensors (logits, their gradient,
-    the output layer's input gradient work), which for summarization batches (thousands of target tokens, a
-    vocabulary of 8k-50k) is a large share of a training step's memory.
-
-    Matrix products run under whatever autocast is active (as the model's own F.linear would), the softmax and
-    the loss in fp32. Returns (loss sum, nll sum, number of correct argmax predictions; 0 unless `accuracy`)."""
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        hidden: Tensor,
-        weight: Tensor,
-        target: Tensor,
-        epsilon: float,
-        chunk: int,
-        need_grad: bool,
-        accuracy: bool,
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        n, vocab = hidden.size(0), weight.size(0)
-        eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
-        c_target = 1.0 - epsilon - eps_i
-        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
-        loss = torch.zeros((), dtype=acc, device=hidden.device)
-        nll_sum = torch.zeros((), dtype=acc, device=hidden.device)
-        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-        grad_h = torch.empty_like(hidden) if need_grad else None
-        grad_w = torch.zeros_like(weight) if need_grad else None
-        for start in range(0, n, chunk):
-            h, t = hidden[start : start + chunk], target[start : start + chunk]
-            z = torch.nn.functional.linear(h, weight)
-            x = z if z.dtype == torch.float64 else z.float()
-            lse = torch.logsumexp(x, dim=-1)
-            nll = lse - x.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-            nll_sum += nll.sum()
-            if epsilon > 0:
-                loss += c_target * nll.sum() + eps_i * (vocab * lse - x.sum(dim=-1)).sum()
-            else:
-                loss += nll.sum()
-            if accuracy:
-                correct += x.argmax(-1).eq(t).sum()
-            if need_grad:
-                g = x.sub_(lse.unsqueeze(-1)).exp_()  # softmax, in place of the logits
-                if eps_i:
-                    g.sub_(eps_i)
-                g.scatter_add_(-1, t.unsqueeze(-1), g.new_full((g.size(0), 1), -c_target))
-                g = g.to(z.dtype)
-                grad_h[start : start + chunk] = torch.matmul(g, weight)
-                grad_w += torch.matmul(g.t(), h)
-        ctx.save_for_backward(grad_h, grad_w)
-        ctx.mark_non_differentiable(nll_sum, correct)
-        return loss, nll_sum, correct
-
-    @staticmethod
-    def backward(ctx: Any, grad_loss: Tensor, _g1: Any, _g2: Any) -> tuple[Tensor | None, ...]:
-        grad_h, grad_w = ctx.saved_tensors
-        if grad_h is None:
-            raise RuntimeError(
-                "backward through a projected loss computed without gradients (need_grad=False)"
-            )
-        return (
-            grad_h * grad_loss.to(grad_h.dtype),
-            grad_w * grad_loss.to(grad_w.dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
-
-
-def projected_nll_loss(
-    hidden: Tensor,
-    weight: Tensor,
-    target: Tensor,
-    epsilon: float = 0.0,
-    chunk_elements: int = 1 << 22,
-    accuracy: bool = False,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed (loss, nll, n_correct) of the rows `hidden` (N x C) projected by `weight` (V x C, no bias);
-    n_correct (the argmax pass over the logits) only with `accuracy`, else 0;
-    equal to smoothed_nll_loss(hidden @ weight.T, target, epsilon) summed, computed chunk by chunk
-    (about `chunk_elements` logits at a time). See _ProjectedSmoothedNLL."""
-    chunk = max(1, chunk_elements // max(1, weight.size(0)))
-    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    return _ProjectedSmoothedNLL.apply(hidden, weight, target, float(epsilon), chunk, need_grad, accuracy)
-
-
 def smoothed_nll_loss(logits: Tensor, target: Tensor, epsilon: float = 0.0) -> tuple[Tensor, Tensor]:
     """Per-row (loss, nll) for N x V logits and N targets; see _SmoothedNLL. Computed in fp32 (fp64 kept)."""
     return _SmoothedNLL.apply(logits, target, float(epsilon))
@@ -209,39 +121,36 @@ def _output_weight(model: Any) -> Tensor | None:
     return None
 
 
-def _target_hidden(
-    model: Any, sample: dict[str, Any], padding_idx: int, ignore_prefix_size: int, features_only: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+def _target_rows(
+    model: Any,
+    sample: dict[str, Any],
+    padding_idx: int,
+    ignore_prefix_size: int,
+    features_only: bool,
+    use_rows: bool = True,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """The rows the loss scores, without a host-device sync: (rows N x C, targets N, valid N or None).
+
+    With `use_rows` and `sample["target_rows"]` (the collater's flat indices of the non-pad positions of
+    `sample["target"]`) only those rows are gathered and `valid` is None. Without it (or with
+    --ignore-prefix-size) every position is kept and `valid` marks the non-pad ones: a boolean-mask selection
+    would wait for the device to count them.
+    """
     target = sample["target"]
-    hidden = (
-        model(**sample["net_input"], features_only=True)[0]
-        if features_only
-        else model(**sample["net_input"])[0]
-    )
+    net_input = sample["net_input"]
+    out = model(**net_input, features_only=True)[0] if features_only else model(**net_input)[0]
+    rows = sample.get("target_rows") if use_rows and ignore_prefix_size == 0 else None
     if ignore_prefix_size > 0:
-        hidden = hidden[:, ignore_prefix_size:]
+        out = out[:, ignore_prefix_size:]
         target = target[:, ignore_prefix_size:]
-    mask = target.ne(padding_idx)
-    return hidden[mask], target[mask], mask
+    flat, flat_target = out.reshape(-1, out.size(-1)), target.reshape(-1)
+    if rows is not None:
+        return flat.index_select(0, rows), flat_target.index_select(0, rows), None
+    return flat, flat_target, flat_target.ne(padding_idx)
 
 
-def target_logits(
-    model: Any, sample: dict[str, Any], padding_idx: int, ignore_prefix_size: int = 0
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Logits for the non-pad target positions only: (logits N x V, targets N, mask B x T')."""
-    project = _output_layer(model)
-    selected, target, mask = _target_hidden(
-        model, sample, padding_idx, ignore_prefix_size, project is not None
-    )
-    logits = project(selected) if project is not None else selected
-    return logits, target, mask
-
-
-def _scatter_back(values: Tensor, mask: Tensor) -> Tensor:
-    """Per-token values (N) placed into a flat B*T tensor with zeros at pads (fairseq's reduce=False shape)."""
-    out = values.new_zeros(mask.shape)
-    out[mask] = values
-    return out.view(-1)
+def _zero_invalid(values: Tensor, valid: Tensor | None) -> Tensor:
+    return values if valid is None else values * valid
 
 
 def get_perplexity(loss_base2: float | None, digits: int = 2) -> float:
@@ -276,6 +185,9 @@ class CrossEntropyCriterion:
         self.report_accuracy = report_accuracy
         self.ignore_prefix_size = ignore_prefix_size
         self.eps = label_smoothing
+        # The factor the trainer multiplies the loss by before backward (the fp16 loss scale; 1 otherwise):
+        # the projected loss makes its gradients in the forward pass and applies it before their fp16 casts.
+        self.loss_scale = 1.0
 
     @classmethod
     def from_args(cls, args: Any, padding_idx: int) -> CrossEntropyCriterion:
@@ -296,26 +208,38 @@ class CrossEntropyCriterion:
     ) -> tuple[Tensor, Any, dict[str, Any]]:
         n_correct = None
         if reduce and _output_weight(model) is not None:
-            # the usual path: projection and loss chunk by chunk, no N x V tensor kept. The weight is read after
-            # the forward pass: FSDP swaps sharded parameters for gathered ones during it.
-            hidden, target, mask = _target_hidden(
+            # the usual path: projection and loss chunk by chunk, no N x V tensor kept. The weight is read
+            # after the forward pass: FSDP swaps sharded parameters for gathered ones during it.
+            hidden, target, valid = _target_rows(
                 model, sample, self.padding_idx, self.ignore_prefix_size, True
             )
             loss, nll, n_correct = projected_nll_loss(
-                hidden, _output_weight(model), target, self.eps, accuracy=self.report_accuracy
+                hidden,
+                _output_weight(model),
+                target,
+                self.eps,
+                valid=valid,
+                accuracy=self.report_accuracy,
+                grad_scale=self.loss_scale,
             )
         else:
-            logits, target, mask = target_logits(model, sample, self.padding_idx, self.ignore_prefix_size)
+            project = _output_layer(model)
+            selected, target, valid = _target_rows(
+                model, sample, self.padding_idx, self.ignore_prefix_size, project is not None, use_rows=reduce
+            )
+            logits = project(selected) if project is not None else selected
             loss, nll = smoothed_nll_loss(logits, target, self.eps)
+            loss, nll = _zero_invalid(loss, valid), _zero_invalid(nll, valid)
             if reduce:
                 loss, nll = loss.sum(), nll.sum()
-            else:
-                loss, nll = _scatter_back(loss, mask), _scatter_back(nll, mask)
             if self.report_accuracy:
                 with torch.no_grad():
-                    n_correct = logits.argmax(-1).eq(target).sum()
+                    hits = logits.argmax(-1).eq(target)
+                    n_correct = (hits if valid is None else hits & valid).sum()
         nsentences = sample["target"].size(0)
-        ntokens = sample.get("ntokens", int(mask.sum()))
+        # the collater's count (a host int); else counted on the device, no sync
+        scored = target.numel() if valid is None else valid.sum()
+        ntokens = sample.get("ntokens", scored)
         sample_size = nsentences if self.sentence_avg else ntokens
         # detached tensors, not floats: .item() here would force a device sync every step
         logging_output: dict[str, Any] = {
@@ -327,7 +251,7 @@ class CrossEntropyCriterion:
         }
         if self.report_accuracy:
             logging_output["n_correct"] = n_correct
-            logging_output["total"] = target.numel()
+            logging_output["total"] = scored
         return loss, sample_size, logging_output
 
     @staticmethod

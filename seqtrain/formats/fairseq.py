@@ -167,7 +167,7 @@ def read_fairseq(path: str, obj: dict) -> CheckpointContents:
     if not isinstance(obj.get("model"), dict):
         raise SeqtrainError(f"{path}: fairseq checkpoint's 'model' is not a state dict")
     args = fairseq_args(path, obj)
-    ck = CheckpointContents(path=path, format="fairseq", args=args, model={})
+    ck = CheckpointContents(path=path, format="fairseq", args=args, model={}, state=obj)
     ck.model = fairseq_state_dict(path, strip_wrapper_prefix(dict(obj["model"])), ck.notes)
     return ck
 
@@ -211,20 +211,141 @@ def find_dictionaries(
     return src_dict, tgt_dict, spec
 
 
-def export_fairseq(lm: Any, path: str, write_dict: bool = True) -> None:
-    """A fairseq-layout model.pt of a `seqtrain.hub.LoadedModel` (`args` Namespace, `model` with fairseq names
-    and version entries, as the released bart.*/model.pt files are), plus dict.txt next to it (fairseq keeps
-    dictionaries outside)."""
-    args = argparse.Namespace(**vars(lm.args))
-    args.task = getattr(args, "task", None) or "translation"
+# What fairseq 0.12 reads back from an export (fairseq/checkpoint_utils.py, fairseq/models/bart/model.py).
+# Its registered BART archs; an arch function only fills args that are missing, so every dimension is
+# written explicitly and a seqtrain-only size (bart_small, bart_tiny) loads as one of these.
+FAIRSEQ_ARCHS = ("bart_large", "bart_base", "mbart_large", "mbart_base", "mbart_base_wmt20")
+# The model args written (fairseq's names); None values are left out, so fairseq's arch function fills them
+EXPORT_MODEL_ARGS = MODEL_ARG_NAMES[1 : MODEL_ARG_NAMES.index("source_lang")]
+# The task args written: fields of fairseq's TranslationConfig with their types (None never written)
+EXPORT_TASK_ARGS = {
+    "source_lang": str,
+    "target_lang": str,
+    "left_pad_source": bool,
+    "left_pad_target": bool,
+    "truncate_source": bool,
+    "max_source_positions": int,
+    "max_target_positions": int,
+}
+# seqtrain component name -> fairseq's class name, as optimizer_history records it
+FAIRSEQ_CRITERIONS = {
+    "cross_entropy": "CrossEntropyCriterion",
+    "label_smoothed_cross_entropy": "LabelSmoothedCrossEntropyCriterion",
+}
+FAIRSEQ_OPTIMIZERS = {
+    "adam": "FairseqAdam",
+    "nag": "FairseqNAG",
+    "sgd": "SGD",
+    "adafactor": "FairseqAdafactor",
+}
+FAIRSEQ_LR_SCHEDULERS = ("fixed", "inverse_sqrt", "polynomial_decay", "reduce_lr_on_plateau", "cosine")
+
+
+def fairseq_arch(args: argparse.Namespace) -> str:
+    """A fairseq-registered arch for these args: the same name when fairseq has it, else bart_/mbart_ (pre-norm
+    with scaled embeddings, mBART's layout) _large or _base by width."""
+    if args.arch in FAIRSEQ_ARCHS:
+        return args.arch
+    mbart = bool(getattr(args, "encoder_normalize_before", False)) and not getattr(
+        args, "no_scale_embedding", True
+    )
+    size = "large" if args.encoder_embed_dim >= 1024 else "base"
+    return f"{'mbart' if mbart else 'bart'}_{size}"
+
+
+def export_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The `args` Namespace of a fairseq export: a registered arch, every model dimension explicit, the task's
+    data conventions and the component names, each a value fairseq's config schema accepts (no None, nothing
+    seqtrain-only)."""
+    out: dict[str, Any] = {"task": "translation", "arch": fairseq_arch(args)}
+    dims = {
+        "decoder_output_dim": getattr(args, "decoder_embed_dim", None),
+        "decoder_input_dim": getattr(args, "decoder_embed_dim", None),
+    }
+    for name in EXPORT_MODEL_ARGS:
+        value = getattr(args, name, None)
+        value = dims.get(name) if value is None else value
+        if value is not None:
+            out[name] = value
+    for name, want in FAIRSEQ_REQUIRED:
+        if want is not None:
+            out[name] = want
+    for name, kind in EXPORT_TASK_ARGS.items():
+        value = getattr(args, name, None)
+        if value is not None:
+            out[name] = kind(value)
+    criterion = getattr(args, "criterion", None)
+    out["criterion"] = criterion if criterion in FAIRSEQ_CRITERIONS else "cross_entropy"
+    if out["criterion"] == "label_smoothed_cross_entropy":
+        out["label_smoothing"] = float(getattr(args, "label_smoothing", None) or 0.0)
+    optimizer = getattr(args, "optimizer", None)
+    out["optimizer"] = optimizer if optimizer in FAIRSEQ_OPTIMIZERS else "adam"
+    scheduler = getattr(args, "lr_scheduler", None)
+    out["lr_scheduler"] = scheduler if scheduler in FAIRSEQ_LR_SCHEDULERS else "fixed"
+    return argparse.Namespace(**out)
+
+
+def _training_names(source: dict | None) -> dict:
+    """The component names (criterion, optimizer, lr scheduler, label smoothing) of a fairseq checkpoint dict,
+    which seqtrain's reading keeps out of the model args."""
+    names = ("criterion", "optimizer", "lr_scheduler", "label_smoothing")
+    source = source or {}
+    raw = source.get("args")
+    cfg = source.get("cfg") if isinstance(source.get("cfg"), dict) else {}
+    if raw is None and isinstance(cfg.get("model"), argparse.Namespace):
+        raw = cfg["model"]
+    found = {k: getattr(raw, k) for k in names if getattr(raw, k, None) is not None} if raw else {}
+    for group in names[:3]:
+        sub = cfg.get(group)
+        if isinstance(sub, dict) and sub.get("_name"):
+            found.setdefault(group, sub["_name"])
+            if "label_smoothing" in sub:
+                found.setdefault("label_smoothing", sub["label_smoothing"])
+    return found
+
+
+def _training_history(args: argparse.Namespace, source: dict | None) -> tuple[dict, dict]:
+    """(optimizer_history[-1], extra_state) of an export: the names fairseq checks on restore, the update
+    count and data position of `source` (the converted seqtrain or fairseq checkpoint dict), no optimizer
+    state."""
+    source = source or {}
+    extra = source.get("extra_state") or {}
+    history = (source.get("optimizer_history") or [{}])[-1]
+    best = extra.get("best", (history.get("lr_scheduler_state") or {}).get("best"))
+    entry = {
+        "criterion_name": FAIRSEQ_CRITERIONS[args.criterion],
+        "optimizer_name": FAIRSEQ_OPTIMIZERS[args.optimizer],
+        "lr_scheduler_state": {"best": best},
+        "num_updates": int(extra.get("num_updates", history.get("num_updates", 0)) or 0),
+    }
+    itr = extra.get("train_iterator") or {}
+    epoch = max(int(itr.get("epoch", extra.get("epoch", 1)) or 1), 1)
+    out_extra: dict[str, Any] = {
+        "epoch": epoch,
+        "train_iterator": {"epoch": epoch, "iterations_in_epoch": int(itr.get("iterations_in_epoch", 0))},
+        "val_loss": extra.get("val_loss"),
+    }
+    if isinstance(best, (int, float)):
+        out_extra["best"] = float(best)
+    return entry, out_extra
+
+
+def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | None = None) -> None:
+    """A fairseq 0.12 checkpoint of a `seqtrain.hub.LoadedModel` that fairseq-generate and fairseq-train
+    (--restore-file, --finetune-from-model) load: `args` (see export_args), `model` with fairseq's names and
+    version entries, a one-entry `optimizer_history` (criterion and optimizer class names, lr scheduler
+    state, update count of `source`, the converted checkpoint's dict), no optimizer state; plus dict.txt next
+    to it (fairseq keeps dictionaries outside)."""
+    args = export_args(argparse.Namespace(**{**_training_names(source), **vars(lm.args)}))
     model = cpu_state(lm.model)
     model["encoder.version"] = torch.tensor([3.0])
     model["decoder.version"] = torch.tensor([3.0])
+    history, extra_state = _training_history(args, source)
     state = {
         "args": args,
         "model": model,
-        "optimizer_history": [],
-        "extra_state": {},
+        "optimizer_history": [history],
+        "extra_state": extra_state,
         "last_optimizer_state": None,
     }
     save_checkpoint_file(state, path)

@@ -1,4 +1,5 @@
-"""Progress reporting in fairseq's formats: tqdm | simple | json | none, optionally mirrored to TensorBoard.
+"""Progress reporting in fairseq's formats: tqdm | simple | json | none, optionally mirrored to trackers
+(TensorBoard, wandb, JSON lines: seqtrain.logging.trackers).
 
 `log(stats, tag, step)` reports intermediate stats (every --log-interval updates, decided by the caller);
 `print(stats, tag, step)` reports an end-of-epoch or validation summary. Lines go through Python logging under the
@@ -20,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from seqtrain.logging.tensorboard import TensorboardWriter
+from seqtrain.logging.trackers import Tracker
 
 LOG_FORMATS = ("tqdm", "simple", "json", "none")
 
@@ -61,7 +62,7 @@ class ProgressBar:
             self.prefix += f"epoch {epoch:03d}"
         if prefix:
             self.prefix += (" | " if self.prefix else "") + prefix
-        self.tensorboard: TensorboardWriter | None = None
+        self.tracker: Tracker | None = None
 
     def __iter__(self) -> Iterator:
         for item in self.iterable:
@@ -69,13 +70,13 @@ class ProgressBar:
             yield item
 
     def log(self, stats: Mapping[str, Any], tag: str = "train_inner", step: int | None = None) -> None:
-        if self.tensorboard is not None and step is not None:
-            self.tensorboard.log_scalars(tag, stats, step)
+        if self.tracker is not None and step is not None:
+            self.tracker.log(tag, stats, step)
         self._log(stats, tag, step)
 
     def print(self, stats: Mapping[str, Any], tag: str = "train", step: int | None = None) -> None:
-        if self.tensorboard is not None and step is not None:
-            self.tensorboard.log_scalars(tag, stats, step)
+        if self.tracker is not None and step is not None:
+            self.tracker.log(tag, stats, step)
         self._print(stats, tag, step)
 
     def _log(self, stats: Mapping[str, Any], tag: str, step: int | None) -> None:
@@ -179,7 +180,7 @@ def progress_bar(
     prefix: str | None = None,
     total: int | None = None,
     offset: int = 0,
-    tensorboard: TensorboardWriter | None = None,
+    tracker: Tracker | None = None,
     no_progress_bar: bool = False,
 ) -> ProgressBar:
     fmt = log_format or default_log_format(no_progress_bar)
@@ -188,5 +189,5 @@ def progress_bar(
     if fmt not in _BARS:
         raise ValueError(f"unknown log format {fmt!r}; choose from: {', '.join(LOG_FORMATS)}")
     bar = _BARS[fmt](iterable, epoch=epoch, prefix=prefix, total=total, offset=offset)
-    bar.tensorboard = tensorboard
+    bar.tracker = tracker
     return bar

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from seqtrain.logging.trackers import Tracker, numeric_stats
 
-class TensorboardWriter:
+
+class TensorboardWriter(Tracker):
     """Writes numeric stats as scalars under `{logdir}/{tag}`; non-numeric values are skipped."""
 
     def __init__(self, logdir: str):
@@ -24,14 +24,10 @@ class TensorboardWriter:
             self._writers[tag] = SummaryWriter(os.path.join(self.logdir, tag))
         return self._writers[tag]
 
-    def log_scalars(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
+    def log(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
         writer = self._writer(tag)
-        for key, value in stats.items():
-            if key == "num_updates" or isinstance(value, bool) or not isinstance(value, numbers.Number):
-                continue
-            value = float(value)
-            if math.isfinite(value):
-                writer.add_scalar(key, value, step)
+        for key, value in numeric_stats(stats).items():
+            writer.add_scalar(key, value, step)
         writer.flush()
 
     def close(self) -> None:

@@ -1,0 +1,405 @@
+#!/usr/bin/env python
+"""seqtrain against fairseq 0.12 itself, each through its own CLI, on the same data-bin with the same flags.
+
+Training: `seqtrain-train` and `fairseq-train` (bart_base, label-smoothed CE, adam, inverse_sqrt,
+--max-tokens, --truncate-source, fp32 on the CPU) for --updates updates, runs alternated (the order flips
+every round) so background load hits both alike. Per tool: training tokens/s (target tokens of the updates
+after the first, over their time, from each tool's own per-update log), the losses, the process's wall time,
+and the peak RSS of its process tree. Optionally (--seqtrain-bf16) seqtrain's --bf16 run as well: fairseq
+cannot use bf16 on a CPU.
+
+Generation: `seqtrain-generate` and `fairseq-generate` with fairseq's checkpoint of the first training run
+(or --gen-path) on the first --examples validation pairs: sentences/s of the whole process, how many best
+hypotheses are identical, peak RSS.
+
+The physical limit beside every figure: this CPU's fp32 and bf16 matrix-product peak, measured in the same run
+(seqtrain.flops.measured_matmul_peak, as many threads as the tools use), and each training run's useful FLOP/s
+against it: tokens/s x FLOPs per target token, the latter the data-bin's FLOP count (seqtrain.flops, source
+and target tokens, attention included) over its target tokens. The two tools batch differently (see the
+fairseq-fidelity issue), so per-update work is equal only on average.
+
+    .venv/bin/python scripts/bench_fairseq.py --updates 5 --examples 64     # short mode, a few minutes
+    .venv/bin/python scripts/bench_fairseq.py --updates 30 --rounds 2 --seqtrain-bf16
+
+Needs the fairseq peer venv ($HOME/.cache/seqtrain-peers/fairseq, made by ../shared/tools/fairseq-peer.sh);
+without it the script says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from seqtrain.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder  # noqa: E402
+from seqtrain.flops import Seq2SeqFlops, measured_matmul_peak  # noqa: E402
+
+PEER = os.path.expanduser(os.environ.get("FAIRSEQ_PEER", "~/.cache/seqtrain-peers/fairseq"))
+SEQTRAIN_BIN = os.path.dirname(sys.executable)
+BART_BASE = Seq2SeqFlops(6, 6, 768, 768, 3072, 3072, 0)  # the vocabulary comes from the data-bin
+
+
+# ------------------------------------------------------------------------------------------------ processes
+def _tree_rss_kb(root: int) -> int:
+    """Resident memory (kB) of `root` and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", encoding="utf-8") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            pass
+    return total
+
+
+def run(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> dict[str, float]:
+    """Run `cmd`, output to `log_path`; returns wall seconds and the peak RSS of its process tree."""
+    peak = [0]
+    with open(log_path, "w", encoding="utf-8") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=REPO
+        )
+
+        def sample() -> None:
+            while proc.poll() is None:
+                peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+                time.sleep(0.1)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        rc = proc.wait()
+        seconds = time.perf_counter() - start
+        sampler.join()
+    if rc != 0:
+        with open(log_path, encoding="utf-8") as f:
+            tail = f.read()[-2000:]
+        raise SystemExit(f"{' '.join(cmd[:2])} failed (exit {rc}); the end of {log_path}:\n{tail}")
+    return {"wall_s": seconds, "peak_rss_gb": peak[0] / 1e6}
+
+
+# ------------------------------------------------------------------------------------------------ data
+def ensure_databin(workdir: str) -> str:
+    dest = os.path.join(workdir, "databin-debdesc-sample")
+    if os.path.exists(os.path.join(dest, "preprocess.json")):
+        return dest
+    raw = os.path.join(REPO, "data", "debdesc-sample")
+    print(f"building {dest} from {raw} (sentencepiece 8k, joined dictionary; once)", flush=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "seqtrain_cli.preprocess",
+        "--source-lang",
+        "source",
+        "--target-lang",
+        "target",
+        "--trainpref",
+        os.path.join(raw, "train"),
+        "--validpref",
+        os.path.join(raw, "valid"),
+        "--destdir",
+        dest,
+        "--joined-dictionary",
+        "--spm-vocab-size",
+        "8000",
+        "--no-progress-bar",
+    ]
+    subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return dest
+
+
+def gen_databin(databin: str, workdir: str, examples: int) -> str:
+    """A copy of `databin` whose valid split holds its first `examples` pairs."""
+    dest = os.path.join(workdir, f"gen-{examples}")
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    for name in os.listdir(databin):
+        if not name.startswith(("train.", "valid.", "test.")):
+            shutil.copy(os.path.join(databin, name), dest)
+    for lang in ("source", "target"):
+        prefix = f"valid.source-target.{lang}"
+        data = MMapIndexedDataset(os.path.join(databin, prefix))
+        builder = MMapIndexedDatasetBuilder(os.path.join(dest, prefix + ".bin"), dtype=data.dtype)
+        for i in range(min(examples, len(data))):
+            builder.add_item(data[i])
+        builder.finalize(os.path.join(dest, prefix + ".idx"))
+    return dest
+
+
+def flops_per_target_token(databin: str, max_source: int = 1024) -> float:
+    """The training FLOPs of the train split (bart_base, sources cut as --truncate-source does) per target
+    token: the factor from tokens/s to useful FLOP/s."""
+    src = MMapIndexedDataset(os.path.join(databin, "train.source-target.source")).sizes.clip(max=max_source)
+    tgt = MMapIndexedDataset(os.path.join(databin, "train.source-target.target")).sizes
+    with open(os.path.join(databin, "dict.target.txt"), encoding="utf-8") as f:
+        vocab = 4 + sum(1 for _ in f)
+    counter = Seq2SeqFlops(**{**BART_BASE.__dict__, "vocab": vocab})
+    return counter.train_flops(src.tolist(), tgt.tolist()) / float(tgt.sum())
+
+
+# ------------------------------------------------------------------------------------------------ runs
+def train_flags(args: argparse.Namespace, databin: str) -> list[str]:
+    return [
+        databin,
+        "--arch",
+        "bart_base",
+        "--task",
+        "translation",
+        "--source-lang",
+        "source",
+        "--target-lang",
+        "target",
+        "--truncate-source",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        "3e-4",
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        "10",
+        "--max-tokens",
+        str(args.max_tokens),
+        "--max-update",
+        str(args.updates),
+        "--dropout",
+        "0.1",
+        "--seed",
+        "1",
+        "--cpu",
+        "--num-workers",
+        "1",
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--disable-validation",
+    ]
+
+
+def parse_train_log(path: str) -> dict[str, float]:
+    """Per-update records of a json log (both tools print fairseq's `| train_inner | {...}` lines)."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if "train_inner" in line and "{" in line:
+                rows.append(json.loads(line[line.index("{") :]))
+    if len(rows) < 2:
+        raise SystemExit(f"{path}: fewer than 2 per-update log lines")
+    timed = rows[1:]  # the first update pays for start-up work
+    tokens = sum(float(r["wpb"]) for r in timed)
+    seconds = sum(float(r["wpb"]) / float(r["wps"]) for r in timed)
+    return {
+        "updates": len(rows),
+        "tokens_per_s": tokens / seconds,
+        "first_loss": float(rows[0]["loss"]),
+        "last_loss": float(rows[-1]["loss"]),
+        "mean_wpb": tokens / len(timed),
+    }
+
+
+def train_run(
+    tool: str, args: argparse.Namespace, databin: str, workdir: str, tag: str, save_dir: str | None
+) -> dict[str, float]:
+    flags = train_flags(args, databin)
+    flags += ["--save-dir", save_dir, "--no-epoch-checkpoints"] if save_dir else ["--no-save"]
+    log = os.path.join(workdir, f"train-{tag}.log")
+    if tool == "fairseq":
+        cmd = [os.path.join(PEER, "bin", "fairseq-train"), *flags]
+        res = run(cmd, log, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+    else:
+        bf16 = ["--bf16"] if tool.endswith("bf16") else []
+        cmd = [os.path.join(SEQTRAIN_BIN, "seqtrain-train"), *flags, *bf16]
+        res = run(cmd, log)
+    return {**res, **parse_train_log(log)}
+
+
+def hypotheses(path: str) -> dict[int, str]:
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = re.match(r"^H-(\d+)\t[^\t]*\t(.*)$", line.rstrip("\n"))
+            if m:
+                out.setdefault(int(m.group(1)), m.group(2))
+    return out
+
+
+def generate_run(
+    tool: str, args: argparse.Namespace, gen_bin: str, ckpt: str, workdir: str, tag: str
+) -> dict[str, Any]:
+    flags = [
+        gen_bin,
+        "--path",
+        ckpt,
+        "--gen-subset",
+        "valid",
+        "--beam",
+        "4",
+        "--max-len-b",
+        "30",
+        "--batch-size",
+        "64",
+        "--cpu",
+        "--source-lang",
+        "source",
+        "--target-lang",
+        "target",
+    ]
+    log = os.path.join(workdir, f"generate-{tag}.log")
+    if tool == "fairseq":
+        res = run(
+            [os.path.join(PEER, "bin", "fairseq-generate"), *flags],
+            log,
+            {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},
+        )
+    else:
+        res = run([os.path.join(SEQTRAIN_BIN, "seqtrain-generate"), *flags], log)
+    hyps = hypotheses(log)
+    return {**res, "sentences": len(hyps), "sentences_per_s": len(hyps) / res["wall_s"], "hyps": hyps}
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--updates", type=int, default=30, help="training updates per run")
+    p.add_argument("--rounds", type=int, default=1, help="alternated rounds (each runs every tool once)")
+    p.add_argument("--examples", type=int, default=256, help="validation pairs to generate for")
+    p.add_argument("--max-tokens", type=int, default=2048)
+    p.add_argument("--seqtrain-bf16", action="store_true", help="also time seqtrain-train --bf16")
+    p.add_argument(
+        "--gen-path",
+        default=None,
+        help="a fairseq checkpoint to generate with (default: the one "
+        "fairseq-train saves in the first round)",
+    )
+    p.add_argument("--workdir", default="/tmp/seqtrain-bench-fairseq")
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    args = p.parse_args(argv)
+    if not os.path.exists(os.path.join(PEER, "bin", "fairseq-train")):
+        print(
+            f"bench_fairseq.py: fairseq 0.12 is not installed at {PEER} (install it with "
+            "../shared/tools/fairseq-peer.sh, about 10 minutes); nothing to compare with",
+            file=sys.stderr,
+        )
+        return 2
+    os.makedirs(args.workdir, exist_ok=True)
+    databin = ensure_databin(args.workdir)
+    threads = torch.get_num_threads()
+    peaks = {
+        "fp32": measured_matmul_peak(torch.device("cpu"), torch.float32, n=1024),
+        "bf16": measured_matmul_peak(torch.device("cpu"), torch.bfloat16, n=1024),
+    }
+    per_token = flops_per_target_token(databin)
+    print(
+        f"CPU matmul peak ({threads} threads): fp32 {peaks['fp32'] / 1e9:.0f} GFLOP/s, bf16 "
+        f"{peaks['bf16'] / 1e9:.0f} GFLOP/s; {per_token / 1e6:.1f} MFLOP per target token; load "
+        f"{os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    tools = ["seqtrain", "fairseq"] + (["seqtrain-bf16"] if args.seqtrain_bf16 else [])
+    train: dict[str, list[dict[str, float]]] = {t: [] for t in tools}
+    ckpt_dir = os.path.join(args.workdir, "fairseq-ckpt")
+    for r in range(args.rounds):
+        for tool in tools if r % 2 == 0 else tools[::-1]:
+            save = ckpt_dir if (tool == "fairseq" and r == 0 and args.gen_path is None) else None
+            res = train_run(tool, args, databin, args.workdir, f"{tool}-{r}", save)
+            train[tool].append(res)
+            print(f"train {tool} round {r}: {json.dumps(res)}", flush=True)
+    ckpt = args.gen_path or os.path.join(ckpt_dir, "checkpoint_last.pt")
+    gen_bin = gen_databin(databin, args.workdir, args.examples)
+    gen: dict[str, list[dict[str, Any]]] = {"seqtrain": [], "fairseq": []}
+    for r in range(args.rounds):
+        for tool in ["seqtrain", "fairseq"] if r % 2 == 0 else ["fairseq", "seqtrain"]:
+            gen[tool].append(generate_run(tool, args, gen_bin, ckpt, args.workdir, f"{tool}-{r}"))
+    report = summarize(args, peaks, per_token, train, gen, threads)
+    print(json.dumps(report, indent=1))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+def summarize(
+    args: argparse.Namespace,
+    peaks: dict[str, float],
+    per_token: float,
+    train: dict[str, list[dict[str, float]]],
+    gen: dict[str, list[dict[str, Any]]],
+    threads: int,
+) -> dict[str, Any]:
+    def best(runs: list[dict[str, Any]], key: str) -> float:
+        return max(r[key] for r in runs)
+
+    out: dict[str, Any] = {
+        "updates": args.updates,
+        "rounds": args.rounds,
+        "max_tokens": args.max_tokens,
+        "threads": threads,
+        "load_avg": os.getloadavg()[0],
+        "peak_gflops": {k: v / 1e9 for k, v in peaks.items()},
+        "mflop_per_target_token": per_token / 1e6,
+        "train": {},
+        "generate": {},
+    }
+    for tool, runs in train.items():
+        tps = best(runs, "tokens_per_s")
+        peak = peaks["bf16" if tool.endswith("bf16") else "fp32"]
+        out["train"][tool] = {
+            "tokens_per_s": tps,
+            "useful_gflops": tps * per_token / 1e9,
+            "of_peak": tps * per_token / peak,
+            "wall_s": min(r["wall_s"] for r in runs),
+            "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+            "first_loss": runs[0]["first_loss"],
+            "last_loss": runs[0]["last_loss"],
+        }
+    fs = out["train"]["fairseq"]
+    for res in out["train"].values():
+        res["speedup_vs_fairseq"] = res["tokens_per_s"] / fs["tokens_per_s"]
+        res["memory_vs_fairseq"] = res["peak_rss_gb"] / fs["peak_rss_gb"]
+    ref = gen["fairseq"][0]["hyps"]
+    for tool, runs in gen.items():
+        hyps = runs[0]["hyps"]
+        out["generate"][tool] = {
+            "sentences": runs[0]["sentences"],
+            "sentences_per_s": best(runs, "sentences_per_s"),
+            "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+            "identical_to_fairseq": sum(hyps.get(i) == h for i, h in ref.items()),
+        }
+    out["generate"]["seqtrain"]["speedup_vs_fairseq"] = (
+        out["generate"]["seqtrain"]["sentences_per_s"] / out["generate"]["fairseq"]["sentences_per_s"]
+    )
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,557 @@
+#!/usr/bin/env python
+"""One-shot proof of the GPU path (issue 14, item 8), run by scripts/gpu_check.sh: about 10 minutes on one
+GPU, with only what the GPU image has (torch with CUDA, transformers, sentencepiece, pytest; no rouge-score,
+nltk or network). Writes $OUT/gpu_check.json (every stage's figures, written again after each stage so a
+timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figures). Stages:
+
+  env          device, torch, CUDA, the peak FLOP/s the MFU figures use
+  cuda_tests   pytest -m cuda tests (tests needing rouge-score skip)
+  numerics     fp16/bf16 of the custom autograd functions (the FFN; the projected loss at V = 50,265 under
+               a 2^15 loss scale) against plain autograd / full logits and fp64
+  sync_count   the sync-count test (tests/test_sync*.py; it runs under torch.cuda.set_sync_debug_mode
+               ("error") on CUDA), when the tree has one
+  train_speed  bart_base and bart_large, random weights copied into transformers'
+               BartForConditionalGeneration, bf16 autocast, fused AdamW, CNN/DM-like batches (~1k-token
+               sources, ~16k source tokens a step): non-padding tokens/s, ms/step, peak memory, MFU, step-0
+               loss of both
+  fp16_resume  fp16 training saved at update k and resumed: parameters and loss scale equal to the unbroken
+               run
+  oom          an update that runs out of memory is skipped and the next one trains
+  generate     beam search against transformers' generate, same weights: sentences/s, identical best
+               hypotheses (fp32), and the same in bf16
+  compile      the training step under torch.compile: graph breaks, ms/step against eager
+
+--dry-run runs every stage on the CPU with tiny shapes (bf16 for fp16, which needs CUDA; the OOM stage needs
+CUDA and is skipped), so CI tests the plumbing (tests/test_gpu_check.py).
+Targets (issue 14, one H100/H200, bf16): bart_large training >= 40% MFU and >= 1.5x transformers' tokens/s;
+generation >= 2x transformers' generate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+import gpu_check_lib as lib  # noqa: E402
+
+from seqtrain.data.dictionary import Dictionary  # noqa: E402
+from seqtrain.flops import Seq2SeqFlops, device_peak_flops, measured_matmul_peak  # noqa: E402
+from seqtrain.trainer import Trainer  # noqa: E402
+
+TARGETS = {"mfu_bart_large": 0.40, "train_speedup_bart_large": 1.5, "generate_speedup": 2.0}
+
+
+class Check:
+    """The run's settings and its results file."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.dry = args.dry_run
+        self.device = torch.device("cpu" if self.dry else "cuda")
+        self.out = args.out
+        self.results: dict[str, Any] = {"dry_run": self.dry, "stages": {}}
+        # the figures MFU is taken against: the table's bf16 peak on a known GPU, else this device's measured
+        # one
+        self.peak = device_peak_flops(self.device, torch.bfloat16, args.peak_flops)
+        self.peak_source = "table or --peak-flops"
+        if self.peak is None:
+            self.peak = measured_matmul_peak(self.device, torch.bfloat16, n=512 if self.dry else 4096)
+            self.peak_source = "measured bf16 matmul"
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def save(self) -> None:
+        os.makedirs(self.out, exist_ok=True)
+        path = os.path.join(self.out, "gpu_check.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(self.results, f, indent=1, default=float)
+        os.replace(path + ".tmp", path)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def peak_memory(check: Check) -> float:
+    """GiB: the device's peak allocation since the last reset; on the CPU the process's peak RSS."""
+    if check.device.type == "cuda":
+        return torch.cuda.max_memory_allocated(check.device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def reset_memory(check: Check) -> None:
+    if check.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(check.device)
+
+
+def timed(check: Check, fn: Callable[[], Any]) -> tuple[float, Any]:
+    check.sync()
+    start = time.perf_counter()
+    out = fn()
+    check.sync()
+    return time.perf_counter() - start, out
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def stage_env(check: Check) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": str(check.device),
+        "peak_flops": check.peak,
+        "peak_source": check.peak_source,
+    }
+    if check.device.type == "cuda":
+        p = torch.cuda.get_device_properties(check.device)
+        out.update(
+            name=p.name, memory_gib=round(p.total_memory / 2**30, 1), capability=f"{p.major}.{p.minor}"
+        )
+    return out
+
+
+def stage_cuda_tests(check: Check) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", tail)}
+    out = {
+        "passed": counts.get("passed", 0),
+        "failed": counts.get("failed", 0),
+        "errors": counts.get("error", 0) + counts.get("errors", 0),
+        "skipped": counts.get("skipped", 0),
+        "deselected": counts.get("deselected", 0),
+        "summary": tail,
+    }
+    if proc.returncode not in (0, 5):  # 5: nothing collected
+        raise RuntimeError(f"pytest -m cuda exited {proc.returncode}: {tail}")
+    return out
+
+
+def stage_numerics(check: Check) -> dict[str, Any]:
+    """Tolerances are tests/test_projected_loss.py's: vs the same precision 1e-3 (fp16) / 1e-2 (bf16) of the
+    largest gradient element, vs fp64 2e-3 / 2e-2."""
+    out: dict[str, Any] = {}
+    bad = []
+    for name, dtype, tol_same, tol_64 in (
+        ("fp16", torch.float16, 1e-3, 2e-3),
+        ("bf16", torch.bfloat16, 1e-2, 2e-2),
+    ):
+        out[f"ffn_{name}_grad_rel_err"] = lib.ffn_error(check.device, check.dry, dtype)
+        loss = lib.loss_errors(check.device, check.dry, dtype)
+        out.update({f"loss_{name}_{k}": v for k, v in loss.items()})
+        if (
+            loss["loss_rel_err_vs_full"] > 1e-5
+            or not loss["grad_finite"]
+            or max(loss["grad_h_rel_err_vs_full"], loss["grad_w_rel_err_vs_full"]) > tol_same
+            or max(loss["grad_h_rel_err_vs_fp64"], loss["grad_w_rel_err_vs_fp64"]) > tol_64
+        ):
+            bad.append(f"projected loss {name}")
+        if out[f"ffn_{name}_grad_rel_err"] > 2 * tol_64:
+            bad.append(f"FFN {name}")
+    if bad:
+        raise RuntimeError(f"outside tolerance: {', '.join(bad)}: {out}")
+    return out
+
+
+def stage_sync_count(check: Check) -> dict[str, Any]:
+    tests = sorted(f for f in os.listdir(os.path.join(REPO, "tests")) if re.match(r"test_sync\w*\.py$", f))
+    if not tests:
+        return {"skip_reason": "no sync-count test (tests/test_sync*.py) in this tree yet (issue 14, item 1)"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[f"tests/{t}" for t in tests]]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped)", tail)}
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(tests)}: {tail}")
+    return {
+        "tests": tests,
+        "passed": counts.get("passed", 0),
+        "skipped": counts.get("skipped", 0),
+        "summary": tail,
+    }
+
+
+def _train_toolkit(
+    check: Check, step: Callable[[Any], float], batches: list[Any], warmup: int
+) -> tuple[list[float], float, float]:
+    """(seconds per timed step, step-0 loss, peak memory GiB)."""
+    reset_memory(check)
+    loss0 = step(batches[0])
+    for b in batches[1:warmup]:
+        step(b)
+    times = [timed(check, lambda b=b: step(b))[0] for b in batches[warmup:]]
+    return times, loss0, peak_memory(check)
+
+
+def _seqtrain_speed(
+    check: Check, arch: str, vocab: int, pairs: list[Any], warmup: int
+) -> tuple[tuple[list[float], float, float], argparse.Namespace, dict[str, torch.Tensor], Seq2SeqFlops]:
+    trainer, _ = lib.make_trainer(check.dry, arch, vocab, "bf16")
+    state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+
+    def step(p: Any) -> float:
+        return trainer.train_step([lib.seqtrain_sample(p)])["loss"] * math.log(2)
+
+    return (
+        _train_toolkit(check, step, pairs, warmup),
+        trainer.args,
+        state,
+        Seq2SeqFlops.from_model(trainer.model),
+    )
+
+
+def _transformers_speed(
+    check: Check,
+    targs: argparse.Namespace,
+    state: dict[str, torch.Tensor],
+    vocab: int,
+    pairs: list[Any],
+    warmup: int,
+) -> tuple[list[float], float, float]:
+    hf = lib.hf_model(targs, state, vocab).to(check.device).train()
+    opt = torch.optim.AdamW(
+        hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, fused=True
+    )
+
+    def step(p: Any) -> float:
+        with torch.autocast(check.device.type, dtype=torch.bfloat16):
+            loss = hf(**lib.hf_batch(p, check.device)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    return _train_toolkit(check, step, pairs, warmup)
+
+
+def stage_train_speed(check: Check) -> dict[str, Any]:
+    archs = ["bart_tiny"] if check.dry else ["bart_base", "bart_large"]
+    vocab = 1000 if check.dry else lib.BART_VOCAB
+    steps, warmup = (3, 1) if check.dry else (10, 3)
+    bsz, src_len, tgt_len = (4, (40, 64), (8, 16)) if check.dry else (16, (900, 1024), (50, 110))
+    out: dict[str, Any] = {}
+    for arch in archs:
+        pairs = [lib.make_pairs(bsz, src_len, tgt_len, vocab, seed=i) for i in range(steps)]
+        res = {}
+        res["seqtrain"], targs, state, counter = _seqtrain_speed(check, arch, vocab, pairs, warmup)
+        reset_memory(check)  # the seqtrain trainer is gone: the device is free for the other toolkit
+        res["transformers"] = _transformers_speed(check, targs, state, vocab, pairs, warmup)
+        reset_memory(check)
+        timed_flops = sum(
+            counter.train_flops([len(s) for s, _ in p], [len(t) for _, t in p]) for p in pairs[warmup:]
+        )
+        timed_tokens = sum(len(s) + len(t) for p in pairs[warmup:] for s, t in p)
+        for tk, (times, loss0, mem) in res.items():
+            total = sum(times)
+            out[f"{arch}_{tk}_tokens_per_s"] = timed_tokens / total
+            out[f"{arch}_{tk}_ms_per_step"] = 1000 * statistics.median(times)
+            out[f"{arch}_{tk}_peak_mem_gib"] = mem
+            out[f"{arch}_{tk}_mfu"] = timed_flops / total / check.peak
+            out[f"{arch}_{tk}_step0_loss"] = loss0
+        out[f"{arch}_speedup"] = (
+            out[f"{arch}_seqtrain_tokens_per_s"] / out[f"{arch}_transformers_tokens_per_s"]
+        )
+        loss_s, loss_t = res["seqtrain"][1], res["transformers"][1]
+        out[f"{arch}_step0_loss_rel_diff"] = abs(loss_s - loss_t) / loss_s
+        out[f"{arch}_tokens_per_step"] = timed_tokens / (len(pairs) - warmup)
+        if out[f"{arch}_step0_loss_rel_diff"] > 1e-2:
+            raise RuntimeError(f"{arch}: step-0 losses differ: {loss_s} vs {loss_t}")
+    return out
+
+
+def stage_fp16_resume(check: Check) -> dict[str, Any]:
+    """Updates 1..n in one run; a second run saved at k, reloaded into a fresh trainer, continued to n.
+    Deterministic kernels (gpu_check.sh sets CUBLAS_WORKSPACE_CONFIG): attention backward may otherwise sum in
+    a different order from run to run, which no resume could repeat."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _fp16_resume(check)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def _fp16_resume(check: Check) -> dict[str, Any]:
+    precision = "bf16" if check.dry else "fp16"
+    n, k = 6, 3
+    pairs = [lib.make_pairs(4, (20, 40), (6, 12), 1000, seed=100 + i) for i in range(n)]
+
+    def run(updates: list[int], trainer: Trainer) -> None:
+        for i in updates:
+            trainer.train_step([lib.seqtrain_sample(pairs[i])])
+
+    extra = ("--fp16-init-scale", "128", "--fp16-scale-window", "2") if precision == "fp16" else ()
+    whole, _ = lib.make_trainer(check.dry, "bart_tiny", 1000, precision, "--dropout", "0.1", *extra)
+    run(list(range(n)), whole)
+    first, _ = lib.make_trainer(check.dry, "bart_tiny", 1000, precision, "--dropout", "0.1", *extra)
+    run(list(range(k)), first)
+    path = os.path.join(check.out, "resume-checkpoint.pt")
+    torch.save(first.state_dict({}), path)
+    second, _ = lib.make_trainer(check.dry, "bart_tiny", 1000, precision, "--dropout", "0.1", *extra)
+    second.load_state_dict(torch.load(path, map_location="cpu", weights_only=False), path)
+    os.remove(path)
+    run(list(range(k, n)), second)
+    diffs = [
+        float((a - b).detach().abs().max())
+        for a, b in zip(whole.model.parameters(), second.model.parameters(), strict=True)
+    ]
+
+    def scale(t: Trainer) -> float | None:
+        return t.scaler.loss_scale if t.scaler is not None else None
+
+    out = {
+        "precision": precision,
+        "updates": n,
+        "resumed_at": k,
+        "max_param_diff": max(diffs),
+        "bitwise_equal": max(diffs) == 0.0,
+        "loss_scale_whole": scale(whole),
+        "loss_scale_resumed": scale(second),
+        "num_updates": second.get_num_updates(),
+    }
+    if (
+        out["loss_scale_whole"] != out["loss_scale_resumed"]
+        or second.get_num_updates() != whole.get_num_updates()
+    ):
+        raise RuntimeError(f"resume differs: {out}")
+    if not out["bitwise_equal"]:
+        raise RuntimeError(f"resumed parameters differ by up to {max(diffs):g}")
+    return out
+
+
+def stage_oom(check: Check) -> dict[str, Any]:
+    if check.device.type != "cuda":
+        return {"skip_reason": "needs CUDA (the trainer skips an update only on a CUDA out-of-memory error)"}
+    trainer, _ = lib.make_trainer(check.dry, "bart_base", lib.BART_VOCAB, "bf16")
+    small = lib.make_pairs(4, (100, 200), (20, 40), lib.BART_VOCAB, seed=7)
+    assert trainer.train_step([lib.seqtrain_sample(small)]) is not None
+    base = torch.cuda.memory_allocated(check.device)
+    huge = lib.make_pairs(
+        1024, (1000, 1024), (900, 1024), lib.BART_VOCAB, seed=8
+    )  # ~2M tokens: far beyond 139 GiB
+    skipped = trainer.train_step([lib.seqtrain_sample(huge)])
+    after = torch.cuda.memory_allocated(check.device)
+    stats = trainer.train_step([lib.seqtrain_sample(small)])
+    out = {
+        "oom_update_skipped": skipped is None,
+        "oom_meter": trainer.meters["train"]["oom"].smoothed_value if "oom" in trainer.meters["train"] else 0,
+        "allocated_gib_before": base / 2**30,
+        "allocated_gib_after_recovery": after / 2**30,
+        "next_update_loss": stats["loss"] if stats else None,
+    }
+    if skipped is not None or stats is None or not math.isfinite(stats["loss"]):
+        raise RuntimeError(f"no clean recovery: {out}")
+    return out
+
+
+def stage_generate(check: Check) -> dict[str, Any]:
+    import bench_generate as bg
+
+    from seqtrain.generation.sequence_generator import SequenceGenerator
+
+    vocab = 1000 if check.dry else lib.BART_VOCAB
+    n, bsz, src_len = (4, 2, (20, 30)) if check.dry else (256, 32, (400, 700))
+    s = bg.Settings(beam=4, lenpen=2.0, no_repeat_ngram_size=3, min_len=5, max_len_b=10 if check.dry else 60)
+    shape = "small" if check.dry else "base"
+    hf, ours = bg.load_pair(bg.peaked_random_state(vocab, seed=0, eos_scale=4.0, shape=shape), vocab, shape)
+    hf, ours = hf.to(check.device), ours.to(check.device)
+    d = Dictionary()
+    for i in range(vocab - len(d)):
+        d.add_symbol(f"w{i}")
+    sources = [s_.tolist() for s_, _ in lib.make_pairs(n, src_len, (2, 3), vocab, seed=11)]
+    batches = [sources[i : i + bsz] for i in range(0, n, bsz)]
+
+    def ours_decode(batch: list[list[int]]) -> list[list[int]]:
+        gen = SequenceGenerator(
+            ours,
+            d,
+            beam_size=s.beam,
+            nbest=1,
+            max_len_b=s.max_len_b,
+            min_len=s.min_len,
+            len_penalty=s.lenpen,
+            no_repeat_ngram_size=s.no_repeat_ngram_size,
+        )
+        return [
+            h[0]["tokens"].tolist() for h in gen.generate(bg.pad_batch(batch, left=True).to(check.device))
+        ]
+
+    def hf_decode(batch: list[list[int]]) -> list[list[int]]:
+        import transformers
+
+        src = bg.pad_batch(batch, left=False).to(check.device)
+        max_length = s.max_len_b + 2
+        gen = hf.generate(
+            input_ids=src,
+            attention_mask=src.ne(lib.PAD),
+            num_beams=s.beam,
+            length_penalty=s.lenpen,
+            early_stopping=True,
+            no_repeat_ngram_size=s.no_repeat_ngram_size,
+            min_length=s.min_len + 1,
+            max_length=max_length,
+            decoder_start_token_id=lib.EOS,
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            suppress_tokens=[lib.PAD],
+            logits_processor=transformers.LogitsProcessorList([bg.fairseq_forced_eos(max_length)]),
+            do_sample=False,
+            num_return_sequences=1,
+        )
+        rows = [r[1:] for r in gen.tolist()]
+        return [r[: r.index(lib.EOS) + 1] if lib.EOS in r else r for r in rows]
+
+    out: dict[str, Any] = {"sentences": n, "batch_size": bsz, "beam": s.beam}
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here: the hypotheses must be identical
+    for precision, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+        hyps: dict[str, list[list[int]]] = {}
+        for name, fn in (("seqtrain", ours_decode), ("transformers", hf_decode)):
+            amp = torch.autocast(check.device.type, dtype=dtype, enabled=dtype is not None)
+            with torch.inference_mode(), amp:
+                fn(batches[0][:2])  # warm-up
+                seconds, got = timed(check, lambda fn=fn: [h for b in batches for h in fn(b)])
+            hyps[name] = got
+            out[f"{precision}_{name}_sentences_per_s"] = n / seconds
+        out[f"{precision}_speedup"] = (
+            out[f"{precision}_seqtrain_sentences_per_s"] / out[f"{precision}_transformers_sentences_per_s"]
+        )
+        out[f"{precision}_identical"] = sum(
+            a == b for a, b in zip(hyps["seqtrain"], hyps["transformers"], strict=True)
+        )
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    if out["fp32_identical"] < n:
+        raise RuntimeError(f"fp32 best hypotheses differ: {out['fp32_identical']}/{n} identical")
+    return out
+
+
+def _compile_run(check: Check, arch: str, vocab: int, pairs: list[Any], backend: str | None) -> list[float]:
+    """Seconds of the timed steps (all but the first) of a trainer, its model compiled with `backend` (what
+    --compile does) or eager (None)."""
+    trainer, _ = lib.make_trainer(check.dry, arch, vocab, "bf16")
+    if backend is not None:
+        trainer._forward_model = torch.compile(trainer._forward_model, backend=backend)
+    trainer.train_step([lib.seqtrain_sample(pairs[0])])
+    return [timed(check, lambda p=p: trainer.train_step([lib.seqtrain_sample(p)]))[0] for p in pairs[1:]]
+
+
+def stage_compile(check: Check) -> dict[str, Any]:
+    from torch._dynamo.utils import counters
+
+    arch = "bart_tiny" if check.dry else "bart_base"
+    vocab = 1000 if check.dry else lib.BART_VOCAB
+    steps = 4 if check.dry else 8
+    # one shape for every step: the figure is the graph breaks of the step, not recompilations for new shapes
+    src_len, tgt_len = ((48, 48), (12, 12)) if check.dry else ((1000, 1000), (80, 80))
+    pairs = [
+        lib.make_pairs(4 if check.dry else 16, src_len, tgt_len, vocab, seed=50 + i) for i in range(steps)
+    ]
+    backend = "eager" if check.dry else "inductor"  # dynamo's own backend in a dry run: no C++ build
+    out: dict[str, Any] = {"arch": arch, "backend": backend}
+    out["eager_ms_per_step"] = 1000 * statistics.median(_compile_run(check, arch, vocab, pairs, None))
+    torch._dynamo.reset()
+    counters.clear()
+    out["compiled_ms_per_step"] = 1000 * statistics.median(_compile_run(check, arch, vocab, pairs, backend))
+    out["graph_breaks"] = sum(counters["graph_break"].values())
+    out["graph_break_reasons"] = sorted({r.splitlines()[0][:160] for r in counters["graph_break"]})[:10]
+    out["unique_graphs"] = counters["stats"].get("unique_graphs", 0)
+    return out
+
+
+STAGES: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
+    ("env", stage_env),
+    ("cuda_tests", stage_cuda_tests),
+    ("numerics", stage_numerics),
+    ("sync_count", stage_sync_count),
+    ("train_speed", stage_train_speed),
+    ("fp16_resume", stage_fp16_resume),
+    ("oom", stage_oom),
+    ("generate", stage_generate),
+    ("compile", stage_compile),
+]
+
+
+def table(results: dict[str, Any]) -> str:
+    """The figures as a markdown table, targets beside the figures they judge."""
+    lines = ["| stage | status | s | figures |", "|---|---|---|---|"]
+    for name, res in results["stages"].items():
+        figs = []
+        for k, v in res.items():
+            if k in ("status", "seconds"):
+                continue
+            text = f"{v:.4g}" if isinstance(v, float) else str(v)
+            target = {
+                "bart_large_seqtrain_mfu": "mfu_bart_large",
+                "bart_large_speedup": "train_speedup_bart_large",
+                "bf16_speedup": "generate_speedup",
+            }.get(k)
+            if target:
+                text += f" (target >= {TARGETS[target]:g})"
+            figs.append(f"{k}={text}")
+        lines.append(f"| {name} | {res['status']} | {res['seconds']:.0f} | {'; '.join(figs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="every stage on the CPU with tiny shapes")
+    p.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out", help="folder for the results")
+    p.add_argument("--stages", default=",".join(n for n, _ in STAGES), help="comma list of stages to run")
+    p.add_argument("--peak-flops", type=float, default=None, help="the device's peak FLOP/s for MFU")
+    args = p.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print(
+            "gpu_check.py: error: no CUDA device; pass --dry-run to check the plumbing on the CPU",
+            file=sys.stderr,
+        )
+        return 1
+    wanted = args.stages.split(",")
+    unknown = [w for w in wanted if w not in dict(STAGES)]
+    if unknown:
+        print(f"gpu_check.py: error: --stages: unknown {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    check = Check(args)
+    failed = []
+    for name, fn in STAGES:
+        if name not in wanted:
+            continue
+        print(f"==== [{time.strftime('%H:%M:%S')}] {name}", flush=True)
+        start = time.perf_counter()
+        try:
+            res = fn(check)
+            status = "skipped" if "skip_reason" in res else "ok"
+        except Exception as e:  # a failed stage is reported and the next one runs
+            res, status = {"error": f"{type(e).__name__}: {e}"[:2000]}, "failed"
+            failed.append(name)
+        res = {"status": status, "seconds": time.perf_counter() - start, **res}
+        check.results["stages"][name] = res
+        print(json.dumps(res, default=float), flush=True)
+        check.save()
+        reset_memory(check)
+    md = table(check.results)
+    with open(os.path.join(check.out, "gpu_check.md"), "w", encoding="utf-8") as f:
+        f.write(md)
+    print(md)
+    print(
+        f"gpu_check.py: {'FAILED stages: ' + ', '.join(failed) if failed else 'all stages passed'}; "
+        f"results in {check.out}/gpu_check.json and gpu_check.md"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""Helpers of scripts/gpu_check.py: a real Trainer on an in-memory dictionary, synthetic batches in seqtrain's
+and transformers' layouts, transformers' twin of a seqtrain BART, and the numerics comparisons."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from seqtrain import options
+from seqtrain.checkpoint import args_to_hf_config, seqtrain_state_to_hf
+from seqtrain.criterions.projected_loss import projected_nll_loss
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.tasks.translation import TranslationTask
+from seqtrain.trainer import Trainer
+
+PAD, EOS = 1, 2
+BART_VOCAB = 50_265
+
+
+def make_trainer(
+    cpu: bool, arch: str, vocab: int, precision: str | None, *extra: str
+) -> tuple[Trainer, TranslationTask]:
+    """A real Trainer (task, criterion, optimizer as seqtrain-train builds them), in-memory dictionary."""
+    d = Dictionary()
+    for i in range(vocab - len(d)):
+        d.add_symbol(f"w{i}")
+    argv = [
+        "in-memory",
+        "--arch",
+        arch,
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        "(0.9, 0.98)",
+        "--lr",
+        "1e-4",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0",
+        "--dropout",
+        "0",
+        "--max-source-positions",
+        "1024",
+        "--max-target-positions",
+        "1024",
+        "--seed",
+        "1",
+        *extra,
+    ]
+    if cpu:
+        argv.append("--cpu")
+    if precision:
+        argv.append(f"--{precision}")
+    targs = options.parse_args_and_arch(options.get_training_parser(), argv)
+    task = TranslationTask(targs, d, d)
+    torch.manual_seed(1)
+    model = task.build_model(targs)
+    return Trainer(targs, task, model, task.build_criterion(targs)), task
+
+
+def make_pairs(
+    n: int, src_len: tuple[int, int], tgt_len: tuple[int, int], vocab: int, seed: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Random token pairs, each ending with EOS, lengths uniform in the given ranges."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for _ in range(n):
+        s = int(torch.randint(src_len[0], src_len[1] + 1, (), generator=g))
+        t = int(torch.randint(tgt_len[0], tgt_len[1] + 1, (), generator=g))
+        src = torch.cat([torch.randint(4, vocab, (s - 1,), generator=g), torch.tensor([EOS])])
+        tgt = torch.cat([torch.randint(4, vocab, (t - 1,), generator=g), torch.tensor([EOS])])
+        pairs.append((src, tgt))
+    return pairs
+
+
+def _pad(seqs: list[torch.Tensor], left: bool) -> torch.Tensor:
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), PAD, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if left:
+            out[i, out.size(1) - len(s) :] = s
+        else:
+            out[i, : len(s)] = s
+    return out
+
+
+def seqtrain_sample(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
+    """A batch as seqtrain's collater makes it (left-padded sources), with the target rows the criterion
+    uses."""
+    tgts = [t for _, t in pairs]
+    target = _pad(tgts, left=False)
+    prev = _pad([torch.cat([t[-1:], t[:-1]]) for t in tgts], left=False)
+    return {
+        "id": torch.arange(len(pairs)),
+        "nsentences": len(pairs),
+        "ntokens": sum(len(t) for t in tgts),
+        "net_input": {
+            "src_tokens": _pad([s for s, _ in pairs], left=True),
+            "src_lengths": torch.tensor([len(s) for s, _ in pairs]),
+            "prev_output_tokens": prev,
+        },
+        "target": target,
+        "target_rows": target.ne(PAD).view(-1).nonzero().squeeze(1),
+    }
+
+
+def hf_batch(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
+    src = _pad([s for s, _ in pairs], left=False)
+    tgts = [t for _, t in pairs]
+    labels = _pad(tgts, left=False)
+    prev = _pad([torch.cat([t[-1:], t[:-1]]) for t in tgts], left=False)
+    labels = labels.masked_fill(labels.eq(PAD), -100)
+    batch = {
+        "input_ids": src,
+        "attention_mask": src.ne(PAD).long(),
+        "decoder_input_ids": prev,
+        "labels": labels,
+    }
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def hf_model(targs: argparse.Namespace, state: dict[str, torch.Tensor], vocab: int):
+    """transformers' BartForConditionalGeneration holding seqtrain's weights `state`."""
+    import transformers
+
+    config = args_to_hf_config(targs, vocab)
+    config.pop("architectures", None)
+    config.pop("model_type", None)
+    hf = transformers.BartForConditionalGeneration(
+        transformers.BartConfig(**config, attn_implementation="sdpa")
+    )
+    missing, unexpected = hf.load_state_dict(seqtrain_state_to_hf(state), strict=False)
+    if unexpected or any(not k.endswith(("embed_tokens.weight", "lm_head.weight")) for k in missing):
+        raise RuntimeError(f"weights do not map: missing {missing}, unexpected {unexpected}")
+    hf.tie_weights()
+    return hf
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-30))
+
+
+def ffn_error(device: torch.device, dry: bool, dtype: torch.dtype) -> float:
+    """seqtrain's FFN autograd function (activation recomputed in backward) against plain autograd, under
+    autocast: the largest gradient difference relative to the largest gradient element."""
+    from seqtrain.models.transformer import _FFN
+
+    g = torch.Generator().manual_seed(0)
+    dim, ffn = (64, 256) if dry else (1024, 4096)
+    x = torch.randn(512, dim, generator=g).to(device).requires_grad_()
+    w1 = (torch.randn(ffn, dim, generator=g) * dim**-0.5).to(device).requires_grad_()
+    b1 = torch.zeros(ffn, device=device, requires_grad=True)
+    w2 = (torch.randn(dim, ffn, generator=g) * ffn**-0.5).to(device).requires_grad_()
+    b2 = torch.zeros(dim, device=device, requires_grad=True)
+    params = [x, w1, b1, w2, b2]
+    grads = []
+    for custom in (True, False):
+        with torch.autocast(device.type, dtype=dtype):
+            y = (
+                _FFN.apply(x, w1, b1, w2, b2, F.gelu)
+                if custom
+                else F.linear(F.gelu(F.linear(x, w1, b1)), w2, b2)
+            )
+        (y.float() * 1024).sum().backward()
+        grads.append([p.grad.clone() / 1024 for p in params])
+        for p in params:
+            p.grad = None
+    return max(rel_err(a, b) for a, b in zip(grads[0], grads[1], strict=True))
+
+
+def loss_errors(device: torch.device, dry: bool, dtype: torch.dtype) -> dict[str, float]:
+    """The projected loss at V = 50,265 under a 2^15 loss scale against full logits with
+    F.cross_entropy(label_smoothing=0.1) (same precision) and fp64."""
+    scale, eps_t = 2.0**15, 0.1
+    eps = eps_t * (BART_VOCAB - 1) / BART_VOCAB  # fairseq's epsilon equal to torch's 0.1
+    n, dim = (64, 64) if dry else (4096, 1024)
+    g = torch.Generator().manual_seed(0)
+    h = (0.5 * torch.randn(n, dim, generator=g)).clamp(-2, 2).to(device).requires_grad_()
+    w = (0.3 * torch.randn(BART_VOCAB, dim, generator=g) * (32 / dim) ** 0.5).to(device).requires_grad_()
+    t = torch.randint(0, BART_VOCAB, (n,), generator=g).to(device)
+    res = []
+    for kind in ("ours", "full", "fp64"):
+        hh, ww = (
+            (h.detach().double().requires_grad_(), w.detach().double().requires_grad_())
+            if kind == "fp64"
+            else (h, w)
+        )
+        hh.grad = ww.grad = None
+        if kind == "fp64":
+            loss = F.cross_entropy(F.linear(hh, ww), t, label_smoothing=eps_t, reduction="sum")
+            loss.backward()
+        else:
+            with torch.autocast(device.type, dtype=dtype):
+                if kind == "ours":
+                    loss = projected_nll_loss(hh, ww, t, eps, grad_scale=scale)[0]
+                else:
+                    logits = F.linear(hh, ww)
+            if kind == "full":
+                loss = F.cross_entropy(logits.float(), t, label_smoothing=eps_t, reduction="sum")
+            (loss * scale).backward()
+            hh.grad /= scale
+            ww.grad /= scale
+        res.append((loss.detach(), hh.grad.clone(), ww.grad.clone()))
+    (lo, gho, gwo), (lf, ghf, gwf), (l64, gh64, gw64) = res
+    return {
+        "loss_rel_err_vs_full": rel_err(lo, lf),
+        "grad_h_rel_err_vs_full": rel_err(gho, ghf),
+        "grad_w_rel_err_vs_full": rel_err(gwo, gwf),
+        "loss_rel_err_vs_fp64": rel_err(lo, l64),
+        "grad_h_rel_err_vs_fp64": rel_err(gho, gh64),
+        "grad_w_rel_err_vs_fp64": rel_err(gwo, gw64),
+        "grad_finite": bool(torch.isfinite(gwo).all() and torch.isfinite(gho).all()),
+    }

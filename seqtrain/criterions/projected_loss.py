@@ -1,0 +1,193 @@
+"""The output projection and the (label-smoothed) NLL in one pass over row chunks: BART's loss path.
+
+For each chunk of hidden rows h (n x C) the forward pass computes the logits h W^T, the loss, and the gradient
+of the loss with respect to those logits, which it folds straight into the gradients with respect to h and W.
+The backward pass only scales the stored gradients by the incoming one. The N x V logits never exist whole
+unless they fit the memory budget, and no N x V tensor is kept for the backward pass.
+
+Chunk size (`chunk_rows`): as many rows as fit a byte budget for the chunk's temporaries (the logits in the
+compute dtype, their fp32 copy that becomes the gradient, and its low-precision cast): all rows at once when
+they fit. The budget (`memory_budget`) is a quarter of the memory the device can still give (free in the
+driver plus cached and unused in torch's allocator) on CUDA, clamped to [512 MiB, 32 GiB], so thousands of
+rows at V = 50,265; 256 MiB on the CPU, where larger chunks buy no speed.
+
+Precision, matching what autograd does for the model's own F.linear under autocast, without its losses:
+- the matrix products run in the autocast dtype (fp16/bf16) when autocast is on, the softmax and loss in fp32;
+- the gradient of the logits (softmax - eps_i - c * onehot, |g| <= 1) is multiplied by `grad_scale` (the fp16
+  loss scale the trainer will apply to the loss) in fp32 before its cast to fp16, so the label-smoothing term
+  eps / (V - 1) ~ 2e-6 at V = 50,265 is not subnormal in fp16; the products are unscaled again in fp32;
+- the weight gradient accumulates over chunks in fp32 (fp64 for fp64 inputs) whatever the weight's dtype, also
+  when FSDP's mixed precision hands the loss a bf16/fp16 weight; autograd casts it to the weight's dtype once.
+An fp16 product that overflows under the scale gives inf, which the trainer's overflow check sees, as it would
+for plain autograd under the same scale.
+
+`valid` (optional, N booleans) marks the rows that count: the others (padding targets) add nothing to the
+loss, the gradients or the accuracy. It lets callers skip the boolean-mask selection of rows, which forces a
+host-device sync on CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+CPU_BUDGET_BYTES = 256 << 20
+CUDA_BUDGET_BYTES_MIN = 512 << 20
+CUDA_BUDGET_BYTES_MAX = 32 << 30
+
+
+def bytes_per_logit(compute_dtype: torch.dtype) -> int:
+    """Temporary bytes per logit of a chunk: the logits, their fp32 copy (softmax, then gradient, in place)
+    and, in a low precision, the gradient's cast back to it."""
+    size = torch.empty((), dtype=compute_dtype).element_size()
+    return size if size >= 4 else 2 * size + 4
+
+
+def chunk_rows(n_rows: int, vocab: int, budget_bytes: int, per_logit: int) -> int:
+    """Rows per chunk: all `n_rows` when their logits fit `budget_bytes` at `per_logit` bytes each, else as
+    many as fit, rounded down to a multiple of 64 from 64 rows up (matrix-product tile sizes), at least 1."""
+    n_rows = max(1, n_rows)
+    fit = budget_bytes // max(1, vocab * per_logit)
+    if fit >= n_rows:
+        return n_rows
+    if fit >= 64:
+        fit -= fit % 64
+    return max(1, int(fit))
+
+
+def memory_budget(device: torch.device) -> int:
+    """Bytes the loss's chunk temporaries may take on `device` (see the module docstring). No host-device
+    sync: cudaMemGetInfo and the allocator's counters are host calls."""
+    if device.type != "cuda":
+        return CPU_BUDGET_BYTES
+    free, _total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(min(CUDA_BUDGET_BYTES_MAX, max(CUDA_BUDGET_BYTES_MIN, free // 4)))
+
+
+def compute_dtype(hidden: Tensor) -> torch.dtype:
+    """The dtype F.linear(hidden, weight) produces here: autocast's when it is on for hidden's device."""
+    kind = hidden.device.type
+    if hidden.dtype != torch.float64 and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return hidden.dtype
+
+
+class _ProjectedSmoothedNLL(torch.autograd.Function):
+    """See the module docstring. Returns (loss sum, nll sum, number of correct argmax predictions; 0 unless
+    `accuracy`); the loss is fairseq's (1 - eps - eps_i) * nll + eps_i * sum_v(-log p_v),
+    eps_i = eps / (V - 1)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: Tensor,
+        weight: Tensor,
+        target: Tensor,
+        valid: Tensor | None,
+        epsilon: float,
+        chunk: int,
+        need_grad: bool,
+        accuracy: bool,
+        grad_scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        n, vocab = hidden.size(0), weight.size(0)
+        eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
+        c_target = 1.0 - epsilon - eps_i
+        acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        loss = torch.zeros((), dtype=acc, device=hidden.device)
+        nll_sum = torch.zeros((), dtype=acc, device=hidden.device)
+        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        grad_h = torch.empty(hidden.shape, dtype=acc, device=hidden.device) if need_grad else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_grad else None
+        for start in range(0, n, chunk):
+            h, t = hidden[start : start + chunk], target[start : start + chunk]
+            z = torch.nn.functional.linear(h, weight)
+            x = z if z.dtype == acc else z.to(acc)
+            lse = torch.logsumexp(x, dim=-1)
+            nll = lse - x.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+            row_loss = c_target * nll + eps_i * (vocab * lse - x.sum(dim=-1)) if epsilon > 0 else nll
+            v = None if valid is None else valid[start : start + chunk]
+            if v is not None:
+                nll, row_loss = nll * v, row_loss * v
+            nll_sum += nll.sum()
+            loss += row_loss.sum()
+            if accuracy:
+                hits = x.argmax(-1).eq(t)
+                correct += (hits if v is None else hits & v).sum()
+            if need_grad:
+                g = x.sub_(lse.unsqueeze(-1)).exp_()  # softmax, in place of the logits
+                if eps_i:
+                    g.sub_(eps_i)
+                g.scatter_add_(-1, t.unsqueeze(-1), g.new_full((g.size(0), 1), -c_target))
+                if v is not None:
+                    g.mul_(v.unsqueeze(-1))
+                low = z.dtype != acc
+                if low and grad_scale != 1.0:
+                    g.mul_(grad_scale)  # the loss scale, before the cast (|g| <= 1)
+                g = g.to(z.dtype)
+                unscale = 1.0 / grad_scale if low else 1.0
+                gh = torch.matmul(g, weight)  # (autocast casts the weight, cached, as for F.linear)
+                grad_h[start : start + chunk] = gh.to(acc).mul_(unscale) if unscale != 1.0 else gh
+                grad_w.add_(torch.matmul(g.t(), h), alpha=unscale)
+            del z, x
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.dtypes = (hidden.dtype, weight.dtype)
+        ctx.mark_non_differentiable(nll_sum, correct)
+        return loss, nll_sum, correct
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: Tensor, _g1: Any, _g2: Any) -> tuple[Tensor | None, ...]:
+        grad_h, grad_w = ctx.saved_tensors
+        if grad_h is None:
+            raise RuntimeError(
+                "backward through a projected loss computed without gradients (need_grad=False)"
+            )
+        scale = grad_loss.to(grad_h.dtype)
+        h_dtype, w_dtype = ctx.dtypes
+        return (
+            (grad_h * scale).to(h_dtype),
+            (grad_w * scale).to(w_dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def projected_nll_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    epsilon: float = 0.0,
+    valid: Tensor | None = None,
+    rows: int | None = None,
+    accuracy: bool = False,
+    grad_scale: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Summed (loss, nll, n_correct) of the rows `hidden` (N x C) projected by `weight` (V x C, no bias), only
+    rows where `valid` is true counted when it is given; n_correct (the argmax pass over the logits) only with
+    `accuracy`, else 0. Equal to smoothed_nll_loss(hidden @ weight.T, target, epsilon) summed, computed `rows`
+    rows at a time (default: chosen by memory, see chunk_rows). `grad_scale`: the factor the loss will be
+    scaled
+    by before backward (the fp16 loss scale), applied to the low-precision gradient casts."""
+    if rows is None:
+        per_logit = bytes_per_logit(compute_dtype(hidden))
+        rows = chunk_rows(hidden.size(0), weight.size(0), memory_budget(hidden.device), per_logit)
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    return _ProjectedSmoothedNLL.apply(
+        hidden,
+        weight,
+        target,
+        valid,
+        float(epsilon),
+        max(1, int(rows)),
+        need_grad,
+        accuracy,
+        float(grad_scale),
+    )

@@ -1,0 +1,117 @@
+"""Experiment trackers: where logged stats go besides the log lines. One small interface, one class each:
+
+    TensorBoard   --tensorboard-logdir DIR     (seqtrain.logging.tensorboard.TensorboardWriter)
+    Weights & Biases   --wandb-project NAME [--wandb-run-name NAME]   (pip install 'seqtrain[wandb]')
+    JSON lines    --jsonl-log FILE             one {"tag", "step", stat: value, ...} object per line
+
+A new tracker is one subclass of Tracker; `make_trackers` picks them from the flags. Only rank 0 tracks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import numbers
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from seqtrain.errors import SeqtrainError
+
+
+def numeric_stats(stats: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of `stats` (no num_updates: that is the step), as floats."""
+    out = {}
+    for key, value in stats.items():
+        if key == "num_updates" or isinstance(value, bool) or not isinstance(value, numbers.Number):
+            continue
+        if math.isfinite(float(value)):
+            out[key] = float(value)
+    return out
+
+
+class Tracker:
+    """Receives the stats of every progress line: `tag` is train_inner, train or a validation subset."""
+
+    def log(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and release; called once at the end of the run (also after an error or a signal)."""
+
+
+class Trackers(Tracker):
+    """Several trackers as one."""
+
+    def __init__(self, trackers: list[Tracker]):
+        self.trackers = trackers
+
+    def log(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
+        for tracker in self.trackers:
+            tracker.log(tag, stats, step)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
+
+
+class JsonLinesTracker(Tracker):
+    """Appends one JSON object per logged line to a file (a resumed run continues the same file)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        try:
+            folder = os.path.dirname(os.path.abspath(path))
+            os.makedirs(folder, exist_ok=True)
+            self.file = open(path, "a", encoding="utf-8")
+        except OSError as e:
+            raise SeqtrainError(f"--jsonl-log {path}: cannot write ({e.strerror or e})") from None
+
+    def log(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
+        self.file.write(json.dumps({"tag": tag, "step": step, **numeric_stats(stats)}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class WandbTracker(Tracker):
+    """Weights & Biases: stats as `{tag}/{name}` at step = the update count. fairseq's flags; WANDB_MODE=offline
+    and the other WANDB_* variables work as usual."""
+
+    def __init__(self, project: str, run_name: str | None, config: Mapping[str, Any], folder: str | None):
+        try:
+            import wandb
+        except ImportError:
+            raise SeqtrainError(
+                "--wandb-project needs the wandb package: pip install 'seqtrain[wandb]' (or pip install wandb)"
+            ) from None
+        self.wandb = wandb
+        self.run = wandb.init(project=project, name=run_name, config=dict(config), dir=folder, reinit=True)
+
+    def log(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
+        self.run.log({f"{tag}/{k}": v for k, v in numeric_stats(stats).items()}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def make_trackers(args: argparse.Namespace) -> Tracker | None:
+    """The trackers the flags ask for (None when none)."""
+    from seqtrain.logging.tensorboard import TensorboardWriter
+
+    trackers: list[Tracker] = []
+    if args.tensorboard_logdir:
+        trackers.append(TensorboardWriter(args.tensorboard_logdir))
+    if args.jsonl_log:
+        trackers.append(JsonLinesTracker(args.jsonl_log))
+    if args.wandb_project:
+        config = {
+            k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, type(None)))
+        }
+        folder = None if args.no_save else args.save_dir
+        trackers.append(WandbTracker(args.wandb_project, args.wandb_run_name, config, folder))
+    if not trackers:
+        return None
+    return trackers[0] if len(trackers) == 1 else Trackers(trackers)

@@ -1,0 +1,109 @@
+"""seqtrain-preprocess --jsonl: JSON lines input (`{"document": ..., "summary": ...}` per line, as Hugging Face
+dataset exports have them) instead of aligned line files.
+
+Each split's PREFIX.jsonl is streamed once: every line must be a JSON object whose --source-key (and --target-key)
+value is a non-empty string; any other line is an error naming the file and line. The values are written as the
+aligned line files PREFIX.SRC / PREFIX.TGT into the run's temporary folder (line breaks inside a value become
+spaces: one example per line), and the rest of preprocessing runs on those exactly as on line files, so a JSON
+lines input gives byte for byte the data-bin of the equivalent line files, for any --workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from typing import Any
+
+from seqtrain.errors import SeqtrainError
+
+_LINE_BREAKS = re.compile(r"\r\n|[\r\n]")
+
+
+def add_args(group: Any) -> None:
+    group.add_argument(
+        "--jsonl",
+        action="store_true",
+        help="inputs are JSON lines files PREFIX.jsonl (one JSON object per line) instead of PREFIX.SRC / "
+        "PREFIX.TGT line files",
+    )
+    group.add_argument(
+        "--source-key",
+        metavar="KEY",
+        default=None,
+        help="with --jsonl: the key holding the source text (default: --source-lang, e.g. document)",
+    )
+    group.add_argument(
+        "--target-key",
+        metavar="KEY",
+        default=None,
+        help="with --jsonl: the key holding the target text (default: --target-lang, e.g. summary)",
+    )
+
+
+def keys(args: argparse.Namespace, langs: list[str]) -> dict[str, str]:
+    """lang -> the JSON key holding its text."""
+    given = {args.source_lang: args.source_key, args.target_lang: args.target_key}
+    return {lang: given.get(lang) or lang for lang in langs}
+
+
+def _value(path: str, n: int, obj: Any, key: str) -> str:
+    if key not in obj:
+        shown = ", ".join(repr(k) for k in list(obj)[:8])
+        raise SeqtrainError(
+            f"{path}:{n}: no key {key!r} (the object has {shown or 'no keys'}; choose with --source-key / "
+            "--target-key)"
+        )
+    value = obj[key]
+    if not isinstance(value, str):
+        raise SeqtrainError(f"{path}:{n}: {key!r} is {type(value).__name__}, expected a string")
+    if not value.strip():
+        raise SeqtrainError(
+            f"{path}:{n}: {key!r} is empty (every example needs text; remove the line or filter it out)"
+        )
+    return _LINE_BREAKS.sub(" ", value)
+
+
+def extract(path: str, lang_keys: dict[str, str], out_paths: dict[str, str]) -> int:
+    """Stream `path` and write each lang's values, one per line, to out_paths[lang]; returns the number of
+    examples. Raises SeqtrainError naming file:line on invalid UTF-8, invalid JSON, a line that is no object, a
+    missing key, a non-string or an empty value."""
+    outs = {lang: open(out_paths[lang], "w", encoding="utf-8", newline="\n") for lang in lang_keys}
+    n = 0
+    try:
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise SeqtrainError(
+                        f"{path}:{n}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)"
+                    ) from None
+                if not line.strip():
+                    raise SeqtrainError(f"{path}:{n}: empty line (expected one JSON object per line)")
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    raise SeqtrainError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno})") from None
+                if not isinstance(obj, dict):
+                    raise SeqtrainError(f"{path}:{n}: expected a JSON object, got {type(obj).__name__}")
+                for lang, key in lang_keys.items():
+                    outs[lang].write(_value(path, n, obj, key) + "\n")
+    finally:
+        for out in outs.values():
+            out.close()
+    if n == 0:
+        raise SeqtrainError(f"{path}: file is empty")
+    return n
+
+
+def extract_splits(args: argparse.Namespace, splits: list[Any], langs: list[str], work: str) -> None:
+    """Turn every split's PREFIX.jsonl into line files in `work`, and point the split at them."""
+    folder = os.path.join(work, "jsonl-text")  # a folder: publish() moves only the files of `work`
+    os.makedirs(folder, exist_ok=True)
+    lang_keys = keys(args, langs)
+    for s in splits:
+        out_paths = {lang: os.path.join(folder, f"{s.name}.{lang}") for lang in langs}
+        s.n_lines = extract(s.jsonl_path, lang_keys, out_paths)
+        s.paths = out_paths

@@ -1,0 +1,182 @@
+"""--config read with PyYAML (sections flattened to flag names), --print-config writes a config that reproduces the
+resolved flags, and every training run saves it as SAVE_DIR/config.yaml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from seqtrain import options
+from seqtrain.data.options import check_dataset_args
+from seqtrain.errors import SeqtrainError
+from tests.utils import REPO, base_args
+
+
+def parse(*argv: str):
+    return options.parse_args_and_arch(options.get_training_parser(), list(argv))
+
+
+def printed(capsys, *argv: str) -> str:
+    with pytest.raises(SystemExit) as e:
+        parse(*argv, "--print-config")
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def comparable(args) -> dict:
+    out = dict(vars(args))
+    out.pop("config", None)
+    return out
+
+
+SECTIONS = """\
+model:
+  arch: bart_tiny
+  encoder-layers: 3
+optimization:
+  lr: 5e-4          # a comment after a value
+  update_freq: [2, 1]
+  lr-scheduler: inverse_sqrt
+  warmup-updates: 40
+checkpoint:
+  no-epoch-checkpoints: yes
+  optimizer-overrides: {lr: 0.0001}
+valid-subset: "valid,test"
+"""
+
+
+def test_sections_are_flattened_to_flags(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(SECTIONS)
+    args = parse("data", "--config", str(cfg))
+    assert (args.arch, args.encoder_layers, args.lr, args.update_freq) == ("bart_tiny", 3, [5e-4], [2, 1])
+    assert (args.lr_scheduler, args.warmup_updates, args.no_epoch_checkpoints) == ("inverse_sqrt", 40, True)
+    assert args.optimizer_overrides == '{"lr": 0.0001}'  # a JSON-valued flag keeps its mapping
+    assert args.valid_subset == "valid,test"
+    assert parse("data", "--config", str(cfg), "--lr", "1e-3").lr == [1e-3]  # the command line wins
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (
+            "model:\n  arch: bart_tiny\n  encoder-layrs: 3\n",
+            r"c.yaml line 3 \(encoder-layrs\): unknown option "
+            r"'encoder-layrs'; did you mean 'encoder-layers'\?",
+        ),
+        ("arch: bart_tiny\nmax-tokens: [1\n", r"c.yaml line 3: invalid YAML"),
+        ("arch: bart_tiny\na:\n  lr: 1\nb:\n  lr: 2\n", r"c.yaml line 5: 'lr' is given twice"),
+        ("- arch\n- bart_tiny\n", r"c.yaml: expected a mapping of flag names"),
+        ("arch: bart_tiny\nmax-update: many\n", r"line 2 \(max-update\): invalid value 'many'"),
+    ],
+)
+def test_config_errors_name_file_and_line(tmp_path, text, message):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(SeqtrainError, match=message):
+        parse("data", "--config", str(cfg))
+
+
+def test_non_utf8_config_is_one_line_error(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(b"arch: bart_\xff\n")
+    with pytest.raises(SeqtrainError, match="c.yaml: not UTF-8 text"):
+        parse("data", "--config", str(cfg))
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("data", "--arch", "bart_tiny"),
+        (
+            "data",
+            "--config",
+            os.path.join(REPO, "configs", "bart_large_cnndm.yaml"),
+            "--lr",
+            "1e-5",
+            "--no-fp16",
+            "--max-tokens",
+            "1024",
+            "--restore-file",
+            "bart.large/model.pt",
+        ),
+        (
+            "data",
+            "--config",
+            os.path.join(REPO, "configs", "debdesc_small.yaml"),
+            "--dropout",
+            "0.3",
+            "--adam-betas",
+            "(0.9, 0.98)",
+            "--update-freq",
+            "2,4",
+        ),
+    ],
+)
+def test_print_config_reproduces_the_resolved_flags(tmp_path, capsys, argv):
+    text = printed(capsys, *argv)
+    assert text.startswith("# The resolved flags") and "print-config" not in text
+    assert yaml.safe_load(text)["data"] == "data"
+    saved = tmp_path / "resolved.yaml"
+    saved.write_text(text)
+    again = parse("--config", str(saved))  # the printed file alone
+    assert comparable(again) == comparable(parse(*argv))
+    # printing the printed config gives the same values (a fixed point)
+    assert yaml.safe_load(printed(capsys, "--config", str(saved))) == yaml.safe_load(text)
+
+
+@pytest.mark.slow
+def test_run_saves_its_config(databin, tmp_path):
+    save = str(tmp_path / "ck")
+    argv = base_args(databin, save, "--max-update", "2", "--no-epoch-checkpoints")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    out = subprocess.run(
+        [sys.executable, "-m", "seqtrain_cli.train", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    saved, given = parse("--config", os.path.join(save, "config.yaml")), parse(*argv)
+    check_dataset_args(
+        given
+    )  # what the run itself resolved before saving (--max-tokens-valid from --max-tokens)
+    assert comparable(saved) == comparable(given)
+    assert not [n for n in os.listdir(save) if n.startswith(".")]
+
+
+def test_every_switch_has_a_negative_form(tmp_path):
+    """A config's true is turned off on the command line: --no-X (for a flag named --no-X: --X)."""
+    import argparse
+
+    train = options.get_training_parser()
+    options.parse_args_and_arch(train, ["data", "--arch", "bart_tiny"])  # adds the component flags
+    gen = options.get_generation_parser()
+    options.parse_args_and_arch(gen, ["data", "--path", "x.pt"])
+    built = [
+        train,
+        gen,
+        options.get_preprocessing_parser(),
+        options.get_convert_parser(),
+        options.get_score_parser(),
+    ]
+    for parser in built:
+        for action in parser._actions:
+            if isinstance(action, argparse._StoreTrueAction):
+                assert getattr(action, "negatives", ()), action.option_strings
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("arch: bart_tiny\nfp16: true\nreset-optimizer: true\nno-epoch-checkpoints: true\n")
+    args = parse("data", "--config", str(cfg), "--no-fp16", "--no-reset-optimizer", "--epoch-checkpoints")
+    assert (args.fp16, args.reset_optimizer, args.no_epoch_checkpoints) == (False, False, False)
+    args = parse("data", "--config", str(cfg))
+    assert (args.fp16, args.reset_optimizer, args.no_epoch_checkpoints) == (True, True, True)
+    assert parse("data", "--arch", "bart_tiny", "--no-save", "--save").no_save is False
+    # a negative form is no config key: it would read as the switch itself
+    cfg.write_text("arch: bart_tiny\nno-fp16: true\n")
+    with pytest.raises(SeqtrainError, match="unknown option 'no-fp16'"):
+        parse("data", "--config", str(cfg))

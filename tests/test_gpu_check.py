@@ -1,0 +1,70 @@
+"""scripts/gpu_check.sh --dry-run: every stage of the GPU check runs on the CPU with tiny shapes and writes
+its figures to $OUT/gpu_check.json and a table to $OUT/gpu_check.md."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAGES = [
+    "env",
+    "cuda_tests",
+    "numerics",
+    "sync_count",
+    "train_speed",
+    "fp16_resume",
+    "oom",
+    "generate",
+    "compile",
+]
+
+
+def _numbers(res):
+    return {k: v for k, v in res.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+@pytest.mark.slow
+def test_dry_run_writes_every_stage_with_numbers(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--dry-run"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "gpu_check.json").read_text())
+    assert results["dry_run"] is True
+    stages = results["stages"]
+    assert list(stages) == STAGES
+    for name, res in stages.items():
+        assert res["status"] in ("ok", "skipped"), (name, res)
+        assert res["seconds"] >= 0
+        if res["status"] == "skipped":
+            assert res["skip_reason"]
+    # the stages a CPU can run ran, with their figures
+    assert {n for n, r in stages.items() if r["status"] == "skipped"} <= {"oom", "sync_count"}
+    for name in ("env", "numerics", "train_speed", "fp16_resume", "generate", "compile"):
+        assert len(_numbers(stages[name])) >= 2, (name, stages[name])
+    speed = stages["train_speed"]
+    for tk in ("seqtrain", "transformers"):
+        # (mfu against a peak measured on a busy CPU is plumbing only: positive, not bounded)
+        assert speed[f"bart_tiny_{tk}_tokens_per_s"] > 0 and speed[f"bart_tiny_{tk}_mfu"] > 0
+        assert speed[f"bart_tiny_{tk}_peak_mem_gib"] > 0 and speed[f"bart_tiny_{tk}_ms_per_step"] > 0
+    assert speed["bart_tiny_step0_loss_rel_diff"] < 1e-2
+    num = stages["numerics"]
+    assert num["loss_fp16_grad_finite"] and num["loss_bf16_loss_rel_err_vs_full"] < 1e-5
+    assert stages["fp16_resume"]["bitwise_equal"] is True
+    gen = stages["generate"]
+    assert gen["fp32_identical"] == gen["sentences"] and gen["fp32_seqtrain_sentences_per_s"] > 0
+    assert stages["compile"]["graph_breaks"] >= 0 and stages["compile"]["compiled_ms_per_step"] > 0
+    assert stages["cuda_tests"]["failed"] == 0 and stages["cuda_tests"]["errors"] == 0
+    table = (out / "gpu_check.md").read_text()
+    assert all(f"| {name} |" in table for name in STAGES)
