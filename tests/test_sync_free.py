@@ -26,7 +26,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import seqtrain.criterions.cross_entropy as cross_entropy
 from seqtrain import options
 from seqtrain.generation.sequence_generator import SequenceGenerator
 from seqtrain.tasks import setup_task
@@ -43,9 +42,6 @@ DATA_DEPENDENT = {
     "unique_consecutive",
     "equal",
 }
-# the criterion's own syncs (boolean-mask selection of the target rows) are gone once it reads the collater's
-# sample["target_rows"] (issue 14 item 3, another branch); until then they are reported but not counted here
-CRITERION_SYNC_FREE = "target_rows" in inspect.getsource(cross_entropy)
 
 
 def _caller() -> str:
@@ -94,23 +90,6 @@ class SyncCounter(TorchDispatchMode):
             setattr(torch.Tensor, method, real)
         self._patched.clear()
         return super().__exit__(*exc)
-
-    def counted(self) -> list[tuple[str, str]]:
-        """The syncs that count against the budgets: all of them once the criterion is sync-free; until then
-        all but the criterion's (its boolean-mask selections, and in the backward pass their index_put)."""
-        if CRITERION_SYNC_FREE:
-            return self.syncs
-        criterion = [s for s in self.syncs if s[1].startswith("criterions/")]
-        masks = sum(op == "index[bool mask]" for op, _ in criterion)
-        out = []
-        for op, where in self.syncs:
-            if where.startswith("criterions/"):
-                continue
-            if op == "index_put[bool mask]" and masks > 0:  # the backward of a criterion's selection
-                masks -= 1
-                continue
-            out.append((op, where))
-        return out
 
 
 def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
@@ -199,13 +178,10 @@ def test_forward_and_backward_do_not_sync(trainer, packed):
     trainer.optimizer.zero_grad()
     with SyncCounter() as counter:
         forward_backward(trainer, sample)
-    assert counter.counted() == [], counter.syncs
+    assert counter.syncs == [], counter.syncs
     assert not [s for s in counter.syncs if s[1].startswith("models/")], counter.syncs
 
 
-@pytest.mark.skipif(
-    not CRITERION_SYNC_FREE, reason="needs the criterion of issue 14 item 3 (sample['target_rows'])"
-)
 def test_the_criterion_does_not_sync(trainer):
     sample = batches(trainer, True, n=1)[0]
     trainer.optimizer.zero_grad()
@@ -232,8 +208,8 @@ def test_an_update_syncs_once(trainer, packed):
     with SyncCounter() as counter:
         stats = trainer.train_step(samples)
     assert stats is not None and stats["ntokens"] == sum(s["ntokens"] for s in samples)
-    assert len(counter.counted()) == 1, counter.syncs
-    assert counter.counted()[0][0] == "tolist" and counter.counted()[0][1].startswith("trainer.py")
+    assert len(counter.syncs) == 1, counter.syncs
+    assert counter.syncs[0][0] == "tolist" and counter.syncs[0][1].startswith("trainer.py")
 
 
 def test_packed_and_padded_paths_agree(trainer):
