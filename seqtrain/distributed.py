@@ -23,6 +23,12 @@ the update equals a one-process run over the same global batch.
 Checkpoint state: FSDP parameters and optimizer state are gathered into full (unsharded) tensors on rank 0, and the
 optimizer state is converted to torch's plain integer-keyed layout, so every checkpoint has one format and resumes
 at any world size, with or without FSDP, and loads in seqtrain-generate.
+
+Collectives without host syncs: `sum_logging_outputs` sums an update's logged figures over ranks on the device
+(the trainer reads them once, with the gradient norm); `agree` makes every rank take a stop decision together.
+
+Why one module: launching, wrapping and the collective and checkpoint helpers share the process-group state and
+the rank conventions (who writes, who reduces); apart, each would restate the others' assumptions.
 """
 
 from __future__ import annotations
@@ -361,39 +367,53 @@ def no_sync(forward_model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------------------------------------------- collectives
-def _as_float(value: Any) -> float:
-    return float(value.item()) if torch.is_tensor(value) else float(value)
-
-
-def sum_logging_outputs(logging_outputs: list[dict[str, Any]]) -> dict[str, float]:
-    """One dict with each key summed over the list (the criteria's logging outputs are sums)."""
-    out: dict[str, float] = {}
+def sum_logging_outputs(
+    logging_outputs: list[dict[str, Any]], device: torch.device
+) -> tuple[list[str], torch.Tensor]:
+    """(keys, sums): each key of the logging outputs summed over the list and over all ranks, as one fp64 vector
+    on the device of their tensors, else on `device` (fp64, so counts stay exact). Nothing is read back to the
+    host: device tensors are summed on the device, host numbers on the host, and the ranks' vectors in one
+    all-reduce, so the caller reads every figure with one transfer when it needs them.
+    Every rank must pass the same keys; their order does not matter."""
+    keys = sorted({k for log in logging_outputs for k in log})
+    tensors = [v for log in logging_outputs for v in log.values() if torch.is_tensor(v)]
+    device = tensors[0].device if tensors else device  # where the figures already are
+    host = [0.0] * len(keys)
+    on_device: list[list[torch.Tensor]] = [[] for _ in keys]
     for log in logging_outputs:
-        for key, value in log.items():
-            out[key] = out.get(key, 0.0) + _as_float(value)
-    return out
+        for i, key in enumerate(keys):
+            value = log.get(key, 0.0)
+            if torch.is_tensor(value):
+                on_device[i].append(value.detach().reshape(()).to(device, torch.float64))
+            else:
+                host[i] += float(value)
+    comm_device = device if device.type == "cuda" else torch.device("cpu")
+    sums = to_device(torch.tensor(host, dtype=torch.float64), comm_device)
+    if any(on_device):
+        zero = torch.zeros((), dtype=torch.float64, device=comm_device)
+        sums = sums + torch.stack([torch.stack(v).sum().to(comm_device) if v else zero for v in on_device])
+    if get_world_size() > 1:
+        dist.all_reduce(sums)
+    return keys, sums
 
 
-def all_reduce_sums(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Sum every value over all ranks in one collective (fp64, so counts stay exact). Every rank must pass the
-    same keys; the order does not matter."""
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` without a host-device sync (pinned and copied asynchronously on CUDA)."""
+    if device.type != "cuda":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)
+
+
+def agree(flags: dict[str, bool], device: torch.device) -> dict[str, bool]:
+    """Each flag True on every rank when it is True on at least one: one all-reduce of a small tensor, so every
+    rank takes the same decision (a stop, a save) at the same point even if only some of them saw its cause."""
     if get_world_size() <= 1:
-        return dict(values)
-    keys = sorted(values)
-    buf = torch.tensor(
-        [values[k] for k in keys], dtype=torch.float64, device=device if device.type == "cuda" else "cpu"
-    )
-    dist.all_reduce(buf)
-    return dict(zip(keys, buf.tolist()))
-
-
-def any_rank(flag: bool, device: torch.device) -> bool:
-    """True on every rank when `flag` is True on at least one (e.g. a stop signal only some ranks received)."""
-    if get_world_size() <= 1:
-        return flag
-    buf = torch.tensor([1.0 if flag else 0.0], device=device if device.type == "cuda" else "cpu")
+        return dict(flags)
+    keys = sorted(flags)
+    buf = torch.tensor([1.0 if flags[k] else 0.0 for k in keys], dtype=torch.float32)
+    buf = to_device(buf, device if device.type == "cuda" else torch.device("cpu"))
     dist.all_reduce(buf, op=dist.ReduceOp.MAX)
-    return bool(buf.item() > 0)
+    return {k: v > 0 for k, v in zip(keys, buf.tolist())}
 
 
 def all_gather_lists(*lists: list[Any]) -> list[list[Any]]:
@@ -411,12 +431,10 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float) -> torch.Tensor
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.tensor(0.0)
-    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    norm = norm.float()
-    if max_norm > 0:
-        coef = min(max_norm / (float(norm) + 1e-6), 1.0)
+    total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
+    norm = (total.full_tensor() if hasattr(total, "full_tensor") else total).float()
+    if max_norm > 0:  # the clip factor stays on the device (a DTensor, as torch's clip_grad_norm_): no sync
+        coef = (max_norm / (total.float() + 1e-6)).clamp(max=1.0)
         torch._foreach_mul_(grads, coef)
     return norm
 

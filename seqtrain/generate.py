@@ -272,7 +272,9 @@ def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, A
 
     for batch in batches:
         sample = ds.collater([ds[int(i)] for i in batch])
-        sample["net_input"] = {k: v.to(device) for k, v in sample["net_input"].items()}
+        sample["net_input"] = {
+            k: v.to(device) if torch.is_tensor(v) else v for k, v in sample["net_input"].items()
+        }
         with torch.no_grad():
             results = generate_batch(generator, sample, prefix_size=args.prefix_size, force_bos=force_bos)
         for row, (sid, hypos) in enumerate(results):

@@ -138,6 +138,13 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         help="accepted for fairseq command lines; implies --bf16",
     )
     _add(g, parser, "--compile", action="store_true", help="torch.compile the model (CUDA recommended)")
+    _add(
+        g,
+        parser,
+        "--no-tf32",
+        action="store_true",
+        help="keep fp32 matrix products in full fp32 on CUDA (default: TF32 tensor cores, as on Ampere+)",
+    )
     _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
 
 

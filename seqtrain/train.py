@@ -4,6 +4,11 @@ train(args) runs main on one process or on each rank (seqtrain.distributed.call_
 criterion -> Trainer -> resume (or --finetune-from-model) -> for each epoch: train -> validate and save (per
 --save-interval[-updates]) -> lr step; stops on --max-update, --max-epoch, --patience, --stop-time-hours or
 --stop-min-lr.
+
+Every stop decision is agreed by all ranks (seqtrain.distributed.agree: one all-reduce of a small flags tensor
+where the decision is made): a signal, the time budget or --max-update after each update, --patience after each
+validation, --stop-min-lr at each epoch start. A rank whose clock runs ahead, or that alone got a SIGTERM,
+cannot leave the others waiting in a collective: all of them stop after the same update and save once.
 """
 
 from __future__ import annotations
@@ -208,7 +213,7 @@ class TrainLoop:
         lr = trainer.get_lr()
         with self._profiling():
             while epoch_itr.next_epoch_idx <= max_epoch:
-                if lr <= args.stop_min_lr:
+                if distributed.agree({"min_lr": lr <= args.stop_min_lr}, trainer.device)["min_lr"]:
                     logger.info(
                         f"stopping training because current learning rate ({lr}) is smaller than or equal "
                         f"to minimum learning rate (--stop-min-lr={args.stop_min_lr})"
@@ -252,10 +257,11 @@ class TrainLoop:
                     progress.log(self.training_stats("train_inner"), tag="train_inner", step=num_updates)
                     trainer.meters["train_inner"].reset()
             end_of_epoch = epoch_itr.end_of_epoch()
-            should_stop = self.validate_and_save(epoch_itr, end_of_epoch)
+            stops = self.agreed_stops()
             # every rank must stop after the same update, even if only some of them got the signal
-            if distributed.any_rank(self.stop.requested, trainer.device) and not self.stop.requested:
+            if stops["signal"] and not self.stop.requested:
                 self.stop.signum = signal.SIGTERM
+            should_stop = self.validate_and_save(epoch_itr, end_of_epoch, stops)
             if self.stop.requested:
                 self.save_and_stop(epoch_itr)
                 should_stop = True
@@ -266,6 +272,18 @@ class TrainLoop:
         trainer.meters["train"].reset()
         trainer.meters["train_inner"].reset()
         return should_stop
+
+    def agreed_stops(self) -> dict[str, bool]:
+        """After an update: should training stop for a signal, the time budget or --max-update? Decided by all
+        ranks together (a rank's own clock may be ahead of the others')."""
+        args, trainer = self.args, self.trainer
+        hours = trainer.cumulative_training_time() / 3600
+        local = {
+            "signal": self.stop.requested,
+            "time": args.stop_time_hours > 0 and hours > args.stop_time_hours,
+            "max_update": args.max_update > 0 and trainer.get_num_updates() >= args.max_update,
+        }
+        return distributed.agree(local, trainer.device)
 
     def save_and_stop(self, epoch_itr: Any) -> None:
         """After SIGTERM / SIGINT: the update in progress is done (and saved if the policy said so); make sure
@@ -287,22 +305,23 @@ class TrainLoop:
         return stats
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def validate_and_save(self, epoch_itr: Any, end_of_epoch: bool) -> bool:
+    def validate_and_save(self, epoch_itr: Any, end_of_epoch: bool, stops: dict[str, bool]) -> bool:
+        """`stops`: agreed_stops()."""
         args, trainer = self.args, self.trainer
         num_updates = trainer.get_num_updates()
         epoch = epoch_itr.epoch
         should_stop = False
-        if args.max_update > 0 and num_updates >= args.max_update:
+        if stops["max_update"]:
             should_stop = True
             logger.info(
                 f"Stopping training due to num_updates: {num_updates} >= max_update: {args.max_update}"
             )
-        hours = trainer.cumulative_training_time() / 3600
-        if args.stop_time_hours > 0 and hours > args.stop_time_hours:
+        if stops["time"]:
             should_stop = True
+            hours = trainer.cumulative_training_time() / 3600
             logger.info(
                 f"Stopping training due to cumulative_training_time: {hours} > "
-                f"stop_time_hours: {args.stop_time_hours} hour(s)"
+                f"stop_time_hours: {args.stop_time_hours} hour(s) (on this rank's clock or another's)"
             )
         do_save = (
             (end_of_epoch and epoch % args.save_interval == 0)
@@ -333,7 +352,9 @@ class TrainLoop:
             # Before saving (fairseq steps after), so an epoch-end checkpoint already holds this step and a
             # resumed run continues with the same schedule (matters for reduce_lr_on_plateau).
             trainer.lr_step(epoch, valid_loss)
-        should_stop |= self.manager.should_stop_early(valid_loss)
+        if do_validate:  # every rank validates at the same updates, so they all take part
+            patience = self.manager.should_stop_early(valid_loss)
+            should_stop |= distributed.agree({"patience": patience}, trainer.device)["patience"]
         if do_save or should_stop:
             self.manager.save(trainer, epoch_itr, valid_loss)
         return should_stop

@@ -14,18 +14,14 @@ The step contract: for each batch of an update, Trainer.train_step calls
 autocast context and the loss-scaled backward); the task returns (loss, sample_size, logging_output), with the
 logging output's figures left as device tensors (the criterion does not sync).
 
-Host-device syncs per update (CUDA; each waits for the device's queued work):
-  1. `float(grad_norm)` after the backward passes: the gradient norm, needed on the host for the fp16 overflow
-     check, the divergence check and the log (under FSDP the norm is first all-reduced across ranks).
-  2. without fp16 loss scaling, `_check_finite` reads each batch's loss (`float(log["loss"])`), right after 1.
-  3. `_log_train_stats` -> task.reduce_metrics: `float()` of each tensor in the logging outputs (loss, nll_loss,
-     n_correct with --report-accuracy), per batch; the first waits for the optimizer step queued after 1.
-  4. several ranks only: `distributed.sum_logging_outputs` reads every logging-output tensor before the backward
-     of the update is finished, then `all_reduce_sums` (one collective; `.tolist()` of its result); and the
-     training loop's `distributed.any_rank` stop check (one collective and `.item()`) after each update.
-  5. criteria only: `int(mask.sum())` when a batch carries no "ntokens" (seqtrain's collater always sets it).
-Batches move to the device with `non_blocking=True` (prepare_sample); that is no sync, but the copy from pageable
-memory is not asynchronous either.
+Host-device syncs (CUDA; each makes the host wait for the device's queued work): none in the forward and
+backward passes (the collater gives the model its padding layout and the loss its target rows, computed on the
+CPU; batches arrive pinned and are copied with `non_blocking`), and one per update: after the backward passes,
+the gradient norm and every logged figure (summed over the update's batches, and over ranks in one all-reduce,
+all on the device) come back to the host in one transfer, which the fp16 overflow check, the divergence check,
+a zero-sized update and the meters need before the optimizer step. With several ranks the training loop adds
+one more per update (seqtrain.train: the stop decisions, agreed in one all-reduce). tests/test_sync_free.py
+counts them.
 
 Why one module: the update step, its numerics (loss scaling, clipping, the NaN/inf checks) and the
 state a checkpoint stores must change together; they are one contract.
@@ -71,6 +67,7 @@ class TrainerConfig:
     fp16: bool = False
     bf16: bool = False
     compile: bool = False
+    no_tf32: bool = False
     clip_norm: float = 0.0
     optimizer: str = "adam"
 
@@ -107,6 +104,9 @@ class Trainer:
         self.device = torch.device("cuda", cfg.device_id) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
+            # fp32 matrix products on tensor cores (TF32, 10-bit mantissa), as fairseq users get by default on
+            # Ampere and later; --no-tf32 keeps them in full fp32.
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not cfg.no_tf32
         if cfg.fp16 and cfg.bf16:
             raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
         if cfg.fp16 and not use_cuda:
@@ -269,33 +269,37 @@ class Trainer:
                 return None
             if not is_dummy:
                 logging_outputs.append(log)
-                sample_size += float(size)
+                sample_size = sample_size + size  # a host number from the collater; a device tensor stays one
             elif self.world_size > 1:  # zeros, so every rank reduces the same keys
                 logging_outputs.append({k: 0.0 for k in log})
 
-        if self.world_size > 1:
-            # Sum sample sizes and logged figures over ranks: the update and its logs equal one process's run
-            # over the global batch.
-            totals = distributed.sum_logging_outputs(logging_outputs)
-            totals["_sample_size"] = sample_size
-            totals = distributed.all_reduce_sums(totals, self.device)
-            sample_size = totals.pop("_sample_size")
-            if sample_size == 0:
-                self.optimizer.zero_grad()
-                return None
-            logging_outputs = [totals]
         if not logging_outputs:
             return None
+        # Every logged figure and the sample size, summed over batches and ranks on the device (no sync yet).
+        sizes_on_host = self.world_size == 1 and not torch.is_tensor(sample_size)
+        keys, sums = distributed.sum_logging_outputs(
+            [*logging_outputs, {"_sample_size": sample_size}], self.device
+        )
+        device_size = sums[keys.index("_sample_size")]
         # Gradients hold sums over tokens (or sentences); normalize them by the update's sample size and undo
-        # the loss scale in one pass.
+        # the loss scale in one pass (a zero sample size is caught below, before the optimizer step).
         scale = self.scaler.loss_scale if self.scaler is not None else 1.0
         # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
-        self.optimizer.multiply_grads(self.world_size / (sample_size * scale) if sample_size > 0 else 0.0)
+        if sizes_on_host:
+            self.optimizer.multiply_grads(1.0 / (sample_size * scale) if sample_size > 0 else 0.0)
+        else:
+            factor = self.world_size / (device_size * scale)
+            self.optimizer.multiply_grads(factor.to(self.device, torch.float32))
         if self.is_fsdp:  # sharded gradients: the norm is taken over all ranks' shards
             grad_norm = distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.clip_norm)
         else:
             grad_norm = self.optimizer.clip_grad_norm(self.cfg.clip_norm)
-        gnorm = float(grad_norm)
+        # The update's one host-device sync: the gradient norm and the logged figures in one transfer.
+        host = torch.cat([grad_norm.reshape(1).to(sums), sums]).tolist()
+        gnorm, totals = host[0], dict(zip(keys, host[1:]))
+        if totals.pop("_sample_size") == 0:  # only dummy batches on every rank
+            self.optimizer.zero_grad()
+            return None
         if self.scaler is not None:
             try:
                 self.scaler.check_overflow(gnorm)
@@ -304,18 +308,18 @@ class Trainer:
                 self.optimizer.zero_grad()
                 return None
         else:
-            self._check_finite(logging_outputs, gnorm)
+            self._check_finite(totals, gnorm)
         with torch.autograd.profiler.record_function("optimizer"):
             self.optimizer.step()
         if self.scaler is not None:
             self.scaler.update()
         self.set_num_updates(self.num_updates + 1)
-        return self._log_train_stats(logging_outputs, gnorm, start, flops)
+        return self._log_train_stats([totals], gnorm, start, flops)
 
-    def _check_finite(self, logging_outputs: list[dict[str, Any]], gnorm: float) -> None:
+    def _check_finite(self, totals: dict[str, float], gnorm: float) -> None:
         """Without loss scaling a NaN/inf loss or gradient cannot be skipped away: stop before the optimizer
         step spreads it into the weights, so the last checkpoint is a good place to resume from."""
-        loss = sum(float(log["loss"]) for log in logging_outputs if "loss" in log)
+        loss = totals.get("loss", 0.0)
         if math.isfinite(gnorm) and math.isfinite(loss):
             return
         what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {gnorm}"
@@ -375,10 +379,10 @@ class Trainer:
         with torch.no_grad(), self.autocast():
             _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
         if self.world_size > 1:
-            totals = distributed.sum_logging_outputs([log])
-            if is_dummy:
-                totals = {k: 0.0 for k in totals}
-            log = distributed.all_reduce_sums(totals, self.device)
+            keys, sums = distributed.sum_logging_outputs(
+                [{k: 0.0 for k in log} if is_dummy else log], self.device
+            )
+            log = dict(zip(keys, sums.tolist()))
             if not log.get("sample_size"):
                 return {}
         stats = self.task.reduce_metrics([log], self.criterion)

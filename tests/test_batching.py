@@ -234,7 +234,7 @@ def test_flag_defaults_match_fairseq():
         None,
         None,
     )
-    assert (a.source_lang, a.target_lang, a.num_workers) == (None, None, 0)
+    assert (a.source_lang, a.target_lang, a.num_workers) == (None, None, 1)  # fairseq's default
     assert a.skip_invalid_size_inputs_valid_test is False
     assert not hasattr(a, "gen_subset")
     g = parse([], train=False, gen=True)

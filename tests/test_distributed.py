@@ -317,7 +317,8 @@ def test_a_failing_rank_ends_the_job(databin, tmp_path, launcher):
     """Rank 1 raises before its second update while rank 0 waits in a collective: the whole job exits non-zero
     within a bounded time, naming rank 1."""
     os.makedirs(tmp_path / "ckpt")
-    args = train_args(databin, str(tmp_path / "ckpt"), "--no-save")
+    # no DataLoader worker: what is timed is the failure's spread, not a worker's start on a busy machine
+    args = train_args(databin, str(tmp_path / "ckpt"), "--no-save", "--num-workers", "0")
     if launcher == "spawn":
         cmd = [sys.executable, "-m", "seqtrain_cli.train", *args, "--distributed-world-size", "2"]
     else:

@@ -221,3 +221,27 @@ def test_grouped_and_counting_helpers():
 def test_shard_helper():
     assert shard(list("abcde"), 2, 1, fill_value=None) == ["b", "d", None]
     assert shard(list("abcd"), 2, 0) == ["a", "c"]
+
+
+def pid_collate(samples):
+    import os
+
+    return [*samples, os.getpid()]
+
+
+def test_dataloader_workers_live_across_epochs_and_resume_exactly():
+    """--num-workers: one DataLoader whose worker is started once and serves every epoch (same process id),
+    with each epoch's batches those of the in-process path, also after a mid-epoch resume."""
+    base = make_itr(5, seed=4)
+    expected = [run_epoch(base) for _ in range(3)]
+    ebi = EpochBatchIterator(Recorded(15), pid_collate, make_batches(5), seed=4, num_workers=1)
+    epochs = [[tuple(b) for b in ebi.next_epoch_itr()] for _ in range(2)]
+    pids = {b[-1] for epoch in epochs for b in epoch}
+    assert len(pids) == 1 and pids != {__import__("os").getpid()}
+    assert [[b[:-1] for b in epoch] for epoch in epochs] == expected[:2]
+    itr = ebi.next_epoch_itr()
+    first = [tuple(next(itr))[:-1] for _ in range(2)]
+    resumed = EpochBatchIterator(Recorded(15), pid_collate, make_batches(5), seed=4, num_workers=1)
+    resumed.load_state_dict(ebi.state_dict())
+    assert first + [tuple(b)[:-1] for b in resumed.next_epoch_itr()] == expected[2]
+    assert {b[-1] for b in itr} == pids  # the rest of epoch 3, by the same worker

@@ -125,8 +125,34 @@ class _BackgroundIterator:
         return item
 
 
+def _pinned(x: Any) -> Any:
+    """`x` (a collated batch) with every tensor in page-locked memory, so copies to CUDA run asynchronously."""
+    if torch.is_tensor(x):
+        return x.pin_memory()
+    if isinstance(x, dict):
+        return {k: _pinned(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_pinned(v) for v in x]
+    return x
+
+
+class _EpochBatches:
+    """The batch sampler of a DataLoader kept across epochs: each epoch sets its batches, and the DataLoader's
+    persistent workers read them (the sampler runs in this process, so the workers need nothing new)."""
+
+    def __init__(self) -> None:
+        self.batches: Sequence[Sequence[int]] = []
+
+    def __iter__(self) -> Iterator[Sequence[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
 class _CollatingIterable:
-    """Reads and collates batches in this process (num_workers=0): no DataLoader overhead, no pickling."""
+    """Reads and collates batches in this process (num_workers=0): no DataLoader overhead, no pickling; batches
+    are pinned when CUDA is available."""
 
     def __init__(self, dataset: Any, collate_fn: Callable, batches: Sequence[Sequence[int]]):
         self.dataset, self.collate_fn, self.batches = dataset, collate_fn, batches
@@ -135,8 +161,10 @@ class _CollatingIterable:
         return len(self.batches)
 
     def __iter__(self) -> Iterator[Any]:
+        pin = torch.cuda.is_available()
         for batch in self.batches:
-            yield self.collate_fn([self.dataset[int(i)] for i in batch])
+            collated = self.collate_fn([self.dataset[int(i)] for i in batch])
+            yield _pinned(collated) if pin else collated
 
 
 def shard(batches: Sequence, num_shards: int, shard_id: int, fill_value: Any = ()) -> list:
@@ -182,6 +210,9 @@ class EpochBatchIterator:
         self.fix_batches_to_gpus = False
         self._cur_epoch_itr: CountingIterator | None = None
         self._next_epoch_itr: CountingIterator | None = None
+        # with workers: one DataLoader for every epoch, its workers kept (started once, not per epoch)
+        self._loader: torch.utils.data.DataLoader | None = None
+        self._loader_batches = _EpochBatches()
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -279,13 +310,18 @@ class EpochBatchIterator:
     ) -> CountingIterator:
         batches = self.epoch_batches(epoch, shuffle, fix_batches_to_gpus)[offset:]
         if self.num_workers > 0:
-            itr: Iterable = torch.utils.data.DataLoader(
-                self.dataset,
-                collate_fn=self.collate_fn,
-                batch_sampler=batches,
-                num_workers=self.num_workers,
-                pin_memory=torch.cuda.is_available(),
-            )
+            if self._loader is None:
+                self._loader = torch.utils.data.DataLoader(
+                    self.dataset,
+                    collate_fn=self.collate_fn,
+                    batch_sampler=self._loader_batches,
+                    num_workers=self.num_workers,
+                    pin_memory=torch.cuda.is_available(),
+                    persistent_workers=True,
+                )
+            # The epoch's batches (after a resume: the rest of them); a new iter() restarts the workers' queue.
+            self._loader_batches.batches = batches
+            itr: Iterable = self._loader
         else:
             itr = _CollatingIterable(self.dataset, self.collate_fn, batches)
         if self.buffer_size > 0:

@@ -77,10 +77,10 @@ def add_dataset_args(
     group.add_argument(
         "--num-workers",
         type=int,
-        default=0,
+        default=1,
         metavar="N",
-        help="DataLoader worker processes that read and pad batches (0: in the main process; "
-        "fairseq's default is 1)",
+        help="DataLoader worker processes that read and pad batches while the device trains, kept across "
+        "epochs (fairseq's default, 1; 0: in the main process)",
     )
     group.add_argument(
         "--skip-invalid-size-inputs-valid-test",

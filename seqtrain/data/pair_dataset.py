@@ -37,6 +37,33 @@ def pad_sequences(
     return out
 
 
+# The packed path (models/transformer.py, Packing) runs a side's position-wise work on its real tokens only, at
+# the price of a gather/scatter around every attention. It pays once pads are more than this fraction of the
+# side's positions (scripts/bench_packing.py; docs/benchmarks.md, "Packed or padded").
+PACK_MIN_PAD_FRACTION = 0.25
+
+
+def batch_layout(
+    src_tokens: torch.Tensor,
+    prev_output_tokens: torch.Tensor,
+    pad_idx: int,
+    min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
+) -> dict[str, Any]:
+    """What the model needs to know about a batch's padding, found here on the CPU so the forward pass never
+    waits for the device: `src_pads`/`tgt_pads` (bools: any pad on that side) and, for each side whose pads
+    exceed `min_pad_fraction` of its positions, `{side}_index` / `{side}_pad_index`: the flat positions
+    (into B*T) of its real tokens and of its pads (see models/bart.py)."""
+    layout: dict[str, Any] = {}
+    for side, tokens in (("src", src_tokens), ("tgt", prev_output_tokens)):
+        keep = tokens.ne(pad_idx).reshape(-1)
+        n_pads = keep.numel() - int(keep.sum())
+        layout[f"{side}_pads"] = n_pads > 0
+        if n_pads > 0 and n_pads > min_pad_fraction * keep.numel():
+            layout[f"{side}_index"] = keep.nonzero().squeeze(1)
+            layout[f"{side}_pad_index"] = (~keep).nonzero().squeeze(1)
+    return layout
+
+
 def shift_eos_to_front(target: torch.Tensor, eos_idx: int) -> torch.Tensor:
     """Decoder input for teacher forcing: `a b c </s>` -> `</s> a b c` (fairseq's move_eos_to_beginning)."""
     out = target.new_empty(target.shape)
@@ -72,6 +99,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         max_source_positions: int = 1024,
         max_target_positions: int = 1024,
         pad_to_multiple: int = 1,
+        pack_min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
     ):
         if len(src) != len(src_sizes):
             raise ValueError(f"source has {len(src)} items but {len(src_sizes)} sizes")
@@ -97,6 +125,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         self.max_source_positions = max_source_positions
         self.max_target_positions = max_target_positions
         self.pad_to_multiple = pad_to_multiple
+        self.pack_min_pad_fraction = pack_min_pad_fraction
 
         # Sources are cut so that the final item, <s> included, fits max_source_positions (fairseq cuts before
         # prepending <s>, which makes such items one too long for the model; we keep them valid instead).
@@ -131,6 +160,10 @@ class LanguagePairDataset(torch.utils.data.Dataset):
     def collater(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """Pad a list of items into a batch, rows sorted by source length (longest first), as fairseq does.
 
+        With targets, the batch also carries what the model and the loss would otherwise find on the device,
+        at the cost of a host-device sync: `net_input["layout"]` (batch_layout) and `target_rows`, the flat
+        positions of the non-pad tokens of `target`.
+
         An empty list gives `{}`: the filler batch of a rank that ran out of batches (see iterators.py).
         """
         if not samples:
@@ -160,6 +193,13 @@ class LanguagePairDataset(torch.utils.data.Dataset):
             [shift_eos_to_front(t, eos) for t in targets], pad, self.left_pad_target, self.pad_to_multiple
         )
         batch["ntokens"] = sum(len(t) for t in targets)
+        batch["net_input"]["layout"] = batch_layout(
+            batch["net_input"]["src_tokens"],
+            batch["net_input"]["prev_output_tokens"],
+            pad,
+            self.pack_min_pad_fraction,
+        )
+        batch["target_rows"] = batch["target"].ne(pad).reshape(-1).nonzero().squeeze(1)
         return batch
 
     # -- sizes, for filtering and batching without reading the data ------------------------------------------

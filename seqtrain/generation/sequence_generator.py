@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation.ngram import NGramRepeatBlocker
 from seqtrain.generation.search import BeamSearch, Sampling
@@ -145,7 +146,9 @@ class SequenceGenerator:
         scores = torch.zeros(bsz * beam, steps + 1, dtype=torch.float32, device=device)  # cumulative
         cands_to_ignore = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
 
-        finalized: list[list[Hypothesis]] = [[] for _ in range(bsz)]
+        # Finished hypotheses stay on the device until the search ends (_collect); the host keeps their counts.
+        pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = []
+        counts = [0] * bsz
         active: list[int] = list(range(bsz))  # original index of each sentence still in the batch
         state: dict[str, Any] = {}
         reorder: tuple[Tensor, Tensor | None] | None = None
@@ -185,20 +188,22 @@ class SequenceGenerator:
 
             eos_mask = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
             eos_mask[:, :beam] &= ~cands_to_ignore
-            eos_top = eos_mask[:, :beam]
-            if bool(eos_top.any()):
-                self._finalize(
-                    step,
-                    eos_top,
-                    cand_rows[:, :beam],
-                    cand_scores[:, :beam],
-                    tokens,
-                    scores,
-                    active,
-                    finalized,
+            # The step's one host-device sync: which of the top candidates end here. The first `beam` finished
+            # per sentence are kept, as in fairseq.
+            picks = []
+            for j, row in enumerate(eos_mask[:, :beam].tolist()):
+                for b, ends in enumerate(row):
+                    if ends and counts[active[j]] < beam:
+                        counts[active[j]] += 1
+                        picks.append((j, b))
+            if picks:
+                pending.append(
+                    self._finalize(
+                        step, picks, cand_rows[:, :beam], cand_scores[:, :beam], tokens, scores, active
+                    )
                 )
 
-            keep = [j for j, s in enumerate(active) if len(finalized[s]) < beam and step < max_lens_host[j]]
+            keep = [j for j, s in enumerate(active) if counts[s] < beam and step < max_lens_host[j]]
             if not keep:
                 break
             encoder_order = None
@@ -226,10 +231,7 @@ class SequenceGenerator:
             scores[:, step] = cand_scores.gather(1, chosen).view(-1)
             reorder = (rows, encoder_order)
 
-        for hypos in finalized:
-            hypos.sort(key=lambda h: float(h["score"]), reverse=True)  # stable: ties keep finalization order
-            del hypos[self.nbest :]
-        return finalized
+        return self._collect(pending, bsz)
 
     def _mask(
         self,
@@ -279,38 +281,62 @@ class SequenceGenerator:
     def _finalize(
         self,
         step: int,
-        eos_top: Tensor,
+        picks: list[tuple[int, int]],
         rows_top: Tensor,
         scores_top: Tensor,
         tokens: Tensor,
         scores: Tensor,
         active: list[int],
-        finalized: list[list[Hypothesis]],
-    ) -> None:
-        """Store the hypotheses that end with EOS at this step (in candidate order, best first within a
-        sentence), keeping at most `beam` per sentence: the first ones finalized win, as in fairseq."""
-        rows = rows_top[eos_top]
-        eos_scores = scores_top[eos_top]
+    ) -> tuple[list[int], Tensor, Tensor, Tensor]:
+        """The hypotheses that end with EOS at this step, `picks` = (sentence slot, candidate) in candidate
+        order: (their sentences, tokens, positional scores, final scores), the tensors left on the device."""
+        beam = self.beam_size
+        flat = to_device(torch.tensor([j * beam + b for j, b in picks]), tokens.device)
+        rows = rows_top.reshape(-1).index_select(0, flat)
+        eos_scores = scores_top.reshape(-1).index_select(0, flat)
         hyp_tokens = tokens.index_select(0, rows)[:, 1 : step + 2].clone()
         hyp_tokens[:, step] = self.eos
         cum = scores.index_select(0, rows)[:, : step + 1].clone()
         cum[:, step] = eos_scores
         positional = torch.cat([cum[:, :1], cum[:, 1:] - cum[:, :-1]], dim=1)
         final = eos_scores / ((step + 1) ** self.len_penalty) if self.normalize_scores else eos_scores.clone()
-        local = torch.div(rows, self.beam_size, rounding_mode="floor")
-        hyp_tokens, positional, final = hyp_tokens.cpu(), positional.cpu(), final.cpu()
-        for i, j in enumerate(local.tolist()):
-            sent = active[j]
-            if len(finalized[sent]) < self.beam_size:
-                finalized[sent].append(
-                    {
-                        "tokens": hyp_tokens[i],
-                        "score": final[i],
+        return [active[j] for j, _ in picks], hyp_tokens, positional, final
+
+    def _collect(
+        self, pending: list[tuple[list[int], Tensor, Tensor, Tensor]], bsz: int
+    ) -> list[list[Hypothesis]]:
+        """Every finished hypothesis brought to the host in one transfer (fp64 holds the token ids and the fp32
+        scores exactly), per sentence best first (a stable sort: ties keep finalization order), nbest kept."""
+        finalized: list[list[tuple[float, Hypothesis]]] = [[] for _ in range(bsz)]
+        if pending:
+            parts = [
+                torch.cat([t.reshape(-1).double(), p.reshape(-1).double(), f.double()])
+                for _, t, p, f in pending
+            ]
+            values = torch.cat(parts).tolist()
+            offset = 0
+            for sents, hyp_tokens, _, _ in pending:
+                k, n = hyp_tokens.shape
+                toks = torch.tensor(values[offset : offset + k * n], dtype=torch.long).view(k, n)
+                pos = torch.tensor(values[offset + k * n : offset + 2 * k * n], dtype=torch.float32).view(
+                    k, n
+                )
+                final = values[offset + 2 * k * n : offset + 2 * k * n + k]
+                offset += 2 * k * n + k
+                for i, sent in enumerate(sents):
+                    hypo = {
+                        "tokens": toks[i],
+                        "score": torch.tensor(final[i], dtype=torch.float32),
                         "attention": None,
                         "alignment": None,
-                        "positional_scores": positional[i],
+                        "positional_scores": pos[i],
                     }
-                )
+                    finalized[sent].append((final[i], hypo))
+        out = []
+        for hypos in finalized:
+            hypos.sort(key=lambda h: h[0], reverse=True)
+            out.append([h for _, h in hypos[: self.nbest]])
+        return out
 
 
 # ---------------------------------------------------------------------- builders and the batch helper

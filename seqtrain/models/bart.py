@@ -7,10 +7,19 @@ Parameter names are fairseq's, so fairseq checkpoints load with no renaming (fai
     x, extra = model(src_tokens, src_lengths, prev_output_tokens, features_only=True)
     logits = model.output_layer(x[target.ne(pad)])        # project only the rows a criterion needs
 
+Host-device syncs: a training batch from the collater carries `net_input["layout"]` (pair_dataset.batch_layout:
+whether each side has pads, and for the sides worth packing the flat positions of their real tokens and pads,
+computed on the CPU), and with it a forward pass never waits for the device. Without it (a caller's own batch)
+the pads are found on the device: a sync for each stack's attention mask, and two for each of the three
+packings (encoder, decoder, encoder output).
+
 Incremental decoding (beam search): the caller creates `state = {}` and calls
 `model.decoder(prev_output_tokens, encoder_out, incremental_state=state)` with the whole prefix each step; only
 the last position is computed. The decoder batch may be `beam` times the encoder batch (rows b*beam..b*beam+beam-1
 share encoder row b); encoder keys/values are computed once per sentence and cached in `state`.
+
+Why one module: the config, the two stacks, the arch presets and the model flags describe one model; the
+presets fill the flags the config reads, and fairseq's checkpoints name all of it together.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from seqtrain.models.transformer import (
 from seqtrain.registry import ARCHS
 
 EncoderOut = dict[str, Tensor]
+Layout = dict[str, Any]
 
 
 @dataclass
@@ -136,10 +146,12 @@ class BartEncoder(nn.Module):
         # pre-norm stacks end with a layer norm (fairseq's encoder.layer_norm); post-norm ones have none
         self.layer_norm = nn.LayerNorm(dim) if cfg.encoder_normalize_before else None
 
-    def forward(self, src_tokens: Tensor, src_lengths: Tensor | None = None) -> EncoderOut:
+    def forward(
+        self, src_tokens: Tensor, src_lengths: Tensor | None = None, layout: Layout | None = None
+    ) -> EncoderOut:
         """src_tokens: B x S (left or right padded). Returns {"encoder_out": B x S x C,
         "encoder_padding_mask": B x S bool (True at pads)}. src_lengths is accepted for fairseq's signature;
-        the padding mask is read from the tokens."""
+        the padding mask is read from the tokens. `layout`: the collater's (see the module docstring)."""
         if src_tokens.size(1) > self.max_source_positions:
             raise SeqtrainError(
                 f"source of {src_tokens.size(1)} tokens exceeds --max-source-positions {self.max_source_positions}"
@@ -147,11 +159,15 @@ class BartEncoder(nn.Module):
         padding_mask = src_tokens.eq(self.padding_idx)
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
         x = F.dropout(self.layernorm_embedding(x), self.dropout, self.training)
-        attn_mask = _attn_mask(padding_mask)
+        if layout is None:
+            attn_mask = _attn_mask(padding_mask)
+            packing = None if attn_mask is None else Packing.from_mask(~padding_mask)
+        else:
+            attn_mask = _attn_mask(padding_mask, layout["src_pads"])
+            packing = Packing.from_layout(layout, "src", src_tokens)
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
-        if attn_mask is not None:
+        if packing is not None:
             # Padded batch: the layers' position-wise work runs on the real tokens only (zeros at pads after).
-            packing = Packing(~padding_mask)
             x = packing.pack(x)
             for layer in self.layers:
                 x = _run_layer(layer, use_ckpt, x, attn_mask, packing)
@@ -210,9 +226,11 @@ class BartDecoder(nn.Module):
         encoder_out: EncoderOut | None = None,
         incremental_state: dict[str, Any] | None = None,
         features_only: bool = False,
+        layout: Layout | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
         """prev_output_tokens: (B*beam) x T, right-padded. With `incremental_state`, the first T-1 positions must
-        already be cached by earlier calls and only position T is computed (output (B*beam) x 1 x V)."""
+        already be cached by earlier calls and only position T is computed (output (B*beam) x 1 x V).
+        `layout`: the collater's (see the module docstring)."""
         t = prev_output_tokens.size(1)
         if t > self.max_target_positions:
             raise SeqtrainError(
@@ -234,22 +252,20 @@ class BartDecoder(nn.Module):
         x = F.dropout(self.layernorm_embedding(x), self.dropout, self.training)
 
         memory = memory_mask = None
+        src_pads = None if layout is None else layout["src_pads"]
         if encoder_out is not None:
             memory = encoder_out["encoder_out"]
             if state is not None:
                 if "encoder_attn_mask" not in state:
-                    state["encoder_attn_mask"] = _attn_mask(encoder_out["encoder_padding_mask"])
+                    state["encoder_attn_mask"] = _attn_mask(encoder_out["encoder_padding_mask"], src_pads)
                 memory_mask = state["encoder_attn_mask"]
             else:
-                memory_mask = _attn_mask(encoder_out["encoder_padding_mask"])
+                memory_mask = _attn_mask(encoder_out["encoder_padding_mask"], src_pads)
 
-        if (
-            state is None
-            and memory is not None
-            and x.size(0) % memory.size(0) == 0
-            and (memory_mask is not None or bool(prev_output_tokens.eq(self.padding_idx).any()))
-        ):
-            return self._forward_packed(prev_output_tokens, x, encoder_out, memory_mask, features_only)
+        if state is None and memory is not None and x.size(0) % memory.size(0) == 0:
+            packings = self._packings(prev_output_tokens, encoder_out, memory_mask, layout)
+            if packings is not None:
+                return self._forward_packed(x, encoder_out, memory_mask, features_only, *packings)
         inner_states: list[Tensor] = [x]
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and state is None
         for i, layer in enumerate(self.layers):
@@ -267,18 +283,37 @@ class BartDecoder(nn.Module):
         extra = {"attn": [None], "inner_states": inner_states}
         return (x if features_only else self.output_layer(x)), extra
 
-    def _forward_packed(
+    def _packings(
         self,
         prev_output_tokens: Tensor,
+        encoder_out: EncoderOut,
+        memory_mask: Tensor | None,
+        layout: Layout | None,
+    ) -> tuple[Packing, Packing | None] | None:
+        """(decoder packing, encoder-output packing or None) when the decoder should run packed, else None.
+        With the collater's layout: as it chose, no sync. Without: whenever either side has pads (syncs)."""
+        pad_mask = encoder_out["encoder_padding_mask"]
+        if layout is not None:
+            packing = Packing.from_layout(layout, "tgt", prev_output_tokens)
+            return None if packing is None else (packing, Packing.from_layout(layout, "src", pad_mask))
+        if memory_mask is None and not bool(prev_output_tokens.eq(self.padding_idx).any()):
+            return None
+        return Packing.from_mask(prev_output_tokens.ne(self.padding_idx)), Packing.from_mask(~pad_mask)
+
+    def _forward_packed(
+        self,
         x: Tensor,
         encoder_out: EncoderOut,
         memory_mask: Tensor | None,
         features_only: bool,
+        packing: Packing,
+        memory_packing: Packing | None,
     ) -> tuple[Tensor, dict[str, Any]]:
-        """The full-sequence forward of a padded batch with position-wise work on real tokens only (Packing)."""
-        packing = Packing(prev_output_tokens.ne(self.padding_idx))
-        memory_packing = Packing(~encoder_out["encoder_padding_mask"])
-        memory = memory_packing.pack(encoder_out["encoder_out"])
+        """The full-sequence forward of a padded batch with position-wise work on real tokens only (Packing);
+        the encoder output is packed too when `memory_packing` is given."""
+        memory = encoder_out["encoder_out"]
+        if memory_packing is not None:
+            memory = memory_packing.pack(memory)
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         inner_states: list[Tensor] = [x]
         x = packing.pack(x)
@@ -303,10 +338,13 @@ class BartDecoder(nn.Module):
             incremental_state["encoder_attn_mask"] = mask.index_select(0, encoder_order)
 
 
-def _attn_mask(padding_mask: Tensor) -> Tensor | None:
+def _attn_mask(padding_mask: Tensor, has_pads: bool | None = None) -> Tensor | None:
     """B x S pad mask (True at pads) -> B x 1 x 1 x S attend mask (True = attend), or None without pads
-    (no mask lets CUDA pick the flash kernel; the .any() costs one device sync per forward)."""
-    return (~padding_mask)[:, None, None, :] if padding_mask.any() else None
+    (no mask lets CUDA pick the flash kernel). `has_pads` from the host (the collater's layout) spares the
+    device sync that finding it out costs."""
+    if has_pads is None:
+        has_pads = bool(padding_mask.any())
+    return (~padding_mask)[:, None, None, :] if has_pads else None
 
 
 class BARTModel(nn.Module):
@@ -348,9 +386,11 @@ class BARTModel(nn.Module):
         src_lengths: Tensor | None,
         prev_output_tokens: Tensor,
         features_only: bool = False,
+        layout: Layout | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
-        encoder_out = self.encoder(src_tokens, src_lengths)
-        return self.decoder(prev_output_tokens, encoder_out, features_only=features_only)
+        """`layout`: the collater's net_input["layout"] (see the module docstring); optional."""
+        encoder_out = self.encoder(src_tokens, src_lengths, layout)
+        return self.decoder(prev_output_tokens, encoder_out, features_only=features_only, layout=layout)
 
     def output_layer(self, x: Tensor) -> Tensor:
         return self.decoder.output_layer(x)

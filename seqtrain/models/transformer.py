@@ -431,11 +431,28 @@ class Packing:
     Results at real positions are those of the padded computation (pads never reach a real token: keys at pads
     are masked, or lie after every real query under the causal mask of a right-padded decoder)."""
 
-    def __init__(self, keep: Tensor):
-        self.batch, self.length = keep.shape
+    def __init__(self, index: Tensor, pad_index: Tensor, batch: int, length: int):
+        """`index`/`pad_index`: the flat positions (into B*T) of the real tokens and of the pads, on the device
+        of the activations. The collater computes them on the CPU (seqtrain.data.pair_dataset.batch_layout), so
+        building a Packing costs no host-device sync; `from_mask` finds them on the device (two syncs)."""
+        self.batch, self.length = batch, length
+        self.index, self.pad_index = index, pad_index
+
+    @classmethod
+    def from_mask(cls, keep: Tensor) -> Packing:
+        """The Packing of a B x T bool mask (True = real token). `nonzero` waits for the device: a caller that
+        has the layout on the host (the collater's) builds the Packing from indices instead."""
         flat = keep.reshape(-1)
-        self.index = flat.nonzero().squeeze(1)
-        self.pad_index = (~flat).nonzero().squeeze(1)
+        return cls(flat.nonzero().squeeze(1), (~flat).nonzero().squeeze(1), *keep.shape)
+
+    @classmethod
+    def from_layout(cls, layout: dict[str, Any], side: str, like: Tensor) -> Packing | None:
+        """The Packing of `side` ("src" or "tgt") from a collated batch's layout (batch_layout), or None when the
+        collater chose the padded path for this batch; `like` is the B x T token tensor of that side."""
+        index = layout.get(f"{side}_index")
+        if index is None:
+            return None
+        return cls(index, layout[f"{side}_pad_index"], *like.shape)
 
     def pack(self, x: Tensor) -> Tensor:
         """B x T x C -> N x C."""
@@ -504,13 +521,15 @@ def packed_cross_attention(
     x: Tensor,
     packing: Packing,
     memory: Tensor,
-    memory_packing: Packing,
+    memory_packing: Packing | None,
     memory_mask: Tensor | None,
 ) -> Tensor:
-    """Cross-attention of packed queries (N x C) to packed memory (M x kdim); returns N x C. The query batch may
-    be `beam` times the memory batch (folded into the query axis, as MultiheadAttention.cross_attention does)."""
+    """Cross-attention of packed queries (N x C) to packed memory (M x kdim; B x S x kdim without
+    `memory_packing`); returns N x C. The query batch may be `beam` times the memory batch (folded into the
+    query axis, as MultiheadAttention.cross_attention does)."""
     q = packing.unpack(attn.q_proj(x))
-    k, v = memory_packing.unpack(_fused_linear(memory, attn.k_proj, attn.v_proj)).chunk(2, dim=-1)
+    kv = _fused_linear(memory, attn.k_proj, attn.v_proj)
+    k, v = (kv if memory_packing is None else memory_packing.unpack(kv)).chunk(2, dim=-1)
     k, v = attn._heads(k), attn._heads(v)
     bq, t, _ = q.shape
     bk = k.size(0)
@@ -540,10 +559,11 @@ def decoder_layer_packed(
     x: Tensor,
     packing: Packing,
     memory: Tensor,
-    memory_packing: Packing,
+    memory_packing: Packing | None,
     memory_mask: Tensor | None,
 ) -> Tensor:
-    """TransformerDecoderLayer.forward (no cache) on packed tokens; `memory` is the packed encoder output."""
+    """TransformerDecoderLayer.forward (no cache) on packed tokens; `memory` is the encoder output, packed
+    when `memory_packing` is given."""
     x = layer._residual(
         x,
         layer.self_attn_layer_norm,

@@ -1,0 +1,295 @@
+"""Host-device synchronisations of a training update and of a decoding step (issue 14, item 1).
+
+On CUDA every read of a device value by the host (item/float/bool, tolist, a copy to the CPU) and every
+operation whose output size depends on the data (nonzero, masked_select, boolean-mask indexing) makes the host
+wait for the device's queued work. On the CPU nothing waits, so SyncCounter counts the operations that WOULD wait,
+taking the model's device for "the device": `aten._local_scalar_dense` (item/float/bool/int), nonzero,
+masked_select, argwhere, unique, repeat_interleave without an output size, indexing or index_put with a
+boolean mask, torch.equal, and the Python-level reads tolist/numpy/cpu. Each sync is recorded with the
+seqtrain source line that caused it, so a failure says where.
+
+Budgets: forward + backward of a training batch: 0 (padded and packed paths); a whole update: 1 (the gradient
+norm and the logged figures in one transfer); a decoding step of beam search: at most 1. On CUDA the forward and
+backward run under torch.cuda.set_sync_debug_mode("error"), and the update's syncs are counted from its
+warnings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random
+import traceback
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from seqtrain import options
+from seqtrain.generation.sequence_generator import SequenceGenerator
+from seqtrain.tasks import setup_task
+from seqtrain.trainer import Trainer
+from seqtrain_cli.preprocess import preprocess_main
+
+SEQTRAIN = os.path.dirname(inspect.getfile(Trainer))
+DATA_DEPENDENT = {
+    "nonzero",
+    "masked_select",
+    "argwhere",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "equal",
+}
+
+
+def _caller() -> str:
+    """The innermost seqtrain source line on the stack (outside the torch and test frames)."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if frame.filename.startswith(SEQTRAIN):
+            return f"{os.path.relpath(frame.filename, SEQTRAIN)}:{frame.lineno} {frame.line}"
+    return "<outside seqtrain>"
+
+
+class SyncCounter(TorchDispatchMode):
+    """Records every operation that forces a host-device sync on CUDA; `syncs` lists (op, seqtrain line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs: list[tuple[str, str]] = []
+        self._patched: list[tuple[str, object]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name == "_local_scalar_dense" or name in DATA_DEPENDENT:
+            self.syncs.append((name, _caller()))
+        elif name == "repeat_interleave" and kwargs.get("output_size") is None and len(args) == 1:
+            self.syncs.append((name, _caller()))
+        elif name in ("index", "index_put", "index_put_"):
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            if any(t is not None and t.dtype == torch.bool for t in indices):
+                self.syncs.append((f"{name}[bool mask]", _caller()))
+        return func(*args, **kwargs)
+
+    def __enter__(self):
+        for method in ("tolist", "numpy", "cpu"):
+            real = getattr(torch.Tensor, method)
+
+            def reading(t, *a, _real=real, _name=method, **kw):
+                self.syncs.append((_name, _caller()))
+                return _real(t, *a, **kw)
+
+            self._patched.append((method, real))
+            setattr(torch.Tensor, method, reading)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for method, real in self._patched:
+            setattr(torch.Tensor, method, real)
+        self._patched.clear()
+        return super().__exit__(*exc)
+
+
+def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
+    argv = [
+        data,
+        "--arch",
+        "bart_tiny",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        "0.1",
+        "--lr",
+        "1e-3",
+        "--max-tokens",
+        "512",
+        "--save-dir",
+        save_dir,
+        "--log-format",
+        "none",
+        *extra,
+    ]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    args.distributed_world_size, args.distributed_rank = 1, 0
+    task = setup_task(args)
+    task.load_dataset("train")
+    return Trainer(args, task, task.build_model(args), task.build_criterion(args))
+
+
+@pytest.fixture(scope="module")
+def databin(tmp_path_factory) -> str:
+    """64 pairs with pads on both sides of a batch: sources of 3-12 words, targets of 1-8."""
+    folder = tmp_path_factory.mktemp("sync_data")
+    r = random.Random(0)
+    with open(folder / "train.src", "w") as fs, open(folder / "train.tgt", "w") as ft:
+        for _ in range(64):
+            words = [f"w{r.randrange(20)}" for _ in range(r.randint(3, 12))]
+            fs.write(" ".join(words) + "\n")
+            ft.write(" ".join(words[: r.randint(1, 8)]) + "\n")
+    dest = str(folder / "bin")
+    preprocess_main(
+        [
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            str(folder / "train"),
+            "--destdir",
+            dest,
+        ]
+        + ["--joined-dictionary", "--tokenizer", "none", "--no-progress-bar"]
+    )
+    return dest
+
+
+@pytest.fixture(scope="module")
+def trainer(databin, tmp_path_factory):
+    return build_trainer(databin, str(tmp_path_factory.mktemp("sync")), "--cpu")
+
+
+def batches(trainer: Trainer, packed: bool, n: int = 2, size: int = 8) -> list:
+    """`n` collated training batches; `packed` chooses the collater's packed layout for any padded side."""
+    dataset = trainer.task.dataset("train")
+    saved = dataset.pack_min_pad_fraction
+    dataset.pack_min_pad_fraction = 0.0 if packed else 1.0
+    try:
+        out = [dataset.collater([dataset[i] for i in range(k * size, (k + 1) * size)]) for k in range(n)]
+    finally:
+        dataset.pack_min_pad_fraction = saved
+    layout = out[0]["net_input"]["layout"]
+    assert layout["src_pads"] and layout["tgt_pads"]  # the toy batches have pads on both sides
+    assert ("src_index" in layout) == packed and ("tgt_index" in layout) == packed
+    return out
+
+
+def forward_backward(trainer: Trainer, sample: dict) -> torch.Tensor:
+    trainer.model.train()
+    loss, _, _ = trainer.criterion(trainer.model, trainer.prepare_sample(sample))
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_forward_and_backward_do_not_sync(trainer, packed):
+    sample = batches(trainer, packed, n=1)[0]
+    trainer.optimizer.zero_grad()
+    with SyncCounter() as counter:
+        forward_backward(trainer, sample)
+    assert counter.syncs == [], counter.syncs
+    assert not [s for s in counter.syncs if s[1].startswith("models/")], counter.syncs
+
+
+def test_the_criterion_does_not_sync(trainer):
+    sample = batches(trainer, True, n=1)[0]
+    trainer.optimizer.zero_grad()
+    with SyncCounter() as counter:
+        forward_backward(trainer, sample)
+    assert counter.syncs == []
+
+
+def test_without_the_collater_layout_the_model_finds_pads_on_the_device(trainer):
+    """A caller's own batch (no layout) still works; it pays the syncs the layout spares."""
+    net_input = dict(batches(trainer, True, n=1)[0]["net_input"])
+    del net_input["layout"]
+    trainer.model.eval()
+    with torch.no_grad(), SyncCounter() as counter:
+        trainer.model(**net_input)
+    ops = [op for op, _ in counter.syncs]
+    # the attention masks of encoder and decoder (.any()), and two nonzero per packing (encoder, decoder, memory)
+    assert ops.count("_local_scalar_dense") == 2 and ops.count("nonzero") == 6, counter.syncs
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_an_update_syncs_once(trainer, packed):
+    samples = batches(trainer, packed, n=2)
+    with SyncCounter() as counter:
+        stats = trainer.train_step(samples)
+    assert stats is not None and stats["ntokens"] == sum(s["ntokens"] for s in samples)
+    assert len(counter.syncs) == 1, counter.syncs
+    assert counter.syncs[0][0] == "tolist" and counter.syncs[0][1].startswith("trainer.py")
+
+
+def test_packed_and_padded_paths_agree(trainer):
+    """The collater's layout changes where work runs, never the result: logits, loss and gradients."""
+    results = []
+    for packed in (False, True):
+        sample = trainer.prepare_sample(batches(trainer, packed, n=1)[0])
+        trainer.model.eval()  # no dropout
+        trainer.optimizer.zero_grad()
+        out = trainer.model(**sample["net_input"])[0]
+        keep = sample["target"].ne(trainer.task.tgt_dict.pad())
+        loss = torch.nn.functional.cross_entropy(out[keep], sample["target"][keep], reduction="sum")
+        loss.backward()
+        grads = [p.grad.clone() for p in trainer.model.parameters()]
+        results.append((out[keep].detach(), loss.detach(), grads))
+    (out_a, loss_a, grads_a), (out_b, loss_b, grads_b) = results
+    torch.testing.assert_close(out_a, out_b, rtol=0, atol=1e-5)
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-6, atol=0)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_beam_search_syncs_at_most_once_per_step(trainer):
+    dataset = trainer.task.dataset("train")
+    sample = dataset.collater([dataset[i] for i in range(6)])
+    generator = SequenceGenerator(trainer.model, trainer.task.tgt_dict, beam_size=3, max_len_b=12)
+    steps = []
+    real_forward = trainer.model.decoder.forward
+
+    def counting_forward(*a, **kw):
+        steps.append(1)
+        return real_forward(*a, **kw)
+
+    trainer.model.decoder.forward = counting_forward
+    try:
+        with torch.no_grad(), SyncCounter() as counter:
+            hypos = generator.generate(sample["net_input"]["src_tokens"], sample["net_input"]["src_lengths"])
+    finally:
+        del trainer.model.decoder.forward
+    assert len(hypos) == 6 and all(len(h) == 3 for h in hypos)
+    # per step at most one; per batch two more (the encoder's attention mask, the max lengths)
+    in_loop = [s for s in counter.syncs if s[1].startswith("generation/")]
+    # one per step (which candidates end), one at the end (all finished hypotheses in one transfer), one for
+    # the max lengths
+    assert len(in_loop) <= len(steps) + 2, (len(steps), counter.syncs)
+    # and per batch, as a forward pass without the collater's layout: the encoder's mask and packing (1 + 2),
+    # the decoder's cross-attention mask (once, kept in the incremental state)
+    assert len(counter.syncs) - len(in_loop) <= 4, counter.syncs
+
+
+@pytest.mark.cuda
+def test_cuda_forward_backward_raise_on_sync_and_an_update_syncs_once(databin, tmp_path):
+    trainer = build_trainer(databin, str(tmp_path))
+    assert trainer.device.type == "cuda"
+    for packed in (False, True):
+        samples = batches(trainer, packed, n=2)
+        forward_backward(trainer, samples[0])  # warm-up: allocator, kernels
+        trainer.optimizer.zero_grad()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            forward_backward(trainer, samples[0])
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        trainer.optimizer.zero_grad()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                assert trainer.train_step(samples) is not None
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        assert len(syncs) <= 2, [str(w.message) for w in syncs]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("flag", [(), ("--no-tf32",)], ids=["default", "no-tf32"])
+def test_cuda_fp32_matmuls_use_tf32_unless_no_tf32(databin, tmp_path, flag):
+    build_trainer(databin, str(tmp_path), *flag)
+    assert torch.backends.cuda.matmul.allow_tf32 is (not flag)
+    assert torch.backends.cudnn.allow_tf32 is (not flag)
