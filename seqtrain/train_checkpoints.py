@@ -471,7 +471,7 @@ def check_resumable(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     other = newest_intact_checkpoint(folder, exclude=path)
     hint = (
-        f"the newest intact checkpoint is {other}: resume from it with --restore-file {other} "
+        f"the newest intact checkpoint is {other}: resume from it with --restore-file {other} --restore-file-always "
         f"(or copy it over {os.path.basename(path)})"
         if other is not None
         else f"no intact checkpoint in {folder}; move the damaged file away to start from scratch"
