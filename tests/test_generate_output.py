@@ -87,7 +87,12 @@ def test_result_files_appear_whole_or_not_at_all(setup, monkeypatch):
     res = tmp / "res"
     run(base + ["--gen-subset", "valid", "--results-path", str(res), "--scoring", "rouge"])
     before = {p.name: p.read_bytes() for p in res.iterdir()}
-    assert set(before) == {"generate-valid.txt", "hypotheses-valid.txt", "references-valid.txt", "rouge-valid.json"}
+    assert set(before) == {
+        "generate-valid.txt",
+        "hypotheses-valid.txt",
+        "references-valid.txt",
+        "rouge-valid.json",
+    }
     real_fsync, calls = os.fsync, []
 
     def full_disk(fd):  # the third result file hits a full disk
@@ -97,7 +102,8 @@ def test_result_files_appear_whole_or_not_at_all(setup, monkeypatch):
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", full_disk)
-    with pytest.raises(SeqtrainError, match=r"references-valid.txt: cannot write \(No space left on device\); no result file was written"):
+    msg = r"references-valid.txt: cannot write \(No space left on device\); no result file was written"
+    with pytest.raises(SeqtrainError, match=msg):
         run(base + ["--gen-subset", "valid", "--results-path", str(res), "--beam", "2", "--scoring", "rouge"])
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert {p.name: p.read_bytes() for p in res.iterdir()} == before  # untouched, no temporaries left
@@ -124,7 +130,9 @@ def test_flags_that_do_nothing_in_generation_are_refused(flag):
 def test_log_file_progress_and_shards(setup, capsys):
     base, inp, tmp = setup
     log = tmp / "gen.log"
-    r, full = run(base + ["--input", inp, "--log-file", str(log), "--log-format", "simple", "--log-interval", "1"])
+    r, full = run(
+        base + ["--input", inp, "--log-file", str(log), "--log-format", "simple", "--log-interval", "1"]
+    )
     text = log.read_text()
     assert f"Generated {N} sentences" in text and f"generated 7/{N} sentences" in text
     # a tqdm bar on stderr when asked for (the default on a terminal), none with --no-progress-bar
