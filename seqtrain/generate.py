@@ -32,7 +32,10 @@ def read_text(path: str) -> list[str]:
     """The lines of a text file ('-': stdin), without their newlines; errors name the file and line."""
     try:
         if path == "-":
-            return sys.stdin.read().split("\n")[:-1] if not sys.stdin.isatty() else []
+            if sys.stdin.isatty():
+                logger.info("reading documents, one per line, until Ctrl-D (seqtrain-interactive answers each line)")
+            text = sys.stdin.read()
+            return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:

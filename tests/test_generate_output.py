@@ -80,6 +80,9 @@ def test_output_paths_are_checked_before_any_work(setup):
     with pytest.raises(SeqtrainError, match=r"--shard-id must be in \[0, --num-shards 2\)"):
         run(base + missing_ck + ["--input", inp, "--num-shards", "2", "--shard-id", "2"])
     assert not (tmp / "nodir").exists()
+    with pytest.raises(SeqtrainError, match=r"in.txt.d: is a folder; give a text file"):
+        (tmp / "in.txt.d").mkdir()
+        run(base + ["--input", str(tmp / "in.txt.d")])
 
 
 def test_result_files_appear_whole_or_not_at_all(setup, monkeypatch):
