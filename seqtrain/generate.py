@@ -33,7 +33,9 @@ def read_text(path: str) -> list[str]:
     try:
         if path == "-":
             if sys.stdin.isatty():
-                logger.info("reading documents, one per line, until Ctrl-D (seqtrain-interactive answers each line)")
+                logger.info(
+                    "reading documents, one per line, until Ctrl-D (seqtrain-interactive answers each line)"
+                )
             text = sys.stdin.read()
             return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
         with open(path, encoding="utf-8") as f:
@@ -241,7 +243,18 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
     return _write(args, out, loaded, results, order, lo, hi, refs, elapsed)
 
 
-def _write(args, out, loaded, results, order, lo, hi, refs, elapsed) -> dict[str, Any]:
+def _write(
+    args: argparse.Namespace,
+    out: TextIO,
+    loaded: runner.Loaded,
+    results: dict[int, tuple],
+    order: np.ndarray,
+    lo: int,
+    hi: int,
+    refs: list[str] | None,
+    elapsed: float,
+) -> dict[str, Any]:
+    """Write the output (text or fairseq lines) and the result files of examples lo..hi-1, all at the end."""
     from seqtrain.generation.output import write_files
 
     lines = [line for sid in order.tolist() for line in results[sid][0]]
