@@ -76,6 +76,8 @@ for i in range(3):
 EOF
 echo
 echo "done in $(( $(date +%s) - t0 )) s. Outputs: $work/gen/hypotheses-test.txt, $work/gen/rouge-test.json;"
-echo "summarize your own text: seqtrain-generate --path $work/checkpoints/checkpoint_best.pt --input FILE --beam 4 --quiet"
+echo "summarize your own text (one document per line, here 3 test descriptions):"
+echo "  head -n 3 data/debdesc-sample/test.source | .venv/bin/seqtrain-generate --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt --input -"
+echo "  .venv/bin/seqtrain-interactive --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt"
 echo "A few minutes from scratch on 5,000 examples is a smoke run of the pipeline, not a useful model (expect it"
 echo "below the lead baseline); scripts/quality_run.sh trains on the full corpus (see the README's quality section)."

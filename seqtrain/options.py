@@ -712,8 +712,76 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
         metavar="JSON",
         help="model args to override, e.g. '{\"dropout\": 0.0}'",
     )
+    _add_generation_output_args(parser, g)
     _order_groups(parser)
     return parser
+
+
+# Flags the shared groups give seqtrain-generate that do nothing there: refused with one line (a --config
+# file may still hold them: presets carry training and generation keys together).
+GENERATION_REFUSED = (
+    "--compile",
+    "--tensorboard-logdir",
+    "--peak-flops",
+    "--profile",
+    "--num-workers",
+    "--fp16-init-scale",
+    "--fp16-scale-window",
+    "--fp16-scale-tolerance",
+    "--min-loss-scale",
+    "--threshold-loss-scale",
+    "--distributed-world-size",
+    "--distributed-rank",
+    "--distributed-backend",
+    "--distributed-timeout",
+    "--distributed-init-method",
+    "--distributed-port",
+    "--device-id",
+    "--distributed-no-spawn",
+    "--ddp-backend",
+    "--bucket-cap-mb",
+    "--find-unused-parameters",
+)
+# ... and those seqtrain-interactive refuses on top (it answers on stdout, from stdin)
+INTERACTIVE_REFUSED = (
+    "--results-path",
+    "--scoring",
+    "--reference",
+    "--gen-subset",
+    "--output",
+    "--num-shards",
+    "--shard-id",
+    "--prefix-size",
+)
+
+
+def _add_generation_output_args(parser: argparse.ArgumentParser, g: Any) -> None:
+    """seqtrain-generate's output, sharding and interactive flags (issue 15), in one block."""
+    g.add_argument(
+        "--output",
+        default=None,
+        metavar="FILE",
+        help="write the summaries (or fairseq lines) to FILE instead of stdout, atomically",
+    )
+    g.add_argument(
+        "--output-format",
+        default=None,
+        choices=["text", "fairseq"],
+        help="text: one detokenized summary per input line, in input order (--nbest lines each); fairseq: "
+        "S-/T-/H-/D-/P- lines in batch order (default: text with --input, fairseq for a data-bin split)",
+    )
+    g.add_argument(
+        "--num-shards",
+        default=1,
+        type=int,
+        metavar="N",
+        help="split the examples into N contiguous shards and generate only --shard-id's (as fairseq)",
+    )
+    g.add_argument("--shard-id", default=0, type=int, metavar="ID", help="the shard to generate, 0-based")
+    refused = set(GENERATION_REFUSED)
+    for action in parser._actions:
+        if refused & set(action.option_strings):
+            action.help = argparse.SUPPRESS
 
 
 def get_preprocessing_parser() -> argparse.ArgumentParser:
@@ -844,13 +912,52 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parse_args_and_arch(get_training_parser(), argv)
 
 
-def parse_generation_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """seqtrain-generate's flags, parsed; --config FILE supplies defaults, as in seqtrain-train."""
+def parse_generation_args(argv: Sequence[str] | None = None, interactive: bool = False) -> argparse.Namespace:
+    """seqtrain-generate's (or seqtrain-interactive's) flags, parsed; --config FILE supplies defaults, as in
+    seqtrain-train. Flags that do nothing there are refused; `given_flags` lists the dests set on the command
+    line or in --config (they win over the generation defaults a model ships)."""
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
     fairseq_compat.import_user_dir_of(argv)
-    return parse_args_and_arch(get_generation_parser(), argv)
+    parser = get_interactive_parser() if interactive else get_generation_parser()
+    refused = GENERATION_REFUSED + (INTERACTIVE_REFUSED if interactive else ())
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg.split("=", 1)[0] in refused:
+            raise UsageError(f"{arg.split('=', 1)[0]}: does nothing in {parser.prog}; remove it")
+    args = parse_args_and_arch(parser, argv)
+    given = {a.dest for a in parser._actions if set(a.option_strings) & {x.split("=", 1)[0] for x in argv}}
+    if args.config:
+        config, _ = load_config(args.config)
+        given |= {str(k).lstrip("-").replace("-", "_") for k in config}
+    args.given_flags = sorted(given)
+    return args
+
+
+def get_interactive_parser() -> argparse.ArgumentParser:
+    """seqtrain-interactive's parser: seqtrain-generate's, reading stdin by default."""
+    parser = get_generation_parser()
+    parser.prog = "seqtrain-interactive"
+    parser.description = (
+        "Summarize text read line by line (fairseq-interactive's flags): each buffer is answered as soon as it "
+        "is full or the input ends."
+    )
+    g = next(g for g in parser._action_groups if g.title == "Generation")
+    g.add_argument(
+        "--buffer-size",
+        default=1,
+        type=int,
+        metavar="N",
+        help="read N lines, then answer them together (default: 1)",
+    )
+    parser.set_defaults(input="-")
+    refused = set(INTERACTIVE_REFUSED)
+    for action in parser._actions:
+        if refused & set(action.option_strings):
+            action.help = argparse.SUPPRESS
+    return parser
 
 
 def parse_args_and_arch(

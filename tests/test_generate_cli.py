@@ -140,6 +140,8 @@ def test_raw_text_input_and_stdin(fairseq_tiny, tmp_path):
             "rouge",
             "--results-path",
             str(tmp_path / "res"),
+            "--output-format",
+            "fairseq",
         ],
         out=out,
     )
@@ -173,8 +175,9 @@ def test_raw_text_input_and_stdin(fairseq_tiny, tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    d_lines = {int(m.group(1)): m.group(2) for m in re.finditer(r"^D-(\d+)\t\S+\t(.*)$", proc.stdout, re.M)}
-    assert [d_lines[i] for i in range(12)] == r["hypotheses"]
+    # by default with --input: stdout holds exactly one summary per input line, in input order
+    assert proc.stdout.split("\n")[:-1] == r["hypotheses"]
+    assert "Generated 12 sentences" in proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -322,3 +322,67 @@ def export_hf(lm: Any, folder: str) -> None:
     with atomic_write(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
+
+
+# generation_config.json key -> (seqtrain generation flag, value conversion). HF lengths count the decoder start
+# token (max_length = tokens before </s> + 2, min_length = min tokens before </s> + 1); *_new_tokens do not.
+_HF_GENERATION_KEYS = {
+    "num_beams": ("beam", int),
+    "length_penalty": ("lenpen", float),
+    "max_length": ("max_len_b", lambda v: int(v) - 2),
+    "max_new_tokens": ("max_len_b", lambda v: int(v) - 1),
+    "min_length": ("min_len", lambda v: max(int(v) - 1, 0)),
+    "min_new_tokens": ("min_len", int),
+    "no_repeat_ngram_size": ("no_repeat_ngram_size", int),
+    "do_sample": ("sampling", bool),
+    "top_k": ("sampling_topk", int),
+    "top_p": ("sampling_topp", float),
+    "temperature": ("temperature", float),
+}
+
+
+def read_generation_config(folder: str) -> tuple[dict[str, Any], Any, str | None]:
+    """The generation defaults a Hugging Face folder ships, as seqtrain flag values, with transformers'
+    semantics: (flag dest -> value, the forced first token id (None: none; False: the folder does not say),
+    the file they came from). From generation_config.json, else the generation keys of config.json (as
+    transformers' GenerationConfig.from_model_config); keys the folder does not set are left out."""
+    import math
+
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        path = os.path.join(folder, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SeqtrainError(f"{path}: cannot read the generation settings ({e})") from None
+    if not isinstance(config, dict):
+        raise SeqtrainError(f"{path}: expected a JSON object")
+    out: dict[str, Any] = {}
+    for key, (dest, conv) in _HF_GENERATION_KEYS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) != (conv is bool) or not isinstance(value, (int, float)):
+            raise SeqtrainError(f"{path}: {key}={value!r} is not a valid value")
+        if not math.isfinite(value) or value < 0:
+            raise SeqtrainError(f"{path}: {key}={value!r} is not a valid value")
+        if (
+            key in ("max_length", "min_length")
+            and config.get(key.replace("length", "new_tokens")) is not None
+        ):
+            continue  # as in transformers, *_new_tokens wins
+        out[dest] = conv(value)
+        if dest == "max_len_b" and out[dest] < 1:
+            raise SeqtrainError(f"{path}: {key}={value!r} leaves no room for a token")
+    if out.get("sampling"):
+        out["beam"] = 1  # plain sampling (transformers' beam-sample has no seqtrain counterpart)
+        if out.get("sampling_topp", 1.0) >= 1.0:
+            out.pop("sampling_topp", None)
+        if out.get("sampling_topk", 0) <= 0:
+            out.pop("sampling_topk", None)
+    else:
+        for dest in ("sampling", "sampling_topk", "sampling_topp", "temperature"):
+            out.pop(dest, None)
+    forced_bos = config["forced_bos_token_id"] if "forced_bos_token_id" in config else False
+    return out, forced_bos, path

@@ -1,0 +1,231 @@
+"""The generation pipeline shared by seqtrain-generate, seqtrain-interactive and seqtrain.Summarizer.
+
+load_for_generation (checkpoint of any format -> model, dictionaries, tokenizer, generation defaults) ->
+encode (text -> source token ids) -> text_dataset -> plan_batches (length-sorted, under a token budget) ->
+run_batches (SequenceGenerator, one batch at a time) -> decode. All three front ends go through these functions,
+so a sentence gets the same summary from each (a hypothesis does not depend on its batch neighbours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqtrain.errors import SeqtrainError
+
+logger = logging.getLogger("seqtrain.generate")
+
+
+@dataclass
+class Loaded:
+    """A model ready to generate with: seqtrain.hub.LoadedModel plus what generation needs around it."""
+
+    lm: Any  # seqtrain.hub.LoadedModel (lm.model in eval mode, on its device)
+    tokenizer: Any  # seqtrain.data.tokenizer.Tokenizer (the "none" tokenizer when the model has none)
+    src_lang: str
+    tgt_lang: str
+    force_bos: int | None  # token forced first in every hypothesis (<s> for --prepend-bos models)
+    defaults: dict[str, Any] = field(default_factory=dict)  # generation flag defaults the model ships
+    defaults_from: str | None = None  # the file they came from (a Hugging Face generation_config.json)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.lm.model
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.lm.model.parameters()).device
+
+
+def load_for_generation(
+    path: str,
+    data: str | None = None,
+    source_lang: str | None = None,
+    target_lang: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    unsafe: bool = False,
+    dict_path: str | None = None,
+) -> Loaded:
+    """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
+    to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode."""
+    from seqtrain.data.dictionary import Dictionary
+    from seqtrain.formats import read_checkpoint
+    from seqtrain.formats.fairseq import find_dictionaries
+    from seqtrain.hub import model_from_contents
+    from seqtrain.tasks.translation import infer_language_pair
+
+    if ":" in path and not os.path.exists(path):
+        raise SeqtrainError(f"--path {path}: ensembles are not supported; give one checkpoint")
+    if not os.path.exists(path):
+        raise SeqtrainError(f"--path {path}: no such file or folder")
+    if data is not None and not os.path.isdir(data):
+        raise SeqtrainError(f"DATA {data}: not a folder (expected a data-bin made by seqtrain-preprocess)")
+    src_lang, tgt_lang = source_lang, target_lang
+    if data is not None and (src_lang is None or tgt_lang is None):
+        s, t = infer_language_pair(data)
+        src_lang, tgt_lang = src_lang or s, tgt_lang or t
+    src_lang, tgt_lang = src_lang or "source", tgt_lang or "target"
+    if dict_path is None and data is not None and os.path.exists(os.path.join(data, f"dict.{src_lang}.txt")):
+        dict_path = os.path.join(data, f"dict.{src_lang}.txt")
+    # A seqtrain checkpoint carries the dictionaries it was trained with: keep them, so the check below can
+    # catch a data-bin with other ones (load_model's dict_path would replace them and hide the mismatch).
+    ck = read_checkpoint(path, unsafe=unsafe, require_dict=False)
+    if ck.format != "seqtrain" and (dict_path is not None or ck.format == "fairseq"):
+        ck.src_dict, ck.tgt_dict, ck.tokenizer = find_dictionaries(path, ck.args, dict_path)
+    if ck.src_dict is None:
+        raise SeqtrainError(
+            f"{path}: no dictionary found; give a data-bin (DATA) holding dict.{src_lang}.txt"
+        )
+    lm = model_from_contents(ck, overrides or None)
+    if data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
+        for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
+            p = os.path.join(data, f"dict.{lang}.txt")
+            if os.path.exists(p) and Dictionary.load(p) != have:
+                raise SeqtrainError(
+                    f"{p}: the {side} dictionary differs from the one in {path} "
+                    f"({Dictionary.load(p).difference(have)}); generate with the data-bin the model was trained on"
+                )
+    tokenizer = lm.tokenizer
+    if tokenizer is None and data is not None:
+        from seqtrain.data.tokenizer import load_databin_tokenizer
+
+        tokenizer = load_databin_tokenizer(data)
+    if tokenizer is None:
+        from seqtrain.data.tokenizer import build_tokenizer
+
+        tokenizer = build_tokenizer({"kind": "none"})
+    force_bos = lm.tgt_dict.bos() if getattr(lm.args, "prepend_bos", False) else None
+    if ck.format != "hf":
+        return Loaded(lm, tokenizer, src_lang, tgt_lang, force_bos)
+    from seqtrain.formats.hf import read_generation_config
+
+    defaults, forced_bos, source = read_generation_config(path)
+    if forced_bos is not False:  # the folder says which token (if any) transformers forces first
+        force_bos = forced_bos
+    return Loaded(lm, tokenizer, src_lang, tgt_lang, force_bos, defaults, source)
+
+
+def cast(loaded: Loaded, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
+    """Move the model to `device` and, when given, `dtype` (float16 / bfloat16 / float32)."""
+    loaded.lm.model = loaded.lm.model.to(device=device, dtype=dtype).eval()
+
+
+def default_generation_args() -> argparse.Namespace:
+    """The generation flags (seqtrain.generation.options) at their defaults, fairseq's."""
+    from seqtrain.generation.options import add_generation_args
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_generation_args(parser)
+    return parser.parse_args([])
+
+
+def encode(loaded: Loaded, lines: Sequence[str]) -> list[torch.Tensor]:
+    """Source token ids (with </s>) of raw text lines, through the model's tokenizer and dictionary."""
+    d = loaded.lm.src_dict
+    pieces = loaded.tokenizer.encode_batch(list(lines))
+    return [d.encode_line(p, add_if_not_exist=False, append_eos=True).long() for p in pieces]
+
+
+def text_dataset(loaded: Loaded, sources: list[torch.Tensor], truncate: bool = True, targets: Any = None):
+    """A LanguagePairDataset over encoded sources (and optional target dataset), with the model's sequence
+    convention (padding side, <s> first) and position limits; sources too long for the model are truncated."""
+    from seqtrain.data.pair_dataset import LanguagePairDataset
+
+    margs = loaded.lm.args
+    max_src, max_tgt = loaded.model.max_positions()
+    sizes = np.asarray(
+        sources.sizes if hasattr(sources, "sizes") else [len(s) for s in sources], dtype=np.int64
+    )
+    return LanguagePairDataset(
+        sources,
+        sizes,
+        loaded.lm.src_dict,
+        targets,
+        None if targets is None else np.asarray(targets.sizes),
+        loaded.lm.tgt_dict if targets is not None else None,
+        left_pad_source=bool(getattr(margs, "left_pad_source", True)),
+        left_pad_target=False,
+        prepend_bos=bool(getattr(margs, "prepend_bos", False)),
+        max_source_positions=max_src,
+        max_target_positions=max_tgt,
+        shuffle=True,  # only orders ties in ordered_indices (seeded), as fairseq-generate does
+        truncate_source=truncate,
+    )
+
+
+def order_examples(ds: Any, keep: np.ndarray | None = None, seed: int = 1) -> np.ndarray:
+    """The examples of `keep` (all when None) in fairseq-generate's order: by target, then source length."""
+    order = np.asarray(ds.ordered_indices(seed), dtype=np.int64)
+    return order if keep is None else order[np.isin(order, keep)]
+
+
+def plan_batches(
+    ds: Any, order: np.ndarray, max_tokens: int | None, batch_size: int | None
+) -> list[np.ndarray]:
+    """`order` cut into consecutive batches of at most `batch_size` sentences and `max_tokens` padded source
+    tokens; nothing is ever dropped."""
+    from seqtrain.data.batching import batch_by_size
+
+    src_sizes = np.asarray(ds.src_sizes, dtype=np.int64)
+    return batch_by_size(
+        order,
+        num_tokens_vec=src_sizes[order],
+        max_tokens=max_tokens,
+        max_sentences=batch_size,
+        required_batch_size_multiple=1,
+    )
+
+
+def run_batches(
+    loaded: Loaded,
+    generator: Any,
+    ds: Any,
+    batches: Sequence[np.ndarray],
+    prefix_size: int = 0,
+    on_batch: Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, dict[str, Any], int, list[dict[str, Any]]]]:
+    """Generate batch by batch; yields (example id, collated sample, row in it, hypotheses best first)."""
+    from seqtrain.generation.sequence_generator import generate_batch
+
+    device = loaded.device
+    for batch in batches:
+        sample = ds.collater([ds[int(i)] for i in batch])
+        sample["net_input"] = _to_device(sample["net_input"], device)
+        with torch.no_grad():
+            results = generate_batch(generator, sample, prefix_size=prefix_size, force_bos=loaded.force_bos)
+        for row, (sid, hypos) in enumerate(results):
+            yield sid, sample, row, hypos
+        if on_batch is not None:
+            on_batch(len(batch))
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    """Every tensor of a collated input (nested dicts: the padding layout) on `device`."""
+    if torch.is_tensor(x):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _to_device(v, device) for k, v in x.items()}
+    return x
+
+
+def decode(loaded: Loaded, tokens: torch.Tensor) -> str:
+    """Detokenized text of hypothesis tokens."""
+    return loaded.tokenizer.decode(loaded.lm.tgt_dict.string(tokens.cpu()))
+
+
+def parse_overrides(text: str) -> dict[str, Any]:
+    try:
+        out = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SeqtrainError(f"--model-overrides: not valid JSON ({e})") from None
+    if not isinstance(out, dict):
+        raise SeqtrainError("--model-overrides: give a JSON object, e.g. '{\"dropout\": 0.0}'")
+    return out

@@ -1,0 +1,124 @@
+"""`seqtrain-interactive`: summaries of text read line by line (fairseq-interactive's flags).
+
+Reads `--input` (default stdin) one line at a time and answers each buffer of `--buffer-size` lines as soon as it
+is full or the input ends, so it works in a pipe and on a terminal (a line typed, its summary printed). Output:
+one detokenized summary per line (`--nbest` lines each), or with `--output-format fairseq` the S-/H-/D-/P- lines
+with ids counted over the whole session, as fairseq-interactive prints them. Generation goes through the same
+functions as seqtrain-generate (seqtrain.generation.runner): a line gets the summary seqtrain-generate writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import TextIO
+
+import torch
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.generate import apply_model_defaults
+from seqtrain.generation import runner
+from seqtrain.generation.output import fairseq_lines
+
+logger = logging.getLogger("seqtrain.interactive")
+
+
+def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None) -> int:
+    """Answer the lines of `inp` (stdin, or --input FILE) on `out` (stdout); returns the number of lines."""
+    from seqtrain.generation.sequence_generator import build_generator
+    from seqtrain.logging import setup_logging
+
+    out = out or sys.stdout
+    if args.buffer_size < 1:
+        raise SeqtrainError(f"--buffer-size must be >= 1, got {args.buffer_size}")
+    if (
+        args.batch_size is not None
+        and args.batch_size <= 0
+        or args.max_tokens is not None
+        and args.max_tokens <= 0
+    ):
+        raise SeqtrainError("--batch-size and --max-tokens must be positive")
+    if not args.path:
+        raise SeqtrainError("--path: give the checkpoint to generate with")
+    try:
+        handler = setup_logging(sys.stderr, log_file=args.log_file)
+    except OSError as e:
+        raise SeqtrainError(f"--log-file {args.log_file}: cannot write ({e.strerror})") from None
+    close = False
+    if inp is None and args.input != "-":
+        try:
+            inp, close = open(args.input, encoding="utf-8"), True
+        except OSError as e:
+            raise SeqtrainError(f"--input {args.input}: cannot read ({e.strerror})") from None
+    inp = inp or sys.stdin
+    try:
+        use_cuda = torch.cuda.is_available() and not args.cpu
+        if args.fp16 and not use_cuda:
+            raise SeqtrainError("--fp16 needs a CUDA device (use --bf16, or fp32, on the CPU)")
+        torch.manual_seed(args.seed)
+        loaded = runner.load_for_generation(
+            args.path,
+            args.data,
+            args.source_lang,
+            args.target_lang,
+            runner.parse_overrides(args.model_overrides),
+            args.unsafe_load,
+        )
+        dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
+        runner.cast(loaded, "cuda" if use_cuda else "cpu", dtype)
+        apply_model_defaults(loaded, args, set(getattr(args, "given_flags", ())))
+        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
+        if inp.isatty():
+            logger.info(
+                f"type a text and press Enter; answers come every {args.buffer_size} line(s); Ctrl-D ends"
+            )
+        return _loop(args, loaded, generator, inp, out)
+    finally:
+        if close:
+            inp.close()
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+
+
+def _loop(args: argparse.Namespace, loaded: runner.Loaded, generator, inp: TextIO, out: TextIO) -> int:
+    start, n_tok, t0 = 0, 0, time.perf_counter()
+    buffer: list[str] = []
+    lineno = 0
+
+    def answer() -> None:
+        nonlocal start, n_tok
+        ds = runner.text_dataset(loaded, runner.encode(loaded, buffer))
+        order = runner.order_examples(ds, None, args.seed)
+        batches = runner.plan_batches(ds, order, args.max_tokens, args.batch_size)
+        results = {}
+        for sid, sample, row, hypos in runner.run_batches(loaded, generator, ds, batches):
+            results[sid] = fairseq_lines(
+                loaded, start + sid, sample, row, hypos, args.nbest, args.post_process
+            )
+        for i in range(len(buffer)):
+            lines, texts, _, ntok = results[i]
+            n_tok += ntok
+            out.writelines(x + "\n" for x in (lines if args.output_format == "fairseq" else texts))
+        out.flush()
+        start += len(buffer)
+        buffer.clear()
+
+    while True:
+        try:
+            line = inp.readline()
+        except UnicodeDecodeError:
+            raise SeqtrainError(f"{args.input}:{lineno + 1}: invalid UTF-8") from None
+        if not line:
+            break
+        lineno += 1
+        buffer.append(line[:-1] if line.endswith("\n") else line)
+        if len(buffer) >= args.buffer_size:
+            answer()
+    if buffer:
+        answer()
+    elapsed = time.perf_counter() - t0
+    logger.info(f"Generated {start} sentences ({n_tok} tokens) in {elapsed:.1f}s")
+    return start

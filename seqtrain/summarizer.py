@@ -1,0 +1,129 @@
+"""`seqtrain.Summarizer`: text in, summaries out, from Python.
+
+    >>> from seqtrain import Summarizer
+    >>> s = Summarizer.from_pretrained("checkpoints/checkpoint_best.pt")   # or fairseq model.pt, or an HF folder
+    >>> s.summarize(["first document ...", "second document ..."], beam=4, max_len_b=60)
+    ['first summary', 'second summary']
+
+The same pipeline as seqtrain-generate (seqtrain.generation.runner): texts are tokenized with the model's own
+tokenizer, sorted by length into batches under a token budget, generated on the model's device and returned in
+input order; a text gets the summary `seqtrain-generate --input` writes for it with the same flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.generation import runner
+
+
+class Summarizer:
+    """A model plus its tokenizer and generation defaults; build it with `from_pretrained`."""
+
+    def __init__(self, loaded: runner.Loaded):
+        self._loaded = loaded
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        dict_path: str | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        unsafe: bool = False,
+        model_overrides: dict[str, Any] | None = None,
+    ) -> Summarizer:
+        """Load a seqtrain checkpoint (it carries its dictionary and tokenizer), a fairseq checkpoint (dict.txt,
+        and GPT-2 BPE files encoder.json + vocab.bpe, from `dict_path` or next to it) or a Hugging Face BART
+        folder (its generation_config.json gives the generation defaults) on `device`, in `dtype`
+        (torch.float16 / torch.bfloat16; default: as stored, fp32). `unsafe=True` allows arbitrary unpickling
+        (only for files you trust)."""
+        loaded = runner.load_for_generation(
+            str(path), overrides=model_overrides, unsafe=unsafe, dict_path=dict_path
+        )
+        runner.cast(loaded, device, dtype)
+        return cls(loaded)
+
+    # ------------------------------------------------------------------------------------- device and dtype
+    @property
+    def device(self) -> torch.device:
+        return self._loaded.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self._loaded.model.parameters()).dtype
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._loaded.model
+
+    @property
+    def generation_defaults(self) -> dict[str, Any]:
+        """The generation flags the model ships (from a Hugging Face generation_config.json), by flag dest."""
+        return dict(self._loaded.defaults)
+
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Summarizer:
+        runner.cast(self._loaded, device if device is not None else self.device, dtype)
+        return self
+
+    def half(self) -> Summarizer:
+        return self.to(dtype=torch.float16)
+
+    def bfloat16(self) -> Summarizer:
+        return self.to(dtype=torch.bfloat16)
+
+    def float(self) -> Summarizer:
+        return self.to(dtype=torch.float32)
+
+    # ------------------------------------------------------------------------------------------ summarize
+    def summarize(
+        self,
+        texts: str | Sequence[str],
+        max_tokens: int | None = 4096,
+        batch_size: int | None = None,
+        seed: int = 1,
+        **generation_flags: Any,
+    ) -> list[str]:
+        """One summary per text, in input order. `generation_flags` are seqtrain-generate's generation flags
+        with `_` for `-` (beam=4, lenpen=2.0, min_len=10, max_len_b=60, no_repeat_ngram_size=3, sampling=True,
+        ...); flags not given take the model's defaults (a Hugging Face generation_config.json), then
+        seqtrain-generate's. Batches hold at most `max_tokens` padded source tokens (and `batch_size` texts)."""
+        from seqtrain.generation.sequence_generator import build_generator
+
+        if isinstance(texts, str):
+            texts = [texts]
+        texts = list(texts)
+        if not all(isinstance(t, str) for t in texts):
+            raise SeqtrainError("summarize: texts must be strings")
+        for name, v in (("max_tokens", max_tokens), ("batch_size", batch_size)):
+            if v is not None and v <= 0:
+                raise SeqtrainError(f"summarize: {name} must be positive, got {v}")
+        args = runner.default_generation_args()
+        unknown = sorted(set(generation_flags) - set(vars(args)))
+        if unknown:
+            raise SeqtrainError(
+                f"summarize: unknown generation flag(s) {', '.join(unknown)}; known: {', '.join(sorted(vars(args)))}"
+            )
+        for dest, value in self._loaded.defaults.items():
+            setattr(args, dest, value)
+        for dest, value in generation_flags.items():
+            setattr(args, dest, value)
+        args.seed = seed
+        if not texts:
+            return []
+        generator = build_generator(self._loaded.model, self._loaded.lm.tgt_dict, args)
+        ds = runner.text_dataset(self._loaded, runner.encode(self._loaded, texts))
+        order = runner.order_examples(ds, None, seed)
+        batches = runner.plan_batches(ds, order, max_tokens, batch_size)
+        out = [""] * len(texts)
+        for sid, _, _, hypos in runner.run_batches(self._loaded, generator, ds, batches):
+            out[sid] = runner.decode(self._loaded, hypos[0]["tokens"])
+        return out
+
+    def __repr__(self) -> str:
+        lm = self._loaded.lm
+        return f"Summarizer({lm.args.arch}, {lm.format}, {self.device}, {self.dtype})"

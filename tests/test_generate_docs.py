@@ -1,0 +1,122 @@
+"""Every command README's "Summarize text" section and scripts/quickstart.sh print is run exactly as printed
+(parsed from the files), in a folder holding what they expect: the tiny fairseq-tiny model as the checkpoint, its
+data-bin, a few documents. Console scripts run from this checkout (shims on PATH)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.utils import REPO
+
+SCRIPTS = {"seqtrain-generate": "generate", "seqtrain-interactive": "interactive", "seqtrain-score": "score"}
+N = 5
+
+
+def readme_section() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Summarize text\n")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def commands(block: str) -> list[str]:
+    """Shell commands of a ```bash block: continuation lines joined, trailing comments dropped."""
+    joined = block.replace("\\\n", " ")
+    return [re.sub(r"\s+#.*$", "", line).strip() for line in joined.split("\n") if line.strip()]
+
+
+def quickstart_commands() -> list[str]:
+    """The commands quickstart.sh prints at its end (indented echo lines after "summarize your own text"),
+    with $work expanded as the script sets it."""
+    script = (REPO / "scripts" / "quickstart.sh").read_text(encoding="utf-8")
+    work = re.search(r'^work="([^"]+)"', script, re.M).group(1)
+    tail = script[script.index("summarize your own text") :]
+    return [m.replace("$work", work) for m in re.findall(r'^echo "  (.+)"$', tail, re.M)]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from tests.utils import FAIRSEQ_TINY
+
+    if not (FAIRSEQ_TINY / "checkpoint_last.pt").exists():
+        pytest.skip(f"fairseq fixture not found at {FAIRSEQ_TINY} (it lives in ../shared)")
+    from seqtrain_cli.convert import main as convert
+
+    d = tmp_path_factory.mktemp("docs")
+    for ck in ("checkpoints", ".quickstart/checkpoints"):
+        (d / ck).mkdir(parents=True)
+        convert(
+            [
+                str(FAIRSEQ_TINY / "checkpoint_last.pt"),
+                str(d / ck / "checkpoint_best.pt"),
+                "--to",
+                "seqtrain",
+                "--dict",
+                str(FAIRSEQ_TINY / "data-bin" / "dict.src.txt"),
+            ]
+        )
+    shutil.copytree(FAIRSEQ_TINY / "data-bin", d / "data-bin")
+    texts = (FAIRSEQ_TINY / "raw" / "valid.src").read_text(encoding="utf-8").split("\n")[:N]
+    (d / "new_docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    os.symlink(REPO / "configs", d / "configs")
+    (d / "data" / "debdesc-sample").mkdir(parents=True)
+    (d / "data" / "debdesc-sample" / "test.source").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    # the console scripts, running this checkout's code with this python
+    shims = d / ".venv" / "bin"
+    shims.mkdir(parents=True)
+    for name, module in SCRIPTS.items():
+        (shims / name).write_text(f'#!/bin/sh\nexec {sys.executable} -m seqtrain_cli.{module} "$@"\n')
+        (shims / name).chmod(0o755)
+    return d, texts
+
+
+def run(folder, cmd: str, stdin: str = "") -> subprocess.CompletedProcess:
+    d, _ = folder
+    env = {**os.environ, "PATH": f"{d / '.venv' / 'bin'}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + cmd], cwd=d, input=stdin, capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 0, f"{cmd}\n{proc.stderr[-2000:]}"
+    return proc
+
+
+@pytest.mark.slow
+def test_readme_summarize_section_commands_work_as_printed(folder):
+    from seqtrain import Summarizer
+
+    d, texts = folder
+    section = readme_section()
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    cmds = [c for b in blocks for c in commands(b)]
+    assert len(cmds) == 4 and all(c.split()[0] in SCRIPTS for c in cmds)
+    want = Summarizer.from_pretrained(d / "checkpoints" / "checkpoint_best.pt").summarize(texts, beam=4)
+    outs = [run(folder, c, stdin="\n".join(texts) + "\n").stdout for c in cmds]
+    assert (d / "summaries.txt").read_text().split("\n")[:-1] == want  # command 1: > summaries.txt
+    assert outs[1].split("\n")[:-1] == want  # seqtrain-interactive, piped
+    assert len((d / "out" / "hypotheses-test.txt").read_text().split("\n")[:-1]) == 200
+    assert re.match(r"ROUGE-1 [\d.]+ \| ROUGE-2", outs[3])
+    (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    ns: dict = {}
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        exec(compile(python, "README.md", "exec"), ns)
+    finally:
+        os.chdir(cwd)
+    assert len(ns["summaries"]) == 2 and all(isinstance(s, str) for s in ns["summaries"])
+
+
+@pytest.mark.slow
+def test_quickstart_printed_commands_work_as_printed(folder):
+    from seqtrain import Summarizer
+
+    d, texts = folder
+    cmds = quickstart_commands()
+    assert len(cmds) == 2 and "seqtrain-generate" in cmds[0] and "seqtrain-interactive" in cmds[1]
+    s = Summarizer.from_pretrained(d / ".quickstart" / "checkpoints" / "checkpoint_best.pt")
+    want = s.summarize(texts[:3], beam=4, max_len_b=30, no_repeat_ngram_size=3)
+    assert run(folder, cmds[0]).stdout.split("\n")[:-1] == want
+    assert run(folder, cmds[1], stdin="\n".join(texts[:3]) + "\n").stdout.split("\n")[:-1] == want

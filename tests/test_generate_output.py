@@ -1,0 +1,166 @@
+"""seqtrain-generate's output (issue 15): summaries in input order, --output, --output-format, output paths checked
+before any work, result files published together, refused flags, --log-file, the progress display, sharding and
+torchrun ranks. On the fairseq-tiny fixture (the task: the first five source tokens, reversed)."""
+
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.options import UsageError
+from seqtrain_cli.generate import generate_main
+
+N = 20
+
+
+@pytest.fixture
+def setup(fairseq_tiny, tmp_path):
+    src = (fairseq_tiny / "raw" / "valid.src").read_text(encoding="utf-8").split("\n")[:N]
+    (tmp_path / "in.txt").write_text("\n".join(src) + "\n", encoding="utf-8")
+    base = [
+        str(fairseq_tiny / "data-bin"),
+        "--path",
+        str(fairseq_tiny / "checkpoint_last.pt"),
+        "-s",
+        "src",
+        "-t",
+        "tgt",
+        "--cpu",
+        "--beam",
+        "4",
+        "--batch-size",
+        "7",
+    ]
+    return base, str(tmp_path / "in.txt"), tmp_path
+
+
+def run(argv):
+    out = io.StringIO()
+    r = generate_main(argv, out=out)
+    return r, out.getvalue()
+
+
+def test_text_output_is_one_summary_per_input_line_in_input_order(setup, fairseq_tiny):
+    base, inp, tmp = setup
+    r, text = run(base + ["--input", inp])
+    lines = text.split("\n")[:-1]
+    assert lines == r["hypotheses"] and len(lines) == N
+    # the same summaries as the data-bin split's first N examples (fairseq lines, batch order by default there)
+    r2, text2 = run(base + ["--gen-subset", "valid", "--results-path", str(tmp / "res")])
+    assert text2.startswith("S-") and "\nD-" in text2
+    assert (tmp / "res" / "hypotheses-valid.txt").read_text().split("\n")[:N] == lines
+    tgt = (fairseq_tiny / "raw" / "valid.tgt").read_text(encoding="utf-8").split("\n")[:N]
+    assert sum(h == t for h, t in zip(lines, tgt)) >= N - 3
+    # --output FILE: the same text there, nothing on stdout; --nbest 2: two lines per input, best first
+    r3, text3 = run(base + ["--input", inp, "--output", str(tmp / "sum.txt"), "--nbest", "2"])
+    assert text3 == ""
+    two = (tmp / "sum.txt").read_text().split("\n")[:-1]
+    assert len(two) == 2 * N and two[0::2] == lines and two[1::2] != lines
+    # --output-format fairseq with --input: S/H/D/P lines whose D- texts are the same summaries
+    _, text4 = run(base + ["--input", inp, "--output-format", "fairseq"])
+    d = {int(x.split("\t")[0][2:]): x.split("\t")[2] for x in text4.split("\n") if x.startswith("D-")}
+    assert [d[i] for i in range(N)] == lines
+
+
+def test_output_paths_are_checked_before_any_work(setup):
+    base, inp, tmp = setup
+    (tmp / "afile").write_text("x")
+    missing_ck = ["--path", str(tmp / "missing.pt")]  # the path checks come first: the checkpoint is not read
+    with pytest.raises(SeqtrainError, match=r"--results-path .*afile/res: cannot write there"):
+        run(base + missing_ck + ["--input", inp, "--results-path", str(tmp / "afile" / "res")])
+    with pytest.raises(SeqtrainError, match=r"--output .*: is a folder"):
+        run(base + missing_ck + ["--input", inp, "--output", str(tmp)])
+    with pytest.raises(SeqtrainError, match=r"--output .*nodir/x.txt: folder .* does not exist"):
+        run(base + missing_ck + ["--input", inp, "--output", str(tmp / "nodir" / "x.txt")])
+    with pytest.raises(SeqtrainError, match=r"--log-file .*nodir/log.txt: cannot write"):
+        run(base + ["--input", inp, "--log-file", str(tmp / "nodir" / "log.txt")])
+    with pytest.raises(SeqtrainError, match=r"--shard-id must be in \[0, --num-shards 2\)"):
+        run(base + missing_ck + ["--input", inp, "--num-shards", "2", "--shard-id", "2"])
+    assert not (tmp / "nodir").exists()
+    with pytest.raises(SeqtrainError, match=r"in.txt.d: is a folder; give a text file"):
+        (tmp / "in.txt.d").mkdir()
+        run(base + ["--input", str(tmp / "in.txt.d")])
+
+
+def test_result_files_appear_whole_or_not_at_all(setup, monkeypatch):
+    base, inp, tmp = setup
+    res = tmp / "res"
+    run(base + ["--gen-subset", "valid", "--results-path", str(res), "--scoring", "rouge"])
+    before = {p.name: p.read_bytes() for p in res.iterdir()}
+    assert set(before) == {
+        "generate-valid.txt",
+        "hypotheses-valid.txt",
+        "references-valid.txt",
+        "rouge-valid.json",
+    }
+    real_fsync, calls = os.fsync, []
+
+    def full_disk(fd):  # the third result file hits a full disk
+        calls.append(fd)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    msg = r"references-valid.txt: cannot write \(No space left on device\); no result file was written"
+    with pytest.raises(SeqtrainError, match=msg):
+        run(base + ["--gen-subset", "valid", "--results-path", str(res), "--beam", "2", "--scoring", "rouge"])
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert {p.name: p.read_bytes() for p in res.iterdir()} == before  # untouched, no temporaries left
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--compile"],
+        ["--tensorboard-logdir", "tb"],
+        ["--profile", "2"],
+        ["--num-workers", "2"],
+        ["--distributed-world-size", "2"],
+        ["--ddp-backend=fully_sharded"],
+        ["--fp16-init-scale", "8"],
+    ],
+)
+def test_flags_that_do_nothing_in_generation_are_refused(flag):
+    name = flag[0].split("=")[0]
+    with pytest.raises(UsageError, match=f"^{name}: does nothing in seqtrain-generate; remove it$"):
+        generate_main(["--path", "x.pt", "--input", "in.txt"] + flag)
+
+
+def test_log_file_progress_and_shards(setup, capsys):
+    base, inp, tmp = setup
+    log = tmp / "gen.log"
+    r, full = run(
+        base + ["--input", inp, "--log-file", str(log), "--log-format", "simple", "--log-interval", "1"]
+    )
+    text = log.read_text()
+    assert f"Generated {N} sentences" in text and f"generated 7/{N} sentences" in text
+    # a tqdm bar on stderr when asked for (the default on a terminal), none with --no-progress-bar
+    run(base + ["--input", inp, "--log-format", "tqdm"])
+    assert "sentences/s" in capsys.readouterr().err
+    run(base + ["--input", inp, "--log-format", "tqdm", "--no-progress-bar"])
+    assert "sentences/s" not in capsys.readouterr().err
+    # --num-shards 3: contiguous shards of the input; their outputs, concatenated, are the whole output
+    parts = [run(base + ["--input", inp, "--num-shards", "3", "--shard-id", str(k)])[1] for k in range(3)]
+    assert [p.count("\n") for p in parts] == [6, 7, 7]
+    assert "".join(parts) == full
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_write_one_result_identical_to_one_process(setup):
+    """2 gloo processes on the CPU split the examples; rank 0 writes the result, byte-identical to 1 process."""
+    base, inp, tmp = setup
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    outs = {}
+    for n in (1, 2):
+        res = tmp / f"res{n}"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        cmd = (launcher if n == 2 else [sys.executable]) + ["-m", "seqtrain_cli.generate"] + base
+        cmd += ["--input", inp, "--results-path", str(res), "--output", str(tmp / f"out{n}.txt")]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outs[n] = (tmp / f"out{n}.txt").read_text(), (res / "hypotheses-input.txt").read_text()
+    assert outs[2] == outs[1] and outs[1][0].count("\n") == N

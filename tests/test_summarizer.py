@@ -1,0 +1,207 @@
+"""seqtrain.Summarizer (issue 15): from_pretrained for the three checkpoint formats, summarize in input order with
+the summaries seqtrain-generate writes, dtype/device, a Hugging Face folder's generation_config.json (compared
+with transformers' generate), and the runnable example of docs/generate.md."""
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from seqtrain.errors import SeqtrainError
+from tests.utils import REPO
+
+N = 16
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The fairseq-tiny model as fairseq model.pt + dict.txt, as a seqtrain checkpoint, and its source texts."""
+    from tests.utils import FAIRSEQ_TINY
+
+    if not (FAIRSEQ_TINY / "checkpoint_last.pt").exists():
+        pytest.skip(f"fairseq fixture not found at {FAIRSEQ_TINY} (it lives in ../shared)")
+    from seqtrain_cli.convert import main as convert
+
+    tmp = tmp_path_factory.mktemp("summarizer")
+    (tmp / "fairseq").mkdir()
+    shutil.copy(FAIRSEQ_TINY / "checkpoint_last.pt", tmp / "fairseq" / "model.pt")
+    shutil.copy(FAIRSEQ_TINY / "data-bin" / "dict.src.txt", tmp / "fairseq" / "dict.txt")
+    convert([str(tmp / "fairseq" / "model.pt"), str(tmp / "seqtrain.pt"), "--to", "seqtrain"])
+    texts = (FAIRSEQ_TINY / "raw" / "valid.src").read_text(encoding="utf-8").split("\n")[:N]
+    refs = (FAIRSEQ_TINY / "raw" / "valid.tgt").read_text(encoding="utf-8").split("\n")[:N]
+    return tmp, texts, refs, FAIRSEQ_TINY
+
+
+def test_summarize_matches_generate_in_input_order(tiny):
+    from seqtrain import Summarizer
+    from seqtrain_cli.generate import generate_main
+
+    tmp, texts, refs, fx = tiny
+    fairseq = Summarizer.from_pretrained(tmp / "fairseq" / "model.pt")  # dict.txt found next to model.pt
+    own = Summarizer.from_pretrained(tmp / "seqtrain.pt")  # carries its dictionary
+    got = fairseq.summarize(texts, beam=4, max_tokens=64)  # a small budget: several length-sorted batches
+    assert len(got) == N and sum(g == r for g, r in zip(got, refs)) >= N - 3
+    assert own.summarize(texts, beam=4, batch_size=3) == got
+    assert own.summarize(texts[5], beam=4) == [got[5]]  # one text, one summary, same as in a batch
+    (tmp / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = io.StringIO()
+    generate_main(
+        ["--path", str(tmp / "seqtrain.pt"), "--input", str(tmp / "in.txt"), "--beam", "4"], out=out
+    )
+    assert out.getvalue().split("\n")[:-1] == got
+    # generation flags change the result; unknown ones are refused with their names
+    short = own.summarize(texts, beam=2, max_len_b=2)
+    assert all(len(s.split()) <= 2 for s in short) and short != got
+    with pytest.raises(SeqtrainError, match="unknown generation flag.*beem"):
+        own.summarize(texts, beem=4)
+    assert own.summarize([]) == []
+
+
+def test_dtype_and_device(tiny):
+    from seqtrain import Summarizer
+
+    tmp, texts, _, _ = tiny
+    s = Summarizer.from_pretrained(tmp / "seqtrain.pt", dtype=torch.bfloat16)
+    assert s.dtype == torch.bfloat16 and s.device.type == "cpu"
+    bf16 = s.summarize(texts, beam=4)
+    assert s.float().dtype == torch.float32 and s.to("cpu").device.type == "cpu"
+    fp32 = s.summarize(texts, beam=4)
+    assert sum(a == b for a, b in zip(bf16, fp32)) >= N - 2  # this well-trained model barely notices bf16
+    assert s.half().dtype == torch.float16
+    s.float()
+
+
+def test_import_seqtrain_is_cheap():
+    code = "import sys, seqtrain; assert 'torch' not in sys.modules; print(seqtrain.Summarizer.__name__)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "Summarizer", proc.stderr
+
+
+def test_docs_example_runs(tiny, tmp_path, monkeypatch):
+    """The ```python block under "### Python API" in docs/generate.md, run as written, in a folder holding the
+    checkpoint the quickstart leaves (here the tiny model)."""
+    doc = (REPO / "docs" / "generate.md").read_text(encoding="utf-8")
+    section = doc[doc.index("### Python API") :]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    tmp, texts, _, _ = tiny
+    (tmp_path / ".quickstart" / "checkpoints").mkdir(parents=True)
+    shutil.copy(tmp / "seqtrain.pt", tmp_path / ".quickstart" / "checkpoints" / "checkpoint_best.pt")
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(code, "docs/generate.md", "exec"), ns)
+    from seqtrain import Summarizer
+
+    want = Summarizer.from_pretrained(tmp / "seqtrain.pt").summarize(ns["texts"], beam=4, max_len_b=30)
+    assert ns["summaries"] == want and len(want) == len(ns["texts"]) >= 2
+
+
+# ------------------------------------------------------------------ a Hugging Face folder's generation_config.json
+CHARS = "abcdefgh"
+
+
+def _hf_folder(folder, transformers):
+    """A tiny random BART saved by transformers, with a byte-level BPE vocabulary (no merges) of a-h and space."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({c: 4 + i for i, c in enumerate(CHARS)})
+    vocab["\u0120"] = len(vocab)  # byte-level space
+    torch.manual_seed(0)
+    cfg = transformers.BartConfig(
+        vocab_size=len(vocab),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        scale_embedding=False,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        dropout=0.0,
+        init_std=0.5,  # large weights: summaries that depend on the text
+    )
+    model = transformers.BartForConditionalGeneration(cfg).eval()
+    gen = dict(num_beams=3, length_penalty=2.0, min_length=4, max_length=9, no_repeat_ngram_size=2)
+    model.generation_config = transformers.GenerationConfig(
+        **gen,
+        forced_bos_token_id=0,
+        forced_eos_token_id=2,
+        decoder_start_token_id=2,
+        early_stopping=True,
+        bos_token_id=0,
+        pad_token_id=1,
+        eos_token_id=2,
+    )
+    model.save_pretrained(folder)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return model
+
+
+@pytest.mark.slow
+def test_generation_config_gives_the_defaults_as_transformers_reads_them(tmp_path, caplog):
+    transformers = pytest.importorskip("transformers")
+    from seqtrain import Summarizer
+    from seqtrain.generation import runner
+
+    hf = _hf_folder(tmp_path / "hf", transformers)
+    s = Summarizer.from_pretrained(tmp_path / "hf")
+    assert s.generation_defaults == dict(beam=3, lenpen=2.0, min_len=3, max_len_b=7, no_repeat_ngram_size=2)
+    texts = ["abc hgf ed", "a b c d e f g h", "hhh", "fed cba gg hh", "bad cafe"]
+    mine = s.summarize(texts)
+    from tests.reference_beam_search import fairseq_forced_eos
+
+    class ForceBosKeepScore(transformers.LogitsProcessor):  # fairseq's forced prefix: <s> keeps its log-prob
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[-1] == 1:
+                kept = scores[:, 0].clone()
+                scores = torch.full_like(scores, -float("inf"))
+                scores[:, 0] = kept
+            return scores
+
+    assert s._loaded.force_bos == 0  # the folder's forced_bos_token_id
+    for text, got in zip(texts, mine):
+        ids = [0] + runner.encode(s._loaded, [text])[0].tolist()  # <s> text </s>, as HF's BART tokenizer
+        # only what seqtrain does by design differently is passed: forced <s> and </s> keep their real
+        # log-probs, <pad> is never generated (docs/generate.md, "Coming from Hugging Face transformers")
+        out = hf.generate(
+            input_ids=torch.tensor([ids]),
+            forced_bos_token_id=None,
+            forced_eos_token_id=None,
+            suppress_tokens=[1],
+            logits_processor=transformers.LogitsProcessorList(
+                [ForceBosKeepScore(), fairseq_forced_eos(9, 2)]
+            ),
+        )
+        seq = out[0].tolist()[1:]  # drop the decoder start token
+        assert seq[0] == 0 and 4 <= len(seq) - 1 <= 8  # forced <s>, min_length / max_length as HF counts them
+        assert runner.decode(s._loaded, torch.tensor(seq)) == got
+    # flags given win over the folder's defaults, and the CLI logs which defaults it took
+    assert all(len(x.replace(" ", "")) <= 1 for x in s.summarize(texts, max_len_b=2, min_len=0))
+    from seqtrain_cli.generate import generate_main
+
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    out = io.StringIO()
+    with caplog.at_level("INFO"):
+        generate_main(
+            ["--path", str(tmp_path / "hf"), "--input", str(tmp_path / "in.txt"), "--beam", "2"], out=out
+        )
+    line = next(r.getMessage() for r in caplog.records if "generation defaults taken" in r.getMessage())
+    assert line.endswith(
+        "generation_config.json: generation defaults taken: --lenpen 2.0, --max-len-b 7, --min-len 3, "
+        "--no-repeat-ngram-size 2; forced first token: 0; given flags kept: --beam"
+    )
+    assert out.getvalue().split("\n")[:-1] == s.summarize(texts, beam=2)
+    os.remove(tmp_path / "hf" / "generation_config.json")
+    (tmp_path / "hf" / "generation_config.json").write_text('{"max_length": "nine"}')
+    with pytest.raises(SeqtrainError, match="generation_config.json: max_length='nine' is not a valid value"):
+        Summarizer.from_pretrained(tmp_path / "hf")
