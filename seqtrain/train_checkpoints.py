@@ -364,9 +364,15 @@ class CheckpointManager:
                 return None, get_train_iterator(1)
             if os.path.exists(path) and a.finetune_from_model is not None:
                 logger.info(f"resuming from {path} (--finetune-from-model is used only by a first launch)")
-        elif os.path.exists(own_last) and not a.restore_file_always:
+        elif (
+            os.path.exists(own_last)
+            and not a.restore_file_always
+            and os.path.dirname(os.path.abspath(a.restore_file)) != os.path.abspath(self.save_dir)
+        ):
             # A relaunch (preemption, crash) continues this run; the initial weights and the --reset-* flags
             # only served the first launch. fairseq reloads --restore-file at every launch: --restore-file-always.
+            # (A checkpoint inside --save-dir is a deliberate resume point, e.g. the intact one check_resumable
+            # names when checkpoint_last.pt is damaged: it is loaded as asked.)
             logger.info(
                 f"resuming from {own_last}: --restore-file {a.restore_file} initialises only a first launch "
                 "(an empty --save-dir); --restore-file-always loads it at every launch"
@@ -387,11 +393,12 @@ class CheckpointManager:
                 )
                 if on
             ]
-            why = (
-                "--restore-file-always"
-                if os.path.exists(own_last)
-                else f"{self.save_dir} has no checkpoint_last.pt"
-            )
+            if not os.path.exists(own_last):
+                why = f"{self.save_dir} has no checkpoint_last.pt"
+            elif a.restore_file_always:
+                why = "--restore-file-always"
+            else:
+                why = "a checkpoint of this --save-dir, chosen as the point to resume from"
             logger.info(
                 f"initialising from --restore-file {path} ({why})"
                 + (f"; reset: {', '.join(resets)}" if resets else "")
@@ -471,7 +478,7 @@ def check_resumable(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     other = newest_intact_checkpoint(folder, exclude=path)
     hint = (
-        f"the newest intact checkpoint is {other}: resume from it with --restore-file {other} --restore-file-always "
+        f"the newest intact checkpoint is {other}: resume from it with --restore-file {other} "
         f"(or copy it over {os.path.basename(path)})"
         if other is not None
         else f"no intact checkpoint in {folder}; move the damaged file away to start from scratch"

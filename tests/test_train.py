@@ -19,7 +19,10 @@ from tests.utils import base_args, parse_log
 
 
 def ckpt_files(folder: str) -> list:
-    return sorted(n for n in os.listdir(folder) if not n.startswith(".")) if os.path.isdir(folder) else []
+    """The checkpoint files of a save dir (not its config.yaml, nor hidden files)."""
+    if not os.path.isdir(folder):
+        return []
+    return sorted(n for n in os.listdir(folder) if not n.startswith(".") and n != "config.yaml")
 
 
 @pytest.mark.slow
