@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One-shot proof of the GPU path (issue 14, item 8), run by scripts/gpu_check.sh: about 10 minutes on one
+"""One-shot proof of the GPU path, run by scripts/gpu_check.sh: about 10 minutes on one
 GPU, with only what the GPU image has (torch with CUDA, transformers, sentencepiece, pytest; no rouge-score,
 nltk or network). Writes $OUT/gpu_check.json (every stage's figures, written again after each stage so a
 timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figures). Stages:

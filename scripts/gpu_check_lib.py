@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from seqtrain import options
-from seqtrain.checkpoint import args_to_hf_config, seqtrain_state_to_hf
 from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.data.dictionary import Dictionary
+from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf
 from seqtrain.tasks.translation import TranslationTask
 from seqtrain.trainer import Trainer
 
