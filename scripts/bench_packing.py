@@ -1,4 +1,4 @@
-"""Packed against padded training steps, side by side in one run (issue 14, item 4).
+"""Packed against padded training steps, side by side in one run.
 
 The packed path (seqtrain.models.transformer.Packing) runs a side's position-wise work (projections,
 feed-forward blocks, layer norms) on its real tokens only, and pays a gather/scatter around every attention.

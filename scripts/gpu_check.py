@@ -23,7 +23,7 @@ timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figur
 
 --dry-run runs every stage on the CPU with tiny shapes (bf16 for fp16, which needs CUDA; the OOM stage needs
 CUDA and is skipped), so CI tests the plumbing (tests/test_gpu_check.py).
-Targets (issue 14, one H100/H200, bf16): bart_large training >= 40% MFU and >= 1.5x transformers' tokens/s;
+Targets (one H100/H200, bf16): bart_large training >= 40% MFU and >= 1.5x transformers' tokens/s;
 generation >= 2x transformers' generate.
 """
 
@@ -171,7 +171,7 @@ def stage_numerics(check: Check) -> dict[str, Any]:
 def stage_sync_count(check: Check) -> dict[str, Any]:
     tests = sorted(f for f in os.listdir(os.path.join(REPO, "tests")) if re.match(r"test_sync\w*\.py$", f))
     if not tests:
-        return {"skip_reason": "no sync-count test (tests/test_sync*.py) in this tree yet (issue 14, item 1)"}
+        return {"skip_reason": "no sync-count test (tests/test_sync*.py) in this tree yet"}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[f"tests/{t}" for t in tests]]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]

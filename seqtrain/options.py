@@ -756,7 +756,7 @@ INTERACTIVE_REFUSED = (
 
 
 def _add_generation_output_args(parser: argparse.ArgumentParser, g: Any) -> None:
-    """seqtrain-generate's output, sharding and interactive flags (issue 15), in one block."""
+    """seqtrain-generate's output, sharding and interactive flags, in one block."""
     g.add_argument(
         "--output",
         default=None,

@@ -1,4 +1,4 @@
-"""seqtrain-generate's output (issue 15): summaries in input order, --output, --output-format, output paths checked
+"""seqtrain-generate's output: summaries in input order, --output, --output-format, output paths checked
 before any work, result files published together, refused flags, --log-file, the progress display, sharding and
 torchrun ranks. On the fairseq-tiny fixture (the task: the first five source tokens, reversed)."""
 

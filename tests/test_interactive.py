@@ -1,4 +1,4 @@
-"""seqtrain-interactive (issue 15): each buffer answered as soon as it is full or the input ends, in a pipe and on
+"""seqtrain-interactive: each buffer answered as soon as it is full or the input ends, in a pipe and on
 a terminal (a pty), with the summaries seqtrain-generate writes; fairseq's lines with session-wide ids."""
 
 import io

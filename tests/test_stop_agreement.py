@@ -1,4 +1,4 @@
-"""Stop decisions agreed by all ranks (issue 14, item 2): 2 gloo processes whose clocks disagree.
+"""Stop decisions agreed by all ranks: 2 gloo processes whose clocks disagree.
 
 The test's own entry point (written next to the run, not part of seqtrain) moves rank 1's training clock two
 hours ahead from its third update on, so with --stop-time-hours 1 only rank 1 sees the budget spent. Decided per

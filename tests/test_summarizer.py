@@ -1,4 +1,4 @@
-"""seqtrain.Summarizer (issue 15): from_pretrained for the three checkpoint formats, summarize in input order with
+"""seqtrain.Summarizer: from_pretrained for the three checkpoint formats, summarize in input order with
 the summaries seqtrain-generate writes, dtype/device, a Hugging Face folder's generation_config.json (compared
 with transformers' generate), and the runnable example of docs/generate.md."""
 

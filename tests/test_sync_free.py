@@ -1,4 +1,4 @@
-"""Host-device synchronisations of a training update and of a decoding step (issue 14, item 1).
+"""Host-device synchronisations of a training update and of a decoding step.
 
 On CUDA every read of a device value by the host (item/float/bool, tolist, a copy to the CPU) and every
 operation whose output size depends on the data (nonzero, masked_select, boolean-mask indexing) makes the host
