@@ -8,7 +8,7 @@ Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by 
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -22,3 +22,34 @@ def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
             values[f.name] = value
     values.update(overrides)
     return cls(**values)
+
+
+@dataclass
+class CheckpointConfig:
+    """The checkpoint flags of a training run (seqtrain.train_checkpoints.CheckpointManager): where and when to
+    save, what to keep, where to resume from, and --patience."""
+
+    save_dir: str = "checkpoints"
+    restore_file: str = "checkpoint_last.pt"
+    restore_file_always: bool = False
+    finetune_from_model: str | None = None
+    reset_optimizer: bool = False
+    reset_lr_scheduler: bool = False
+    reset_meters: bool = False
+    reset_dataloader: bool = False
+    optimizer_overrides: str = "{}"
+    save_interval: int = 1
+    save_interval_updates: int = 0
+    keep_interval_updates: int = -1
+    keep_last_epochs: int = -1
+    keep_best_checkpoints: int = -1
+    no_save: bool = False
+    no_epoch_checkpoints: bool = False
+    no_last_checkpoints: bool = False
+    no_save_optimizer_state: bool = False
+    best_checkpoint_metric: str = "loss"
+    maximize_best_checkpoint_metric: bool = False
+    patience: int = -1
+    unsafe_load: bool = False
+    distributed_rank: int = 0
+    distributed_world_size: int = 1

@@ -31,6 +31,7 @@ from typing import Any
 
 from seqtrain import distributed
 from seqtrain.checkpoint import CheckpointContents, load_checkpoint_file
+from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
 from seqtrain.formats import read_checkpoint, read_loaded
@@ -119,9 +120,9 @@ class CheckpointManager:
     def __init__(self, args: argparse.Namespace, config_text: str | None = None):
         """`config_text`: the run's resolved flags (seqtrain.options.resolved_train_config), written to
         SAVE_DIR/config.yaml with the run's first checkpoint."""
-        self.args = args
+        self.cfg = from_args(CheckpointConfig, args)
         self.config_text = config_text
-        self.save_dir = args.save_dir
+        self.save_dir = self.cfg.save_dir
         self.best: float | None = None
         self.patience_best: float | None = None
         self.patience_runs = 0
@@ -131,7 +132,7 @@ class CheckpointManager:
     def prepare_save_dir(self) -> None:
         """fairseq's verify_checkpoint_directory: fail at start-up, not hours later at the first save, when
         --save-dir cannot be written; and remove temporary files that a killed save left behind."""
-        if self.args.no_save or getattr(self.args, "distributed_rank", 0) != 0:
+        if self.cfg.no_save or self.cfg.distributed_rank != 0:
             return
         try:
             os.makedirs(self.save_dir, exist_ok=True)
@@ -159,10 +160,10 @@ class CheckpointManager:
     # -------------------------------------------------------------------------------------------- comparison
     def is_better(self, a: float, b: float) -> bool:
         """fairseq's tie rule for checkpoint_best: an equal value counts as better."""
-        return a >= b if self.args.maximize_best_checkpoint_metric else a <= b
+        return a >= b if self.cfg.maximize_best_checkpoint_metric else a <= b
 
     def _strictly_better(self, a: float, b: float) -> bool:
-        return a > b if self.args.maximize_best_checkpoint_metric else a < b
+        return a > b if self.cfg.maximize_best_checkpoint_metric else a < b
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "patience_best": self.patience_best, "patience_runs": self.patience_runs}
@@ -175,16 +176,16 @@ class CheckpointManager:
     # -------------------------------------------------------------------------------------------- early stop
     def should_stop_early(self, val_metric: float | None) -> bool:
         """True once validation has not strictly improved for --patience consecutive validations."""
-        if val_metric is None or self.args.patience <= 0:
+        if val_metric is None or self.cfg.patience <= 0:
             return False
         if self.patience_best is None or self._strictly_better(val_metric, self.patience_best):
             self.patience_best = val_metric
             self.patience_runs = 0
             return False
         self.patience_runs += 1
-        if self.patience_runs >= self.args.patience:
+        if self.patience_runs >= self.cfg.patience:
             logger.info(
-                f"early stop since valid performance hasn't improved for last {self.args.patience} runs"
+                f"early stop since valid performance hasn't improved for last {self.cfg.patience} runs"
             )
             return True
         return False
@@ -194,7 +195,7 @@ class CheckpointManager:
         self, epoch: int, updates: int, end_of_epoch: bool, val_metric: float | None
     ) -> list[str]:
         """File names this save writes, updating the best value as a side effect (call once per save)."""
-        a = self.args
+        a = self.cfg
         names: list[str] = []
         if end_of_epoch and not a.no_epoch_checkpoints and epoch % a.save_interval == 0:
             names.append(f"checkpoint{epoch}.pt")
@@ -221,9 +222,9 @@ class CheckpointManager:
 
     def _best_paths(self) -> list[str]:
         """checkpoint.best_* files, best first."""
-        metric = re.escape(self.args.best_checkpoint_metric)
+        metric = re.escape(self.cfg.best_checkpoint_metric)
         paths = checkpoint_paths(self.save_dir, rf"checkpoint\.best_{metric}_(-?\d+\.?\d*)\.pt")
-        return paths if self.args.maximize_best_checkpoint_metric else paths[::-1]
+        return paths if self.cfg.maximize_best_checkpoint_metric else paths[::-1]
 
     @staticmethod
     def _best_value(path: str) -> str:
@@ -231,7 +232,7 @@ class CheckpointManager:
 
     def save(self, trainer: Any, epoch_itr: Any, val_metric: float | None) -> list[str]:
         """Write this update's checkpoints (maybe none) and prune old ones. Returns the paths written."""
-        a = self.args
+        a = self.cfg
         epoch, updates, end_of_epoch = epoch_itr.epoch, trainer.get_num_updates(), epoch_itr.end_of_epoch()
         names = self.checkpoint_names(epoch, updates, end_of_epoch, val_metric)
         if a.no_save or not names:
@@ -248,7 +249,7 @@ class CheckpointManager:
     def save_last(self, trainer: Any, epoch_itr: Any) -> str | None:
         """Write checkpoint_last.pt at the current position (a graceful stop), unless it already holds this
         update. Returns the path, or None when nothing was written (--no-save, or already saved)."""
-        if self.args.no_save:
+        if self.cfg.no_save:
             logger.warning("--no-save: stopping without writing a checkpoint")
             return None
         if self.last_saved_updates == trainer.get_num_updates():
@@ -260,7 +261,7 @@ class CheckpointManager:
     def _write(self, trainer: Any, epoch_itr: Any, names: list[str], val_metric: float | None) -> list[str]:
         """One file for the first name, hard links for the others. An OSError (disk full, permissions) becomes
         a SeqtrainError; since every name is replaced atomically, the files written before stay intact."""
-        a = self.args
+        a = self.cfg
         epoch, updates = epoch_itr.epoch, trainer.get_num_updates()
         logger.info(f"Preparing to save checkpoint for epoch {epoch} @ {updates} updates")
         start = time.perf_counter()
@@ -305,7 +306,7 @@ class CheckpointManager:
 
     def prune(self) -> None:
         """Apply --keep-interval-updates, --keep-last-epochs and --keep-best-checkpoints."""
-        a = self.args
+        a = self.cfg
         doomed: list[str] = []
         if a.keep_interval_updates > 0:
             doomed += checkpoint_paths(self.save_dir, r"checkpoint_\d+_(\d+)\.pt")[a.keep_interval_updates :]
@@ -322,7 +323,7 @@ class CheckpointManager:
         """fairseq's load_checkpoint: resume from --restore-file (default: checkpoint_last.pt in --save-dir),
         or start from --finetune-from-model when this run has no checkpoint yet. Returns (extra_state or None,
         the train EpochBatchIterator positioned where training continues)."""
-        a = self.args
+        a = self.cfg
         self.prepare_save_dir()
         reset_optimizer, reset_lr_scheduler = a.reset_optimizer, a.reset_lr_scheduler
         reset_meters, reset_dataloader = a.reset_meters, a.reset_dataloader
@@ -437,7 +438,7 @@ class CheckpointManager:
             itr_state = distributed.rescale_iterator_position(
                 extra["train_iterator"],
                 int(getattr(ck.args, "distributed_world_size", 1) or 1),
-                int(getattr(a, "distributed_world_size", 1) or 1),
+                int(a.distributed_world_size or 1),
             )
             epoch_itr = get_train_iterator(itr_state["epoch"])
             epoch_itr.load_state_dict(itr_state)
