@@ -16,6 +16,7 @@ from typing import Any
 
 from seqtrain.config_file import actions_by_key, apply_config, load_config
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import check_value
 from seqtrain.logging.progress import LOG_FORMATS
 
 # The flags that pick a component; their values decide which further flags exist.
@@ -32,6 +33,13 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see --help)")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        value = super()._get_value(action, arg_string)
+        try:
+            return check_value(action.dest, value)  # finite and in range (seqtrain.flag_bounds)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentError(action, str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------------- small types
