@@ -194,6 +194,12 @@ class TrainLoop:
         lr = trainer.get_lr()
         with self._profiling():
             while epoch_itr.next_epoch_idx <= max_epoch:
+                self.check_has_batches(epoch_itr)
+                # a stop asked for between updates (or in an epoch without one) ends the run here
+                if distributed.any_rank(self.stop.requested, trainer.device):
+                    self.stop.signum = self.stop.signum or signal.SIGTERM
+                    self.save_and_stop(epoch_itr)
+                    break
                 if lr <= args.stop_min_lr:
                     logger.info(
                         f"stopping training because current learning rate ({lr}) is smaller than or equal "
@@ -205,6 +211,17 @@ class TrainLoop:
                     break
                 lr = trainer.get_lr()
                 epoch_itr = get_train_iterator(epoch_itr.next_epoch_idx)
+
+    def check_has_batches(self, epoch_itr: Any) -> None:
+        """An epoch without a batch would repeat forever: refuse it (the count is the same on every rank)."""
+        if len(epoch_itr) > 0:
+            return
+        src, tgt = self.trainer.model.max_positions()
+        raise SeqtrainError(
+            f"epoch {epoch_itr.next_epoch_idx}: the training split {self.args.train_subset!r} has no batch: "
+            f"every example is longer than the limits (--max-tokens {self.args.max_tokens}, "
+            f"--max-source-positions {src}, --max-target-positions {tgt}); raise them or pass --truncate-source"
+        )
 
     # ------------------------------------------------------------------------------------------------ one epoch
     def train_epoch(self, epoch_itr: Any) -> bool:
@@ -256,7 +273,7 @@ class TrainLoop:
     def save_and_stop(self, epoch_itr: Any) -> None:
         """After SIGTERM / SIGINT: the update in progress is done (and saved if the policy said so); make sure
         checkpoint_last.pt holds exactly this position, then stop."""
-        path = self.manager.save_last(self.trainer, epoch_itr)
+        path = self.manager.save_last(self.trainer, epoch_itr) if self.trainer.get_num_updates() else None
         where = f"epoch {epoch_itr.epoch}, batch {epoch_itr.iterations_in_epoch}"
         saved = f"saved {path} ({where}); run the same command to continue" if path else "nothing saved"
         logger.warning(

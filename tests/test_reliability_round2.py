@@ -1,0 +1,74 @@
+"""Reliability, round two (issue 17): runs that could not end, writes before checks, unchecked data read from
+checkpoints / Hugging Face folders / data-bins, OS errors as tracebacks, temporaries left by killed runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from seqtrain.errors import SeqtrainError
+from seqtrain_cli.train import train_main
+from tests.utils import REPO, base_args
+
+
+@pytest.fixture(scope="module")
+def databin(toy_databin):
+    return toy_databin(n_train=40, n_valid=8)
+
+
+def run_cli(cli: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"seqtrain_cli.{cli}", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+
+
+def one_error_line(err: str, prog: str) -> str:
+    lines = [
+        ln for ln in err.strip().splitlines() if ln and " | WARNING | " not in ln and " | INFO | " not in ln
+    ]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"{prog}: error: "), lines[0]
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------- item 1
+@pytest.mark.slow
+def test_an_epoch_without_a_batch_is_refused_at_once(databin, tmp_path):
+    """Every training example longer than --max-tokens: the run used to loop over empty epochs forever."""
+    argv = base_args(databin, str(tmp_path / "save"), "--max-tokens", "3", "--disable-validation")
+    proc = run_cli("train", *argv, timeout=90)
+    line = one_error_line(proc.stderr, "seqtrain-train")
+    assert proc.returncode == 1 and "has no batch" in line and "--max-tokens 3" in line, line
+    assert not os.path.exists(tmp_path / "save" / "checkpoint_last.pt")
+
+
+def test_an_epoch_without_a_batch_in_process(databin, tmp_path):
+    argv = base_args(databin, str(tmp_path / "save"), "--max-target-positions", "2", "--disable-validation")
+    with pytest.raises(SeqtrainError, match="has no batch.*--max-target-positions 2"):
+        train_main(argv)
+
+
+# ---------------------------------------------------------------------------------------------- item 8
+def test_log_file_in_a_missing_folder_is_one_line(databin, tmp_path, capsys):
+    from seqtrain_cli.train import cli_main
+
+    log = tmp_path / "missing" / "train.log"
+    with pytest.raises(SystemExit) as e:
+        cli_main(base_args(databin, str(tmp_path / "save"), "--log-file", str(log)))
+    line = one_error_line(capsys.readouterr().err, "seqtrain-train")
+    assert e.value.code == 1 and str(log) in line and "No such file or directory" in line, line
+
+
+def test_debug_shows_the_os_error(databin, tmp_path):
+    from seqtrain_cli.train import cli_main
+
+    with pytest.raises(FileNotFoundError):
+        cli_main(base_args(databin, str(tmp_path / "s"), "--log-file", str(tmp_path / "x" / "l"), "--debug"))
