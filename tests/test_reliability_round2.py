@@ -72,3 +72,28 @@ def test_debug_shows_the_os_error(databin, tmp_path):
 
     with pytest.raises(FileNotFoundError):
         cli_main(base_args(databin, str(tmp_path / "s"), "--log-file", str(tmp_path / "x" / "l"), "--debug"))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(databin, tmp_path_factory):
+    save = str(tmp_path_factory.mktemp("ck"))
+    tiny = ("--encoder-layers", "1", "--decoder-layers", "1", "--max-update", "2", "--no-epoch-checkpoints")
+    assert train_main(base_args(databin, save, *tiny)) == 0
+    return os.path.join(save, "checkpoint_last.pt")
+
+
+# ---------------------------------------------------------------------------------------------- item 3
+def test_convert_checks_dict_txt_before_replacing_model_pt(checkpoint, tmp_path, capsys):
+    from seqtrain_cli.convert import cli_main
+
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "dict.txt").write_text("other 1\n")
+    (out / "model.pt").write_bytes(b"the old model")
+    with pytest.raises(SystemExit) as e:
+        cli_main([checkpoint, str(out / "model.pt"), "--to", "fairseq"])
+    line = one_error_line(capsys.readouterr().err, "seqtrain-convert")
+    assert e.value.code == 1 and "dict.txt exists and differs" in line, line
+    assert (out / "model.pt").read_bytes() == b"the old model"
+    assert (out / "dict.txt").read_text() == "other 1\n"
+    assert sorted(os.listdir(out)) == ["dict.txt", "model.pt"]  # no temporary left either
