@@ -50,8 +50,9 @@ PERCENTILES = (50, 90, 95, 99)
 _CHUNKS_PER_WORKER = 4
 _MAX_CHUNK_BYTES = 16 << 20
 _READ_BLOCK = 1 << 20
-# A line holding only whitespace (not newlines) followed by its newline: an empty example.
-_BLANK_LINE = re.compile(r"^[^\S\n]*\n", re.MULTILINE)
+# A line holding only whitespace (not newlines) or invisible format characters (zero-width spaces and joiners,
+# word joiners, BOMs, soft hyphens) followed by its newline: an empty example.
+_BLANK_LINE = re.compile(r"^(?:[^\S\n]|[\u00ad\u200b-\u200f\u2060-\u2064\ufeff])*\n", re.MULTILINE)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -270,9 +271,16 @@ def _check_lines(path: str, buf: bytes, lines_before: int) -> int:
     if blank:
         line = lines_before + text.count("\n", 0, blank.start()) + 1
         raise SeqtrainError(
-            f"{path}:{line}: empty line (every example needs text; remove the pair from both sides)"
+            f"{path}:{line}: empty line (only whitespace or zero-width characters; every example needs text; "
+            "remove the pair from both sides)"
         )
     return lines_before + text.count("\n")
+
+
+def _line_number(path: str, start: int, index: int) -> int:
+    """The 1-based number of the `index`-th line of the range that begins at byte `start` (error path only)."""
+    with open(path, "rb") as f:
+        return f.read(start).count(b"\n") + index + 1
 
 
 def line_chunks(path: str, n_chunks: int) -> list[tuple[int, int]]:
@@ -349,8 +357,13 @@ class ChunkWorker:
         unk = d.unk()
         stats = ChunkStats()
         with MMapIndexedDatasetBuilder(out_prefix + ".bin", best_fitting_dtype(len(d))) as builder:
-            for line in read_chunk(path, start, end):
+            for i, line in enumerate(read_chunk(path, start, end)):
                 ids = d.encode_line(self.tokenizer.encode(line), add_if_not_exist=False, append_eos=True)
+                if len(ids) <= 1:  # only </s>: the tokenizer kept nothing of this line
+                    raise SeqtrainError(
+                        f"{path}:{_line_number(path, start, i)}: the line tokenizes to nothing (no token "
+                        f"besides </s>): an empty example; remove the pair from both sides"
+                    )
                 builder.add_item(ids)
                 stats.examples += 1
                 stats.tokens += len(ids)

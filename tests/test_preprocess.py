@@ -393,7 +393,7 @@ def test_failure_during_binarization_leaves_no_valid_looking_files(tmp_path, mon
     "argv, message",
     [
         ([], "nothing to preprocess"),
-        (["--trainpref", "x", "--workers", "0"], "--workers must be at least 1"),
+        (["--trainpref", "x", "--workers", "0"], "argument --workers: must be between 1 and 1024, got 0"),
         (["--trainpref", "x", "-s", "en", "-t", "en"], "their files would collide"),
         (
             [

@@ -97,3 +97,27 @@ def test_convert_checks_dict_txt_before_replacing_model_pt(checkpoint, tmp_path,
     assert (out / "model.pt").read_bytes() == b"the old model"
     assert (out / "dict.txt").read_text() == "other 1\n"
     assert sorted(os.listdir(out)) == ["dict.txt", "model.pt"]  # no temporary left either
+
+
+# ---------------------------------------------------------------------------------------------- item 11
+@pytest.mark.parametrize("blank", ["\u200b\u200b", " \u200b\u2060 ", "\ufeff", "\u200d\t"])
+def test_a_line_of_zero_width_characters_is_an_empty_line(tmp_path, capsys, blank):
+    from seqtrain_cli.preprocess import cli_main
+
+    (tmp_path / "train.src").write_text(f"a b\nc d\n{blank}\ne f\n", encoding="utf-8")
+    (tmp_path / "train.tgt").write_text("a\nb\nc\nd\n", encoding="utf-8")
+    argv = [
+        "-s",
+        "src",
+        "-t",
+        "tgt",
+        "--trainpref",
+        str(tmp_path / "train"),
+        "--destdir",
+        str(tmp_path / "bin"),
+    ]
+    with pytest.raises(SystemExit) as e:
+        cli_main(argv + ["--tokenizer", "none", "--joined-dictionary"])
+    line = one_error_line(capsys.readouterr().err, "seqtrain-preprocess")
+    assert e.value.code == 1 and f"{tmp_path / 'train.src'}:3: empty line" in line, line
+    assert not (tmp_path / "bin").exists()
