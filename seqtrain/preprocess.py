@@ -23,8 +23,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +42,7 @@ from seqtrain.data.tokenizer import (
 from seqtrain.data.tokenizer import add_args as tokenizer_add_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
+from seqtrain.scratch import work_folder
 
 PERCENTILES = (50, 90, 95, 99)
 # Each file is cut into at least 4 ranges per worker (load balance) and ranges of at most 16 MiB (progress updates).
@@ -455,9 +454,10 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         os.makedirs(destdir, exist_ok=True)
     except OSError as e:
         raise SeqtrainError(f"--destdir {destdir}: cannot create the folder ({e.strerror})") from None
-    work = tempfile.mkdtemp(
-        prefix=".preprocess-", dir=destdir
-    )  # same filesystem: the final moves are renames
+    # in destdir (same filesystem: the final moves are renames); removed at the end, also on SIGTERM, and
+    # left-overs of killed runs are removed first
+    cleanup = contextlib.ExitStack()
+    work = cleanup.enter_context(work_folder(destdir, "preprocess"))
     ok = False
     try:
         spec = make_tokenizer(args, train, work).spec()
@@ -484,7 +484,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         publish(work, destdir)
         ok = True
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        cleanup.close()
         if not ok and created:
             with contextlib.suppress(OSError):
                 os.rmdir(destdir)  # only succeeds if nothing else was put there

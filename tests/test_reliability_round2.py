@@ -121,3 +121,67 @@ def test_a_line_of_zero_width_characters_is_an_empty_line(tmp_path, capsys, blan
     line = one_error_line(capsys.readouterr().err, "seqtrain-preprocess")
     assert e.value.code == 1 and f"{tmp_path / 'train.src'}:3: empty line" in line, line
     assert not (tmp_path / "bin").exists()
+
+
+# ---------------------------------------------------------------------------------------------- item 9
+def _preprocess_argv(raw, dest) -> list:
+    return ["-s", "src", "-t", "tgt", "--trainpref", f"{raw}/train", "--destdir", str(dest)]
+
+
+def _write_pair(raw, n: int) -> None:
+    raw.mkdir(exist_ok=True)
+    words = [f"w{i}" for i in range(50)]
+    line = " ".join(words[:20]) + "\n"
+    (raw / "train.src").write_text(line * n)
+    (raw / "train.tgt").write_text((" ".join(words[20:30]) + "\n") * n)
+
+
+@pytest.mark.slow
+def test_sigterm_removes_the_preprocess_work_folder(tmp_path):
+    import signal
+    import time
+
+    raw, dest = tmp_path / "raw", tmp_path / "bin"
+    _write_pair(raw, 400_000)
+    dest.mkdir()
+    cmd = [sys.executable, "-m", "seqtrain_cli.preprocess", *_preprocess_argv(raw, dest)]
+    proc = subprocess.Popen(
+        cmd + ["--tokenizer", "none", "--joined-dictionary", "--no-progress-bar"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    deadline = time.monotonic() + 60
+    while not [n for n in os.listdir(dest) if n.startswith(".preprocess-")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.stderr.read()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err and os.listdir(dest) == [], (err, os.listdir(dest))
+
+
+def test_work_folders_of_dead_runs_are_removed_by_the_next_run(tmp_path, capsys):
+    import socket
+
+    from seqtrain_cli.preprocess import preprocess_main
+
+    raw, dest = tmp_path / "raw", tmp_path / "bin"
+    _write_pair(raw, 20)
+    dest.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    stale = dest / f".preprocess-{dead.pid}@{host}.abcd_123"
+    alive = dest / f".preprocess-{os.getpid()}@{host}.live_123"  # a run still going: kept
+    other_host = dest / f".preprocess-{dead.pid}@not-{host}.abcd_123"  # cannot tell: kept
+    unrelated = dest / ".preprocess-notmine"
+    for folder in (stale, alive, other_host, unrelated):
+        folder.mkdir()
+        (folder / "train.src-tgt.src.bin").write_bytes(b"x" * 100)
+    preprocess_main(_preprocess_argv(raw, dest) + ["--tokenizer", "none", "--joined-dictionary"])
+    left = sorted(n for n in os.listdir(dest) if n.startswith("."))
+    assert left == sorted([alive.name, other_host.name, unrelated.name])
+    assert os.path.exists(dest / "preprocess.json")
