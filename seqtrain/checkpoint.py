@@ -184,8 +184,11 @@ def read_seqtrain(path: str, obj: dict) -> CheckpointContents:
     for key in ("args", "model"):
         if not isinstance(obj.get(key), dict):
             raise SeqtrainError(f"{path}: seqtrain checkpoint without {key!r}")
-    src = Dictionary.from_list(obj["src_dict"]) if obj.get("src_dict") is not None else None
-    tgt = Dictionary.from_list(obj["tgt_dict"]) if obj.get("tgt_dict") is not None else src
+    try:
+        src = Dictionary.from_list(obj["src_dict"]) if obj.get("src_dict") is not None else None
+        tgt = Dictionary.from_list(obj["tgt_dict"]) if obj.get("tgt_dict") is not None else src
+    except (TypeError, ValueError, IndexError, KeyError) as e:
+        raise SeqtrainError(f"{path}: malformed dictionary data ({type(e).__name__}: {e})") from None
     return CheckpointContents(
         path=path,
         format="seqtrain",

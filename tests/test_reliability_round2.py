@@ -185,3 +185,117 @@ def test_work_folders_of_dead_runs_are_removed_by_the_next_run(tmp_path, capsys)
     left = sorted(n for n in os.listdir(dest) if n.startswith("."))
     assert left == sorted([alive.name, other_host.name, unrelated.name])
     assert os.path.exists(dest / "preprocess.json")
+
+
+# ---------------------------------------------------------------------------------------------- items 5, 7, 8 (HF)
+@pytest.fixture(scope="module")
+def hf_folder(checkpoint, tmp_path_factory):
+    from seqtrain_cli.convert import main as convert_main
+
+    out = str(tmp_path_factory.mktemp("hf") / "model")
+    convert_main([checkpoint, out, "--to", "hf"])
+    return out
+
+
+def sharded_copy(hf_folder: str, dest, shard_name: str) -> str:
+    """A copy of `hf_folder` whose model.safetensors.index.json names `shard_name` for every tensor."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+
+    folder = dest / "sharded"
+    folder.mkdir()
+    shutil.copy(os.path.join(hf_folder, "config.json"), folder)
+    keys = sorted(load_file(os.path.join(hf_folder, "model.safetensors")))
+    index = {"metadata": {}, "weight_map": {k: shard_name for k in keys}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return str(folder)
+
+
+def convert_error(capsys, *argv: str) -> str:
+    from seqtrain_cli.convert import cli_main
+
+    with pytest.raises(SystemExit) as e:
+        cli_main(list(argv))
+    line = one_error_line(capsys.readouterr().err, "seqtrain-convert")
+    assert e.value.code == 1, line
+    return line
+
+
+@pytest.mark.parametrize("where", ["parent", "absolute", "symlink"])
+def test_hf_shard_index_cannot_point_outside_its_folder(hf_folder, tmp_path, capsys, where):
+    import shutil
+
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.copy(os.path.join(hf_folder, "model.safetensors"), outside)  # loadable: old code took it silently
+    name = {"parent": "../elsewhere.safetensors", "absolute": str(outside), "symlink": "link.safetensors"}[
+        where
+    ]
+    folder = sharded_copy(hf_folder, tmp_path, name)
+    if where == "symlink":
+        os.symlink(outside, os.path.join(folder, "link.safetensors"))
+    line = convert_error(capsys, folder, str(tmp_path / "out.pt"), "--to", "seqtrain")
+    assert "is outside the model folder" in line and name in line, line
+    assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.slow
+def test_hf_shard_that_is_a_fifo_is_refused_not_read(hf_folder, tmp_path):
+    folder = sharded_copy(hf_folder, tmp_path, "fifo.safetensors")
+    os.mkfifo(os.path.join(folder, "fifo.safetensors"))
+    proc = run_cli("convert", folder, str(tmp_path / "out.pt"), "--to", "seqtrain", timeout=60)
+    line = one_error_line(proc.stderr, "seqtrain-convert")
+    assert proc.returncode == 1 and "is not a regular file" in line, line
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [("[1, 2]", "expected a JSON object"), ('{"model_type": "bart", "d_model": "wide"}', "malformed value")],
+)
+def test_malformed_hf_config_is_one_line(hf_folder, tmp_path, capsys, config, message):
+    import shutil
+
+    folder = tmp_path / "hf"
+    shutil.copytree(hf_folder, folder)
+    (folder / "config.json").write_text(config)
+    line = convert_error(capsys, str(folder), str(tmp_path / "out.pt"), "--to", "seqtrain")
+    assert "config.json" in line and message in line, line
+
+
+def crafted(checkpoint: str, dest, change) -> str:
+    import torch
+
+    obj = torch.load(checkpoint, weights_only=True)
+    change(obj)
+    path = str(dest / "crafted.pt")
+    torch.save(obj, path)
+    return path
+
+
+def _set_arg(name, value):
+    return lambda obj: obj["args"].__setitem__(name, value)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (_set_arg("encoder_embed_dim", 10**6), "encoder_embed_dim=1000000 is out of bounds"),
+        (_set_arg("decoder_ffn_embed_dim", 60000), "does not match the stored decoder.layers.0.fc1.weight"),
+        (_set_arg("encoder_layers", 40), "encoder_layers=40 but the weights hold 1 encoder layers"),
+        (_set_arg("encoder_embed_dim", "16"), "encoder_embed_dim='16' is not an integer"),
+        (lambda o: o["model"].__setitem__("encoder.layers.0.fc1.bias", [1.0]), "is a list, not a tensor"),
+        (lambda o: o.__setitem__("tokenizer", "gpt2"), "tokenizer entry is a str"),
+        (lambda o: o.__setitem__("src_dict", 5), "malformed dictionary data"),
+    ],
+    ids=["huge-dim", "ffn-vs-weights", "layers-vs-weights", "string-dim", "list-weight", "tokenizer", "dict"],
+)
+def test_crafted_checkpoint_is_refused_before_allocating(checkpoint, tmp_path, capsys, change, message):
+    import resource
+
+    path = crafted(checkpoint, tmp_path, change)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    line = convert_error(capsys, path, str(tmp_path / "out"), "--to", "hf")
+    assert message in line, line
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing big allocated
+    assert not (tmp_path / "out").exists()
