@@ -147,7 +147,7 @@ def _dataset(
             )
         ds = LanguagePairDataset(src, sizes, lm.src_dict, truncate_source=truncate, **conv)
         return ds, sizes, refs
-    from seqtrain.data.indexed_dataset import MMapIndexedDataset
+    from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 
     if args.data is None:
         raise SeqtrainError("DATA: give a data-bin folder, or raw text with --input")
@@ -170,6 +170,10 @@ def _dataset(
             f"{prefixes[src_lang]}.idx has {len(src)} examples but {prefixes[tgt_lang]}.idx has "
             f"{len(tgt)}: source and target of --gen-subset {args.gen_subset} must be aligned"
         )
+    full = bool(getattr(args, "check_data", False))
+    for ds_, d, lang in ((src, lm.src_dict, src_lang), (tgt, lm.tgt_dict, tgt_lang)):
+        if ds_ is not None:
+            check_token_ids(ds_, len(d), os.path.join(args.data, f"dict.{lang}.txt"), full=full)
     ds = LanguagePairDataset(
         src,
         src.sizes,

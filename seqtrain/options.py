@@ -100,6 +100,14 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     )
     _add(g, parser, "--compile", action="store_true", help="torch.compile the model (CUDA recommended)")
     _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
+    _add(
+        g,
+        parser,
+        "--check-data",
+        action="store_true",
+        help="check every token id of each opened data-bin split against its dictionary (default: the maximum "
+        "id preprocess.json recorded, the whole .bin when under 64 MiB, else samples)",
+    )
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:

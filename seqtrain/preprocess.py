@@ -327,9 +327,11 @@ class ChunkStats:
     examples: int = 0
     tokens: int = 0
     unk: int = 0
+    max_id: int = -1
     lengths: Counter = field(default_factory=Counter)
 
     def add(self, other: ChunkStats) -> None:
+        self.max_id = max(self.max_id, other.max_id)
         self.examples += other.examples
         self.tokens += other.tokens
         self.unk += other.unk
@@ -367,6 +369,7 @@ class ChunkWorker:
                 stats.examples += 1
                 stats.tokens += len(ids)
                 stats.unk += int((ids == unk).sum())
+                stats.max_id = max(stats.max_id, int(ids.max()))
                 stats.lengths[len(ids)] += 1
             builder.finalize(out_prefix + ".idx")
         return stats
@@ -692,6 +695,7 @@ def split_report(path: str, stats: ChunkStats) -> dict[str, Any]:
         "examples": stats.examples,
         "tokens": stats.tokens,
         "unk": stats.unk,
+        "max_id": stats.max_id,  # checked against the dictionary when the split is opened
         "unk_rate": stats.unk / stats.tokens if stats.tokens else 0.0,
         "length": length_percentiles(stats.lengths),
     }

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from seqtrain.errors import SeqtrainError
@@ -299,3 +300,74 @@ def test_crafted_checkpoint_is_refused_before_allocating(checkpoint, tmp_path, c
     assert message in line, line
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing big allocated
     assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------------------------------------- item 6
+def _poke_token(folder: str, split: str, value: int) -> None:
+    """Write token id `value` into the middle of `split`'s target .bin."""
+    from seqtrain.data.indexed_dataset import MMapIndexedDataset
+
+    path = os.path.join(folder, f"{split}.src-tgt.tgt")
+    ds = MMapIndexedDataset(path)
+    data = np.memmap(path + ".bin", dtype=ds.dtype, mode="r+")
+    data[len(data) // 2] = value
+    data.flush()
+
+
+@pytest.mark.parametrize("keep_max_id", [True, False], ids=["preprocess-json", "no-max-id-field"])
+def test_token_ids_beyond_the_dictionary_are_refused_when_the_split_opens(databin, tmp_path, keep_max_id):
+    import json
+    import shutil
+
+    from seqtrain.data.dictionary import Dictionary
+
+    folder = str(tmp_path / "bin")
+    shutil.copytree(databin, folder)
+    size = len(Dictionary.load(os.path.join(folder, "dict.tgt.txt")))
+    _poke_token(folder, "train", size + 3)
+    meta = os.path.join(folder, "preprocess.json")
+    if os.path.exists(meta):
+        summary = json.load(open(meta))
+        if keep_max_id:  # what preprocess would have recorded for such a .bin
+            summary["splits"]["train"]["tgt"]["max_id"] = size + 3
+        else:  # a data-bin from before the field existed: the .bin itself is checked
+            for sides in summary["splits"].values():
+                for side in sides.values():
+                    side.pop("max_id", None)
+        json.dump(summary, open(meta, "w"))
+    with pytest.raises(
+        SeqtrainError, match=rf"train.src-tgt.tgt.bin: .*token id {size + 3}.*seqtrain-preprocess"
+    ):
+        train_main(base_args(folder, str(tmp_path / "save"), "--max-update", "1"))
+    assert not os.path.exists(tmp_path / "save" / "checkpoint_last.pt")
+
+
+def test_check_data_finds_an_id_that_sampling_misses(tmp_path):
+    from seqtrain.data import indexed_dataset as idx
+
+    prefix = str(tmp_path / "train.src-tgt.tgt")
+    with idx.MMapIndexedDatasetBuilder(prefix + ".bin", np.int32) as b:
+        for i in range(2000):
+            b.add_item(np.full(4000, 5 if i != 777 else 999, dtype=np.int32))
+        b.finalize(prefix + ".idx")
+    ds = idx.MMapIndexedDataset(prefix)
+    old = idx.FULL_CHECK_BYTES
+    idx.FULL_CHECK_BYTES = 0  # treat the 32 MB file as large: sampled
+    try:
+        idx.check_token_ids(ds, 100, "dict.tgt.txt")  # the one bad block lies between the samples
+        with pytest.raises(SeqtrainError, match="token id 999 is out of range"):
+            idx.check_token_ids(ds, 100, "dict.tgt.txt", full=True)
+    finally:
+        idx.FULL_CHECK_BYTES = old
+
+
+def test_preprocess_records_the_largest_token_id(databin):
+    import json
+
+    summary = json.load(open(os.path.join(databin, "preprocess.json")))
+    from seqtrain.data.dictionary import Dictionary
+
+    size = len(Dictionary.load(os.path.join(databin, "dict.tgt.txt")))
+    for sides in summary["splits"].values():
+        for side in sides.values():
+            assert 4 <= side["max_id"] < size
