@@ -267,6 +267,7 @@ class CheckpointManager:
         }
         paths = [os.path.join(self.save_dir, n) for n in names]
         current = paths[0]
+        self.check_finite(trainer, paths[0])
         try:
             os.makedirs(self.save_dir, exist_ok=True)
             # every rank calls it (FSDP gathers the full state); only rank 0 writes
@@ -290,6 +291,23 @@ class CheckpointManager:
             f"(writing took {time.perf_counter() - start:.3f} seconds)"
         )
         return paths
+
+    def check_finite(self, trainer: Any, path: str) -> None:
+        """Never save inf / NaN weights: checkpoint_last.pt must stay a good one to resume from."""
+        bad = next((n for n, p in trainer.model.named_parameters() if not bool(p.isfinite().all())), None)
+        if not distributed.any_rank(bad is not None, trainer.device):
+            return
+        last = self.last_saved_updates
+        good = (
+            f"the last good checkpoint is {os.path.join(self.save_dir, 'checkpoint_last.pt')} (update {last})"
+            if last is not None
+            else "no checkpoint was saved before"
+        )
+        raise SeqtrainError(
+            f"parameters are not finite (inf / NaN{', first: ' + bad if bad else ''}) at update "
+            f"{trainer.get_num_updates()}: not saving {path}; {good}. Resume from it with a lower --lr, "
+            "--clip-norm or a longer --warmup-updates"
+        )
 
     def prune(self) -> None:
         """Apply --keep-interval-updates, --keep-last-epochs and --keep-best-checkpoints."""

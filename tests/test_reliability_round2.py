@@ -371,3 +371,30 @@ def test_preprocess_records_the_largest_token_id(databin):
     for sides in summary["splits"].values():
         for side in sides.values():
             assert 4 <= side["max_id"] < size
+
+
+# ---------------------------------------------------------------------------------------------- item 4
+def test_non_finite_weights_are_never_saved(databin, tmp_path):
+    """--lr inf is refused at parse time; a library caller that sets it anyway still cannot poison
+    checkpoint_last.pt: the save is refused and names the last good checkpoint."""
+    import hashlib
+
+    from seqtrain.options import parse_train_args
+    from seqtrain.train import train
+
+    save = str(tmp_path / "save")
+    argv = base_args(
+        databin, save, "--encoder-layers", "1", "--decoder-layers", "1", "--no-epoch-checkpoints"
+    )
+    argv += ["--save-interval-updates", "1", "--optimizer", "sgd"]
+    assert train(parse_train_args(argv + ["--max-update", "2"])) == 0
+    last = os.path.join(save, "checkpoint_last.pt")
+    before = hashlib.sha256(open(last, "rb").read()).hexdigest()
+    args = parse_train_args(argv + ["--max-update", "4"])
+    args.lr = [float("inf")]
+    with pytest.raises(
+        SeqtrainError, match=r"not finite .* at update 3: not saving .*checkpoint_last.pt \(update 2\)"
+    ):
+        train(args)
+    assert hashlib.sha256(open(last, "rb").read()).hexdigest() == before
+    assert sorted(n for n in os.listdir(save) if n.startswith(".")) == []
