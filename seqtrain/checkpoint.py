@@ -49,8 +49,15 @@ SAFE_GLOBALS: list = [argparse.Namespace] + _numpy_safe_globals()
 # ------------------------------------------------------------------------------------------------- file level
 def save_checkpoint_file(state: dict[str, Any], path: str) -> None:
     """torch.save `state` to `path` atomically: a crash or error mid-write leaves any old file intact."""
-    with atomic_write(path, "wb") as f:
-        torch.save(state, f)
+    try:
+        with atomic_write(path, "wb") as f:
+            torch.save(state, f)
+    except RuntimeError as e:
+        # a Ctrl-C inside torch.save's write comes out as RuntimeError("... unexpected pos ...") raised while
+        # handling the KeyboardInterrupt: give the interrupt back (the temporary file is already removed)
+        if isinstance(e.__context__, KeyboardInterrupt):
+            raise e.__context__ from None
+        raise
 
 
 def _sniff(path: str) -> None:

@@ -46,7 +46,21 @@ def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: list[str] 
         line = os_error_line(e) if isinstance(e, OSError) else str(e)
         print(f"{prog}: error: {line}", file=sys.stderr)
         sys.exit(2 if isinstance(e, UsageError) else 1)
-    except KeyboardInterrupt:
+    except BaseException as e:
+        # Ctrl-C, also when library code turned it into another error while handling it (torch.save does)
+        if not interrupted(e):
+            raise
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(rc or 0)
+
+
+def interrupted(e: BaseException | None) -> bool:
+    """`e` is a KeyboardInterrupt or was raised while handling one."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__
+    return False

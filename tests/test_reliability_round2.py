@@ -398,3 +398,72 @@ def test_non_finite_weights_are_never_saved(databin, tmp_path):
         train(args)
     assert hashlib.sha256(open(last, "rb").read()).hexdigest() == before
     assert sorted(n for n in os.listdir(save) if n.startswith(".")) == []
+
+
+# ---------------------------------------------------------------------------------------------- item 10
+class _CtrlCInsideWrite:
+    """A file whose 5th write gets a real SIGINT (the second Ctrl-C landing inside torch.save)."""
+
+    def __init__(self, path: str):
+        self.f, self.writes = open(path, "wb"), 0
+
+    def write(self, b) -> int:
+        import signal
+
+        self.writes += 1
+        if self.writes == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return self.f.write(b)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def test_second_ctrl_c_inside_a_checkpoint_write_exits_130(tmp_path, capsys):
+    import signal
+
+    import torch
+
+    from seqtrain.stop_signals import GracefulStop
+    from seqtrain_cli._main import run_cli
+
+    def main(argv):
+        with GracefulStop() as stop:
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: recorded, training would save and stop
+            assert stop.requested
+            torch.save(
+                {"w": torch.zeros(4096), "v": torch.ones(4096)}, _CtrlCInsideWrite(str(tmp_path / "c.pt"))
+            )
+        return 0
+
+    with pytest.raises(SystemExit) as e:
+        run_cli("seqtrain-train", main, [])
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and err.strip() == "seqtrain-train: interrupted", err
+
+
+def test_ctrl_c_inside_save_checkpoint_file_stays_a_keyboard_interrupt(tmp_path, monkeypatch):
+    import torch
+
+    from seqtrain import checkpoint
+
+    real_save = torch.save
+
+    def save(obj, f):  # the interrupt arrives inside the zip writer, as a real Ctrl-C can
+        calls, real_write = [], f.write
+
+        def write(b):
+            calls.append(len(b))
+            if len(calls) == 5:
+                raise KeyboardInterrupt
+            return real_write(b)
+
+        f.write = write
+        real_save(obj, f)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_checkpoint_file(
+            {"w": torch.zeros(4096), "v": torch.ones(4096)}, str(tmp_path / "c.pt")
+        )
+    assert os.listdir(tmp_path) == []
