@@ -20,6 +20,8 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
+from seqtrain.errors import SeqtrainError
+
 logger = logging.getLogger(__name__)
 
 
@@ -61,7 +63,12 @@ def work_folder(folder: str, tag: str) -> Iterator[str]:
     """A fresh work folder in `folder` (same filesystem: its files can be renamed into place), removed at the
     end, on an error, on Ctrl-C and on SIGTERM (which then ends the process with exit code 143)."""
     remove_stale(folder, tag)
-    path = tempfile.mkdtemp(prefix=f".{tag}-{os.getpid()}@{socket.gethostname()}.", dir=folder)
+    try:
+        path = tempfile.mkdtemp(prefix=f".{tag}-{os.getpid()}@{socket.gethostname()}.", dir=folder)
+    except OSError as e:
+        raise SeqtrainError(
+            f"{folder}: cannot write there ({e.strerror}); choose a writable folder"
+        ) from None
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main else None
     try:
