@@ -16,7 +16,7 @@ from seqtrain.options import UsageError
 REMEDIES = {
     errno.ENOENT: "check the path (create the folder first if it is an output)",
     errno.ENOTDIR: "a part of the path is a file, not a folder",
-    errno.EISDIR: "it is a folder; give a file",
+    errno.EISDIR: "give a file, not a folder",
     errno.EACCES: "fix its permissions or choose another path",
     errno.EPERM: "fix its permissions or choose another path",
     errno.EROFS: "the filesystem is read-only; choose another path",
