@@ -467,3 +467,32 @@ def test_ctrl_c_inside_save_checkpoint_file_stays_a_keyboard_interrupt(tmp_path,
             {"w": torch.zeros(4096), "v": torch.ones(4096)}, str(tmp_path / "c.pt")
         )
     assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------------------------------------------- stop checks
+def test_sigterm_between_epochs_stops_before_another_update(databin, tmp_path):
+    """A SIGTERM that arrives after an epoch's last update ends the run at the epoch boundary (it used to be
+    read only after the next update)."""
+    import logging
+    import signal
+
+    import torch
+
+    from seqtrain.train import logger as train_logger
+
+    class SignalAtEpochEnd(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            if record.getMessage().startswith("end of epoch 1 "):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return True
+
+    hook = SignalAtEpochEnd()
+    train_logger.addFilter(hook)
+    save = tmp_path / "save"
+    try:
+        code = train_main(base_args(databin, str(save), "--max-epoch", "3", "--no-epoch-checkpoints"))
+    finally:
+        train_logger.removeFilter(hook)
+    assert code == 143
+    state = torch.load(save / "checkpoint_last.pt", weights_only=False)["extra_state"]["train_iterator"]
+    assert (state["epoch"], state["iterations_in_epoch"]) == (2, 0)
