@@ -496,3 +496,23 @@ def test_sigterm_between_epochs_stops_before_another_update(databin, tmp_path):
     assert code == 143
     state = torch.load(save / "checkpoint_last.pt", weights_only=False)["extra_state"]["train_iterator"]
     assert (state["epoch"], state["iterations_in_epoch"]) == (2, 0)
+
+
+@pytest.mark.parametrize(
+    "err, expected",
+    [
+        ((28, "No space left on device", "/data/bin/x.bin"), "/data/bin/x.bin: No space left on device; the disk is full"),
+        ((13, "Permission denied", "/ro/bin"), "/ro/bin: Permission denied; fix its permissions"),
+        ((30, "Read-only file system", "/ro/bin"), "/ro/bin: Read-only file system; the filesystem is read-only"),
+    ],
+)
+def test_os_errors_become_one_line_with_a_remedy(capsys, err, expected):
+    from seqtrain_cli._main import run_cli
+
+    def main(argv):
+        raise OSError(*err)
+
+    with pytest.raises(SystemExit) as e:
+        run_cli("seqtrain-preprocess", main, [])
+    line = one_error_line(capsys.readouterr().err, "seqtrain-preprocess")
+    assert e.value.code == 1 and expected in line, line
