@@ -501,9 +501,12 @@ def test_sigterm_between_epochs_stops_before_another_update(databin, tmp_path):
 @pytest.mark.parametrize(
     "err, expected",
     [
-        ((28, "No space left on device", "/data/bin/x.bin"), "/data/bin/x.bin: No space left on device; the disk is full"),
+        ((28, "No space left on device", "/d/x.bin"), "/d/x.bin: No space left on device; the disk is full"),
         ((13, "Permission denied", "/ro/bin"), "/ro/bin: Permission denied; fix its permissions"),
-        ((30, "Read-only file system", "/ro/bin"), "/ro/bin: Read-only file system; the filesystem is read-only"),
+        (
+            (30, "Read-only file system", "/ro/bin"),
+            "/ro/bin: Read-only file system; the filesystem is read-only",
+        ),
     ],
 )
 def test_os_errors_become_one_line_with_a_remedy(capsys, err, expected):
