@@ -79,7 +79,7 @@ BOUNDS: dict[str, Bounds] = {
     "relu_dropout": PROBABILITY,
     "label_smoothing": PROBABILITY,
     # optimizers and schedulers
-    "lr": Bounds(0, 1000, lo_open=True),
+    "lr": Bounds(0, 1000),  # 0: weights stay as loaded (checks of loading and resuming)
     "max_lr": Bounds(0, 1000, lo_open=True),
     "end_learning_rate": Bounds(0, 1000),
     "min_lr": Bounds(0, 1000),

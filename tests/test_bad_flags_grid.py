@@ -69,6 +69,7 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
         ("generate", flag): _ZERO_OFF
         for flag in ("--max-len-a", "--max-len-b", "--no-repeat-ngram-size", "--prefix-size")
     },
+    ("train", "--lr"): {"0": "lr 0 keeps the weights as loaded (used to check loading and resuming)"},
     ("generate", "--lenpen"): {
         "0": "lenpen 0: scores are plain sums of log-probabilities",
         "-5": "a negative lenpen favours short outputs (fairseq allows it)",
