@@ -163,6 +163,7 @@ def test_summary_figures_on_hand_made_corpus(tmp_path, capsys):
         "examples": 4,
         "tokens": 14,
         "unk": 2,
+        "max_id": 6,  # 'c', the last of a b c after the 4 specials
         "unk_rate": 2 / 14,
         "length": {"p50": 3, "p90": 5, "p95": 5, "p99": 5, "max": 5},
     }
