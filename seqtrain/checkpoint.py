@@ -49,8 +49,15 @@ SAFE_GLOBALS: list = [argparse.Namespace] + _numpy_safe_globals()
 # ------------------------------------------------------------------------------------------------- file level
 def save_checkpoint_file(state: dict[str, Any], path: str) -> None:
     """torch.save `state` to `path` atomically: a crash or error mid-write leaves any old file intact."""
-    with atomic_write(path, "wb") as f:
-        torch.save(state, f)
+    try:
+        with atomic_write(path, "wb") as f:
+            torch.save(state, f)
+    except RuntimeError as e:
+        # a Ctrl-C inside torch.save's write comes out as RuntimeError("... unexpected pos ...") raised while
+        # handling the KeyboardInterrupt: give the interrupt back (the temporary file is already removed)
+        if isinstance(e.__context__, KeyboardInterrupt):
+            raise e.__context__ from None
+        raise
 
 
 def _sniff(path: str) -> None:
@@ -184,8 +191,11 @@ def read_seqtrain(path: str, obj: dict) -> CheckpointContents:
     for key in ("args", "model"):
         if not isinstance(obj.get(key), dict):
             raise SeqtrainError(f"{path}: seqtrain checkpoint without {key!r}")
-    src = Dictionary.from_list(obj["src_dict"]) if obj.get("src_dict") is not None else None
-    tgt = Dictionary.from_list(obj["tgt_dict"]) if obj.get("tgt_dict") is not None else src
+    try:
+        src = Dictionary.from_list(obj["src_dict"]) if obj.get("src_dict") is not None else None
+        tgt = Dictionary.from_list(obj["tgt_dict"]) if obj.get("tgt_dict") is not None else src
+    except (TypeError, ValueError, IndexError, KeyError) as e:
+        raise SeqtrainError(f"{path}: malformed dictionary data ({type(e).__name__}: {e})") from None
     return CheckpointContents(
         path=path,
         format="seqtrain",

@@ -14,6 +14,7 @@ from typing import Any
 
 from seqtrain.data.options import str2bool
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import check_value
 
 
 def _json_valued(key: str) -> bool:
@@ -65,8 +66,8 @@ def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
             text = f.read()
     except OSError as e:
         raise SeqtrainError(f"--config {path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError:
-        raise SeqtrainError(f"--config {path}: not UTF-8 text") from None
+    except UnicodeDecodeError as e:
+        raise SeqtrainError(f"--config {path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
     if text.lstrip().startswith("{"):
         try:
             values = json.loads(text)
@@ -117,6 +118,7 @@ def _convert(action: argparse.Action, value: Any, where: str) -> Any:
             out = str(value)
         else:
             out = convert(value if action.type in (int, float) else str(value))
+        check_value(action.dest, out)
     except (argparse.ArgumentTypeError, TypeError, ValueError) as e:
         raise SeqtrainError(f"{where}: invalid value {value!r} ({e})") from None
     if action.choices is not None:

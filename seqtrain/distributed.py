@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import gc
 import logging
 import os
 import re
@@ -278,11 +279,22 @@ def distributed_main(
             # the first rank to exit, name the rank that failed first.
             time.sleep(PEER_LOSS_DELAY_S)
         raise
-    # Leave together: a rank that tears down its gloo connections while a peer still uses them can make the
-    # peer abort (SIGABRT in gloo's background thread) after a run that itself succeeded.
+    leave_process_group()
+    return result
+
+
+def leave_process_group() -> None:
+    """End this rank's part of the job so that no rank aborts at exit.
+
+    DDP's reducer and FSDP's state hold the process group; when they sit in a reference cycle they are freed
+    only by a later garbage collection, at interpreter exit, after the group was destroyed, and the gloo group
+    torn down there can end the process with SIGABRT ("terminate called without an active exception"). So
+    collect them first, while the group is alive. Then leave together: a rank that closes its gloo connections
+    while a peer still uses them can make the peer abort in gloo's background thread."""
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
-    return result
+    gc.collect()
 
 
 def _lost_peer(e: BaseException) -> bool:

@@ -109,7 +109,7 @@ def _dataset(args: argparse.Namespace, loaded: runner.Loaded):
             )
         src = runner.encode(loaded, lines)
         return runner.text_dataset(loaded, src, truncate), np.array([len(s) for s in src]), refs
-    from seqtrain.data.indexed_dataset import MMapIndexedDataset
+    from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 
     if args.data is None:
         raise SeqtrainError("DATA: give a data-bin folder, or raw text with --input")
@@ -133,6 +133,10 @@ def _dataset(args: argparse.Namespace, loaded: runner.Loaded):
             f"{prefixes[s]}.idx has {len(src)} examples but {prefixes[t]}.idx has {len(tgt)}: source and target "
             f"of --gen-subset {args.gen_subset} must be aligned"
         )
+    full = bool(getattr(args, "check_data", False))
+    for data, d, lang in ((src, loaded.lm.src_dict, s), (tgt, loaded.lm.tgt_dict, t)):
+        if data is not None:
+            check_token_ids(data, len(d), os.path.join(args.data, f"dict.{lang}.txt"), full=full)
     return runner.text_dataset(loaded, src, truncate, tgt), np.asarray(src.sizes), None
 
 

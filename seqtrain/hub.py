@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from seqtrain.checkpoint import CheckpointContents
+from seqtrain.errors import SeqtrainError
 from seqtrain.formats import read_checkpoint
 from seqtrain.models.resize import EMBEDDING_KEYS, check_state_fits, fit_positions, resize_embeddings
 
@@ -101,5 +102,8 @@ def model_from_contents(
     if ck.tokenizer:
         from seqtrain.data.tokenizer import build_tokenizer
 
-        tokenizer = build_tokenizer(ck.tokenizer)
+        try:
+            tokenizer = build_tokenizer(ck.tokenizer)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise SeqtrainError(f"{ck.path}: unusable tokenizer data ({type(e).__name__}: {e})") from None
     return LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, tokenizer, ck.format, ck.tokenizer)

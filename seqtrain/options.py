@@ -22,6 +22,7 @@ from typing import Any
 from seqtrain import fairseq_compat
 from seqtrain.config_file import actions_by_key, apply_config, config_text, load_config
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import check_value
 from seqtrain.logging.progress import LOG_FORMATS
 
 # The flags that pick a component; their values decide which further flags exist.
@@ -40,6 +41,13 @@ class ArgumentParser(argparse.ArgumentParser):
         from seqtrain.fairseq_compat import unrecognized_message
 
         raise UsageError(f"{unrecognized_message(self.get_default('_stage'), message)} (see --help)")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        value = super()._get_value(action, arg_string)
+        try:
+            return check_value(action.dest, value)  # finite and in range (seqtrain.flag_bounds)
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentError(action, str(e)) from None
 
 
 # ------------------------------------------------------------------------------------------------- small types
@@ -146,6 +154,14 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         help="keep fp32 matrix products in full fp32 on CUDA (default: TF32 tensor cores, as on Ampere+)",
     )
     _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
+    _add(
+        g,
+        parser,
+        "--check-data",
+        action="store_true",
+        help="check every token id of each opened data-bin split against its dictionary (default: the maximum "
+        "id preprocess.json recorded, the whole .bin when under 64 MiB, else samples)",
+    )
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:

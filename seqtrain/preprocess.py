@@ -26,8 +26,6 @@ import math
 import multiprocessing
 import os
 import re
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -48,14 +46,16 @@ from seqtrain.data.tokenizer import (
 from seqtrain.data.tokenizer import add_args as tokenizer_add_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
+from seqtrain.scratch import work_folder
 
 PERCENTILES = (50, 90, 95, 99)
 # Each file is cut into at least 4 ranges per worker (load balance) and ranges of at most 16 MiB (progress updates).
 _CHUNKS_PER_WORKER = 4
 _MAX_CHUNK_BYTES = 16 << 20
 _READ_BLOCK = 1 << 20
-# A line holding only whitespace (not newlines) followed by its newline: an empty example.
-_BLANK_LINE = re.compile(r"^[^\S\n]*\n", re.MULTILINE)
+# A line holding only whitespace (not newlines) or invisible format characters (zero-width spaces and joiners,
+# word joiners, BOMs, soft hyphens) followed by its newline: an empty example.
+_BLANK_LINE = re.compile(r"^(?:[^\S\n]|[\u00ad\u200b-\u200f\u2060-\u2064\ufeff])*\n", re.MULTILINE)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -288,9 +288,16 @@ def _check_lines(path: str, buf: bytes, lines_before: int) -> int:
     if blank:
         line = lines_before + text.count("\n", 0, blank.start()) + 1
         raise SeqtrainError(
-            f"{path}:{line}: empty line (every example needs text; remove the pair from both sides)"
+            f"{path}:{line}: empty line (only whitespace or zero-width characters; every example needs text; "
+            "remove the pair from both sides)"
         )
     return lines_before + text.count("\n")
+
+
+def _line_number(path: str, start: int, index: int) -> int:
+    """The 1-based number of the `index`-th line of the range that begins at byte `start` (error path only)."""
+    with open(path, "rb") as f:
+        return f.read(start).count(b"\n") + index + 1
 
 
 def line_chunks(path: str, n_chunks: int) -> list[tuple[int, int]]:
@@ -338,9 +345,11 @@ class ChunkStats:
     examples: int = 0
     tokens: int = 0
     unk: int = 0
+    max_id: int = -1
     lengths: Counter = field(default_factory=Counter)
 
     def add(self, other: ChunkStats) -> None:
+        self.max_id = max(self.max_id, other.max_id)
         self.examples += other.examples
         self.tokens += other.tokens
         self.unk += other.unk
@@ -367,12 +376,18 @@ class ChunkWorker:
         unk = d.unk()
         stats = ChunkStats()
         with MMapIndexedDatasetBuilder(out_prefix + ".bin", best_fitting_dtype(len(d))) as builder:
-            for line in read_chunk(path, start, end):
+            for i, line in enumerate(read_chunk(path, start, end)):
                 ids = d.encode_line(self.tokenizer.encode(line), add_if_not_exist=False, append_eos=True)
+                if len(ids) <= 1:  # only </s>: the tokenizer kept nothing of this line
+                    raise SeqtrainError(
+                        f"{path}:{_line_number(path, start, i)}: the line tokenizes to nothing (no token "
+                        f"besides </s>): an empty example; remove the pair from both sides"
+                    )
                 builder.add_item(ids)
                 stats.examples += 1
                 stats.tokens += len(ids)
                 stats.unk += int((ids == unk).sum())
+                stats.max_id = max(stats.max_id, int(ids.max()))
                 stats.lengths[len(ids)] += 1
             builder.finalize(out_prefix + ".idx")
         return stats
@@ -460,9 +475,10 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         os.makedirs(destdir, exist_ok=True)
     except OSError as e:
         raise SeqtrainError(f"--destdir {destdir}: cannot create the folder ({e.strerror})") from None
-    work = tempfile.mkdtemp(
-        prefix=".preprocess-", dir=destdir
-    )  # same filesystem: the final moves are renames
+    # in destdir (same filesystem: the final moves are renames); removed at the end, also on SIGTERM, and
+    # left-overs of killed runs are removed first
+    cleanup = contextlib.ExitStack()
+    work = cleanup.enter_context(work_folder(destdir, "preprocess"))
     ok = False
     try:
         if args.jsonl:
@@ -491,7 +507,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         publish(work, destdir)
         ok = True
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        cleanup.close()
         if not ok and created:
             with contextlib.suppress(OSError):
                 os.rmdir(destdir)  # only succeeds if nothing else was put there
@@ -699,6 +715,7 @@ def split_report(path: str, stats: ChunkStats) -> dict[str, Any]:
         "examples": stats.examples,
         "tokens": stats.tokens,
         "unk": stats.unk,
+        "max_id": stats.max_id,  # checked against the dictionary when the split is opened
         "unk_rate": stats.unk / stats.tokens if stats.tokens else 0.0,
         "length": length_percentiles(stats.lengths),
     }

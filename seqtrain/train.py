@@ -213,7 +213,16 @@ class TrainLoop:
         lr = trainer.get_lr()
         with self._profiling():
             while epoch_itr.next_epoch_idx <= max_epoch:
-                if distributed.agree({"min_lr": lr <= args.stop_min_lr}, trainer.device)["min_lr"]:
+                self.check_has_batches(epoch_itr)
+                agreed = distributed.agree(
+                    {"stop": self.stop.requested, "min_lr": lr <= args.stop_min_lr}, trainer.device
+                )
+                # a stop asked for between updates (or in an epoch without one) ends the run here
+                if agreed["stop"]:
+                    self.stop.signum = self.stop.signum or signal.SIGTERM
+                    self.save_and_stop(epoch_itr)
+                    break
+                if agreed["min_lr"]:
                     logger.info(
                         f"stopping training because current learning rate ({lr}) is smaller than or equal "
                         f"to minimum learning rate (--stop-min-lr={args.stop_min_lr})"
@@ -224,6 +233,17 @@ class TrainLoop:
                     break
                 lr = trainer.get_lr()
                 epoch_itr = get_train_iterator(epoch_itr.next_epoch_idx)
+
+    def check_has_batches(self, epoch_itr: Any) -> None:
+        """An epoch without a batch would repeat forever: refuse it (the count is the same on every rank)."""
+        if len(epoch_itr) > 0:
+            return
+        src, tgt = self.trainer.model.max_positions()
+        raise SeqtrainError(
+            f"epoch {epoch_itr.next_epoch_idx}: the training split {self.args.train_subset!r} has no batch: "
+            f"every example is longer than the limits (--max-tokens {self.args.max_tokens}, "
+            f"--max-source-positions {src}, --max-target-positions {tgt}); raise them or pass --truncate-source"
+        )
 
     # ------------------------------------------------------------------------------------------------ one epoch
     def train_epoch(self, epoch_itr: Any) -> bool:
@@ -288,7 +308,7 @@ class TrainLoop:
     def save_and_stop(self, epoch_itr: Any) -> None:
         """After SIGTERM / SIGINT: the update in progress is done (and saved if the policy said so); make sure
         checkpoint_last.pt holds exactly this position, then stop."""
-        path = self.manager.save_last(self.trainer, epoch_itr)
+        path = self.manager.save_last(self.trainer, epoch_itr) if self.trainer.get_num_updates() else None
         where = f"epoch {epoch_itr.epoch}, batch {epoch_itr.iterations_in_epoch}"
         saved = f"saved {path} ({where}); run the same command to continue" if path else "nothing saved"
         logger.warning(

@@ -29,6 +29,8 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from seqtrain import distributed
 from seqtrain.checkpoint import CheckpointContents, load_checkpoint_file
 from seqtrain.config import CheckpointConfig, from_args
@@ -274,6 +276,7 @@ class CheckpointManager:
         }
         paths = [os.path.join(self.save_dir, n) for n in names]
         current = paths[0]
+        self.check_finite(trainer, paths[0])
         try:
             os.makedirs(self.save_dir, exist_ok=True)
             if self.config_text is not None and distributed.get_rank() == 0:
@@ -303,6 +306,30 @@ class CheckpointManager:
             f"(writing took {time.perf_counter() - start:.3f} seconds)"
         )
         return paths
+
+    def check_finite(self, trainer: Any, path: str) -> None:
+        """Never save inf / NaN weights: checkpoint_last.pt must stay a good one to resume from."""
+        named = list(trainer.model.named_parameters())
+        # each rank checks what it holds (an FSDP shard: to_local); agree() below combines the ranks
+        local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for _, p in named]
+        finite = (
+            torch.stack([t.isfinite().all() for t in local]) if local else torch.ones(1, dtype=torch.bool)
+        )
+        ok = bool(finite.all())  # one host-device sync per save
+        bad = None if ok else named[int((~finite).nonzero()[0, 0])][0]
+        if not distributed.agree({"bad": bad is not None}, trainer.device)["bad"]:
+            return
+        last = self.last_saved_updates
+        good = (
+            f"the last good checkpoint is {os.path.join(self.save_dir, 'checkpoint_last.pt')} (update {last})"
+            if last is not None
+            else "no checkpoint was saved before"
+        )
+        raise SeqtrainError(
+            f"parameters are not finite (inf / NaN{', first: ' + bad if bad else ''}) at update "
+            f"{trainer.get_num_updates()}: not saving {path}; {good}. Resume from it with a lower --lr, "
+            "--clip-norm or a longer --warmup-updates"
+        )
 
     def prune(self) -> None:
         """Apply --keep-interval-updates, --keep-last-epochs and --keep-best-checkpoints."""

@@ -135,9 +135,83 @@ def world(tmp_path_factory):
         with open(w["config_bad"], "w") as f:
             f.write("arch: bart_tiny\nmax-tokenz: 100\n")
         w["out"] = os.path.join(root, "out")  # outputs that must not appear
+        add_round_two_inputs(w, variant)
     finally:
         torch.set_num_threads(n)
     return w
+
+
+def add_round_two_inputs(w: dict, variant) -> None:
+    """Inputs of the second round of bad-input cases (issue 17): damaged data-bins, crafted checkpoints and
+    Hugging Face folders, unreadable text and config files."""
+    import json
+
+    from seqtrain.data.indexed_dataset import MMapIndexedDataset
+    from seqtrain_cli.convert import main as convert_main
+
+    root, raw = w["root"], w["raw"]
+    w["bin_bad_token"] = variant("bin_bad_token")
+    prefix = os.path.join(w["bin_bad_token"], "train.src-tgt.tgt")
+    data = np.memmap(prefix + ".bin", dtype=MMapIndexedDataset(prefix).dtype, mode="r+")
+    data[len(data) // 2] = 300  # the dictionary has 40 symbols
+    data.flush()
+    del data
+    for name, text in [
+        ("zero_width", "w1 w2\n\u200b\u200b\nw3\n"),
+        ("blank", "w1 w2\n  \nw3\n"),
+        ("three", "a\nb\nc\n"),
+    ]:
+        with open(os.path.join(raw, name + ".src"), "w", encoding="utf-8") as f:
+            f.write(text)
+    for name in ("zero_width", "blank"):
+        shutil.copy(os.path.join(raw, "three.src"), os.path.join(raw, name + ".tgt"))
+    with open(os.path.join(raw, "latin1.src"), "wb") as f:
+        f.write(b"w1 w2\ncaf\xe9\nw3\n")
+    shutil.copy(os.path.join(raw, "three.src"), os.path.join(raw, "latin1.tgt"))
+    w["config_latin1"] = os.path.join(root, "latin1.yaml")
+    with open(w["config_latin1"], "wb") as f:
+        f.write(b"arch: bart_tiny\n# caf\xe9\n")
+    w["config_dropout3"] = os.path.join(root, "dropout3.yaml")
+    with open(w["config_dropout3"], "w") as f:
+        f.write("arch: bart_tiny\ndropout: 3\n")
+    # crafted seqtrain checkpoints: plain data, loadable, but claiming what they do not hold
+    obj = torch.load(w["ck"], weights_only=True)
+    for name, change in [
+        ("ck_huge_dim", lambda o: o["args"].__setitem__("encoder_embed_dim", 10**6)),
+        ("ck_string_dim", lambda o: o["args"].__setitem__("decoder_layers", "1")),
+        ("ck_list_weight", lambda o: o["model"].__setitem__("encoder.layers.0.fc1.bias", [0.0])),
+        ("ck_bad_tokenizer", lambda o: o.__setitem__("tokenizer", ["gpt2"])),
+    ]:
+        crafted = {**obj, "args": dict(obj["args"]), "model": dict(obj["model"])}
+        change(crafted)
+        w[name] = os.path.join(root, name + ".pt")
+        torch.save(crafted, w[name])
+    # Hugging Face folders
+    w["hf"] = os.path.join(root, "hf")
+    convert_main([w["ck"], w["hf"], "--to", "hf"])
+    from safetensors.torch import load_file
+
+    keys = sorted(load_file(os.path.join(w["hf"], "model.safetensors")))
+    for name, shard in [
+        ("hf_shard_outside", "../hf/model.safetensors"),
+        ("hf_shard_absolute", "/etc/passwd"),
+    ]:
+        w[name] = os.path.join(root, name)
+        os.makedirs(w[name])
+        shutil.copy(os.path.join(w["hf"], "config.json"), w[name])
+        with open(os.path.join(w[name], "model.safetensors.index.json"), "w") as f:
+            json.dump({"weight_map": {k: shard for k in keys}}, f)
+    w["hf_config_list"] = os.path.join(root, "hf_config_list")
+    shutil.copytree(w["hf"], w["hf_config_list"])
+    with open(os.path.join(w["hf_config_list"], "config.json"), "w") as f:
+        f.write("[1, 2, 3]\n")
+    # an export folder whose dict.txt belongs to another model
+    w["export"] = os.path.join(root, "export")
+    os.makedirs(w["export"])
+    with open(os.path.join(w["export"], "dict.txt"), "w") as f:
+        f.write("other 1\n")
+    with open(os.path.join(w["export"], "model.pt"), "wb") as f:
+        f.write(b"an older model")
 
 
 def train(*extra: str, data: str = "bin", save: str = "save") -> list:
@@ -375,6 +449,185 @@ CASES = [
     ),
 ]
 
+
+def pre(*extra: str, prefix: str = "{raw}/train") -> list:
+    return [
+        "-s",
+        "src",
+        "-t",
+        "tgt",
+        "--trainpref",
+        prefix,
+        "--destdir",
+        "{out}",
+        "--tokenizer",
+        "none",
+        *extra,
+    ]
+
+
+# Round two (issue 17): numeric flags out of range, OS errors, data and checkpoints that claim what they do not
+# hold. Every numeric flag of every CLI is also tried with NaN, inf, a negative, zero and a huge value by
+# tests/test_bad_flags_grid.py.
+CASES += [
+    # ---- seqtrain-train: numbers
+    ("train-lr-inf", "train", train("--lr", "inf"), "argument --lr: must be a finite number, got inf"),
+    ("train-lr-nan", "train", train("--lr", "nan", "--optimizer", "sgd"), "argument --lr: must be a finite"),
+    ("train-lr-list-with-nan", "train", train("--lr", "0.1,nan"), "argument --lr: must be a finite"),
+    ("train-seed-negative", "train", train("--seed=-1"), "argument --seed: must be between 0 and 4294967295"),
+    (
+        "train-dropout-above-one",
+        "train",
+        train("--dropout", "2"),
+        "argument --dropout: must be between 0 and 1",
+    ),
+    ("train-max-update-negative", "train", train("--max-update=-3"), "argument --max-update"),
+    ("train-clip-norm-nan", "train", train("--clip-norm", "nan"), "argument --clip-norm: must be a finite"),
+    (
+        "train-warmup-updates-huge",
+        "train",
+        train("--warmup-updates", str(10**20)),
+        "argument --warmup-updates",
+    ),
+    (
+        "train-label-smoothing-above-one",
+        "train",
+        train("--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "1.5"),
+        "argument --label-smoothing",
+    ),
+    (
+        "train-attention-heads-zero",
+        "train",
+        train("--encoder-attention-heads", "0"),
+        "--encoder-attention-heads",
+    ),
+    ("train-adam-eps-zero", "train", train("--adam-eps", "0"), "argument --adam-eps: must be above 0"),
+    ("train-patience-negative", "train", train("--patience=-5"), "argument --patience: must be -1 (off) or"),
+    ("train-update-freq-list-zero", "train", train("--update-freq", "2,0"), "argument --update-freq"),
+    (
+        "train-max-tokens-inf",
+        "train",
+        train("--max-tokens", "inf"),
+        "argument --max-tokens: invalid int value",
+    ),
+    # ---- seqtrain-train: files
+    (
+        "train-log-file-missing-folder",
+        "train",
+        train("--log-file", "{root}/nope/train.log"),
+        "{root}/nope/train.log",
+    ),
+    ("train-config-not-utf8", "train", ["{bin}", "--config", "{config_latin1}", "--cpu"], "not UTF-8 text"),
+    ("train-config-value-out-of-range", "train", ["{bin}", "--config", "{config_dropout3}"], "dropout"),
+    (
+        "train-epoch-without-a-batch",
+        "train",
+        train("--max-tokens", "3", "--disable-validation"),
+        "the training split 'train' has no batch",
+    ),
+    (
+        "train-token-id-beyond-dictionary",
+        "train",
+        train(data="bin_bad_token"),
+        "{bin_bad_token}/train.src-tgt.tgt.bin: token id 300 is out of range",
+    ),
+    # ---- seqtrain-generate
+    ("generate-lenpen-nan", "generate", gen("--lenpen", "nan"), "argument --lenpen: must be a finite number"),
+    (
+        "generate-beam-huge",
+        "generate",
+        gen("--beam", "100000"),
+        "argument --beam: must be between 1 and 10000",
+    ),
+    ("generate-temperature-zero", "generate", gen("--temperature", "0"), "argument --temperature"),
+    ("generate-topp-above-one", "generate", gen("--sampling-topp", "2"), "argument --sampling-topp"),
+    ("generate-max-len-b-negative", "generate", gen("--max-len-b=-1"), "argument --max-len-b"),
+    ("generate-unkpen-inf", "generate", gen("--unkpen=-inf"), "argument --unkpen: must be a finite"),
+    (
+        "generate-token-id-beyond-dictionary",
+        "generate",
+        gen("--gen-subset", "train", data="bin_bad_token"),
+        "train.src-tgt.tgt.bin: token id 300 is out of range",
+    ),
+    (
+        "generate-crafted-huge-dimension",
+        "generate",
+        ["{bin}", "--path", "{ck_huge_dim}", "--cpu"],
+        "encoder_embed_dim=1000000 is out of bounds",
+    ),
+    (
+        "generate-crafted-bad-tokenizer",
+        "generate",
+        ["{bin}", "--path", "{ck_bad_tokenizer}", "--cpu"],
+        "the tokenizer entry is a list",
+    ),
+    ("generate-input-is-a-folder", "generate", gen("--input", "{raw}"), "{raw}"),
+    # ---- seqtrain-preprocess
+    (
+        "preprocess-zero-width-line",
+        "preprocess",
+        pre(prefix="{raw}/zero_width"),
+        "zero_width.src:2: empty line",
+    ),
+    ("preprocess-blank-line", "preprocess", pre(prefix="{raw}/blank"), "blank.src:2: empty line"),
+    ("preprocess-not-utf8", "preprocess", pre(prefix="{raw}/latin1"), "latin1.src:2: invalid UTF-8"),
+    ("preprocess-destdir-is-a-file", "preprocess", pre("--destdir", "{text_file}"), "{text_file}"),
+    ("preprocess-nwords-zero", "preprocess", pre("--nwordssrc", "0"), "argument --nwordssrc"),
+    ("preprocess-threshold-negative", "preprocess", pre("--thresholdsrc=-2"), "argument --thresholdsrc"),
+    (
+        "preprocess-padding-factor-zero",
+        "preprocess",
+        pre("--padding-factor", "0"),
+        "argument --padding-factor",
+    ),
+    ("preprocess-workers-huge", "preprocess", pre("--workers", "100000"), "argument --workers"),
+    # ---- seqtrain-convert
+    (
+        "convert-hf-shard-outside-folder",
+        "convert",
+        ["{hf_shard_outside}", "{out}.pt", "--to", "seqtrain"],
+        "'../hf/model.safetensors' is outside the model folder",
+    ),
+    (
+        "convert-hf-shard-absolute-path",
+        "convert",
+        ["{hf_shard_absolute}", "{out}.pt", "--to", "seqtrain"],
+        "'/etc/passwd' is outside the model folder",
+    ),
+    (
+        "convert-hf-config-not-an-object",
+        "convert",
+        ["{hf_config_list}", "{out}.pt", "--to", "seqtrain"],
+        "config.json: expected a JSON object",
+    ),
+    (
+        "convert-crafted-string-dimension",
+        "convert",
+        ["{ck_string_dim}", "{out}", "--to", "hf"],
+        "decoder_layers='1' is not an integer",
+    ),
+    (
+        "convert-crafted-non-tensor-weight",
+        "convert",
+        ["{ck_list_weight}", "{out}", "--to", "hf"],
+        "weight 'encoder.layers.0.fc1.bias' is a list, not a tensor",
+    ),
+    (
+        "convert-dict-conflict-keeps-old-model",
+        "convert",
+        ["{ck}", "{export}/model.pt", "--to", "fairseq"],
+        "{export}/dict.txt exists and differs",
+    ),
+    # ---- seqtrain-score
+    (
+        "score-ref-missing",
+        "score",
+        ["--sys", "{raw}/valid.tgt", "--ref", "{root}/nope.txt"],
+        "{root}/nope.txt",
+    ),
+    ("score-sys-is-a-folder", "score", ["--sys", "{raw}", "--ref", "{raw}/valid.tgt"], "{raw}"),
+]
+
 # Run through the installed console scripts (a fresh process each), not in-process.
 SUBPROCESS = {
     "train-unknown-arch",
@@ -432,7 +685,7 @@ def error_lines(err: str) -> list:
 
 
 def test_catalogue_is_large_and_covers_every_cli():
-    assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+    assert len(CASES) >= 80 and len({c[0] for c in CASES}) == len(CASES)
     assert {c[1] for c in CASES} == {"train", "generate", "preprocess", "convert", "score"}
 
 
@@ -464,3 +717,12 @@ def test_debug_shows_the_traceback(world, capsys):
         importlib.import_module("seqtrain_cli.train").cli_main(
             fill(["{bin}", "--arch", "nope", "--debug"], world)
         )
+
+
+def test_docs_catalogue_lists_exactly_the_tested_cases():
+    """docs/reliability.md's bad-input table and CASES name the same cases, in the same order."""
+    import re
+
+    with open(os.path.join(REPO, "docs", "reliability.md"), encoding="utf-8") as f:
+        documented = re.findall(r"^\| `([a-z0-9-]+)` \| \d \| `", f.read(), flags=re.MULTILINE)
+    assert documented == [c[0] for c in CASES]

@@ -203,14 +203,15 @@ def test_weights_not_fitting_the_arch_list_names_and_shapes(tmp_path):
     d = make_dict(20)
     model, args = tiny_model(d)
     state = dict(model.state_dict())
-    state["encoder.layers.0.fc1.weight"] = torch.zeros(7, 64)
+    # (a model dimension in the args that disagrees with the weights is refused earlier, before building)
+    state["encoder.layers.0.fc2.weight"] = torch.zeros(64, 7)
     del state["decoder.layers.0.fc2.bias"]
     path = str(tmp_path / "st.pt")
     save_checkpoint_file(make_checkpoint_state(args, state, d, d), path)
     with pytest.raises(SeqtrainError) as e:
         load_model(path)
     msg = str(e.value)
-    assert "encoder.layers.0.fc1.weight (7, 64) vs model (128, 64)" in msg
+    assert "encoder.layers.0.fc2.weight (64, 7) vs model (64, 128)" in msg
     assert "missing: decoder.layers.0.fc2.bias" in msg and path in msg
 
 

@@ -183,10 +183,10 @@ def test_raw_text_input_and_stdin(fairseq_tiny, tmp_path):
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--beam", "0"], "--beam must be >= 1"),
+        (["--beam", "0"], "argument --beam: must be between 1 and 10000, got 0"),
         (["--min-len", "20", "--max-len-b", "9"], "--min-len 20 is above the maximum length --max-len-b 9"),
         (["--gen-subset", "nosuch"], "--gen-subset nosuch: no such split"),
-        (["--batch-size", "0"], "--batch-size must be positive"),
+        (["--batch-size", "0"], "argument --batch-size/--max-sentences: must be between 1 and"),
         (["--nbest", "6", "--beam", "5"], "--nbest must be between 1 and --beam"),
     ],
 )

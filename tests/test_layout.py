@@ -67,6 +67,8 @@ def test_no_import_cycle():
 def test_clis_are_thin():
     """Each seqtrain_cli module parses and calls one library function: a few dozen lines, no loops of its own."""
     for path in sorted((REPO / "seqtrain_cli").glob("*.py")):
+        if path.name.startswith("_"):
+            continue  # _main.py: the one wrapper every entry point shares (error lines, exit codes)
         text = path.read_text(encoding="utf-8")
         assert len(text.splitlines()) <= 60, path.name
         tree = ast.parse(text)

@@ -163,6 +163,7 @@ def test_summary_figures_on_hand_made_corpus(tmp_path, capsys):
         "examples": 4,
         "tokens": 14,
         "unk": 2,
+        "max_id": 6,  # 'c', the last of a b c after the 4 specials
         "unk_rate": 2 / 14,
         "length": {"p50": 3, "p90": 5, "p95": 5, "p99": 5, "max": 5},
     }
@@ -393,7 +394,7 @@ def test_failure_during_binarization_leaves_no_valid_looking_files(tmp_path, mon
     "argv, message",
     [
         ([], "nothing to preprocess"),
-        (["--trainpref", "x", "--workers", "0"], "--workers must be at least 1"),
+        (["--trainpref", "x", "--workers", "0"], "argument --workers: must be between 1 and 1024, got 0"),
         (["--trainpref", "x", "-s", "en", "-t", "en"], "their files would collide"),
         (
             [

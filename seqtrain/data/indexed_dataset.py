@@ -266,3 +266,44 @@ class MMapIndexedDatasetBuilder:
 def make_builder(prefix: str, vocab_size: int | None) -> MMapIndexedDatasetBuilder:
     """A builder for `{prefix}.bin` with the dtype fairseq would pick for this vocabulary size."""
     return MMapIndexedDatasetBuilder(data_file_path(prefix), dtype=best_fitting_dtype(vocab_size))
+
+
+# ---------------------------------------------------------------------------------------------- token id checks
+FULL_CHECK_BYTES = 64 << 20  # a .bin up to this size is checked whole; a larger one by SAMPLE_BLOCKS blocks
+SAMPLE_BLOCKS, SAMPLE_BLOCK_ITEMS = 64, 1 << 15
+
+
+def recorded_max_id(prefix: str) -> int | None:
+    """The largest token id preprocess.json (seqtrain-preprocess) recorded for the file `prefix`, if any."""
+    import json
+
+    folder, name = os.path.split(prefix)
+    split, lang = name.split(".")[0], name.split(".")[-1]
+    try:
+        with open(os.path.join(folder, "preprocess.json"), encoding="utf-8") as f:
+            value = json.load(f)["splits"][split][lang]["max_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+def check_token_ids(ds: MMapIndexedDataset, vocab_size: int, dict_path: str, full: bool = False) -> None:
+    """Refuse a split holding a token id that is not an index of its dictionary (a .bin from another data-bin,
+    or damaged), when it is opened rather than as an IndexError hours into training. Cheap: the maximum id
+    preprocess.json recorded, plus the whole .bin when it is small (or `full`), else evenly spread samples."""
+    bin_path = data_file_path(ds.prefix)
+    where = f"; it does not belong to {dict_path} ({vocab_size} symbols): run seqtrain-preprocess again"
+    recorded = recorded_max_id(ds.prefix)
+    if recorded is not None and recorded >= vocab_size:
+        raise SeqtrainError(f"{bin_path}: preprocess.json records token id {recorded}{where}")
+    data = ds._data
+    if full or data.nbytes <= FULL_CHECK_BYTES:
+        step = SAMPLE_BLOCK_ITEMS * 32
+        blocks = [data[i : i + step] for i in range(0, len(data), step)]
+    else:
+        starts = np.linspace(0, len(data) - SAMPLE_BLOCK_ITEMS, SAMPLE_BLOCKS).astype(np.int64)
+        blocks = [data[s : s + SAMPLE_BLOCK_ITEMS] for s in starts]
+    for block in blocks:
+        if len(block) and (int(block.max()) >= vocab_size or int(block.min()) < 0):
+            bad = int(block.max()) if int(block.max()) >= vocab_size else int(block.min())
+            raise SeqtrainError(f"{bin_path}: token id {bad} is out of range{where}")

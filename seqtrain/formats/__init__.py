@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from seqtrain.checkpoint import CheckpointContents, export_seqtrain, load_checkpoint_file, read_seqtrain
+from seqtrain.checkpoint_checks import check_contents
 from seqtrain.errors import SeqtrainError
 from seqtrain.formats.fairseq import export_fairseq, find_dictionaries, read_fairseq
 from seqtrain.formats.hf import export_hf, read_hf
@@ -75,4 +76,5 @@ def read_checkpoint(
         ck.tokenizer = spec
     if require_dict and ck.src_dict is None:
         raise SeqtrainError(f"{path}: no dictionary found; pass --dict PATH (dict.txt)")
+    check_contents(ck)  # before anything is built from it
     return ck

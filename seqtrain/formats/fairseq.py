@@ -348,7 +348,8 @@ def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | N
         "extra_state": extra_state,
         "last_optimizer_state": None,
     }
-    save_checkpoint_file(state, path)
+    # every check before any write: a conflicting dict.txt must not cost the old model.pt
+    to_write = []
     if write_dict and lm.src_dict is not None:
         folder = os.path.dirname(os.path.abspath(path))
         pairs = (
@@ -361,10 +362,13 @@ def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | N
         )
         for name, d in pairs:
             target = os.path.join(folder, name)
-            if os.path.exists(target):
-                if Dictionary.load(target) != d:
-                    raise SeqtrainError(
-                        f"{target} exists and differs from the model's dictionary; not overwriting it"
-                    )
-                continue
-            d.save(target)
+            if not os.path.exists(target):
+                to_write.append((target, d))
+            elif Dictionary.load(target) != d:
+                raise SeqtrainError(
+                    f"{target} exists and differs from the model's dictionary; not overwriting it (nor {path}): "
+                    "write to another folder or remove it"
+                )
+    save_checkpoint_file(state, path)
+    for target, d in to_write:
+        d.save(target)  # atomic, like the model

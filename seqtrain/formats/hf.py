@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 from typing import Any
 
 import torch
@@ -207,6 +208,30 @@ def seqtrain_state_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
+def _index_shards(folder: str, index: str) -> list[str]:
+    """The shard files named by `model.safetensors.index.json`: each must be a regular file inside `folder`
+    (no absolute path, no `..` or symlink leading out, no FIFO or device that would hang or read anything)."""
+    with open(index, encoding="utf-8") as f:
+        data = json.load(f)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise SeqtrainError(f"{index}: no weight_map of tensor name -> shard file name")
+    root = os.path.realpath(folder)
+    shards = []
+    for name in sorted(set(weight_map.values())):
+        path = os.path.realpath(os.path.join(root, name))
+        if os.path.isabs(name) or os.path.commonpath([root, path]) != root:
+            raise SeqtrainError(f"{index}: shard {name!r} is outside the model folder {folder}; refusing it")
+        try:
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+        except OSError as e:
+            raise SeqtrainError(f"{index}: shard {name!r}: {e.strerror}") from None
+        if not regular:
+            raise SeqtrainError(f"{index}: shard {name!r} is not a regular file; refusing it")
+        shards.append(path)
+    return shards
+
+
 def _load_hf_weights(folder: str) -> tuple[dict[str, torch.Tensor], str]:
     names = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
     st, index, binf = (os.path.join(folder, n) for n in names)
@@ -216,11 +241,9 @@ def _load_hf_weights(folder: str) -> tuple[dict[str, torch.Tensor], str]:
 
             if os.path.isfile(st):
                 return load_file(st, device="cpu"), st
-            with open(index, encoding="utf-8") as f:
-                shards = sorted(set(json.load(f)["weight_map"].values()))
             state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(load_file(os.path.join(folder, shard), device="cpu"))
+            for shard in _index_shards(folder, index):
+                state.update(load_file(shard, device="cpu"))
             return state, index
     except SeqtrainError:
         raise
@@ -245,7 +268,12 @@ def read_hf(folder: str) -> CheckpointContents:
         raise SeqtrainError(f"{cfg_path} not found: not a Hugging Face model folder") from None
     except ValueError as e:
         raise SeqtrainError(f"{cfg_path}: invalid JSON ({e})") from None
-    args = hf_config_to_args(config, cfg_path)
+    if not isinstance(config, dict):
+        raise SeqtrainError(f"{cfg_path}: expected a JSON object, got a {type(config).__name__}")
+    try:
+        args = hf_config_to_args(config, cfg_path)
+    except (TypeError, ValueError) as e:
+        raise SeqtrainError(f"{cfg_path}: malformed value ({e})") from None
     state, weights_path = _load_hf_weights(folder)
     ck = CheckpointContents(path=folder, format="hf", args=args, model={})
     ck.model = hf_state_to_seqtrain(state, weights_path, ck.notes)

@@ -18,7 +18,7 @@ import torch
 
 from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
 from seqtrain.data.dictionary import Dictionary
-from seqtrain.data.indexed_dataset import MMapIndexedDataset
+from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.data.iterators import EpochBatchIterator
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.errors import SeqtrainError
@@ -155,6 +155,9 @@ class TranslationTask:
                 "again)"
             )
         a = self.args
+        full = bool(getattr(a, "check_data", False))
+        for ds, d, lang in ((src, self.src_dict, a.source_lang), (tgt, self.tgt_dict, a.target_lang)):
+            check_token_ids(ds, len(d), os.path.join(folder, f"dict.{lang}.txt"), full=full)
         dataset = LanguagePairDataset(
             src,
             src.sizes,

@@ -1,0 +1,79 @@
+"""Hidden work folders inside an output folder (seqtrain-preprocess builds its data-bin in one, then renames
+the files out of it): removed when the run ends, also on SIGTERM, and left-overs of killed runs (SIGKILL, power
+loss) are removed by the next run.
+
+A work folder is named `.{tag}-{pid}@{host}.XXXXXXXX`: a later run removes one only if it was made on the same
+host by a process that no longer exists, so a run still going in the same folder keeps its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+from seqtrain.errors import SeqtrainError
+
+logger = logging.getLogger(__name__)
+
+
+def _pattern(tag: str) -> re.Pattern:
+    return re.compile(rf"^\.{re.escape(tag)}-(\d+)@(.+)\.[A-Za-z0-9_]{{8}}$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def remove_stale(folder: str, tag: str) -> list[str]:
+    """Remove the work folders in `folder` left by dead processes of this host; returns their paths."""
+    host, pattern, removed = socket.gethostname(), _pattern(tag), []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(folder):
+            m = pattern.match(name)
+            path = os.path.join(folder, name)
+            if not m or m.group(2) != host or _alive(int(m.group(1))) or not os.path.isdir(path):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            logger.warning(f"removed {path}, left by a run that was killed")
+            removed.append(path)
+    return removed
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the `finally` blocks, which remove the work folder
+
+
+@contextlib.contextmanager
+def work_folder(folder: str, tag: str) -> Iterator[str]:
+    """A fresh work folder in `folder` (same filesystem: its files can be renamed into place), removed at the
+    end, on an error, on Ctrl-C and on SIGTERM (which then ends the process with exit code 143)."""
+    remove_stale(folder, tag)
+    try:
+        path = tempfile.mkdtemp(prefix=f".{tag}-{os.getpid()}@{socket.gethostname()}.", dir=folder)
+    except OSError as e:
+        raise SeqtrainError(
+            f"{folder}: cannot write there ({e.strerror}); choose a writable folder"
+        ) from None
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main else None
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
