@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quality run: bart_small trained from scratch on the full debdesc train split (53,332 pairs) for 30 minutes of
 # CPU time budget, then beam search on the full valid split (3,024 pairs) and ROUGE next to the lead baseline.
-# The figures in the README's quality-run section come from this script.
+# The figures in docs/quality.md come from this script.
 #
 #   scripts/quality_run.sh                      # DEBDESC=../shared/data/debdesc by default
 #   MINUTES=10 RUN=short scripts/quality_run.sh --lr 0.001   # a shorter budget; extra flags go to seqtrain-train

@@ -80,4 +80,4 @@ echo "summarize your own text (one document per line, here 3 test descriptions):
 echo "  head -n 3 data/debdesc-sample/test.source | .venv/bin/seqtrain-generate --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt --input -"
 echo "  .venv/bin/seqtrain-interactive --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt"
 echo "A few minutes from scratch on 5,000 examples is a smoke run of the pipeline, not a useful model (expect it"
-echo "below the lead baseline); scripts/quality_run.sh trains on the full corpus (see the README's quality section)."
+echo "below the lead baseline); scripts/quality_run.sh trains on the full corpus (see docs/quality.md)."

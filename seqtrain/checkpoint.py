@@ -140,7 +140,7 @@ def make_checkpoint_state(
     loss_scaler: Any = None,
     extra_state: dict | None = None,
 ) -> dict[str, Any]:
-    """The seqtrain checkpoint dict (docs/internals.md), plain data only so weights_only loading accepts
+    """The seqtrain checkpoint dict (docs/design.md), plain data only so weights_only loading accepts
     it."""
     return {
         "format": "seqtrain",

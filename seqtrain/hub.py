@@ -37,7 +37,7 @@ class LoadedModel:
     format: str = "seqtrain"  # the format it was read from
     tokenizer_spec: dict | None = None  # the plain spec `tokenizer` was built from
 
-    def __iter__(self):  # unpacks as (model, args, src_dict, tgt_dict, tokenizer), as docs/internals.md says
+    def __iter__(self):  # unpacks as (model, args, src_dict, tgt_dict, tokenizer), as docs/design.md says
         return iter((self.model, self.args, self.src_dict, self.tgt_dict, self.tokenizer))
 
 

@@ -1,7 +1,7 @@
 """Bad input catalogue: each case gives one line naming the problem and the file or flag, a non-zero exit, no
 traceback, and leaves every file as it was (hashes before and after). Most cases run the console scripts' main
-in-process; a few go through the installed console scripts as subprocesses. The table is the README's bad-input
-catalogue (reliability section)."""
+in-process; a few go through the installed console scripts as subprocesses. The table is docs/reliability.md's bad-input
+catalogue."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ def test_seqtrain_checkpoint_roundtrip_and_overrides(tmp_path):
     torch.testing.assert_close(
         logits(lm.model, src, lengths, prev), logits(model, src, lengths, prev), rtol=0, atol=0
     )
-    model_, args_, src_dict, tgt_dict, tok = lm  # the tuple form of docs/internals.md
+    model_, args_, src_dict, tgt_dict, tok = lm  # the tuple form of docs/design.md
     assert model_ is lm.model and tok is None
 
 

@@ -1,6 +1,6 @@
 """Source/target pairs and how they become a padded batch (fairseq's LanguagePairDataset convention).
 
-One convention for training and generation alike (docs/internals.md, "Sequence conventions"):
+One convention for training and generation alike (docs/data.md, "Sequence convention"):
 source = `tokens </s>`, left-padded by default; target = `tokens </s>`, right-padded; the decoder input
 `prev_output_tokens` is the target with its final `</s>` moved to the front. `prepend_bos` puts `<s>` first on
 both sides (as Hugging Face BART does). `truncate_source` cuts long sources to fit `max_source_positions`.
