@@ -233,12 +233,7 @@ class Optimizer:
         grads = [p.grad for p in self.params if p.grad is not None]
         if not grads:
             return torch.tensor(0.0)
-        norm = (
-            torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-            if hasattr(torch.nn.utils, "get_total_norm")
-            else torch.norm(torch.stack([g.float().norm() for g in grads]))
-        )
-        norm = norm.float()
+        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True).float()  # torch >= 2.6
         if max_norm > 0:
             coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_(grads, coef.to(grads[0].device))
