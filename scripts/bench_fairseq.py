@@ -48,6 +48,7 @@ from seqtrain.flops import Seq2SeqFlops, measured_matmul_peak  # noqa: E402
 
 PEER = os.path.expanduser(os.environ.get("FAIRSEQ_PEER", "~/.cache/seqtrain-peers/fairseq"))
 SEQTRAIN_BIN = os.path.dirname(sys.executable)
+FAIRSEQ_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}  # fairseq 0.12 unpickles its own checkpoints
 BART_BASE = Seq2SeqFlops(6, 6, 768, 768, 3072, 3072, 0)  # the vocabulary comes from the data-bin
 
 
@@ -102,11 +103,14 @@ def run(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> dic
 
 
 # ------------------------------------------------------------------------------------------------ data
-def ensure_databin(workdir: str) -> str:
-    dest = os.path.join(workdir, "databin-debdesc-sample")
+FULL_DATA = os.path.join(os.path.dirname(REPO), "shared", "data", "debdesc")
+SAMPLE_DATA = os.path.join(REPO, "data", "debdesc-sample")
+
+
+def ensure_databin(workdir: str, raw: str) -> str:
+    dest = os.path.join(workdir, "databin-" + ("debdesc-full" if raw == FULL_DATA else "debdesc-sample"))
     if os.path.exists(os.path.join(dest, "preprocess.json")):
         return dest
-    raw = os.path.join(REPO, "data", "debdesc-sample")
     print(f"building {dest} from {raw} (sentencepiece 8k, joined dictionary; once)", flush=True)
     cmd = [
         sys.executable,
@@ -220,6 +224,8 @@ def parse_train_log(path: str) -> dict[str, float]:
     seconds = sum(float(r["wpb"]) / float(r["wps"]) for r in timed)
     return {
         "updates": len(rows),
+        "batches": [(float(r["bsz"]), float(r["wpb"])) for r in rows],
+        "losses": [float(r["loss"]) for r in rows],
         "tokens_per_s": tokens / seconds,
         "first_loss": float(rows[0]["loss"]),
         "last_loss": float(rows[-1]["loss"]),
@@ -227,15 +233,37 @@ def parse_train_log(path: str) -> dict[str, float]:
     }
 
 
+def init_weights(args: argparse.Namespace, databin: str) -> str:
+    """One bart_base starting point for both tools (so equal batches give equal losses): seqtrain-train's
+    weights after one update, exported as a fairseq model.pt; both runs start from it with
+    --finetune-from-model."""
+    out = os.path.join(args.workdir, "init", "model.pt")
+    if os.path.exists(out):
+        return out
+    save = os.path.join(args.workdir, "init-ckpt")
+    shutil.rmtree(save, ignore_errors=True)
+    saved, args.updates = args.updates, 1
+    cmd = [os.path.join(SEQTRAIN_BIN, "seqtrain-train"), *train_flags(args, databin), "--save-dir", save]
+    args.updates = saved
+    run([*cmd, "--no-epoch-checkpoints"], os.path.join(args.workdir, "init.log"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    convert = [os.path.join(SEQTRAIN_BIN, "seqtrain-convert"), "--to", "fairseq"]
+    run(
+        [*convert, os.path.join(save, "checkpoint_last.pt"), out],
+        os.path.join(args.workdir, "init-convert.log"),
+    )
+    return out
+
+
 def train_run(
     tool: str, args: argparse.Namespace, databin: str, workdir: str, tag: str, save_dir: str | None
 ) -> dict[str, float]:
-    flags = train_flags(args, databin)
+    flags = train_flags(args, databin) + ["--finetune-from-model", args.init]
     flags += ["--save-dir", save_dir, "--no-epoch-checkpoints"] if save_dir else ["--no-save"]
     log = os.path.join(workdir, f"train-{tag}.log")
     if tool == "fairseq":
         cmd = [os.path.join(PEER, "bin", "fairseq-train"), *flags]
-        res = run(cmd, log, {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+        res = run(cmd, log, FAIRSEQ_ENV)
     else:
         bf16 = ["--bf16"] if tool.endswith("bf16") else []
         cmd = [os.path.join(SEQTRAIN_BIN, "seqtrain-train"), *flags, *bf16]
@@ -254,7 +282,7 @@ def hypotheses(path: str) -> dict[int, str]:
 
 
 def generate_run(
-    tool: str, args: argparse.Namespace, gen_bin: str, ckpt: str, workdir: str, tag: str
+    tool: str, gen_bin: str, ckpt: str, workdir: str, tag: str, batch: int, extra: list[str]
 ) -> dict[str, Any]:
     flags = [
         gen_bin,
@@ -267,19 +295,20 @@ def generate_run(
         "--max-len-b",
         "30",
         "--batch-size",
-        "64",
+        str(batch),
         "--cpu",
         "--source-lang",
         "source",
         "--target-lang",
         "target",
+        *extra,
     ]
     log = os.path.join(workdir, f"generate-{tag}.log")
     if tool == "fairseq":
         res = run(
             [os.path.join(PEER, "bin", "fairseq-generate"), *flags],
             log,
-            {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},
+            FAIRSEQ_ENV,
         )
     else:
         res = run([os.path.join(SEQTRAIN_BIN, "seqtrain-generate"), *flags], log)
@@ -287,12 +316,90 @@ def generate_run(
     return {**res, "sentences": len(hyps), "sentences_per_s": len(hyps) / res["wall_s"], "hyps": hyps}
 
 
+def generate_both(
+    args: argparse.Namespace, gen_bin: str, ckpt: str, tag: str, batch: int, extra: list[str]
+) -> dict[str, list[dict[str, Any]]]:
+    gen: dict[str, list[dict[str, Any]]] = {"seqtrain": [], "fairseq": []}
+    for r in range(args.rounds):
+        for tool in ["seqtrain", "fairseq"] if r % 2 == 0 else ["fairseq", "seqtrain"]:
+            res = generate_run(tool, gen_bin, ckpt, args.workdir, f"{tag}-{tool}-{r}", batch, extra)
+            gen[tool].append(res)
+            brief = {k: v for k, v in res.items() if k != "hyps"}
+            print(f"generate {tag} {tool} round {r}: {json.dumps(brief)}", flush=True)
+    return gen
+
+
+# debdesc_small (configs/debdesc_small.yaml) generates with its sources cut to 48 pieces; fairseq needs the
+# same flags spelled out (its task, not the model, truncates)
+SMALL_GEN_FLAGS = ["--truncate-source", "--max-source-positions", "48", "--no-repeat-ngram-size", "3"]
+
+
+def train_small(args: argparse.Namespace, databin: str) -> str:
+    """seqtrain-train debdesc_small for --small-updates updates, exported as a fairseq model.pt."""
+    save = os.path.join(args.workdir, "small-ckpt")
+    out = os.path.join(args.workdir, "small-fairseq", "model.pt")
+    if os.path.exists(out) and os.path.exists(os.path.join(save, "checkpoint_last.pt")):
+        return out
+    shutil.rmtree(save, ignore_errors=True)
+    cmd = [
+        os.path.join(SEQTRAIN_BIN, "seqtrain-train"),
+        databin,
+        "--config",
+        os.path.join(REPO, "configs", "debdesc_small.yaml"),
+        "--max-update",
+        str(args.small_updates),
+        "--save-dir",
+        save,
+        "--disable-validation",
+        "--cpu",
+        "--seed",
+        "1",
+    ]
+    print(f"training debdesc_small for {args.small_updates} updates (once)", flush=True)
+    run(cmd, os.path.join(args.workdir, "train-small.log"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    convert = [
+        os.path.join(SEQTRAIN_BIN, "seqtrain-convert"),
+        "--to",
+        "fairseq",
+        os.path.join(save, "checkpoint_last.pt"),
+        out,
+    ]
+    run(convert, os.path.join(args.workdir, "convert-small.log"))
+    return out
+
+
+def profile_both(args: argparse.Namespace, databin: str) -> dict[str, str]:
+    """torch.profiler tables of both tools' training runs (scripts/profile_cli.py), written to the workdir."""
+    script = os.path.join(REPO, "scripts", "profile_cli.py")
+    saved, args.updates = args.updates, args.profile_updates
+    flags = train_flags(args, databin) + ["--no-save"]
+    args.updates = saved
+    out = {}
+    for tool, python, module, env in [
+        ("seqtrain", sys.executable, "seqtrain_cli.train", {}),
+        ("fairseq", os.path.join(PEER, "bin", "python"), "fairseq_cli.train", FAIRSEQ_ENV),
+    ]:
+        path = os.path.join(args.workdir, f"profile-{tool}.txt")
+        run([python, script, "--out", path, "--", module, *flags], path + ".log", env)
+        out[tool] = path
+        print(f"profile {tool}: {path}", flush=True)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ main
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--updates", type=int, default=30, help="training updates per run")
     p.add_argument("--rounds", type=int, default=1, help="alternated rounds (each runs every tool once)")
-    p.add_argument("--examples", type=int, default=256, help="validation pairs to generate for")
+    p.add_argument(
+        "--data",
+        choices=["full", "sample"],
+        default="full" if os.path.isdir(FULL_DATA) else "sample",
+        help="the full debdesc corpus (../shared/data/debdesc; the default when present) or the bundled sample",
+    )
+    p.add_argument("--examples", type=int, default=256, help="validation pairs to generate for (bart_base)")
+    p.add_argument("--gen-batch", type=int, default=32, help="--batch-size of the bart_base generation runs")
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--seqtrain-bf16", action="store_true", help="also time seqtrain-train --bf16")
     p.add_argument(
@@ -301,6 +408,20 @@ def main(argv: list[str] | None = None) -> int:
         help="a fairseq checkpoint to generate with (default: the one "
         "fairseq-train saves in the first round)",
     )
+    p.add_argument(
+        "--small-updates",
+        type=int,
+        default=0,
+        help="also train debdesc_small (configs/debdesc_small.yaml) for this many updates with seqtrain, export "
+        "it to fairseq and generate the whole valid split with both tools (batch 64); 0: skip",
+    )
+    p.add_argument(
+        "--profile-updates",
+        type=int,
+        default=0,
+        help="also profile both tools' training (torch.profiler) for this many updates; 0: skip",
+    )
+    p.add_argument("--skip-train", action="store_true", help="no timed training runs (needs --gen-path)")
     p.add_argument("--workdir", default="/tmp/seqtrain-bench-fairseq")
     p.add_argument("--json", default=None, help="also write the figures to this file")
     args = p.parse_args(argv)
@@ -311,8 +432,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.skip_train and not args.gen_path:
+        p.error("--skip-train needs --gen-path")
     os.makedirs(args.workdir, exist_ok=True)
-    databin = ensure_databin(args.workdir)
+    databin = ensure_databin(args.workdir, FULL_DATA if args.data == "full" else SAMPLE_DATA)
     threads = torch.get_num_threads()
     peaks = {
         "fp32": measured_matmul_peak(torch.device("cpu"), torch.float32, n=1024),
@@ -325,10 +448,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f}",
         flush=True,
     )
+    args.init = init_weights(args, databin)
     tools = ["seqtrain", "fairseq"] + (["seqtrain-bf16"] if args.seqtrain_bf16 else [])
     train: dict[str, list[dict[str, float]]] = {t: [] for t in tools}
     ckpt_dir = os.path.join(args.workdir, "fairseq-ckpt")
-    for r in range(args.rounds):
+    if not args.skip_train:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)  # fairseq-train would resume from a previous run's
+    for r in range(0 if args.skip_train else args.rounds):
         for tool in tools if r % 2 == 0 else tools[::-1]:
             save = ckpt_dir if (tool == "fairseq" and r == 0 and args.gen_path is None) else None
             res = train_run(tool, args, databin, args.workdir, f"{tool}-{r}", save)
@@ -336,12 +462,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"train {tool} round {r}: {json.dumps(res)}", flush=True)
     ckpt = args.gen_path or os.path.join(ckpt_dir, "checkpoint_last.pt")
     gen_bin = gen_databin(databin, args.workdir, args.examples)
-    gen: dict[str, list[dict[str, Any]]] = {"seqtrain": [], "fairseq": []}
-    for r in range(args.rounds):
-        for tool in ["seqtrain", "fairseq"] if r % 2 == 0 else ["fairseq", "seqtrain"]:
-            gen[tool].append(generate_run(tool, args, gen_bin, ckpt, args.workdir, f"{tool}-{r}"))
+    gen = {"bart_base": generate_both(args, gen_bin, ckpt, "base", args.gen_batch, [])}
+    if args.small_updates:
+        small = train_small(args, databin)
+        gen["debdesc_small"] = generate_both(args, databin, small, "small", 64, SMALL_GEN_FLAGS)
+    profiles = profile_both(args, databin) if args.profile_updates else {}
     report = summarize(args, peaks, per_token, train, gen, threads)
+    report["profiles"] = profiles
     print(json.dumps(report, indent=1))
+    print(table(report))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
@@ -353,7 +482,7 @@ def summarize(
     peaks: dict[str, float],
     per_token: float,
     train: dict[str, list[dict[str, float]]],
-    gen: dict[str, list[dict[str, Any]]],
+    gen: dict[str, dict[str, list[dict[str, Any]]]],
     threads: int,
 ) -> dict[str, Any]:
     def best(runs: list[dict[str, Any]], key: str) -> float:
@@ -382,23 +511,76 @@ def summarize(
             "first_loss": runs[0]["first_loss"],
             "last_loss": runs[0]["last_loss"],
         }
-    fs = out["train"]["fairseq"]
-    for res in out["train"].values():
+    fs = out["train"].get("fairseq")
+    for tool, res in out["train"].items() if fs else []:
         res["speedup_vs_fairseq"] = res["tokens_per_s"] / fs["tokens_per_s"]
         res["memory_vs_fairseq"] = res["peak_rss_gb"] / fs["peak_rss_gb"]
-    ref = gen["fairseq"][0]["hyps"]
-    for tool, runs in gen.items():
-        hyps = runs[0]["hyps"]
-        out["generate"][tool] = {
-            "sentences": runs[0]["sentences"],
-            "sentences_per_s": best(runs, "sentences_per_s"),
-            "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
-            "identical_to_fairseq": sum(hyps.get(i) == h for i, h in ref.items()),
-        }
-    out["generate"]["seqtrain"]["speedup_vs_fairseq"] = (
-        out["generate"]["seqtrain"]["sentences_per_s"] / out["generate"]["fairseq"]["sentences_per_s"]
-    )
+        ours, theirs = train[tool][0], train["fairseq"][0]
+        res["same_batches"] = sum(a == b for a, b in zip(ours["batches"], theirs["batches"]))
+        res["mean_loss_rel_diff"] = sum(
+            abs(a - b) / abs(b) for a, b in zip(ours["losses"], theirs["losses"])
+        ) / max(1, min(len(ours["losses"]), len(theirs["losses"])))
+    for model, runs_by_tool in gen.items():
+        ref = runs_by_tool["fairseq"][0]["hyps"]
+        res_model: dict[str, Any] = {}
+        for tool, runs in runs_by_tool.items():
+            hyps = runs[0]["hyps"]
+            res_model[tool] = {
+                "sentences": runs[0]["sentences"],
+                "sentences_per_s": best(runs, "sentences_per_s"),
+                "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+                "identical_to_fairseq": sum(hyps.get(i) == h for i, h in ref.items()),
+            }
+        st, fs_gen = res_model["seqtrain"], res_model["fairseq"]
+        st["speedup_vs_fairseq"] = st["sentences_per_s"] / fs_gen["sentences_per_s"]
+        st["memory_vs_fairseq"] = st["peak_rss_gb"] / fs_gen["peak_rss_gb"]
+        out["generate"][model] = res_model
     return out
+
+
+def table(report: dict[str, Any]) -> str:
+    """The report side by side, as a markdown table."""
+    rows = ["| | seqtrain | fairseq 0.12 | seqtrain / fairseq |", "|---|---|---|---|"]
+
+    def row(label: str, a: float, b: float, fmt: str = "{:.1f}") -> None:
+        rows.append(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {a / b:.2f}x |")
+
+    peak = report["peak_gflops"]
+    for tool, res in report["train"].items():
+        if tool == "fairseq":
+            continue
+        fs = report["train"]["fairseq"]
+        row(f"training {tool}: target tokens/s", res["tokens_per_s"], fs["tokens_per_s"])
+        row(f"training {tool}: useful GFLOP/s", res["useful_gflops"], fs["useful_gflops"])
+        rows.append(
+            f"| training {tool}: of the measured peak | {res['of_peak']:.0%} | {fs['of_peak']:.0%} | |"
+        )
+        rows.append(
+            f"| training {tool}: updates with fairseq's batch (size, tokens) | {res['same_batches']} / "
+            f"{report['updates']} | | |"
+        )
+        rows.append(
+            f"| training {tool}: mean relative loss difference | {res['mean_loss_rel_diff']:.2e} | | |"
+        )
+        rows.append(
+            f"| training {tool}: loss, first -> last | {res['first_loss']:.3f} -> {res['last_loss']:.3f} "
+            f"| {fs['first_loss']:.3f} -> {fs['last_loss']:.3f} | |"
+        )
+        row(f"training {tool}: process wall s", res["wall_s"], fs["wall_s"])
+        row(f"training {tool}: peak RSS GB", res["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
+    for model, res in report["generate"].items():
+        st, fs = res["seqtrain"], res["fairseq"]
+        row(f"generation {model}: sentences/s", st["sentences_per_s"], fs["sentences_per_s"], "{:.2f}")
+        rows.append(
+            f"| generation {model}: best hypotheses identical | {st['identical_to_fairseq']} / "
+            f"{fs['sentences']} | | |"
+        )
+        row(f"generation {model}: peak RSS GB", st["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
+    rows.append(
+        f"\nmeasured matmul peak ({report['threads']} threads): fp32 {peak['fp32']:.0f} GFLOP/s, bf16 "
+        f"{peak['bf16']:.1f} GFLOP/s; load average at the end {report['load_avg']:.1f}"
+    )
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":

@@ -175,3 +175,27 @@ def test_order_seed_is_seed_plus_1_or_the_epoch_when_each_epoch_has_its_own_data
     assert frozen("bin", seed=3, epoch=1) != first
     assert frozen("bin0:bin1", seed=1, epoch=3) == frozen("bin", seed=3, epoch=1)
     assert frozen("bin0:bin1", seed=1, epoch=1) == first
+
+
+@pytest.mark.parametrize("mult", [1, 8])
+def test_training_leaves_out_a_last_batch_that_is_not_a_multiple_as_fairseq(mult):
+    """fairseq 0.12 (data_utils.batch_by_size) drops the last batch when its size is not a multiple of
+    --required-batch-size-multiple; training does the same, validation keeps every example."""
+    rng = np.random.RandomState(0)
+    src, tgt = rng.randint(2, 40, 203), rng.randint(2, 12, 203)
+    d = Dictionary()
+    args = argparse.Namespace(
+        data="bin", train_subset="train", max_source_positions=1024, max_target_positions=1024
+    )
+    dataset = LanguagePairDataset(Stored(src, d.eos()), src, d, Stored(tgt, d.eos()), tgt, d)
+    kw = dict(max_tokens=256, required_batch_size_multiple=mult, seed=1)
+    train = TranslationTask(args, d, d).get_batch_iterator(dataset, split="train", **kw).frozen_batches
+    valid = TranslationTask(args, d, d).get_batch_iterator(dataset, split="valid", **kw).frozen_batches
+    assert sum(len(b) for b in valid) == 203
+    if mult == 1:
+        assert [b.tolist() for b in train] == [b.tolist() for b in valid]
+    else:
+        assert len(valid[-1]) % mult != 0  # the data makes a partial last batch ...
+        assert [b.tolist() for b in train] == [
+            b.tolist() for b in valid[:-1]
+        ]  # ... which training leaves out

@@ -207,3 +207,54 @@ def test_same_training_from_same_weights(export, sample_bin, tmp_path):
     for f, s in zip(fq_log, st_log):
         assert (float(s["bsz"]), float(s["wpb"])) == (float(f["bsz"]), float(f["wpb"])), f["num_updates"]
         assert float(s["loss"]) == pytest.approx(float(f["loss"]), rel=1e-3), f["num_updates"]
+
+
+FAIRSEQ_BATCHES = r"""
+import json, sys
+from fairseq import options, tasks
+argv = [sys.argv[1], "--task", "translation", "--source-lang", "source", "--target-lang", "target", "--arch",
+        "bart_base", "--max-tokens", "900", "--seed", "1", "--truncate-source", "--max-source-positions", "128"]
+args = options.parse_args_and_arch(options.get_training_parser(), argv)
+task = tasks.setup_task(args)
+task.load_dataset("train", epoch=1)
+itr = task.get_batch_iterator(task.dataset("train"), max_tokens=900, max_positions=(128, 1024),
+    ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=1, epoch=1)
+frozen = [b.tolist() for b in itr.frozen_batches]
+epoch = [b["id"].tolist() for b in itr.next_epoch_itr(shuffle=True)]
+print(json.dumps({"frozen": frozen, "epoch1": epoch}))
+"""
+
+
+def test_training_batches_with_the_default_multiple_of_8_are_fairseqs(sample_bin, tmp_path):
+    """fairseq's own get_batch_iterator on the same data-bin (the default --required-batch-size-multiple 8,
+    which the batch-list fixtures, made with 1, do not cover): the same frozen batches and epoch-1 order."""
+    from seqtrain.options import parse_train_args
+    from seqtrain.tasks import setup_task
+
+    script = tmp_path / "fairseq_batches.py"
+    script.write_text(FAIRSEQ_BATCHES)
+    want = json.loads(run([VENV / "bin" / "python", script, sample_bin]).stdout.strip().splitlines()[-1])
+    argv = [
+        str(sample_bin),
+        "--arch",
+        "bart_base",
+        "--max-tokens",
+        "900",
+        "--seed",
+        "1",
+        "--truncate-source",
+    ]
+    args = parse_train_args(argv + ["--max-source-positions", "128", "--cpu"])
+    task = setup_task(args)
+    itr = task.get_batch_iterator(
+        task.load_dataset("train"),
+        max_tokens=900,
+        max_positions=(128, 1024),
+        ignore_invalid_inputs=True,
+        required_batch_size_multiple=8,
+        seed=1,
+        epoch=1,
+        split="train",
+    )
+    assert [b.tolist() for b in itr.frozen_batches] == want["frozen"]
+    assert [sorted(b.tolist()) for b in itr.epoch_batches(1)] == [sorted(b) for b in want["epoch1"]]

@@ -229,6 +229,16 @@ class TranslationTask:
             required_batch_size_multiple=required_batch_size_multiple,
             split=split,
         )
+        mult = int(required_batch_size_multiple or 1)
+        if train and mult > 1 and batches and len(batches[-1]) % mult:
+            # fairseq 0.12's data_utils.batch_by_size drops a last batch whose size is not a multiple of
+            # --required-batch-size-multiple; training does the same to keep its batches. Validation keeps it
+            # (fairseq would leave those examples out of the valid loss).
+            logger.info(
+                f"{split}: the last batch ({len(batches[-1])} examples) is left out of every epoch, as fairseq "
+                f"does: its size is not a multiple of --required-batch-size-multiple {mult}"
+            )
+            batches = batches[:-1]
         itr = EpochBatchIterator(
             dataset,
             dataset.collater,
