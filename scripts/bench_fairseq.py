@@ -53,8 +53,10 @@ BART_BASE = Seq2SeqFlops(6, 6, 768, 768, 3072, 3072, 0)  # the vocabulary comes 
 
 
 # ------------------------------------------------------------------------------------------------ processes
-def _tree_rss_kb(root: int) -> int:
-    """Resident memory (kB) of `root` and all its descendants."""
+def _tree_memory_kb(root: int) -> tuple[int, int]:
+    """Resident memory (kB) of `root` and all its descendants: (RSS, PSS). RSS counts a page shared by two
+    processes (a forked DataLoader worker and its parent) twice; PSS splits it between them, so the tree's PSS
+    is the physical memory the run holds."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -64,21 +66,26 @@ def _tree_rss_kb(root: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(name))
-    total, todo = 0, [root]
+    rss = pss = 0
+    todo = [root]
     while todo:
         pid = todo.pop()
         todo.extend(children.get(pid, []))
         try:
-            with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+            with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1])
         except OSError:
             pass
-    return total
+    return rss, pss
 
 
 def run(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> dict[str, float]:
-    """Run `cmd`, output to `log_path`; returns wall seconds and the peak RSS of its process tree."""
-    peak = [0]
+    """Run `cmd`, output to `log_path`; returns wall seconds and the peak RSS and PSS of its process tree."""
+    peak = [0, 0]
     with open(log_path, "w", encoding="utf-8") as log:
         start = time.perf_counter()
         proc = subprocess.Popen(
@@ -87,7 +94,8 @@ def run(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> dic
 
         def sample() -> None:
             while proc.poll() is None:
-                peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+                rss, pss = _tree_memory_kb(proc.pid)
+                peak[0], peak[1] = max(peak[0], rss), max(peak[1], pss)
                 time.sleep(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -99,7 +107,7 @@ def run(cmd: list[str], log_path: str, env: dict[str, str] | None = None) -> dic
         with open(log_path, encoding="utf-8") as f:
             tail = f.read()[-2000:]
         raise SystemExit(f"{' '.join(cmd[:2])} failed (exit {rc}); the end of {log_path}:\n{tail}")
-    return {"wall_s": seconds, "peak_rss_gb": peak[0] / 1e6}
+    return {"wall_s": seconds, "peak_rss_gb": peak[0] / 1e6, "peak_pss_gb": peak[1] / 1e6}
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -330,8 +338,10 @@ def generate_both(
 
 
 # debdesc_small (configs/debdesc_small.yaml) generates with its sources cut to 48 pieces; fairseq needs the
-# same flags spelled out (its task, not the model, truncates)
-SMALL_GEN_FLAGS = ["--truncate-source", "--max-source-positions", "48", "--no-repeat-ngram-size", "3"]
+# same flags spelled out (its task, not the model, truncates). Without the config's --no-repeat-ngram-size 3:
+# fairseq 0.12 ignores it on a CPU (its NGramRepeatBlock checks the padded end of the token buffer, not the
+# last generated tokens: facebookresearch/fairseq#4709, #5206), so with it the outputs cannot be compared.
+SMALL_GEN_FLAGS = ["--truncate-source", "--max-source-positions", "48"]
 
 
 def train_small(args: argparse.Namespace, databin: str) -> str:
@@ -398,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         default="full" if os.path.isdir(FULL_DATA) else "sample",
         help="the full debdesc corpus (../shared/data/debdesc; the default when present) or the bundled sample",
     )
-    p.add_argument("--examples", type=int, default=256, help="validation pairs to generate for (bart_base)")
+    p.add_argument(
+        "--examples", type=int, default=256, help="validation pairs to generate for (bart_base; 0: skip)"
+    )
     p.add_argument("--gen-batch", type=int, default=32, help="--batch-size of the bart_base generation runs")
     p.add_argument("--max-tokens", type=int, default=2048)
     p.add_argument("--seqtrain-bf16", action="store_true", help="also time seqtrain-train --bf16")
@@ -432,8 +444,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.skip_train and not args.gen_path:
-        p.error("--skip-train needs --gen-path")
+    if args.skip_train and args.examples and not args.gen_path:
+        p.error("--skip-train needs --gen-path (or --examples 0)")
     os.makedirs(args.workdir, exist_ok=True)
     databin = ensure_databin(args.workdir, FULL_DATA if args.data == "full" else SAMPLE_DATA)
     threads = torch.get_num_threads()
@@ -462,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"train {tool} round {r}: {json.dumps(res)}", flush=True)
     ckpt = args.gen_path or os.path.join(ckpt_dir, "checkpoint_last.pt")
     gen_bin = gen_databin(databin, args.workdir, args.examples)
-    gen = {"bart_base": generate_both(args, gen_bin, ckpt, "base", args.gen_batch, [])}
+    gen = (
+        {"bart_base": generate_both(args, gen_bin, ckpt, "base", args.gen_batch, [])} if args.examples else {}
+    )
     if args.small_updates:
         small = train_small(args, databin)
         gen["debdesc_small"] = generate_both(args, databin, small, "small", 64, SMALL_GEN_FLAGS)
@@ -500,6 +514,8 @@ def summarize(
         "generate": {},
     }
     for tool, runs in train.items():
+        if not runs:  # --skip-train
+            continue
         tps = best(runs, "tokens_per_s")
         peak = peaks["bf16" if tool.endswith("bf16") else "fp32"]
         out["train"][tool] = {
@@ -508,6 +524,7 @@ def summarize(
             "of_peak": tps * per_token / peak,
             "wall_s": min(r["wall_s"] for r in runs),
             "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+            "peak_pss_gb": max(r["peak_pss_gb"] for r in runs),
             "first_loss": runs[0]["first_loss"],
             "last_loss": runs[0]["last_loss"],
         }
@@ -515,6 +532,7 @@ def summarize(
     for tool, res in out["train"].items() if fs else []:
         res["speedup_vs_fairseq"] = res["tokens_per_s"] / fs["tokens_per_s"]
         res["memory_vs_fairseq"] = res["peak_rss_gb"] / fs["peak_rss_gb"]
+        res["pss_vs_fairseq"] = res["peak_pss_gb"] / fs["peak_pss_gb"]
         ours, theirs = train[tool][0], train["fairseq"][0]
         res["same_batches"] = sum(a == b for a, b in zip(ours["batches"], theirs["batches"]))
         res["mean_loss_rel_diff"] = sum(
@@ -529,11 +547,13 @@ def summarize(
                 "sentences": runs[0]["sentences"],
                 "sentences_per_s": best(runs, "sentences_per_s"),
                 "peak_rss_gb": max(r["peak_rss_gb"] for r in runs),
+                "peak_pss_gb": max(r["peak_pss_gb"] for r in runs),
                 "identical_to_fairseq": sum(hyps.get(i) == h for i, h in ref.items()),
             }
         st, fs_gen = res_model["seqtrain"], res_model["fairseq"]
         st["speedup_vs_fairseq"] = st["sentences_per_s"] / fs_gen["sentences_per_s"]
         st["memory_vs_fairseq"] = st["peak_rss_gb"] / fs_gen["peak_rss_gb"]
+        st["pss_vs_fairseq"] = st["peak_pss_gb"] / fs_gen["peak_pss_gb"]
         out["generate"][model] = res_model
     return out
 
@@ -567,7 +587,8 @@ def table(report: dict[str, Any]) -> str:
             f"| {fs['first_loss']:.3f} -> {fs['last_loss']:.3f} | |"
         )
         row(f"training {tool}: process wall s", res["wall_s"], fs["wall_s"])
-        row(f"training {tool}: peak RSS GB", res["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
+        row(f"training {tool}: peak RSS GB (process tree)", res["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
+        row(f"training {tool}: peak PSS GB (process tree)", res["peak_pss_gb"], fs["peak_pss_gb"], "{:.2f}")
     for model, res in report["generate"].items():
         st, fs = res["seqtrain"], res["fairseq"]
         row(f"generation {model}: sentences/s", st["sentences_per_s"], fs["sentences_per_s"], "{:.2f}")
@@ -576,6 +597,7 @@ def table(report: dict[str, Any]) -> str:
             f"{fs['sentences']} | | |"
         )
         row(f"generation {model}: peak RSS GB", st["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
+        row(f"generation {model}: peak PSS GB", st["peak_pss_gb"], fs["peak_pss_gb"], "{:.2f}")
     rows.append(
         f"\nmeasured matmul peak ({report['threads']} threads): fp32 {peak['fp32']:.0f} GFLOP/s, bf16 "
         f"{peak['bf16']:.1f} GFLOP/s; load average at the end {report['load_avg']:.1f}"

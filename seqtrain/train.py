@@ -174,6 +174,9 @@ def _train(args: argparse.Namespace) -> int:
     finally:
         if tracker is not None:
             tracker.close()
+        # no thread or worker process may still read data while the process group is torn down
+        if hasattr(task, "close_iterators"):
+            task.close_iterators()
     if loop.stop.requested:
         return loop.stop.exit_code
     logger.info(f"done training in {trainer.cumulative_training_time():.1f} seconds")

@@ -325,10 +325,11 @@ class CheckpointManager:
             if last is not None
             else "no checkpoint was saved before"
         )
+        n = trainer.get_num_updates()
         raise SeqtrainError(
             f"parameters are not finite (inf / NaN{', first: ' + bad if bad else ''}) at update "
-            f"{trainer.get_num_updates()}: not saving {path}; {good}. Resume from it with a lower --lr, "
-            "--clip-norm or a longer --warmup-updates"
+            f"{n}: not saving {path}; the last good update is {n - 1} (its weights gave update {n} a finite "
+            f"loss), {good}. Resume from it with a lower --lr, --clip-norm or a longer --warmup-updates"
         )
 
     def prune(self) -> None:

@@ -318,13 +318,27 @@ class Trainer:
 
     def _check_finite(self, totals: dict[str, float], gnorm: float) -> None:
         """Without loss scaling a NaN/inf loss or gradient cannot be skipped away: stop before the optimizer
-        step spreads it into the weights, so the last checkpoint is a good place to resume from."""
+        step spreads it into the weights, so the last checkpoint is a good place to resume from. The error
+        names the last good update: the weights are checked (only on this path, agreed by all ranks) to tell a
+        bad batch or loss (the current weights are good) from weights that the previous update's optimizer
+        step made inf/NaN (e.g. an infinite or huge learning rate: then the update before it is the last
+        good one, as its weights gave the previous update a finite loss)."""
         loss = totals.get("loss", 0.0)
         if math.isfinite(gnorm) and math.isfinite(loss):
             return
         what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {gnorm}"
+        params = [p.detach() for p in self.model.parameters()]
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]  # an FSDP shard
+        finite = bool(torch.stack([t.isfinite().all() for t in local]).all()) if local else True
+        bad = distributed.agree({"bad": not finite}, self.device)["bad"]
+        n = self.num_updates
+        where = (
+            f"the weights became inf/NaN in update {n}'s optimizer step; the last good update is {n - 1}"
+            if bad
+            else f"the last good update is {n}"
+        )
         raise SeqtrainError(
-            f"{what} at update {self.num_updates + 1}: training diverged; resume from the last checkpoint with a "
+            f"{what} at update {n + 1}: training diverged ({where}); resume from the last checkpoint with a "
             "lower --lr, a longer --warmup-updates, --clip-norm (e.g. 1.0) or --bf16, and check the data for "
             "broken examples"
         )

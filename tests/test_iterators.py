@@ -245,3 +245,36 @@ def test_dataloader_workers_live_across_epochs_and_resume_exactly():
     resumed.load_state_dict(ebi.state_dict())
     assert first + [tuple(b)[:-1] for b in resumed.next_epoch_itr()] == expected[2]
     assert {b[-1] for b in itr} == pids  # the rest of epoch 3, by the same worker
+
+
+def test_close_stops_the_background_thread_and_the_worker_processes_mid_epoch():
+    """A run that ends mid-epoch leaves no thread inside a collate and no DataLoader worker behind: the
+    background thread (blocked on a full queue) and the persistent worker processes stop, and the position
+    is kept."""
+    import multiprocessing
+    import threading
+
+    before = set(threading.enumerate())
+    buffered = make_itr(7, seed=9, buffer_size=1)
+    itr = buffered.next_epoch_itr()
+    next(itr)
+    thread = buffered._background._thread
+    assert thread.is_alive()  # waiting to queue the next batches
+    buffered.close()
+    assert not thread.is_alive() and set(threading.enumerate()) <= before
+
+    workers = make_itr(7, seed=9, num_workers=1)
+    itr = workers.next_epoch_itr()
+    next(itr)
+    assert len(multiprocessing.active_children()) >= 1
+    state = workers.state_dict()
+    workers.close()
+    assert multiprocessing.active_children() == []
+    assert workers.state_dict() == state == {"epoch": 1, "iterations_in_epoch": 1, "shuffle": True}
+    resumed = make_itr(7, seed=9, num_workers=1)  # and the next epoch starts workers anew
+    resumed.load_state_dict({"epoch": 2, "iterations_in_epoch": 0, "shuffle": True})
+    workers.load_state_dict({"epoch": 2, "iterations_in_epoch": 0, "shuffle": True})
+    assert run_epoch(workers) == run_epoch(resumed)
+    workers.close()
+    resumed.close()
+    assert multiprocessing.active_children() == []

@@ -403,10 +403,28 @@ def test_fp32_nonfinite_loss_stops_naming_the_update(databin, tmp_path, value):
     with pytest.raises(SeqtrainError) as e:
         trainer.train_step([batches[2]])
     msg = str(e.value)
-    assert msg.startswith(f"loss is {value} at update 3: training diverged; resume from the last checkpoint")
+    assert msg.startswith(
+        f"loss is {value} at update 3: training diverged (the last good update is 2); resume from the last "
+        "checkpoint"
+    )
     assert "--lr" in msg and "--clip-norm" in msg and "\n" not in msg
     after = params(trainer)
     assert trainer.get_num_updates() == 2 and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_weights_made_inf_by_the_optimizer_step_name_the_update_before(databin, tmp_path):
+    """An infinite learning rate in update 3 makes the weights inf; update 4's loss is NaN, and the error names
+    update 2 as the last good one (not 3, whose loss and gradients were finite)."""
+    trainer, batches = make_trainer(databin, tmp_path)
+    assert trainer.train_step([batches[0]]) is not None and trainer.train_step([batches[1]]) is not None
+    trainer.optimizer.set_lr(float("inf"))
+    assert trainer.train_step([batches[2]]) is not None  # finite loss and gradients, inf weights after it
+    with pytest.raises(SeqtrainError) as e:
+        trainer.train_step([batches[3]])
+    assert str(e.value).startswith(
+        "loss is nan at update 4: training diverged (the weights became inf/NaN in update 3's optimizer step; "
+        "the last good update is 2)"
+    )
 
 
 def test_fp32_nonfinite_loss_through_the_cli(databin, tmp_path, monkeypatch, capsys):

@@ -393,7 +393,8 @@ def test_non_finite_weights_are_never_saved(databin, tmp_path):
     args = parse_train_args(argv + ["--max-update", "4"])
     args.lr = [float("inf")]
     with pytest.raises(
-        SeqtrainError, match=r"not finite .* at update 3: not saving .*checkpoint_last.pt \(update 2\)"
+        SeqtrainError,
+        match=r"not finite .* at update 3: not saving .*; the last good update is 2 .*checkpoint_last.pt \(update 2\)",
     ):
         train(args)
     assert hashlib.sha256(open(last, "rb").read()).hexdigest() == before
@@ -519,3 +520,29 @@ def test_os_errors_become_one_line_with_a_remedy(capsys, err, expected):
         run_cli("seqtrain-preprocess", main, [])
     line = one_error_line(capsys.readouterr().err, "seqtrain-preprocess")
     assert e.value.code == 1 and expected in line, line
+
+
+def test_a_run_ending_mid_epoch_leaves_no_data_loading_worker(databin, tmp_path, monkeypatch):
+    """Issue 17 item 13: nothing may still read data while the process group is torn down and the interpreter
+    exits; a run that stops mid-epoch stops its DataLoader workers (and data threads) itself, even while
+    something (here the test; in a process, a reference cycle) still holds its task."""
+    import multiprocessing
+    import threading
+
+    import seqtrain.train
+
+    tasks = []
+
+    def keep(args):
+        tasks.append(setup_task(args))
+        return tasks[-1]
+
+    setup_task = seqtrain.train.setup_task
+    monkeypatch.setattr(seqtrain.train, "setup_task", keep)
+    threads, children = set(threading.enumerate()), set(multiprocessing.active_children())
+    argv = base_args(databin, str(tmp_path / "save"), "--max-update", "2", "--num-workers", "1")
+    assert train_main([*argv, "--max-tokens", "64", "--disable-validation"]) == 0
+    itr = next(iter(tasks[0]._iterators.values()))
+    assert 0 < itr.iterations_in_epoch < len(itr)  # stopped mid-epoch
+    assert set(multiprocessing.active_children()) <= children  # (other tests' workers may still be alive)
+    assert set(threading.enumerate()) <= threads

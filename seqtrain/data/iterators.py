@@ -15,6 +15,7 @@ twice.
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import queue
 import threading
@@ -25,6 +26,8 @@ import numpy as np
 import torch
 
 from seqtrain.errors import SeqtrainError
+
+logger = logging.getLogger(__name__)
 
 
 class CountingIterator:
@@ -92,23 +95,43 @@ class GroupedIterator:
 
 
 class _BackgroundIterator:
-    """Prepares up to `size` batches ahead in a thread, so collating overlaps with the training step."""
+    """Prepares up to `size` batches ahead in a thread, so collating overlaps with the training step. `close()`
+    stops and joins the thread, so none is left inside a collate (or a DataLoader) when the process exits."""
 
     _END = object()
 
     def __init__(self, iterable: Iterable, size: int):
         self._queue: queue.Queue = queue.Queue(size)
         self._len = len(iterable)  # type: ignore[arg-type]
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._fill, args=(iter(iterable),), daemon=True)
         self._thread.start()
 
     def _fill(self, it: Iterator) -> None:
         try:
             for item in it:
-                self._queue.put(item)
-            self._queue.put(self._END)
+                if not self._put(item):
+                    return
+            self._put(self._END)
         except BaseException as e:  # handed to the consumer, raised there
-            self._queue.put(e)
+            self._put(e)
+
+    def _put(self, item: Any) -> bool:
+        """Queue `item` unless closed (checked every 0.1 s while the queue is full); False once closed."""
+        while not self._closed.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Stop preparing batches and wait (up to `timeout` s) for the thread to finish its current one."""
+        self._closed.set()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            logger.warning(f"a data-loading thread did not stop within {timeout:.0f} s; leaving it behind")
 
     def __len__(self) -> int:
         return self._len
@@ -148,6 +171,38 @@ class _EpochBatches:
 
     def __len__(self) -> int:
         return len(self.batches)
+
+
+class DataWorkers:
+    """A DataLoader over `dataset` whose persistent worker processes serve every epoch of an iterator (started
+    at the first epoch, stopped by `shutdown`)."""
+
+    def __init__(self, dataset: Any, collate_fn: Callable, num_workers: int):
+        self.batches = _EpochBatches()
+        self.loader = torch.utils.data.DataLoader(
+            dataset,
+            collate_fn=collate_fn,
+            batch_sampler=self.batches,
+            num_workers=num_workers,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=True,
+        )
+
+    def serve(self, batches: Sequence[Sequence[int]]) -> torch.utils.data.DataLoader:
+        """The DataLoader, set to read `batches` (a new iter() restarts the workers' queue; after `shutdown`
+        it forks new workers)."""
+        workers = self.loader._iterator
+        if workers is not None and workers._shutdown:
+            self.loader._iterator = None
+        self.batches.batches = batches
+        return self.loader
+
+    def shutdown(self) -> None:
+        """Stop the worker processes (the iterator that ran them stays referenced until `serve` replaces it,
+        so its queues' feeder threads finish before the queues are freed)."""
+        workers = self.loader._iterator  # the persistent workers' iterator (None before they start)
+        if workers is not None:
+            workers._shutdown_workers()
 
 
 class _CollatingIterable:
@@ -211,8 +266,8 @@ class EpochBatchIterator:
         self._cur_epoch_itr: CountingIterator | None = None
         self._next_epoch_itr: CountingIterator | None = None
         # with workers: one DataLoader for every epoch, its workers kept (started once, not per epoch)
-        self._loader: torch.utils.data.DataLoader | None = None
-        self._loader_batches = _EpochBatches()
+        self._workers: DataWorkers | None = None
+        self._background: _BackgroundIterator | None = None
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -310,20 +365,25 @@ class EpochBatchIterator:
     ) -> CountingIterator:
         batches = self.epoch_batches(epoch, shuffle, fix_batches_to_gpus)[offset:]
         if self.num_workers > 0:
-            if self._loader is None:
-                self._loader = torch.utils.data.DataLoader(
-                    self.dataset,
-                    collate_fn=self.collate_fn,
-                    batch_sampler=self._loader_batches,
-                    num_workers=self.num_workers,
-                    pin_memory=torch.cuda.is_available(),
-                    persistent_workers=True,
-                )
-            # The epoch's batches (after a resume: the rest of them); a new iter() restarts the workers' queue.
-            self._loader_batches.batches = batches
-            itr: Iterable = self._loader
+            if self._workers is None:
+                self._workers = DataWorkers(self.dataset, self.collate_fn, self.num_workers)
+            # The epoch's batches (after a resume: the rest of them)
+            itr: Iterable = self._workers.serve(batches)
         else:
             itr = _CollatingIterable(self.dataset, self.collate_fn, batches)
         if self.buffer_size > 0:
-            itr = _BackgroundIterator(itr, self.buffer_size)
+            if self._background is not None:
+                self._background.close()
+            itr = self._background = _BackgroundIterator(itr, self.buffer_size)
         return CountingIterator(itr, start=offset, total=offset + len(batches))
+
+    def close(self) -> None:
+        """Stop this iterator's helpers: the background thread (`buffer_size`) and the DataLoader's persistent
+        worker processes (`num_workers`). A run calls it as it ends, so nothing still reads data while the
+        process group is torn down and the interpreter exits. The position (`state_dict`) is kept; the epoch in
+        progress cannot be iterated further, a new `next_epoch_itr` starts the helpers anew."""
+        if self._background is not None:
+            self._background.close()
+            self._background = None
+        if self._workers is not None:
+            self._workers.shutdown()

@@ -253,6 +253,11 @@ class TranslationTask:
         self._iterators[id(dataset)] = itr
         return itr
 
+    def close_iterators(self) -> None:
+        """Stop the data-loading helpers (threads, worker processes) of every iterator this task made."""
+        for itr in self._iterators.values():
+            itr.close()
+
     # ---------------------------------------------------------------------------------------------- model
     def build_model(self, args: argparse.Namespace) -> torch.nn.Module:
         from seqtrain.models import build_model
