@@ -326,10 +326,15 @@ class CheckpointManager:
             else "no checkpoint was saved before"
         )
         n = trainer.get_num_updates()
+        last_update = (
+            f"the last good update is {n - 1} (its weights gave update {n} a finite loss)"
+            if n > 0
+            else "the starting weights are not finite"
+        )
         raise SeqtrainError(
             f"parameters are not finite (inf / NaN{', first: ' + bad if bad else ''}) at update "
-            f"{n}: not saving {path}; the last good update is {n - 1} (its weights gave update {n} a finite "
-            f"loss), {good}. Resume from it with a lower --lr, --clip-norm or a longer --warmup-updates"
+            f"{n}: not saving {path}; {last_update}, {good}. Resume from it with a lower --lr, --clip-norm or a "
+            "longer --warmup-updates"
         )
 
     def prune(self) -> None:

@@ -332,11 +332,14 @@ class Trainer:
         finite = bool(torch.stack([t.isfinite().all() for t in local]).all()) if local else True
         bad = distributed.agree({"bad": not finite}, self.device)["bad"]
         n = self.num_updates
-        where = (
-            f"the weights became inf/NaN in update {n}'s optimizer step; the last good update is {n - 1}"
-            if bad
-            else f"the last good update is {n}"
-        )
+        if not bad:
+            where = f"the last good update is {n}"
+        elif n > 0:
+            where = (
+                f"the weights became inf/NaN in update {n}'s optimizer step; the last good update is {n - 1}"
+            )
+        else:
+            where = "the starting weights are inf/NaN: no update was good"
         raise SeqtrainError(
             f"{what} at update {n + 1}: training diverged ({where}); resume from the last checkpoint with a "
             "lower --lr, a longer --warmup-updates, --clip-norm (e.g. 1.0) or --bf16, and check the data for "

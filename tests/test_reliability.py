@@ -427,6 +427,17 @@ def test_weights_made_inf_by_the_optimizer_step_name_the_update_before(databin, 
     )
 
 
+def test_inf_starting_weights_are_named_as_such(databin, tmp_path):
+    trainer, batches = make_trainer(databin, tmp_path)
+    with torch.no_grad():
+        next(trainer.model.parameters()).fill_(float("inf"))
+    with pytest.raises(SeqtrainError) as e:
+        trainer.train_step([batches[0]])
+    assert "at update 1: training diverged (the starting weights are inf/NaN: no update was good)" in str(
+        e.value
+    )
+
+
 def test_fp32_nonfinite_loss_through_the_cli(databin, tmp_path, monkeypatch, capsys):
     from seqtrain.criterions.cross_entropy import CrossEntropyCriterion
 
