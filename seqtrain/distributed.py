@@ -416,6 +416,17 @@ def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.pin_memory().to(device, non_blocking=True)
 
 
+def first_nonfinite_parameter(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter with an inf or NaN in what this rank holds (an FSDP shard: its local
+    part), or None; one host-device sync. Combine the ranks' answers with `agree`."""
+    named = list(model.named_parameters())
+    local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for _, p in named]
+    if not local:
+        return None
+    finite = torch.stack([t.isfinite().all() for t in local])
+    return None if bool(finite.all()) else named[int((~finite).nonzero()[0, 0])][0]
+
+
 def agree(flags: dict[str, bool], device: torch.device) -> dict[str, bool]:
     """Each flag True on every rank when it is True on at least one: one all-reduce of a small tensor, so every
     rank takes the same decision (a stop, a save) at the same point even if only some of them saw its cause."""

@@ -29,8 +29,6 @@ import zipfile
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from seqtrain import distributed
 from seqtrain.checkpoint import CheckpointContents, load_checkpoint_file
 from seqtrain.config import CheckpointConfig, from_args
@@ -309,14 +307,7 @@ class CheckpointManager:
 
     def check_finite(self, trainer: Any, path: str) -> None:
         """Never save inf / NaN weights: checkpoint_last.pt must stay a good one to resume from."""
-        named = list(trainer.model.named_parameters())
-        # each rank checks what it holds (an FSDP shard: to_local); agree() below combines the ranks
-        local = [p.detach().to_local() if hasattr(p, "to_local") else p.detach() for _, p in named]
-        finite = (
-            torch.stack([t.isfinite().all() for t in local]) if local else torch.ones(1, dtype=torch.bool)
-        )
-        ok = bool(finite.all())  # one host-device sync per save
-        bad = None if ok else named[int((~finite).nonzero()[0, 0])][0]
+        bad = distributed.first_nonfinite_parameter(trainer.model)  # one host-device sync per save
         if not distributed.agree({"bad": bad is not None}, trainer.device)["bad"]:
             return
         last = self.last_saved_updates

@@ -327,10 +327,8 @@ class Trainer:
         if math.isfinite(gnorm) and math.isfinite(loss):
             return
         what = f"loss is {loss}" if not math.isfinite(loss) else f"gradient norm is {gnorm}"
-        params = [p.detach() for p in self.model.parameters()]
-        local = [p.to_local() if hasattr(p, "to_local") else p for p in params]  # an FSDP shard
-        finite = bool(torch.stack([t.isfinite().all() for t in local]).all()) if local else True
-        bad = distributed.agree({"bad": not finite}, self.device)["bad"]
+        nonfinite = distributed.first_nonfinite_parameter(self.model) is not None
+        bad = distributed.agree({"bad": nonfinite}, self.device)["bad"]
         n = self.num_updates
         if not bad:
             where = f"the last good update is {n}"
