@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from seqtrain import options
 from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.data.dictionary import Dictionary
+from seqtrain.data.pair_dataset import batch_layout
 from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf
 from seqtrain.tasks.translation import TranslationTask
 from seqtrain.trainer import Trainer
@@ -88,19 +89,21 @@ def _pad(seqs: list[torch.Tensor], left: bool) -> torch.Tensor:
 
 
 def seqtrain_sample(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, Any]:
-    """A batch as seqtrain's collater makes it (left-padded sources), with the target rows the criterion
-    uses."""
+    """A batch as seqtrain's collater makes it (left-padded sources), with the padding layout the model uses
+    and the target rows the criterion uses, both found on the CPU as the collater does (no device sync)."""
     tgts = [t for _, t in pairs]
     target = _pad(tgts, left=False)
     prev = _pad([torch.cat([t[-1:], t[:-1]]) for t in tgts], left=False)
+    src = _pad([s for s, _ in pairs], left=True)
     return {
         "id": torch.arange(len(pairs)),
         "nsentences": len(pairs),
         "ntokens": sum(len(t) for t in tgts),
         "net_input": {
-            "src_tokens": _pad([s for s, _ in pairs], left=True),
+            "src_tokens": src,
             "src_lengths": torch.tensor([len(s) for s, _ in pairs]),
             "prev_output_tokens": prev,
+            "layout": batch_layout(src, prev, PAD),
         },
         "target": target,
         "target_rows": target.ne(PAD).view(-1).nonzero().squeeze(1),

@@ -64,7 +64,9 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
     assert stages["fp16_resume"]["bitwise_equal"] is True
     gen = stages["generate"]
     assert gen["fp32_identical"] == gen["sentences"] and gen["fp32_seqtrain_sentences_per_s"] > 0
-    assert stages["compile"]["graph_breaks"] >= 0 and stages["compile"]["compiled_ms_per_step"] > 0
+    # the check's batches carry the collater's layout, so the compiled step is one graph: no sync breaks it
+    assert stages["compile"]["graph_breaks"] == 0, stages["compile"]["graph_break_reasons"]
+    assert stages["compile"]["compiled_ms_per_step"] > 0
     assert stages["cuda_tests"]["failed"] == 0 and stages["cuda_tests"]["errors"] == 0
     table = (out / "gpu_check.md").read_text()
     assert all(f"| {name} |" in table for name in STAGES)
