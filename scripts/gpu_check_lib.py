@@ -216,4 +216,7 @@ def loss_errors(device: torch.device, dry: bool, dtype: torch.dtype) -> dict[str
         "grad_h_rel_err_vs_fp64": rel_err(gho, gh64),
         "grad_w_rel_err_vs_fp64": rel_err(gwo, gw64),
         "grad_finite": bool(torch.isfinite(gwo).all() and torch.isfinite(gho).all()),
+        # full logits through plain autograd: fp16 products rounded to fp16, so a weight-gradient column sum
+        # over many rows can overflow under the scale (then only the fp64 comparison judges)
+        "full_grad_finite": bool(torch.isfinite(gwf).all() and torch.isfinite(ghf).all()),
     }

@@ -195,7 +195,12 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
         runner.parse_overrides(args.model_overrides),
         args.unsafe_load,
     )
-    runner.cast(loaded, device, torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None)
+    runner.cast(
+        loaded,
+        device,
+        torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None,
+        cudnn_attention=args.cudnn_attention,
+    )
     apply_model_defaults(loaded, args, set(getattr(args, "given_flags", ())))
     max_src, max_tgt = loaded.model.max_positions()
     max_src, max_tgt = min(max_src, args.max_source_positions), min(max_tgt, args.max_target_positions)

@@ -67,7 +67,7 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
             args.unsafe_load,
         )
         dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
-        runner.cast(loaded, "cuda" if use_cuda else "cpu", dtype)
+        runner.cast(loaded, "cuda" if use_cuda else "cpu", dtype, cudnn_attention=args.cudnn_attention)
         apply_model_defaults(loaded, args, set(getattr(args, "given_flags", ())))
         generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
         if inp.isatty():

@@ -44,6 +44,7 @@ import torch
 from seqtrain import distributed
 from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
 from seqtrain.config import from_args
+from seqtrain.cuda import set_cuda_kernels
 from seqtrain.errors import SeqtrainError
 from seqtrain.flops import Seq2SeqFlops, device_peak_flops
 from seqtrain.logging.meters import MetersDict, perplexity
@@ -68,6 +69,7 @@ class TrainerConfig:
     bf16: bool = False
     compile: bool = False
     no_tf32: bool = False
+    cudnn_attention: bool = False
     clip_norm: float = 0.0
     optimizer: str = "adam"
 
@@ -104,9 +106,7 @@ class Trainer:
         self.device = torch.device("cuda", cfg.device_id) if use_cuda else torch.device("cpu")
         if use_cuda:
             torch.cuda.set_device(self.device)
-            # fp32 matrix products on tensor cores (TF32, 10-bit mantissa), as fairseq users get by default on
-            # Ampere and later; --no-tf32 keeps them in full fp32.
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not cfg.no_tf32
+            set_cuda_kernels(tf32=not cfg.no_tf32, cudnn_attention=cfg.cudnn_attention)
         if cfg.fp16 and cfg.bf16:
             raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
         if cfg.fp16 and not use_cuda:

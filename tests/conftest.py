@@ -64,3 +64,19 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _cuda_kernel_choices_restored():
+    """A Trainer on CUDA sets process-wide kernel choices (TF32, cuDNN attention: seqtrain.cuda); each test
+    starts from torch's defaults, so a test comparing fp32 results is not run in TF32 by an earlier one."""
+    import torch
+
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.cudnn_sdp_enabled(),
+    )
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+    torch.backends.cuda.enable_cudnn_sdp(saved[2])

@@ -293,3 +293,12 @@ def test_cuda_fp32_matmuls_use_tf32_unless_no_tf32(databin, tmp_path, flag):
     build_trainer(databin, str(tmp_path), *flag)
     assert torch.backends.cuda.matmul.allow_tf32 is (not flag)
     assert torch.backends.cudnn.allow_tf32 is (not flag)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("flag", [(), ("--cudnn-attention",)], ids=["default", "cudnn-attention"])
+def test_cuda_attention_stays_off_cudnn_unless_asked(databin, tmp_path, flag):
+    """cuDNN's attention builds a plan for every new batch shape (seqtrain.cuda): off unless asked for."""
+    torch.backends.cuda.enable_cudnn_sdp(True)  # torch's default
+    build_trainer(databin, str(tmp_path), *flag)
+    assert torch.backends.cuda.cudnn_sdp_enabled() is bool(flag)

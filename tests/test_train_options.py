@@ -315,3 +315,23 @@ def test_packed_padded_batch_matches_unpadded_examples():
     with torch.no_grad():  # pad positions come out as zeros, real ones as in the unpadded runs
         enc = model.encoder(sample(examples)["net_input"]["src_tokens"], None)
         assert enc["encoder_out"][enc["encoder_padding_mask"]].abs().max() == 0
+
+
+def test_cuda_kernel_choices_are_set_as_asked():
+    """seqtrain.cuda.set_cuda_kernels (what a Trainer or a generator on CUDA calls; these are torch's global
+    switches, settable without a GPU): TF32 on unless --no-tf32, None leaves it; cuDNN attention off unless
+    --cudnn-attention; both flags parse for train and generate."""
+    from seqtrain.cuda import set_cuda_kernels
+
+    set_cuda_kernels(tf32=True, cudnn_attention=False)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
+    set_cuda_kernels(tf32=None, cudnn_attention=True)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.cudnn_sdp_enabled()
+    set_cuda_kernels(tf32=False, cudnn_attention=False)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    train = options.parse_args_and_arch(
+        options.get_training_parser(), ["d", "--arch", "bart_tiny", "--cudnn-attention", "--no-tf32"]
+    )
+    assert train.cudnn_attention and train.no_tf32
+    assert options.get_generation_parser().parse_args(["d", "--cudnn-attention"]).cudnn_attention

@@ -16,10 +16,13 @@ Precision, matching what autograd does for the model's own F.linear under autoca
 - the gradient of the logits (softmax - eps_i - c * onehot, |g| <= 1) is multiplied by `grad_scale` (the fp16
   loss scale the trainer will apply to the loss) in fp32 before its cast to fp16, so the label-smoothing term
   eps / (V - 1) ~ 2e-6 at V = 50,265 is not subnormal in fp16; the products are unscaled again in fp32;
+  on CUDA the gradient products come out of the tensor cores in fp32 (no fp16 rounding or overflow of a
+  column sum over a chunk's thousands of rows; measured on an H200: 4,096 rows under a 2^15 scale overflowed
+  fp16 in plain autograd and in the earlier fp16-output products);
 - the weight gradient accumulates over chunks in fp32 (fp64 for fp64 inputs) whatever the weight's dtype, also
   when FSDP's mixed precision hands the loss a bf16/fp16 weight; autograd casts it to the weight's dtype once.
-An fp16 product that overflows under the scale gives inf, which the trainer's overflow check sees, as it would
-for plain autograd under the same scale.
+On the CPU, an fp16 product that overflows under the scale gives inf, which the trainer's overflow check sees,
+as it would for plain autograd under the same scale.
 
 `valid` (optional, N booleans) marks the rows that count: the others (padding targets) add nothing to the
 loss, the gradients or the accuracy. It lets callers skip the boolean-mask selection of rows, which forces a
@@ -73,6 +76,32 @@ def compute_dtype(hidden: Tensor) -> torch.dtype:
     if hidden.dtype != torch.float64 and torch.is_autocast_enabled(kind):
         return torch.get_autocast_dtype(kind)
     return hidden.dtype
+
+
+def _product(a: Tensor, b: Tensor, acc: torch.dtype) -> Tensor:
+    """a @ b for the gradients, `a` in the compute dtype. On CUDA with fp16/bf16 operands the product comes out
+    in `acc` (fp32) straight from the tensor cores' fp32 accumulators (torch.mm's out_dtype): a column sum over
+    thousands of rows under a 2^15 loss scale can pass fp16's 65,504 where every term is far below it, and
+    plain autograd's fp16 output would overflow there. Elsewhere the product runs as autocast would run it
+    (the weight cast, cached, as for F.linear), in the compute dtype."""
+    if a.is_cuda and a.dtype in (torch.float16, torch.bfloat16) and _mm_out_dtype_works():
+        return torch.mm(a, b.to(a.dtype), out_dtype=acc)
+    return torch.matmul(a, b)
+
+
+_MM_OUT_DTYPE: bool | None = None
+
+
+def _mm_out_dtype_works() -> bool:
+    """Whether this torch has torch.mm(..., out_dtype=) for low-precision CUDA operands (torch >= 2.8)."""
+    global _MM_OUT_DTYPE
+    if _MM_OUT_DTYPE is None:
+        try:
+            x = torch.ones(1, 1, dtype=torch.float16, device="cuda")
+            _MM_OUT_DTYPE = torch.mm(x, x, out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError, NotImplementedError):
+            _MM_OUT_DTYPE = False
+    return _MM_OUT_DTYPE
 
 
 class _ProjectedSmoothedNLL(torch.autograd.Function):
@@ -129,9 +158,9 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
                     g.mul_(grad_scale)  # the loss scale, before the cast (|g| <= 1)
                 g = g.to(z.dtype)
                 unscale = 1.0 / grad_scale if low else 1.0
-                gh = torch.matmul(g, weight)  # (autocast casts the weight, cached, as for F.linear)
+                gh = _product(g, weight, acc)
                 grad_h[start : start + chunk] = gh.to(acc).mul_(unscale) if unscale != 1.0 else gh
-                grad_w.add_(torch.matmul(g.t(), h), alpha=unscale)
+                grad_w.add_(_product(g.t(), h, acc), alpha=unscale)
             del z, x
         ctx.save_for_backward(grad_h, grad_w)
         ctx.dtypes = (hidden.dtype, weight.dtype)

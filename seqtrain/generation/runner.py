@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqtrain.cuda import set_cuda_kernels
 from seqtrain.errors import SeqtrainError
 
 logger = logging.getLogger("seqtrain.generate")
@@ -113,9 +114,18 @@ def load_for_generation(
     return Loaded(lm, tokenizer, src_lang, tgt_lang, force_bos, defaults, source)
 
 
-def cast(loaded: Loaded, device: torch.device | str, dtype: torch.dtype | None = None) -> None:
-    """Move the model to `device` and, when given, `dtype` (float16 / bfloat16 / float32)."""
+def cast(
+    loaded: Loaded,
+    device: torch.device | str,
+    dtype: torch.dtype | None = None,
+    cudnn_attention: bool = False,
+) -> None:
+    """Move the model to `device` and, when given, `dtype` (float16 / bfloat16 / float32). On CUDA, attention
+    keeps off cuDNN's kernel unless `cudnn_attention` (seqtrain.cuda.set_cuda_kernels: incremental decoding
+    meets a new shape every step)."""
     loaded.lm.model = loaded.lm.model.to(device=device, dtype=dtype).eval()
+    if torch.device(device).type == "cuda":
+        set_cuda_kernels(tf32=None, cudnn_attention=cudnn_attention)
 
 
 def default_generation_args() -> argparse.Namespace:
