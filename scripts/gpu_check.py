@@ -178,12 +178,17 @@ def stage_sync_count(check: Check) -> dict[str, Any]:
     tests = sorted(f for f in os.listdir(os.path.join(REPO, "tests")) if re.match(r"test_sync\w*\.py$", f))
     if not tests:
         return {"skip_reason": "no sync-count test (tests/test_sync*.py) in this tree yet"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *[f"tests/{t}" for t in tests]]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider"]
+    proc = subprocess.run(
+        [*cmd, *[f"tests/{t}" for t in tests]], cwd=REPO, capture_output=True, text=True, timeout=240
+    )
+    with open(os.path.join(check.out, "sync_count.log"), "w", encoding="utf-8") as f:
+        f.write(proc.stdout + proc.stderr)
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped)", tail)}
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(tests)}: {tail}")
+        failures = [ln[:300] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+        raise RuntimeError(f"{' '.join(tests)}: {tail}; {' | '.join(failures)}")
     return {
         "tests": tests,
         "passed": counts.get("passed", 0),
@@ -248,22 +253,35 @@ def _transformers_speed(
 
 
 def stage_train_speed(check: Check) -> dict[str, Any]:
-    archs = ["bart_tiny"] if check.dry else ["bart_base", "bart_large"]
+    # (arch, sentences a step, the figures' prefix): ~16k source tokens a step as the CNN/DM presets' micro-
+    # batch, and ~66k (bart_large_b64), a micro-batch that fills an 80 GB GPU, where kernel launches no
+    # longer set the pace
+    configs = (
+        [("bart_tiny", 4, "bart_tiny")]
+        if check.dry
+        else [
+            ("bart_base", 16, "bart_base"),
+            ("bart_large", 16, "bart_large"),
+            ("bart_large", 64, "bart_large_b64"),
+        ]
+    )
     vocab = 1000 if check.dry else lib.BART_VOCAB
     steps, warmup = (3, 1) if check.dry else (10, 3)
-    bsz, src_len, tgt_len = (4, (40, 64), (8, 16)) if check.dry else (16, (900, 1024), (50, 110))
+    src_len, tgt_len = ((40, 64), (8, 16)) if check.dry else ((900, 1024), (50, 110))
     out: dict[str, Any] = {}
-    for arch in archs:
+    for i_config, (model_arch, bsz, arch) in enumerate(configs):
         pairs = [lib.make_pairs(bsz, src_len, tgt_len, vocab, seed=i) for i in range(steps)]
         res = {}
         # seqtrain as its CLI runs (attention off cuDNN), then with --cudnn-attention (the first arch: the
         # evidence for that default); transformers as its users get it (torch's default: cuDNN attention
         # first on Hopper) and with cuDNN off, the same kernels as seqtrain's. The speedup is taken against
         # the faster of the two.
-        res["seqtrain"], targs, state, counter = _seqtrain_speed(check, arch, vocab, pairs, warmup)
+        res["seqtrain"], targs, state, counter = _seqtrain_speed(check, model_arch, vocab, pairs, warmup)
         reset_memory(check)  # the seqtrain trainer is gone: the device is free for the other toolkit
-        if arch == archs[0]:
-            res["seqtrain_cudnn"] = _seqtrain_speed(check, arch, vocab, pairs, warmup, "--cudnn-attention")[0]
+        if i_config == 0:
+            res["seqtrain_cudnn"] = _seqtrain_speed(
+                check, model_arch, vocab, pairs, warmup, "--cudnn-attention"
+            )[0]
             reset_memory(check)
         default_cudnn = torch.backends.cuda.cudnn_sdp_enabled()
         for name, cudnn in (("transformers", True), ("transformers_nocudnn", False)):
@@ -498,6 +516,64 @@ def stage_compile(check: Check) -> dict[str, Any]:
     return out
 
 
+def stage_profile(check: Check) -> dict[str, Any]:
+    """Where a training step's time goes: torch.profiler over 3 steps of seqtrain and of transformers (the
+    first arch of train_speed, cuDNN attention off for both), the top operators by device time written to
+    $OUT/profile_<toolkit>.txt; the figures are wall time per step against the device's busy time (kernel
+    time summed), so a step waiting on the host shows as a gap."""
+    from torch.profiler import ProfilerActivity, profile
+
+    arch = "bart_tiny" if check.dry else "bart_large"
+    vocab = 1000 if check.dry else lib.BART_VOCAB
+    bsz, src_len, tgt_len = (4, (40, 64), (8, 16)) if check.dry else (16, (900, 1024), (50, 110))
+    pairs = [lib.make_pairs(bsz, src_len, tgt_len, vocab, seed=200 + i) for i in range(5)]
+    trainer, _ = lib.make_trainer(check.dry, arch, vocab, "bf16")
+    state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+    hf = lib.hf_model(trainer.args, state, vocab).to(check.device).train()
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, fused=not check.dry)
+
+    def hf_step(p: Any) -> None:
+        with torch.autocast(check.device.type, dtype=torch.bfloat16):
+            loss = hf(**lib.hf_batch(p, check.device)).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    steps = {
+        "seqtrain": lambda p: trainer.train_step([lib.seqtrain_sample(p)]),
+        "transformers": hf_step,
+    }
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if check.device.type == "cuda" else [])
+    out: dict[str, Any] = {"arch": arch}
+    for name, step in steps.items():
+        for p in pairs[:2]:
+            step(p)  # warm-up
+        check.sync()
+        with profile(activities=activities) as prof:
+            start = time.perf_counter()
+            for p in pairs[2:]:
+                step(p)
+            check.sync()
+            wall = (time.perf_counter() - start) / 3
+        key = "self_device_time_total" if check.device.type == "cuda" else "self_cpu_time_total"
+        events = prof.key_averages()
+        kernels = [  # (not the GPU ranges of record_function annotations, which span kernels)
+            e
+            for e in events
+            if e.device_type == torch.autograd.DeviceType.CUDA
+            and not getattr(e, "is_user_annotation", False)
+            and not e.key.startswith(("forward", "backward", "train_step-", "Optimizer.", "ProfilerStep"))
+        ]
+        with open(os.path.join(check.out, f"profile_{name}.txt"), "w", encoding="utf-8") as f:
+            f.write(events.table(sort_by=key, row_limit=40, max_name_column_width=60))
+        out[f"{name}_ms_per_step"] = 1000 * wall
+        if kernels:  # the device's busy time: every kernel's time, summed
+            out[f"{name}_device_busy_ms_per_step"] = sum(e.self_device_time_total for e in kernels) / 1e3 / 3
+            out[f"{name}_kernels_per_step"] = sum(e.count for e in kernels) / 3
+    return out
+
+
 STAGES: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("env", stage_env),
     ("cuda_tests", stage_cuda_tests),
@@ -508,6 +584,7 @@ STAGES: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("oom", stage_oom),
     ("generate", stage_generate),
     ("compile", stage_compile),
+    ("profile", stage_profile),
 ]
 
 
@@ -523,6 +600,8 @@ def table(results: dict[str, Any]) -> str:
             target = {
                 "bart_large_seqtrain_mfu": "mfu_bart_large",
                 "bart_large_speedup": "train_speedup_bart_large",
+                "bart_large_b64_seqtrain_mfu": "mfu_bart_large",
+                "bart_large_b64_speedup": "train_speedup_bart_large",
                 "bf16_speedup": "generate_speedup",
             }.get(k)
             if target:

@@ -19,6 +19,7 @@ STAGES = [
     "oom",
     "generate",
     "compile",
+    "profile",
 ]
 
 
@@ -51,7 +52,7 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
             assert res["skip_reason"]
     # the stages a CPU can run ran, with their figures
     assert {n for n, r in stages.items() if r["status"] == "skipped"} <= {"oom", "sync_count"}
-    for name in ("env", "numerics", "train_speed", "fp16_resume", "generate", "compile"):
+    for name in ("env", "numerics", "train_speed", "fp16_resume", "generate", "compile", "profile"):
         assert len(_numbers(stages[name])) >= 2, (name, stages[name])
     speed = stages["train_speed"]
     for tk in ("seqtrain", "transformers"):

@@ -96,7 +96,8 @@ def test_matches_full_logits_cross_entropy_at_bart_vocab_under_loss_scale(dtype,
     # chunks of 7 rows (weight gradient summed over 6 chunks in fp32) agree with one chunk to the precision of
     # the products (each chunk's product is rounded to fp16/bf16 once)
     _, gh7, gw7 = _ours(hidden, weight, target, dtype, rows=7)
-    assert _rel(gh7, gh) < 1e-6 and _rel(gw7, gw) < tol_same
+    # (rows are independent: only the fp32 accumulation order of the products differs between chunkings)
+    assert _rel(gh7, gh) < 1e-5 and _rel(gw7, gw) < tol_same
     assert _rel(gw7, exact_gw) < tol_fp64
 
 
