@@ -211,7 +211,8 @@ class Trainer:
         """One optimizer update over `samples` (update_freq batches). Returns the update's stats, or None when
         the update was skipped (CUDA out of memory, fp16 overflow)."""
         self._set_seed()
-        self.model.train()
+        if not self.model.training:  # (train() walks every module: host time on each step)
+            self.model.train()
         self.optimizer.zero_grad()
         start = time.perf_counter()
         logging_outputs: list[dict[str, Any]] = []

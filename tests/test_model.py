@@ -456,7 +456,7 @@ def test_cuda_fp32_and_bf16_match_cpu():
         torch.testing.assert_close(half.float().cpu(), ref, atol=0.1, rtol=0)
 
 
-@pytest.mark.parametrize("activation_fn", ["gelu", "relu", "gelu_accurate"])
+@pytest.mark.parametrize("activation_fn", ["gelu", "relu", "gelu_accurate", "swish", "tanh", "relu_squared"])
 def test_ffn_recomputing_activation_matches_plain_autograd(activation_fn):
     """The training FFN keeps fc1's output, not the activation's, and recomputes it in the backward pass: the
     output and every gradient equal plain autograd's (fp64), and it runs under bf16 autocast too."""
@@ -490,6 +490,35 @@ def test_ffn_recomputing_activation_matches_plain_autograd(activation_fn):
     assert layer.fc1.weight.grad.dtype == torch.float32 and xf.grad.dtype == torch.float32
     torch.testing.assert_close(layer.fc1.weight.grad, want[1].float(), rtol=0.05, atol=0.05)
     torch.testing.assert_close(xf.grad, want[0].float(), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("activation_fn", ["gelu", "relu", "gelu_accurate", "swish", "tanh"])
+def test_ffn_direct_activation_derivative_equals_autograds_bit_for_bit(activation_fn, monkeypatch):
+    """The FFN's backward pass calls the activation's derivative kernel directly (no nested autograd pass per
+    layer); under bf16 autocast its gradients equal, bit for bit, those of the nested torch.autograd.grad that
+    it replaces (the kernels autograd itself runs)."""
+    from seqtrain.models import transformer
+    from seqtrain.models.transformer import TransformerEncoderLayer
+
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayer(16, 40, 2, dropout=0.0, activation_fn=activation_fn).train()
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    g = torch.randn(3, 5, 16)
+    assert (
+        transformer.ACTIVATIONS[activation_fn] in transformer._ACTIVATION_GRADS
+    )  # the direct path is tested
+    grads = []
+    for direct in (True, False):
+        if not direct:
+            monkeypatch.setattr(transformer, "_ACTIVATION_GRADS", {})
+        layer.zero_grad()
+        x.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer._ffn(x)
+        out.float().backward(g)
+        grads.append([x.grad.clone()] + [p.grad.clone() for p in layer.parameters() if p.grad is not None])
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)
 
 
 def test_weight_init_xavier_and_bert():

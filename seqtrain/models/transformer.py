@@ -204,6 +204,19 @@ class MultiheadAttention(nn.Module):
         return self.out_proj(o)
 
 
+# The activations' derivatives as the kernels autograd itself runs for them (GeluBackward calls
+# aten.gelu_backward, ReluBackward threshold_backward, ...), called directly: the FFN's backward pass then
+# needs no nested autograd pass per layer, which costs host time on every step (a GPU step of BART is
+# host-bound at CNN/DM batch sizes: docs/benchmarks.md). Others go through torch.autograd.grad.
+_ACTIVATION_GRADS: dict[Callable[[Tensor], Tensor], Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    F.gelu: lambda g, h, a: torch.ops.aten.gelu_backward(g, h),
+    _gelu_accurate: lambda g, h, a: torch.ops.aten.gelu_backward(g, h, approximate="tanh"),
+    F.relu: lambda g, h, a: torch.ops.aten.threshold_backward(g, a, 0),
+    F.silu: lambda g, h, a: torch.ops.aten.silu_backward(g, h),
+    torch.tanh: lambda g, h, a: torch.ops.aten.tanh_backward(g, a),
+}
+
+
 def _is_meta_or_compiling(x: Tensor) -> bool:
     return x.is_meta or torch.compiler.is_compiling()
 
@@ -238,15 +251,22 @@ class _FFN(torch.autograd.Function):
     def backward(ctx: Any, gy: Tensor) -> tuple[Tensor | None, ...]:
         x, h, w1, w2 = ctx.saved_tensors
         dt = h.dtype
-        with torch.enable_grad():
-            hh = h.detach().requires_grad_()
-            a = ctx.activation(hh)
+        derivative = _ACTIVATION_GRADS.get(ctx.activation)
+        if derivative is not None:
+            a = ctx.activation(h)
+        else:
+            with torch.enable_grad():
+                hh = h.detach().requires_grad_()
+                a = ctx.activation(hh)
         gy2 = gy.reshape(-1, gy.size(-1)).to(dt)
         a2 = a.detach().reshape(-1, a.size(-1))
         gw2 = gy2.t() @ a2
         gb2 = gy2.sum(0) if ctx.has_bias[1] else None
         ga = (gy2 @ w2.to(dt)).view(h.shape)
-        (gh,) = torch.autograd.grad(a, hh, ga)
+        if derivative is not None:
+            gh = derivative(ga, h, a)
+        else:
+            (gh,) = torch.autograd.grad(a, hh, ga)
         gh2 = gh.reshape(-1, gh.size(-1))
         gw1 = gh2.t() @ x.reshape(-1, x.size(-1)).to(dt)
         gb1 = gh2.sum(0) if ctx.has_bias[0] else None

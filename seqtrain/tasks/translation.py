@@ -281,7 +281,8 @@ class TranslationTask:
     ) -> tuple[torch.Tensor, Any, dict[str, Any]]:
         """Forward (under `step.autocast()`) and backward (`step.backward(loss)`, which applies the fp16 loss
         scale) on one batch of update `update_num`; returns (loss, sample_size, logging_output)."""
-        model.train()
+        if not model.training:
+            model.train()
         with torch.autograd.profiler.record_function("forward"), step.autocast():
             loss, sample_size, logging_output = criterion(model, sample)
         if ignore_grad:
