@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""Host time of a training step: seqtrain against transformers, side by side in one process, on the CPU.
+
+A BART training step on a GPU at CNN/DM micro-batch sizes is host-bound (scripts/gpu_check.sh's profile stage:
+on an H200, bart_large at ~16k tokens a step keeps the device busy ~105 ms of a 166-187 ms step): Python and
+the dispatcher launching ~3,100 kernels set the pace, not the kernels. This script measures that host time
+where it can be measured without a GPU: a model with bart_large's depth (12 + 12 layers) and a tiny width (32),
+tiny batches, one thread, so the arithmetic is negligible and a step's time is its host overhead. Rows:
+
+  seqtrain             Trainer.train_step as seqtrain-train runs it (this tree)
+  seqtrain, nested     the same with the FFN's activation derivative through a nested torch.autograd.grad and
+                       train() on every step (what the tree did before they were removed)
+  transformers         BartForConditionalGeneration with the same weights: forward, backward, AdamW step
+
+Rounds alternate the variants; the figure is the median ms per step over rounds.
+
+    .venv/bin/python scripts/bench_host_overhead.py            # about a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gpu_check_lib as lib  # noqa: E402
+
+from seqtrain.models import transformer  # noqa: E402
+
+VOCAB = 1000
+NARROW = [
+    "--encoder-layers", "12", "--decoder-layers", "12",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
+    "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+]  # fmt: skip
+
+
+class _Nested:
+    """seqtrain as it was: no direct activation derivatives (the FFN's backward runs a nested autograd pass)."""
+
+    def __enter__(self) -> None:
+        self.saved = transformer._ACTIVATION_GRADS
+        transformer._ACTIVATION_GRADS = {}
+
+    def __exit__(self, *exc: object) -> None:
+        transformer._ACTIVATION_GRADS = self.saved
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=20, help="timed steps per variant and round")
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    trainer, _ = lib.make_trainer(True, "bart_tiny", VOCAB, None, *NARROW)
+    state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+    hf = lib.hf_model(trainer.args, state, VOCAB).train()
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, foreach=True)
+    pairs = [lib.make_pairs(4, (20, 30), (5, 8), VOCAB, seed=i) for i in range(args.steps)]
+    samples = [lib.seqtrain_sample(p) for p in pairs]
+    hf_batches = [lib.hf_batch(p, torch.device("cpu")) for p in pairs]
+
+    def seqtrain_steps() -> None:
+        for s in samples:
+            trainer.train_step([s])
+
+    def nested_steps() -> None:
+        with _Nested():
+            for s in samples:
+                trainer.model.train()  # the old Trainer.train_step and task.train_step each walked the
+                trainer.model.train()  # modules on every step
+                trainer.train_step([s])
+
+    def hf_steps() -> None:
+        for b in hf_batches:
+            loss = hf(**b).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            float(loss.detach())
+
+    variants = {"seqtrain": seqtrain_steps, "seqtrain, nested": nested_steps, "transformers": hf_steps}
+    for fn in variants.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(args.rounds):
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for name in order:
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(1000 * (time.perf_counter() - start) / args.steps)
+    ref = statistics.median(times["transformers"])
+    print(
+        f"host time of a training step, 12+12 layers of width 32, batch 4 x ~25 tokens; load {os.getloadavg()[0]:.1f}"
+    )
+    print("| variant | ms/step (median) | min | vs transformers |")
+    print("|---|---|---|---|")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med:.1f} | {min(ts):.1f} | {med / ref:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
