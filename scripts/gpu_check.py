@@ -236,6 +236,14 @@ def _transformers_speed(
     cudnn_attention: bool,
 ) -> tuple[list[float], float, float]:
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+    return _train_toolkit(check, _transformers_step(check, targs, state, vocab), pairs, warmup)
+
+
+def _transformers_step(
+    check: Check, targs: argparse.Namespace, state: dict[str, torch.Tensor], vocab: int
+) -> Callable[[Any], float]:
+    """transformers' training step on seqtrain's weights `state`: bf16 autocast, fused AdamW; returns the
+    loss."""
     hf = lib.hf_model(targs, state, vocab).to(check.device).train()
     opt = torch.optim.AdamW(
         hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, fused=True
@@ -249,7 +257,7 @@ def _transformers_speed(
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
-    return _train_toolkit(check, step, pairs, warmup)
+    return step
 
 
 def stage_train_speed(check: Check) -> dict[str, Any]:
@@ -529,19 +537,9 @@ def stage_profile(check: Check) -> dict[str, Any]:
     pairs = [lib.make_pairs(bsz, src_len, tgt_len, vocab, seed=200 + i) for i in range(5)]
     trainer, _ = lib.make_trainer(check.dry, arch, vocab, "bf16")
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
-    hf = lib.hf_model(trainer.args, state, vocab).to(check.device).train()
-    opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, fused=not check.dry)
-
-    def hf_step(p: Any) -> None:
-        with torch.autocast(check.device.type, dtype=torch.bfloat16):
-            loss = hf(**lib.hf_batch(p, check.device)).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
     steps = {
         "seqtrain": lambda p: trainer.train_step([lib.seqtrain_sample(p)]),
-        "transformers": hf_step,
+        "transformers": _transformers_step(check, trainer.args, state, vocab),
     }
     torch.backends.cuda.enable_cudnn_sdp(False)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if check.device.type == "cuda" else [])
