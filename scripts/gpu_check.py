@@ -198,9 +198,15 @@ def stage_sync_count(check: Check) -> dict[str, Any]:
 
 
 def _train_toolkit(
-    check: Check, step: Callable[[Any], float], batches: list[Any], warmup: int
+    check: Check,
+    step: Callable[[Any], float],
+    pairs: list[Any],
+    warmup: int,
+    prepare: Callable[[Any], Any],
 ) -> tuple[list[float], float, float]:
-    """(seconds per timed step, step-0 loss, peak memory GiB)."""
+    """(seconds per timed step, step-0 loss, peak memory GiB). Each toolkit's batches are collated by
+    `prepare` before the timing, in pinned memory on CUDA, as both toolkits' DataLoaders hand them over."""
+    batches = [prepare(p) for p in pairs]
     reset_memory(check)
     loss0 = step(batches[0])
     for b in batches[1:warmup]:
@@ -215,11 +221,11 @@ def _seqtrain_speed(
     trainer, _ = lib.make_trainer(check.dry, arch, vocab, "bf16", *extra)
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
 
-    def step(p: Any) -> float:
-        return trainer.train_step([lib.seqtrain_sample(p)])["loss"] * math.log(2)
+    def step(sample: Any) -> float:
+        return trainer.train_step([sample])["loss"] * math.log(2)
 
     return (
-        _train_toolkit(check, step, pairs, warmup),
+        _train_toolkit(check, step, pairs, warmup, lambda p: _seqtrain_batch(check, p)),
         trainer.args,
         state,
         Seq2SeqFlops.from_model(trainer.model),
@@ -236,22 +242,32 @@ def _transformers_speed(
     cudnn_attention: bool,
 ) -> tuple[list[float], float, float]:
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
-    return _train_toolkit(check, _transformers_step(check, targs, state, vocab), pairs, warmup)
+    step = _transformers_step(check, targs, state, vocab)
+    return _train_toolkit(check, step, pairs, warmup, lambda p: _transformers_batch(check, p))
+
+
+def _seqtrain_batch(check: Check, pairs: list[Any]) -> dict[str, Any]:
+    return lib.pinned(lib.seqtrain_sample(pairs), check.device)
+
+
+def _transformers_batch(check: Check, pairs: list[Any]) -> dict[str, torch.Tensor]:
+    return lib.pinned(lib.hf_batch(pairs, torch.device("cpu")), check.device)
 
 
 def _transformers_step(
     check: Check, targs: argparse.Namespace, state: dict[str, torch.Tensor], vocab: int
 ) -> Callable[[Any], float]:
-    """transformers' training step on seqtrain's weights `state`: bf16 autocast, fused AdamW; returns the
-    loss."""
+    """transformers' training step on seqtrain's weights `state`, on a batch from _transformers_batch: bf16
+    autocast, fused AdamW; returns the loss."""
     hf = lib.hf_model(targs, state, vocab).to(check.device).train()
     opt = torch.optim.AdamW(
         hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, fused=True
     )
 
-    def step(p: Any) -> float:
+    def step(batch: dict[str, torch.Tensor]) -> float:
+        batch = {k: v.to(check.device, non_blocking=True) for k, v in batch.items()}
         with torch.autocast(check.device.type, dtype=torch.bfloat16):
-            loss = hf(**lib.hf_batch(p, check.device)).loss
+            loss = hf(**batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -497,8 +513,9 @@ def _compile_run(check: Check, arch: str, vocab: int, pairs: list[Any], backend:
     trainer, _ = lib.make_trainer(check.dry, arch, vocab, "bf16")
     if backend is not None:
         trainer._forward_model = torch.compile(trainer._forward_model, backend=backend)
-    trainer.train_step([lib.seqtrain_sample(pairs[0])])
-    return [timed(check, lambda p=p: trainer.train_step([lib.seqtrain_sample(p)]))[0] for p in pairs[1:]]
+    samples = [_seqtrain_batch(check, p) for p in pairs]
+    trainer.train_step([samples[0]])
+    return [timed(check, lambda s=s: trainer.train_step([s]))[0] for s in samples[1:]]
 
 
 def stage_compile(check: Check) -> dict[str, Any]:
@@ -538,20 +555,21 @@ def stage_profile(check: Check) -> dict[str, Any]:
     trainer, _ = lib.make_trainer(check.dry, arch, vocab, "bf16")
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
     steps = {
-        "seqtrain": lambda p: trainer.train_step([lib.seqtrain_sample(p)]),
-        "transformers": _transformers_step(check, trainer.args, state, vocab),
+        "seqtrain": (lambda s: trainer.train_step([s]), _seqtrain_batch),
+        "transformers": (_transformers_step(check, trainer.args, state, vocab), _transformers_batch),
     }
     torch.backends.cuda.enable_cudnn_sdp(False)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if check.device.type == "cuda" else [])
     out: dict[str, Any] = {"arch": arch}
-    for name, step in steps.items():
-        for p in pairs[:2]:
-            step(p)  # warm-up
+    for name, (step, prepare) in steps.items():
+        batches = [prepare(check, p) for p in pairs]
+        for b in batches[:2]:
+            step(b)  # warm-up
         check.sync()
         with profile(activities=activities) as prof:
             start = time.perf_counter()
-            for p in pairs[2:]:
-                step(p)
+            for b in batches[2:]:
+                step(b)
             check.sync()
             wall = (time.perf_counter() - start) / 3
         key = "self_device_time_total" if check.device.type == "cuda" else "self_cpu_time_total"

@@ -110,6 +110,18 @@ def seqtrain_sample(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str,
     }
 
 
+def pinned(batch: Any, device: torch.device) -> Any:
+    """`batch` with its tensors in pinned host memory when `device` is CUDA (what a DataLoader with
+    pin_memory=True hands over), else as it is."""
+    if device.type != "cuda":
+        return batch
+    if torch.is_tensor(batch):
+        return batch.pin_memory()
+    if isinstance(batch, dict):
+        return {k: pinned(v, device) for k, v in batch.items()}
+    return batch
+
+
 def hf_batch(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:
     src = _pad([s for s, _ in pairs], left=False)
     tgts = [t for _, t in pairs]
