@@ -125,14 +125,23 @@ def stage_env(check: Check) -> dict[str, Any]:
     return out
 
 
-def stage_cuda_tests(check: Check) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-m", "cuda", "-p", "no:cacheprovider"]
-    proc = subprocess.run([*cmd, "tests"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    with open(os.path.join(check.out, "cuda_tests.log"), "w", encoding="utf-8") as f:
-        f.write(proc.stdout + proc.stderr)  # the whole run, tracebacks included
+def _pytest(
+    check: Check, args: list[str], log: str, timeout: int
+) -> tuple[int, str, dict[str, int], list[str]]:
+    """Run pytest on `args` in the repo, its whole output (tracebacks included) kept in $OUT/`log`: (exit
+    code, summary line, counts by outcome, the FAILED/ERROR lines)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider", *args]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    with open(os.path.join(check.out, log), "w", encoding="utf-8") as f:
+        f.write(proc.stdout + proc.stderr)
     tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
-    failures = [ln[:300] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?)", tail)}
+    failures = [ln[:300] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+    return proc.returncode, tail, counts, failures
+
+
+def stage_cuda_tests(check: Check) -> dict[str, Any]:
+    code, tail, counts, failures = _pytest(check, ["-m", "cuda", "tests"], "cuda_tests.log", 300)
     out = {
         "passed": counts.get("passed", 0),
         "failed": counts.get("failed", 0),
@@ -142,8 +151,8 @@ def stage_cuda_tests(check: Check) -> dict[str, Any]:
         "summary": tail,
         "failures": failures,
     }
-    if proc.returncode not in (0, 5):  # 5: nothing collected
-        raise RuntimeError(f"pytest -m cuda exited {proc.returncode}: {tail}; {' | '.join(failures)}")
+    if code not in (0, 5):  # 5: nothing collected
+        raise RuntimeError(f"pytest -m cuda exited {code}: {tail}; {' | '.join(failures)}")
     return out
 
 
@@ -178,16 +187,8 @@ def stage_sync_count(check: Check) -> dict[str, Any]:
     tests = sorted(f for f in os.listdir(os.path.join(REPO, "tests")) if re.match(r"test_sync\w*\.py$", f))
     if not tests:
         return {"skip_reason": "no sync-count test (tests/test_sync*.py) in this tree yet"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--tb=short", "-p", "no:cacheprovider"]
-    proc = subprocess.run(
-        [*cmd, *[f"tests/{t}" for t in tests]], cwd=REPO, capture_output=True, text=True, timeout=240
-    )
-    with open(os.path.join(check.out, "sync_count.log"), "w", encoding="utf-8") as f:
-        f.write(proc.stdout + proc.stderr)
-    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-300:]
-    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped)", tail)}
-    if proc.returncode != 0:
-        failures = [ln[:300] for ln in proc.stdout.splitlines() if ln.startswith(("FAILED ", "ERROR "))]
+    code, tail, counts, failures = _pytest(check, [f"tests/{t}" for t in tests], "sync_count.log", 240)
+    if code != 0:
         raise RuntimeError(f"{' '.join(tests)}: {tail}; {' | '.join(failures)}")
     return {
         "tests": tests,
