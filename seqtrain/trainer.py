@@ -45,6 +45,7 @@ from seqtrain import distributed
 from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
 from seqtrain.config import from_args
 from seqtrain.cuda import set_cuda_kernels
+from seqtrain.data.iterators import spare_data_workers
 from seqtrain.errors import SeqtrainError
 from seqtrain.flops import Seq2SeqFlops, device_peak_flops
 from seqtrain.logging.meters import MetersDict, perplexity
@@ -145,6 +146,15 @@ class Trainer:
         self._flop_count = Seq2SeqFlops.from_model(self.model) if self.peak_flops else None
         self._dummy_batch: dict[str, Any] | None = None
         self._valid_start: float | None = None
+        spare_data_workers(self.state_tensors)  # forked DataLoader workers free their copies
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The tensors of the training state: weights, buffers, gradients and optimizer state."""
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
+        for state in self.optimizer.optimizer.state.values():
+            tensors += [v for v in state.values() if torch.is_tensor(v)]
+        return tensors
 
     # ------------------------------------------------------------------------------------------------ basics
     def autocast(self) -> contextlib.AbstractContextManager:

@@ -14,11 +14,14 @@ twice.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import itertools
 import logging
 import math
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -159,6 +162,41 @@ def _pinned(x: Any) -> Any:
     return x
 
 
+# What a forked DataLoader worker inherits but never reads: sources of tensors (bound methods, held weakly).
+_SPARED: list[weakref.WeakMethod] = []
+
+
+def spare_data_workers(tensors: Callable[[], Iterable[torch.Tensor]]) -> None:
+    """Register `tensors`, a bound method that returns tensors this process owns and data workers never read
+    (a trainer's weights, gradients and optimizer state); each forked DataLoader worker frees its copies of
+    the CPU ones as it starts. Otherwise a worker forked after the model exists keeps, copy-on-write, every page
+    of the weights the trainer then rewrites: one more copy of the weights in the process tree (three after a
+    resume, with Adam's two moments)."""
+    _SPARED.append(weakref.WeakMethod(tensors))  # type: ignore[arg-type]
+
+
+def _free_inherited_tensors(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: in a forked worker, drop the storage of every registered CPU tensor (the
+    parent's are untouched: they are its own pages), then give the freed heap pages back to the system."""
+    freed = 0
+    for ref in _SPARED:
+        source = ref()
+        if source is None:
+            continue
+        for t in source():
+            if t.device.type != "cpu" or type(t.data) is not torch.Tensor or t.numel() == 0:
+                continue  # CUDA must not be touched in a forked process; DTensors (FSDP) keep their own layout
+            if t.is_leaf and t.grad is not None:
+                t.grad = None
+            t.data = t.new_empty(0)
+            freed += 1
+    if freed:
+        libc = ctypes.util.find_library("c")
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None) if libc else None
+        if trim is not None:  # glibc: tensors below the mmap threshold were freed into the heap
+            trim(0)
+
+
 class _EpochBatches:
     """The batch sampler of a DataLoader kept across epochs: each epoch sets its batches, and the DataLoader's
     persistent workers read them (the sampler runs in this process, so the workers need nothing new)."""
@@ -186,6 +224,7 @@ class DataWorkers:
             num_workers=num_workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=True,
+            worker_init_fn=_free_inherited_tensors,
         )
 
     def serve(self, batches: Sequence[Sequence[int]]) -> torch.utils.data.DataLoader:
