@@ -170,7 +170,8 @@ class SequenceGenerator:
                 logits = logits.repeat_interleave(beam, dim=0)
             else:
                 logits, _ = model.decoder(tokens[:, : step + 1], encoder_out, incremental_state=state)
-            lprobs = F.log_softmax(logits[:, -1, :].float() / self.temperature, dim=-1)
+            last = logits[:, -1, :].float()
+            lprobs = F.log_softmax(last if self.temperature == 1.0 else last / self.temperature, dim=-1)
             lprobs = self._mask(step, lprobs, max_lens, prefix_tokens, step >= min(max_lens_host))
             if prefix_tokens is not None and step < prefix_tokens.size(1):
                 tokens, scores, lprobs = self._replicate_first_beam_at_forced_eos(

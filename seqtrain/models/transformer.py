@@ -169,10 +169,19 @@ class MultiheadAttention(nn.Module):
     ) -> Tensor:
         """x: B x T x C. mask: bool, broadcastable to B x H x T x T. With `cache`, new keys/values are appended
         to the cached ones, and queries attend to all of them (the caller feeds one step at a time)."""
-        q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         if cache is not None:
+            # Decoding: one matrix product for q, k and v of the new position (its weight concatenated once per
+            # search, in the cache), as the packed path does per call.
+            if "qkv_weight" not in cache:
+                layers = (self.q_proj, self.k_proj, self.v_proj)
+                cache["qkv_weight"] = torch.cat([m.weight for m in layers])
+                cache["qkv_bias"] = torch.cat([m.bias for m in layers])
+            qkv = F.linear(x, cache["qkv_weight"], cache["qkv_bias"])
+            q, k, v = (self._heads(y) for y in qkv.chunk(3, dim=-1))
             k, v = append_to_cache(cache, "k", k), append_to_cache(cache, "v", v)
             is_causal = False  # one new query sees every cached key
+        else:
+            q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         return self.out_proj(self._merge(self._sdpa(q, k, v, mask, is_causal)))
 
     def cross_attention(
