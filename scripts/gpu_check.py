@@ -584,6 +584,19 @@ def stage_profile(check: Check) -> dict[str, Any]:
         ]
         with open(os.path.join(check.out, f"profile_{name}.txt"), "w", encoding="utf-8") as f:
             f.write(events.table(sort_by=key, row_limit=40, max_name_column_width=60))
+        # The host's side: operators and CUDA runtime calls by self CPU time (a step that waits on the device
+        # shows the wait in its synchronising call, e.g. cudaStreamSynchronize or aten::_local_scalar_dense)
+        host = sorted(
+            (e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
+            key=lambda e: e.self_cpu_time_total,
+            reverse=True,
+        )
+        with open(os.path.join(check.out, f"profile_{name}_host.txt"), "w", encoding="utf-8") as f:
+            f.write(events.table(sort_by="self_cpu_time_total", row_limit=60, max_name_column_width=60))
+        out[f"{name}_host_top"] = [
+            f"{e.key}: {e.self_cpu_time_total / 1e3 / 3:.1f} ms/step, {e.count / 3:.0f} calls"
+            for e in host[:8]
+        ]
         out[f"{name}_ms_per_step"] = 1000 * wall
         if kernels:  # the device's busy time: every kernel's time, summed
             out[f"{name}_device_busy_ms_per_step"] = sum(e.self_device_time_total for e in kernels) / 1e3 / 3

@@ -69,5 +69,7 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
     assert stages["compile"]["graph_breaks"] == 0, stages["compile"]["graph_break_reasons"]
     assert stages["compile"]["compiled_ms_per_step"] > 0
     assert stages["cuda_tests"]["failed"] == 0 and stages["cuda_tests"]["errors"] == 0
+    for tk in ("seqtrain", "transformers"):  # the host's side of the profiled steps, heaviest first
+        assert stages["profile"][f"{tk}_host_top"] and (out / f"profile_{tk}_host.txt").stat().st_size > 0
     table = (out / "gpu_check.md").read_text()
     assert all(f"| {name} |" in table for name in STAGES)

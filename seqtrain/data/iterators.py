@@ -172,6 +172,7 @@ def spare_data_workers(tensors: Callable[[], Iterable[torch.Tensor]]) -> None:
     the CPU ones as it starts. Otherwise a worker forked after the model exists keeps, copy-on-write, every page
     of the weights the trainer then rewrites: one more copy of the weights in the process tree (three after a
     resume, with Adam's two moments)."""
+    _SPARED[:] = [ref for ref in _SPARED if ref() is not None]  # (trainers that are gone)
     _SPARED.append(weakref.WeakMethod(tensors))  # type: ignore[arg-type]
 
 
