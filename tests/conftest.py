@@ -80,3 +80,14 @@ def _cuda_kernel_choices_restored():
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
     torch.backends.cuda.enable_cudnn_sdp(saved[2])
+
+
+@pytest.fixture
+def python_sigint():
+    """Python's usual SIGINT handler: a shell starts background jobs (and so CI steps, sometimes) with SIGINT
+    ignored, and an ignored signal rightly stays ignored by the graceful stop."""
+    import signal
+
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, outer)

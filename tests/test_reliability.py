@@ -91,15 +91,6 @@ def run_cli(main, argv, capsys) -> tuple:
 
 
 # ------------------------------------------------------------------------------------------------ graceful stop
-@pytest.fixture
-def python_sigint():
-    """Python's usual SIGINT handler: a shell starts background jobs (and so CI steps, sometimes) with SIGINT
-    ignored, and an ignored signal rightly stays ignored by the graceful stop."""
-    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, outer)
-
-
 def stop_at_update(monkeypatch, update: int, signum: int) -> None:
     """Deliver `signum` to this process while update `update` is being computed."""
     real = Trainer.train_step

@@ -413,14 +413,14 @@ class _CtrlCInsideWrite:
 
         self.writes += 1
         if self.writes == 5:
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
         return self.f.write(b)
 
     def flush(self) -> None:
         self.f.flush()
 
 
-def test_second_ctrl_c_inside_a_checkpoint_write_exits_130(tmp_path, capsys):
+def test_second_ctrl_c_inside_a_checkpoint_write_exits_130(tmp_path, capsys, python_sigint):
     import signal
 
     import torch
@@ -430,7 +430,7 @@ def test_second_ctrl_c_inside_a_checkpoint_write_exits_130(tmp_path, capsys):
 
     def main(argv):
         with GracefulStop() as stop:
-            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: recorded, training would save and stop
+            signal.raise_signal(signal.SIGINT)  # the first Ctrl-C: recorded, training would save and stop
             assert stop.requested
             torch.save(
                 {"w": torch.zeros(4096), "v": torch.ones(4096)}, _CtrlCInsideWrite(str(tmp_path / "c.pt"))
@@ -484,7 +484,7 @@ def test_sigterm_between_epochs_stops_before_another_update(databin, tmp_path):
     class SignalAtEpochEnd(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if record.getMessage().startswith("end of epoch 1 "):
-                os.kill(os.getpid(), signal.SIGTERM)
+                signal.raise_signal(signal.SIGTERM)
             return True
 
     hook = SignalAtEpochEnd()

@@ -228,8 +228,8 @@ def test_packed_and_padded_paths_agree(trainer):
     (out_a, loss_a, grads_a), (out_b, loss_b, grads_b) = results
     torch.testing.assert_close(out_a, out_b, rtol=0, atol=1e-5)
     torch.testing.assert_close(loss_a, loss_b, rtol=1e-6, atol=0)
-    for a, b in zip(grads_a, grads_b):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(grads_a, grads_b):  # (fp32 sums in another order: a few ulps of the larger elements)
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_beam_search_syncs_at_most_once_per_step(trainer):
