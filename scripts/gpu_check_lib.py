@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from seqtrain import options
 from seqtrain.criterions.projected_loss import projected_nll_loss
+from seqtrain.data import iterators
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import batch_layout
 from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf
@@ -113,13 +114,7 @@ def seqtrain_sample(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str,
 def pinned(batch: Any, device: torch.device) -> Any:
     """`batch` with its tensors in pinned host memory when `device` is CUDA (what a DataLoader with
     pin_memory=True hands over), else as it is."""
-    if device.type != "cuda":
-        return batch
-    if torch.is_tensor(batch):
-        return batch.pin_memory()
-    if isinstance(batch, dict):
-        return {k: pinned(v, device) for k, v in batch.items()}
-    return batch
+    return iterators.pinned(batch) if device.type == "cuda" else batch
 
 
 def hf_batch(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> dict[str, torch.Tensor]:

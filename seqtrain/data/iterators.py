@@ -151,14 +151,14 @@ class _BackgroundIterator:
         return item
 
 
-def _pinned(x: Any) -> Any:
+def pinned(x: Any) -> Any:
     """`x` (a collated batch) with every tensor in page-locked memory, so copies to CUDA run asynchronously."""
     if torch.is_tensor(x):
         return x.pin_memory()
     if isinstance(x, dict):
-        return {k: _pinned(v) for k, v in x.items()}
+        return {k: pinned(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_pinned(v) for v in x]
+        return [pinned(v) for v in x]
     return x
 
 
@@ -259,7 +259,7 @@ class _CollatingIterable:
         pin = torch.cuda.is_available()
         for batch in self.batches:
             collated = self.collate_fn([self.dataset[int(i)] for i in batch])
-            yield _pinned(collated) if pin else collated
+            yield pinned(collated) if pin else collated
 
 
 def shard(batches: Sequence, num_shards: int, shard_id: int, fill_value: Any = ()) -> list:

@@ -173,10 +173,11 @@ class MultiheadAttention(nn.Module):
             # Decoding: one matrix product for q, k and v of the new position (its weight concatenated once per
             # search, in the cache), as the packed path does per call.
             if "qkv_weight" not in cache:
-                layers = (self.q_proj, self.k_proj, self.v_proj)
-                cache["qkv_weight"] = torch.cat([m.weight for m in layers])
-                cache["qkv_bias"] = torch.cat([m.bias for m in layers])
-            qkv = F.linear(x, cache["qkv_weight"], cache["qkv_bias"])
+                weight, bias = _fused_params(self.q_proj, self.k_proj, self.v_proj)
+                cache["qkv_weight"] = weight
+                if bias is not None:
+                    cache["qkv_bias"] = bias
+            qkv = F.linear(x, cache["qkv_weight"], cache.get("qkv_bias"))
             q, k, v = (self._heads(y) for y in qkv.chunk(3, dim=-1))
             k, v = append_to_cache(cache, "k", k), append_to_cache(cache, "v", v)
             is_causal = False  # one new query sees every cached key
@@ -529,11 +530,16 @@ class _Unpack(torch.autograd.Function):
         return grad.index_select(0, index), None, None, None
 
 
-def _fused_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
-    """Several projections of the same input as one matrix product (one pass over x, one larger GEMM)."""
+def _fused_params(*layers: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """The weight and bias of several projections of the same input, stacked into one projection's."""
     weight = torch.cat([m.weight for m in layers])
     bias = torch.cat([m.bias for m in layers]) if all(m.bias is not None for m in layers) else None
-    return F.linear(x, weight, bias)
+    return weight, bias
+
+
+def _fused_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
+    """Several projections of the same input as one matrix product (one pass over x, one larger GEMM)."""
+    return F.linear(x, *_fused_params(*layers))
 
 
 def packed_self_attention(
