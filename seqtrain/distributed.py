@@ -234,9 +234,6 @@ def _spawn(
 def _spawned_rank(
     index: int, args: argparse.Namespace, main: Callable, init_method: str, rank_offset: int
 ) -> None:
-    from seqtrain.host_memory import keep_freed_host_memory
-
-    keep_freed_host_memory()  # a spawned process starts afresh: the console script's setting is not inherited
     args.distributed_rank = rank_offset + index
     args.device_id = index
     distributed_main(args, main, init_method, print_traceback=True)

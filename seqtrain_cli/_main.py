@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.host_memory import keep_freed_host_memory
 from seqtrain.options import UsageError
 
 REMEDIES = {
@@ -39,7 +38,6 @@ def os_error_line(e: OSError) -> str:
 def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    keep_freed_host_memory()  # seqtrain.host_memory: freed activations are reused, not faulted in anew
     try:
         rc = main(argv)
     except (SeqtrainError, OSError) as e:

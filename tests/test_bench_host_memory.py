@@ -1,0 +1,38 @@
+"""scripts/bench_host_memory.py prints its side-by-side table: glibc's defaults and malloc set to keep freed
+memory, each with a positive time, its page faults and peak memory (the figures are benchmarks, not asserted;
+docs/benchmarks.md has them)."""
+
+import os
+import platform
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the variants are glibc malloc settings")
+def test_prints_both_variants_side_by_side():
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "bench_host_memory.py"),
+            "--arch",
+            "bart_tiny",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = r"^\| (glibc defaults|freed memory kept) \| ([\d.]+) \| (\d+) \| (\d+) \| ([\d.]+)x \|$"
+    rows = re.findall(row, proc.stdout, re.M)
+    assert [r[0] for r in rows] == ["glibc defaults", "freed memory kept"]
+    assert all(float(r[1]) > 0 and int(r[3]) > 0 for r in rows)
+    assert rows[0][4] == "1.00"
