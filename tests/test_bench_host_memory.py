@@ -2,37 +2,18 @@
 memory, each with a positive time, its page faults and peak memory (the figures are benchmarks, not asserted;
 docs/benchmarks.md has them)."""
 
-import os
 import platform
-import re
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.utils import script_table_rows
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the variants are glibc malloc settings")
 def test_prints_both_variants_side_by_side():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "scripts", "bench_host_memory.py"),
-            "--arch",
-            "bart_tiny",
-            "--rounds",
-            "1",
-            "--steps",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    args = ["--arch", "bart_tiny", "--rounds", "1", "--steps", "2"]
     row = r"^\| (glibc defaults|freed memory kept) \| ([\d.]+) \| (\d+) \| (\d+) \| ([\d.]+)x \|$"
-    rows = re.findall(row, proc.stdout, re.M)
+    rows = script_table_rows("bench_host_memory", args, row, timeout=300)
     assert [r[0] for r in rows] == ["glibc defaults", "freed memory kept"]
     assert all(float(r[1]) > 0 and int(r[3]) > 0 for r in rows)
     assert rows[0][4] == "1.00"

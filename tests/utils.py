@@ -105,6 +105,22 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+def script_table_rows(name: str, args: list[str], row: str, timeout: int) -> list[tuple[str, ...]]:
+    """Run scripts/`name`.py with `args` (it must exit 0) and return the groups of each line of its printed
+    table that matches the regular expression `row` (a benchmark's figures are printed, not asserted)."""
+    import re
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return re.findall(row, proc.stdout, re.M)
+
+
 def assert_same_state(a: dict, b: dict) -> None:
     """Two seqtrain checkpoints hold bitwise the same training state: model, optimizer state, lr scheduler,
     update count, epoch, data position and best value."""
