@@ -46,7 +46,7 @@ from seqtrain.data.tokenizer import (
 from seqtrain.data.tokenizer import add_args as tokenizer_add_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
-from seqtrain.scratch import work_folder
+from seqtrain.scratch import work_folder, worker_sigterm_default
 
 PERCENTILES = (50, 90, 95, 99)
 # Each file is cut into at least 4 ranges per worker (load balance) and ranges of at most 16 MiB (progress updates).
@@ -398,6 +398,7 @@ _WORKER: ChunkWorker | None = None  # set once per pool process by _init_worker
 
 def _init_worker(tokenizer_spec: dict[str, Any], dict_lists: dict[str, list] | None) -> None:
     global _WORKER
+    worker_sigterm_default()
     _WORKER = ChunkWorker(tokenizer_spec, dict_lists)
 
 

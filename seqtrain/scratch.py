@@ -54,6 +54,15 @@ def remove_stale(folder: str, tag: str) -> list[str]:
     return removed
 
 
+def worker_sigterm_default() -> None:
+    """multiprocessing.Pool initializer: SIGTERM ends the worker at once (the default action). Pool.terminate
+    (and leaving a `with Pool(...)` block) ends workers with SIGTERM; a worker forked inside `work_folder`
+    would inherit its Python-level handler, which runs only between bytecodes and can be swallowed (raised
+    inside a __del__), and a worker that lives on keeps the pool's join waiting for ever. A worker owns nothing
+    to clean up."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _terminate(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)  # unwinds through the `finally` blocks, which remove the work folder
 

@@ -56,6 +56,26 @@ def sample_argv(raw, dest, *extra):
     ]
 
 
+def test_worker_pool_ends_whatever_sigterm_handler_its_workers_inherit(small_sample, tmp_path):
+    """Pool.terminate ends the preprocessing workers with SIGTERM. They are forked inside the work folder's
+    context, whose Python-level SIGTERM handler they would inherit; such a handler runs between bytecodes, can
+    be swallowed (raised inside a __del__), and a worker that survives keeps the pool's join waiting for ever
+    (the suite hung so once, in test_worker_counts_give_identical_bytes_and_data_reads_back). The workers
+    reset SIGTERM to the default action, so preprocessing ends even when the inherited handler does nothing."""
+    code = (
+        "import sys, seqtrain.scratch as scratch\n"
+        "scratch._terminate = lambda signum, frame: None  # the handler the workers inherit: ignores SIGTERM\n"
+        "from seqtrain_cli.preprocess import preprocess_main\n"
+        "print(sorted(preprocess_main(sys.argv[1:])['splits']))\n"
+    )
+    argv = sample_argv(small_sample, tmp_path / "out", "--workers", "2")
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[-2] == "['test', 'train', 'valid']"
+
+
 # --- compatibility and determinism ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_tokenizer_none_matches_fairseq_preprocess_byte_for_byte(fairseq_tiny, tmp_path):

@@ -362,7 +362,10 @@ def add_file_to_dictionary(
     if num_workers > 1 and len(jobs) > 1:
         import multiprocessing
 
-        with multiprocessing.get_context().Pool(min(num_workers, len(jobs))) as pool:
+        from seqtrain.scratch import worker_sigterm_default
+
+        pool = multiprocessing.get_context().Pool(min(num_workers, len(jobs)), worker_sigterm_default)
+        with pool:
             counters = pool.map(_count_chunk_star, jobs)
     else:
         counters = [_count_chunk_star(j) for j in jobs]
