@@ -7,6 +7,8 @@ import importlib.util
 import os
 import pathlib
 import random
+import re
+import subprocess
 import sys
 from types import ModuleType
 
@@ -108,9 +110,6 @@ def load_script(name: str) -> ModuleType:
 def script_table_rows(name: str, args: list[str], row: str, timeout: int) -> list[tuple[str, ...]]:
     """Run scripts/`name`.py with `args` (it must exit 0) and return the groups of each line of its printed
     table that matches the regular expression `row` (a benchmark's figures are printed, not asserted)."""
-    import re
-    import subprocess
-
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / f"{name}.py"), *args],
         capture_output=True,
