@@ -14,18 +14,29 @@ tiny batches, one thread, so the arithmetic is negligible and a step's time is i
 
 Rounds alternate the variants; the figure is the median ms per step over rounds.
 
+With --generate, the same for beam search (the GPU check's generate stage is host-bound too: ~300 sentences/s
+of bart_base on an H200, a few milliseconds a decoding step): bart_base's depth (6 + 6 layers) at width 32,
+peaked random weights shared by both toolkits (scripts/bench_generate.py), batches of 32 random sources of
+400-700 tokens, beam 4, CNN/DM's search settings (lenpen 2, no-repeat-ngram 3, min length 5, max length 60).
+Rows: seqtrain's SequenceGenerator and transformers' `generate`, ms per batch, and the aten operators each
+dispatches per batch (counted once, with a TorchDispatchMode): on a GPU each one costs host time, and all but
+the views launch a kernel. The best hypotheses of the two are compared (identical weights, fp32).
+
     .venv/bin/python scripts/bench_host_overhead.py            # about a minute
+    .venv/bin/python scripts/bench_host_overhead.py --generate # about two minutes
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -54,12 +65,87 @@ class _Nested:
         transformer._ACTIVATION_GRADS = self.saved
 
 
+class _OpCount(TorchDispatchMode):
+    """Counts the aten operators dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _alternate(variants: dict, rounds: int, per: int) -> dict[str, list[float]]:
+    """ms per unit (`per` units a call) of each variant, a list over rounds; the order flips every round."""
+    for fn in variants.values():
+        fn()  # warm-up
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds):
+        order = list(variants) if r % 2 == 0 else list(reversed(variants))
+        for name in order:
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(1000 * (time.perf_counter() - start) / per)
+    return times
+
+
+def generate_main(args: argparse.Namespace) -> int:
+    import bench_generate as bg
+
+    from seqtrain.data.dictionary import Dictionary
+
+    vocab = VOCAB
+    hf, ours = bg.load_pair(
+        bg.peaked_random_state(vocab, seed=0, eos_scale=3.0, shape="narrow"), vocab, "narrow"
+    )
+    d = Dictionary()
+    for i in range(vocab - len(d)):
+        d.add_symbol(f"w{i}")
+    n = args.batches * args.batch_size
+    sources = [s.tolist() for s, _ in lib.make_pairs(n, (400, 700), (2, 3), vocab, seed=11)]
+    batches = [sources[i : i + args.batch_size] for i in range(0, n, args.batch_size)]
+    s = bg.Settings(beam=4, lenpen=2.0, no_repeat_ngram_size=3, min_len=5, max_len_b=60)
+    decoders = {
+        "seqtrain": lambda b: bg.seqtrain_decode(ours, b, s, d),
+        "transformers": lambda b: bg.hf_decode(hf, b, s),
+    }
+    ops, hyps = {}, {}
+    with torch.inference_mode():
+        for name, decode in decoders.items():
+            with _OpCount() as count:
+                hyps[name] = [h for b in batches for h in decode(b)]
+            ops[name] = sum(count.ops.values()) / len(batches)
+        variants = {k: (lambda f=f: [f(b) for b in batches]) for k, f in decoders.items()}
+        times = _alternate(variants, args.rounds, len(batches))
+    same = sum(a == b for a, b in zip(hyps["seqtrain"], hyps["transformers"], strict=True))
+    tokens = sum(len(h) for h in hyps["seqtrain"]) / n
+    ref = statistics.median(times["transformers"])
+    print(
+        f"host time of beam search, 6+6 layers of width 32, {args.batches} batches of {args.batch_size} sources "
+        f"of 400-700 tokens, beam 4, {tokens:.1f} tokens a best hypothesis; best hypotheses identical: "
+        f"{same}/{n}; load {os.getloadavg()[0]:.1f}"
+    )
+    print("| variant | ms/batch (median) | min | aten ops/batch | vs transformers |")
+    print("|---|---|---|---|---|")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"| {name} | {med:.1f} | {min(ts):.1f} | {ops[name]:.0f} | {med / ref:.2f}x |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant and round")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--generate", action="store_true", help="beam search instead of training steps")
+    p.add_argument("--batches", type=int, default=2, help="--generate: batches per variant and round")
+    p.add_argument("--batch-size", type=int, default=32, help="--generate: sources a batch")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    if args.generate:
+        return generate_main(args)
     trainer, _ = lib.make_trainer(True, "bart_tiny", VOCAB, None, *NARROW)
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
     hf = lib.hf_model(trainer.args, state, VOCAB).train()
@@ -88,15 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             float(loss.detach())
 
     variants = {"seqtrain": seqtrain_steps, "seqtrain, nested": nested_steps, "transformers": hf_steps}
-    for fn in variants.values():
-        fn()  # warm-up
-    times: dict[str, list[float]] = {k: [] for k in variants}
-    for r in range(args.rounds):
-        order = list(variants) if r % 2 == 0 else list(reversed(variants))
-        for name in order:
-            start = time.perf_counter()
-            variants[name]()
-            times[name].append(1000 * (time.perf_counter() - start) / args.steps)
+    times = _alternate(variants, args.rounds, args.steps)
     ref = statistics.median(times["transformers"])
     print(
         f"host time of a training step, 12+12 layers of width 32, batch 4 x ~25 tokens; load {os.getloadavg()[0]:.1f}"

@@ -1,9 +1,11 @@
 """scripts/bench_host_overhead.py prints its side-by-side table: one row per variant, each with a positive
 time and its ratio to transformers (the figures themselves are benchmarks, not asserted)."""
 
+import re
+
 import pytest
 
-from tests.utils import script_table_rows
+from tests.utils import script_output, script_table_rows
 
 
 @pytest.mark.slow
@@ -14,3 +16,18 @@ def test_prints_a_row_per_variant_with_numbers():
     assert [r[0] for r in rows] == ["seqtrain", "seqtrain, nested", "transformers"]
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
     assert rows[2][3] == "1.00"
+
+
+@pytest.mark.slow
+def test_generate_prints_time_and_operator_counts_of_both_toolkits_with_identical_hypotheses():
+    pytest.importorskip("transformers")
+    args = ["--generate", "--batches", "1", "--batch-size", "2", "--rounds", "1"]
+    out = script_output("bench_host_overhead", args, timeout=600)
+    # identical weights in fp32: the same best hypotheses
+    assert re.findall(r"best hypotheses identical: (\d+)/(\d+);", out) == [("2", "2")]
+    rows = re.findall(
+        r"^\| (seqtrain|transformers) \| ([\d.]+) \| ([\d.]+) \| (\d+) \| ([\d.]+)x \|$", out, re.M
+    )
+    assert [r[0] for r in rows] == ["seqtrain", "transformers"]
+    assert all(float(r[1]) > 0 and int(r[3]) > 1000 for r in rows)  # a decoding step dispatches hundreds
+    assert rows[1][4] == "1.00"

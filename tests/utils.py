@@ -107,9 +107,8 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-def script_table_rows(name: str, args: list[str], row: str, timeout: int) -> list[tuple[str, ...]]:
-    """Run scripts/`name`.py with `args` (it must exit 0) and return the groups of each line of its printed
-    table that matches the regular expression `row` (a benchmark's figures are printed, not asserted)."""
+def script_output(name: str, args: list[str], timeout: int) -> str:
+    """Run scripts/`name`.py with `args`; it must exit 0. Returns what it printed."""
     proc = subprocess.run(
         [sys.executable, str(REPO / "scripts" / f"{name}.py"), *args],
         capture_output=True,
@@ -117,7 +116,13 @@ def script_table_rows(name: str, args: list[str], row: str, timeout: int) -> lis
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return re.findall(row, proc.stdout, re.M)
+    return proc.stdout
+
+
+def script_table_rows(name: str, args: list[str], row: str, timeout: int) -> list[tuple[str, ...]]:
+    """Run scripts/`name`.py with `args` (it must exit 0) and return the groups of each line of its printed
+    table that matches the regular expression `row` (a benchmark's figures are printed, not asserted)."""
+    return re.findall(row, script_output(name, args, timeout), re.M)
 
 
 def assert_same_state(a: dict, b: dict) -> None:
