@@ -225,9 +225,70 @@ def test_incremental_equals_full_forward():
         state = {}
         inc = _steps(m, enc, prev, state, 1, 6)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=0)
-    assert state["layers.0.self_attn"]["k"].shape == (3, 4, 6, 8)
+    # keys and values of the 6 decoded positions, time-major: T x B x 2 x H x d
+    assert state["layers.0.self_attn"]["kv"].shape == (6, 3, 2, 4, 8)
     with pytest.raises(ValueError, match="holds 6 steps"):
         m.decoder(prev[:, :3], enc, incremental_state=state)
+
+
+def test_decoding_cache_grows_past_its_capacity_and_reorders_between_steps():
+    """The self-attention cache starts with room for 16 positions and doubles; 40 steps with a random beam
+    reorder every few steps (rows repeated and dropped, as beam search does) still give the full forward's
+    output on the reordered prefixes."""
+    m = make_model()
+    src = left_padded([8, 3, 5, 6])
+    g = torch.Generator().manual_seed(7)
+    prev = torch.randint(4, 50, (4, 40), generator=g)
+    prev[:, 0] = EOS
+    with torch.no_grad():
+        enc = m.encoder(src, None)
+        state, buffers = {}, set()
+        for t in range(1, 41):
+            if t % 7 == 0:  # rows (one per sentence here) follow a random order, some repeated, some dropped
+                order = torch.randint(0, 4, (4,), generator=g)
+                m.decoder.reorder_incremental_state(state, order, encoder_order=order)
+                prev = torch.cat([prev[order, : t - 1], prev[:, t - 1 :]], dim=1)
+                src, enc = src[order], m.encoder(src[order], None)  # the reference's sources follow the rows
+            out = m.decoder(prev[:, :t], enc, incremental_state=state)[0]
+            buffers.add(state["layers.0.self_attn"]["kv_buf"].numel())
+            full, _ = m(src, None, prev[:, :t])
+            torch.testing.assert_close(out[:, -1], full[:, -1], atol=1e-5, rtol=0)
+    assert state["layers.0.self_attn"]["kv"].shape == (40, 4, 2, 4, 8)
+    assert len(buffers) >= 3  # grown twice: 16 -> 32 -> 64 positions
+
+
+def test_decoding_under_autocast_casts_the_fused_qkv_weight_once():
+    """Autocast caches its casts of parameters, not of the decoding cache's fused q/k/v weight: the cache keeps
+    that weight in autocast's dtype, so no decoding step after the first casts a weight again, and the logits
+    still match the full forward under the same autocast."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    m = make_model().eval()
+    weight_shapes = {tuple(p.shape) for p in m.parameters()} | {(3 * 32, 32), (3 * 32,)}
+
+    class WeightCasts(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if (
+                func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.to)
+                and tuple(args[0].shape) in weight_shapes
+            ):
+                WeightCasts.n += 1
+            return func(*args, **(kwargs or {}))
+
+    src, prev = left_padded([8, 3, 5]), right_padded([6, 6, 6])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full, _ = m(src, None, prev)
+        enc = m.encoder(src, None)
+        state = {}
+        first = _steps(m, enc, prev, state, 1, 1)
+        with WeightCasts():
+            rest = _steps(m, enc, prev, state, 2, 6)
+    assert WeightCasts.n == 0
+    assert state["layers.0.self_attn"]["qkv_weight"].dtype == torch.bfloat16
+    assert state["layers.0.self_attn"]["kv"].dtype == torch.bfloat16
+    torch.testing.assert_close(torch.cat([first, rest], 1).float(), full.float(), atol=0.05, rtol=0.05)
 
 
 def test_beam_folded_incremental_reorder_and_drop():
@@ -246,7 +307,7 @@ def test_beam_folded_incremental_reorder_and_drop():
         torch.testing.assert_close(inc, full[:, :k], atol=1e-5, rtol=0)
         # keys/values of the encoder are kept once per sentence, not per beam
         assert state["layers.1.encoder_attn"]["k"].shape[0] == bsz
-        assert state["layers.1.self_attn"]["k"].shape[0] == bsz * beam
+        assert state["layers.1.self_attn"]["kv"].shape[1] == bsz * beam
 
         # beam reorder: each sentence's rows pick random rows of the same sentence (repeats allowed)
         pick = torch.randint(0, beam, (bsz, beam), generator=g)

@@ -158,7 +158,9 @@ class BartEncoder(nn.Module):
             )
         padding_mask = src_tokens.eq(self.padding_idx)
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
-        x = F.dropout(self.layernorm_embedding(x), self.dropout, self.training)
+        x = self.layernorm_embedding(x)
+        if self.training and self.dropout:  # (F.dropout would return x itself: one operator less a step)
+            x = F.dropout(x, self.dropout, True)
         if layout is None:
             attn_mask = _attn_mask(padding_mask)
             packing = None if attn_mask is None else Packing.from_mask(~padding_mask)
@@ -249,7 +251,9 @@ class BartDecoder(nn.Module):
             tokens = prev_output_tokens
             positions = self.embed_positions(tokens)
         x = self.embed_scale * self.embed_tokens(tokens) + positions
-        x = F.dropout(self.layernorm_embedding(x), self.dropout, self.training)
+        x = self.layernorm_embedding(x)
+        if self.training and self.dropout:  # (F.dropout would return x itself: one operator less a step)
+            x = F.dropout(x, self.dropout, True)
 
         memory = memory_mask = None
         src_pads = None if layout is None else layout["src_pads"]

@@ -23,73 +23,68 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-# One cache entry per attention module: {"k": B x H x T x d, "v": B x H x T x d}. Self-attention caches also
-# hold "k_buf"/"v_buf" (the storage "k"/"v" view) and "k_spare"/"v_spare" (see append_to_cache).
+# One cache entry per attention module. Cross-attention: {"k": B x H x S x d, "v": the same}, computed once from
+# the encoder output. Self-attention (decoding): {"kv": T x B x 2 x H x d}, the keys and values of every decoded
+# position together, a view of the flat buffer "kv_buf"; "kv_spare" is the buffer reorder_cache gathers into,
+# "qkv_weight"/"qkv_bias" the fused projection (see append_to_cache).
 Cache = dict[str, Tensor]
 
 
 def _time_major(buf: Tensor, t: int, b: int, h: int, d: int) -> Tensor:
-    return buf[: t * b * h * d].view(t, b, h, d)
+    """The first t positions of a flat key/value buffer, T x B x 2 x H x d."""
+    return buf[: t * b * 2 * h * d].view(t, b, 2, h, d)
 
 
-def _is_buffer_view(cache: Cache, name: str) -> bool:
-    """True if cache[name] is the time-major view of cache[name + "_buf"] that append_to_cache made."""
-    x, buf = cache.get(name), cache.get(name + "_buf")
-    if x is None or buf is None or x.data_ptr() != buf.data_ptr() or x.dtype != buf.dtype:
-        return False
-    b, h, _, d = x.shape
-    return x.stride() == (h * d, d, b * h * d, 1)
+def append_to_cache(cache: Cache, kv: Tensor) -> Tensor:
+    """Append `kv` (B x T' x 2 x H x d: the keys and values of T' new positions) to a self-attention cache;
+    returns those of every position, T x B x 2 x H x d.
 
-
-def append_to_cache(cache: Cache, name: str, new: Tensor) -> Tensor:
-    """Append `new` (B x H x T' x d) to the cached keys or values `name`; returns all of them, B x H x T x d.
-
-    Decoding appends one position per step and beam search reorders every step. A growing time-major buffer
-    (T x B x H x d, stored flat, capacity doubled when full) makes the append a write into place instead of a
-    torch.cat that copies the whole cache, and lets `reorder_cache` gather straight into a spare buffer. The
-    returned B x H x T x d tensor is a strided view of the buffer (what scaled_dot_product_attention reads)."""
-    b, h, t_new, d = new.shape
-    old = cache.get(name)
-    t_old = 0 if old is None else old.size(2)
-    need = (t_old + t_new) * b * h * d
-    buf = cache.get(name + "_buf")
-    in_place = old is not None and old.size(0) == b and _is_buffer_view(cache, name)
+    Decoding appends one position per step and beam search reorders every step, and each operator costs host
+    time a GPU waits for at these sizes (a decoding step of bart_base is a few milliseconds on an H200). So keys
+    and values live together in one growing time-major buffer (T x B x 2 x H x d, stored flat, capacity doubled
+    when full): the append is one copy into place, straight from the fused q/k/v projection's output, instead
+    of a torch.cat of the whole cache per tensor, and `reorder_cache` gathers keys and values in one
+    index_select of the first T positions into a spare buffer. Attention reads strided views of it."""
+    b, t_new, _, h, d = kv.shape
+    old = cache.get("kv")
+    t_old = 0 if old is None else old.size(0)
+    need = (t_old + t_new) * b * 2 * h * d
+    buf = cache.get("kv_buf")
+    same_rows = old is not None and old.size(1) == b
     if (
         buf is None
-        or not in_place
+        or not same_rows
+        or old.data_ptr() != buf.data_ptr()  # "kv" was replaced by a tensor of its own
         or buf.numel() < need
-        or buf.dtype != new.dtype
-        or buf.device != new.device
+        or buf.dtype != kv.dtype
+        or buf.device != kv.device
     ):
-        grown = new.new_empty(max(need, 2 * buf.numel() if in_place and buf is not None else need * 16))
+        grown = kv.new_empty(max(need, 2 * buf.numel() if same_rows and buf is not None else 16 * need))
         if old is not None:
-            _time_major(grown, t_old, b, h, d).copy_(old.permute(2, 0, 1, 3))
-        buf = cache[name + "_buf"] = grown
+            _time_major(grown, t_old, b, h, d).copy_(old)
+        buf = cache["kv_buf"] = grown
     full = _time_major(buf, t_old + t_new, b, h, d)
-    full[t_old:].copy_(new.permute(2, 0, 1, 3))
-    cache[name] = full.permute(1, 2, 0, 3)
-    return cache[name]
+    full[t_old:].copy_(kv.transpose(0, 1))
+    cache["kv"] = full
+    return full
 
 
 def reorder_cache(cache: Cache, new_order: Tensor) -> None:
-    """In place: cache rows (keys and values) follow `new_order`; gathers into the spare buffer, then swaps."""
-    for name in ("k", "v"):
-        x = cache.get(name)
-        if x is None:
-            continue
-        if not _is_buffer_view(cache, name):
-            cache[name] = x.index_select(0, new_order)
-            continue
-        b, h, t, d = x.shape
-        n = new_order.numel()
-        buf, spare = cache[name + "_buf"], cache.get(name + "_spare")
-        need = t * n * h * d
-        if spare is None or spare.numel() < need or spare.dtype != buf.dtype or spare.device != buf.device:
-            spare = buf.new_empty(max(need, buf.numel()))
-        out = _time_major(spare, t, n, h, d)
-        torch.index_select(_time_major(buf, t, b, h, d), 1, new_order, out=out)
-        cache[name + "_buf"], cache[name + "_spare"] = spare, buf
-        cache[name] = out.permute(1, 2, 0, 3)
+    """In place: a self-attention cache's rows follow `new_order` (keys and values in one gather into the spare
+    buffer, which then becomes the buffer)."""
+    kv = cache.get("kv")
+    if kv is None:
+        return
+    t, _, _, h, d = kv.shape
+    need = t * new_order.numel() * 2 * h * d
+    buf, spare = cache.get("kv_buf"), cache.get("kv_spare")
+    if spare is None or spare.numel() < need or spare.dtype != kv.dtype or spare.device != kv.device:
+        spare = kv.new_empty(max(need, 0 if buf is None else buf.numel()))
+    out = _time_major(spare, t, new_order.numel(), h, d)
+    torch.index_select(kv, 1, new_order, out=out)
+    cache["kv_buf"], cache["kv"] = spare, out
+    if buf is not None:
+        cache["kv_spare"] = buf
 
 
 def _gelu_accurate(x: Tensor) -> Tensor:
@@ -171,15 +166,22 @@ class MultiheadAttention(nn.Module):
         to the cached ones, and queries attend to all of them (the caller feeds one step at a time)."""
         if cache is not None:
             # Decoding: one matrix product for q, k and v of the new position (its weight concatenated once per
-            # search, in the cache), as the packed path does per call.
+            # search, in the cache), as the packed path does per call. Under autocast the weight is kept in
+            # autocast's dtype: autocast caches its casts of parameters, not of this concatenation, and would
+            # cast it again on every step (the same values: the cast is the one autocast makes).
             if "qkv_weight" not in cache:
                 weight, bias = _fused_params(self.q_proj, self.k_proj, self.v_proj)
+                kind = x.device.type
+                if torch.is_autocast_enabled(kind) and weight.dtype == torch.float32:
+                    dtype = torch.get_autocast_dtype(kind)
+                    weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
                 cache["qkv_weight"] = weight
                 if bias is not None:
                     cache["qkv_bias"] = bias
-            qkv = F.linear(x, cache["qkv_weight"], cache.get("qkv_bias"))
-            q, k, v = (self._heads(y) for y in qkv.chunk(3, dim=-1))
-            k, v = append_to_cache(cache, "k", k), append_to_cache(cache, "v", v)
+            b, t, _ = x.shape
+            qkv = F.linear(x, cache["qkv_weight"], cache.get("qkv_bias")).view(b, t, 3, self.num_heads, -1)
+            k, v = append_to_cache(cache, qkv[:, :, 1:]).permute(2, 1, 3, 0, 4).unbind(0)  # B x H x T x d
+            q = qkv[:, :, 0].transpose(1, 2)
             is_causal = False  # one new query sees every cached key
         else:
             q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
@@ -207,11 +209,10 @@ class MultiheadAttention(nn.Module):
             return self.out_proj(self._merge(self._sdpa(self._heads(self.q_proj(x)), k, v, mask)))
         if bq % bk:
             raise ValueError(f"decoder batch {bq} is not a multiple of the encoder batch {bk}")
-        beam, h, d = bq // bk, self.num_heads, self.head_dim
-        q = self.q_proj(x).view(bk, beam, t, h, d).permute(0, 3, 1, 2, 4).reshape(bk, h, beam * t, d)
+        # rows of one sentence are adjacent (bq = bk * beam), so B*beam x T x C views as bk x beam*T x C
+        q = self.q_proj(x).view(bk, (bq // bk) * t, self.num_heads, self.head_dim).transpose(1, 2)
         o = self._sdpa(q, k, v, mask)  # bk x h x beam*t x d
-        o = o.view(bk, h, beam, t, d).permute(0, 2, 3, 1, 4).reshape(bq, t, self.embed_dim)
-        return self.out_proj(o)
+        return self.out_proj(o.transpose(1, 2).reshape(bq, t, self.embed_dim))
 
 
 # The activations' derivatives as the kernels autograd itself runs for them (GeluBackward calls
@@ -307,7 +308,8 @@ class _FeedForward(nn.Module):
         self.final_layer_norm = nn.LayerNorm(embed_dim)
 
     def _drop(self, x: Tensor) -> Tensor:
-        return F.dropout(x, self.dropout, self.training)
+        # F.dropout returns x itself when not training or p = 0; not calling it spares an operator's host time
+        return F.dropout(x, self.dropout, True) if self.training and self.dropout else x
 
     def _residual(self, x: Tensor, norm: nn.LayerNorm, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         """Post-norm (BART): LN(x + drop(sublayer(x))). Pre-norm (normalize_before, mBART's layout):
