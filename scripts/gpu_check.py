@@ -18,7 +18,8 @@ timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figur
                run
   oom          an update that runs out of memory is skipped and the next one trains
   generate     beam search against transformers' generate, same weights: sentences/s, identical best
-               hypotheses (fp32), and the same in bf16
+               hypotheses (fp32), and the same in bf16 (under autocast, and with bf16 weights as
+               seqtrain-generate --bf16 runs)
   compile      the training step under torch.compile: graph breaks, ms/step against eager
 
 --dry-run runs every stage on the CPU with tiny shapes (bf16 for fp16, which needs CUDA; the OOM stage needs
@@ -480,7 +481,15 @@ def stage_generate(check: Check) -> dict[str, Any]:
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here: the hypotheses must be identical
     default_cudnn = torch.backends.cuda.cudnn_sdp_enabled()
-    for precision, dtype in (("fp32", None), ("bf16", torch.bfloat16)):
+    # fp32; bf16 under autocast (fp32 weights); bf16 weights without autocast, as `seqtrain-generate --bf16` and
+    # transformers' torch_dtype=torch.bfloat16 run (last: the models are converted in place)
+    for precision, dtype, amp_on in (
+        ("fp32", None, False),
+        ("bf16", torch.bfloat16, True),
+        ("bf16_weights", torch.bfloat16, False),
+    ):
+        if precision == "bf16_weights":
+            hf, ours = hf.to(torch.bfloat16), ours.to(torch.bfloat16)
         hyps: dict[str, list[list[int]]] = {}
         # seqtrain as seqtrain-generate runs it (attention off cuDNN); transformers with torch's default
         # (cuDNN attention first on Hopper, for half precision), and in bf16 also with cuDNN off
@@ -489,7 +498,7 @@ def stage_generate(check: Check) -> dict[str, Any]:
             runs.append(("transformers_nocudnn", hf_decode, False))
         for name, fn, cudnn in runs:
             torch.backends.cuda.enable_cudnn_sdp(cudnn)
-            amp = torch.autocast(check.device.type, dtype=dtype, enabled=dtype is not None)
+            amp = torch.autocast(check.device.type, dtype=dtype, enabled=amp_on)
             with torch.inference_mode(), amp:
                 fn(batches[0][:2])  # warm-up
                 seconds, got = timed(check, lambda fn=fn: [h for b in batches for h in fn(b)])
@@ -633,6 +642,7 @@ def table(results: dict[str, Any]) -> str:
                 "bart_large_b64_seqtrain_mfu": "mfu_bart_large",
                 "bart_large_b64_speedup": "train_speedup_bart_large",
                 "bf16_speedup": "generate_speedup",
+                "bf16_weights_speedup": "generate_speedup",
             }.get(k)
             if target:
                 text += f" (target >= {TARGETS[target]:g})"

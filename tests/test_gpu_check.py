@@ -65,6 +65,8 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
     assert stages["fp16_resume"]["bitwise_equal"] is True
     gen = stages["generate"]
     assert gen["fp32_identical"] == gen["sentences"] and gen["fp32_seqtrain_sentences_per_s"] > 0
+    for precision in ("bf16", "bf16_weights"):  # under autocast, and with the weights converted
+        assert gen[f"{precision}_seqtrain_sentences_per_s"] > 0 and gen[f"{precision}_speedup"] > 0
     # the check's batches carry the collater's layout, so the compiled step is one graph: no sync breaks it
     assert stages["compile"]["graph_breaks"] == 0, stages["compile"]["graph_break_reasons"]
     assert stages["compile"]["compiled_ms_per_step"] > 0
