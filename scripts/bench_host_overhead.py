@@ -93,6 +93,23 @@ def _alternate(variants: dict, rounds: int, per: int) -> dict[str, list[float]]:
     return times
 
 
+def _print_table(
+    title: str, unit: str, times: dict[str, list[float]], extra: dict[str, dict[str, str]] | None = None
+) -> None:
+    """The title (with the load average) and one row per variant: median and min ms per `unit`, the `extra`
+    columns (column -> variant -> text), the median against transformers'."""
+    extra = extra or {}
+    ref = statistics.median(times["transformers"])
+    print(f"{title}; load {os.getloadavg()[0]:.1f}")
+    heads = [f"ms/{unit} (median)", "min", *extra, "vs transformers"]
+    print(f"| variant | {' | '.join(heads)} |")
+    print("|---" * (len(heads) + 1) + "|")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        cells = [f"{med:.1f}", f"{min(ts):.1f}", *(col[name] for col in extra.values()), f"{med / ref:.2f}x"]
+        print(f"| {name} | {' | '.join(cells)} |")
+
+
 def generate_main(args: argparse.Namespace) -> int:
     import bench_generate as bg
 
@@ -124,17 +141,14 @@ def generate_main(args: argparse.Namespace) -> int:
         times = _alternate(variants, args.rounds, len(batches))
     same = sum(a == b for a, b in zip(hyps["seqtrain"], hyps["transformers"], strict=True))
     tokens = sum(len(h) for h in hyps["seqtrain"]) / n
-    ref = statistics.median(times["transformers"])
-    print(
+    _print_table(
         f"host time of beam search, 6+6 layers of width 32, {args.batches} batches of {args.batch_size} sources "
         f"of {lo}-{hi} tokens, beam 4, {tokens:.1f} tokens a best hypothesis; best hypotheses identical: "
-        f"{same}/{n}; load {os.getloadavg()[0]:.1f}"
+        f"{same}/{n}",
+        "batch",
+        times,
+        {"aten ops/batch": {k: f"{v:.0f}" for k, v in ops.items()}},
     )
-    print("| variant | ms/batch (median) | min | aten ops/batch | vs transformers |")
-    print("|---|---|---|---|---|")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"| {name} | {med:.1f} | {min(ts):.1f} | {ops[name]:.0f} | {med / ref:.2f}x |")
     return 0
 
 
@@ -179,15 +193,9 @@ def main(argv: list[str] | None = None) -> int:
 
     variants = {"seqtrain": seqtrain_steps, "seqtrain, nested": nested_steps, "transformers": hf_steps}
     times = _alternate(variants, args.rounds, args.steps)
-    ref = statistics.median(times["transformers"])
-    print(
-        f"host time of a training step, 12+12 layers of width 32, batch 4 x ~25 tokens; load {os.getloadavg()[0]:.1f}"
+    _print_table(
+        "host time of a training step, 12+12 layers of width 32, batch 4 x ~25 tokens", "step", times
     )
-    print("| variant | ms/step (median) | min | vs transformers |")
-    print("|---|---|---|---|")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        print(f"| {name} | {med:.1f} | {min(ts):.1f} | {med / ref:.2f}x |")
     return 0
 
 
