@@ -10,9 +10,15 @@ tiny batches, one thread, so the arithmetic is negligible and a step's time is i
   seqtrain             Trainer.train_step as seqtrain-train runs it (this tree)
   seqtrain, nested     the same with the FFN's activation derivative through a nested torch.autograd.grad and
                        train() on every step (what the tree did before they were removed)
-  transformers         BartForConditionalGeneration with the same weights: forward, backward, AdamW step
+  transformers         BartForConditionalGeneration with the same weights: forward, backward, fused AdamW step
+                       (as in the GPU check)
 
-Rounds alternate the variants; the figure is the median ms per step over rounds.
+Rounds alternate the variants; the figure is the median ms per step over rounds. Beside it, the aten operators
+each variant dispatches in one step (counted once, with a TorchDispatchMode: forward, backward and the update;
+on a GPU each costs host time and all but the views launch a kernel). With --bf16, seqtrain's Trainer runs
+`--bf16` and transformers' forward runs under bf16 autocast, as the GPU check's training stage runs them (a
+CPU without bf16 arithmetic emulates the matrix products, so there the times include arithmetic; the operator
+counts are what carries over to a GPU).
 
 With --generate, the same for beam search (the GPU check's generate stage is host-bound too: ~300 sentences/s
 of bart_base on an H200, a few milliseconds a decoding step): bart_base's depth (6 + 6 layers) at width 32,
@@ -157,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="timed steps per variant and round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--generate", action="store_true", help="beam search instead of training steps")
+    p.add_argument("--bf16", action="store_true", help="training steps under bf16 autocast (seqtrain --bf16)")
     p.add_argument("--batches", type=int, default=2, help="--generate: batches per variant and round")
     p.add_argument("--batch-size", type=int, default=32, help="--generate: sources a batch")
     p.add_argument("--source-tokens", default="20,30", help="--generate: MIN,MAX tokens of a source")
@@ -164,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     if args.generate:
         return generate_main(args)
-    trainer, _ = lib.make_trainer(True, "bart_tiny", VOCAB, None, *NARROW)
+    trainer, _ = lib.make_trainer(True, "bart_tiny", VOCAB, "bf16" if args.bf16 else None, *NARROW)
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
     hf = lib.hf_model(trainer.args, state, VOCAB).train()
-    opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, foreach=True)
+    opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, fused=True)
     pairs = [lib.make_pairs(4, (20, 30), (5, 8), VOCAB, seed=i) for i in range(args.steps)]
     samples = [lib.seqtrain_sample(p) for p in pairs]
     hf_batches = [lib.hf_batch(p, torch.device("cpu")) for p in pairs]
@@ -176,25 +183,46 @@ def main(argv: list[str] | None = None) -> int:
         for s in samples:
             trainer.train_step([s])
 
-    def nested_steps() -> None:
+    def nested_step(s: dict) -> None:
         with _Nested():
-            for s in samples:
-                trainer.model.train()  # the old Trainer.train_step and task.train_step each walked the
-                trainer.model.train()  # modules on every step
-                trainer.train_step([s])
+            trainer.model.train()  # the old Trainer.train_step and task.train_step each walked the
+            trainer.model.train()  # modules on every step
+            trainer.train_step([s])
+
+    def nested_steps() -> None:
+        for s in samples:
+            nested_step(s)
+
+    def hf_step(b: dict[str, torch.Tensor]) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = hf(**b).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        float(loss.detach())
 
     def hf_steps() -> None:
         for b in hf_batches:
-            loss = hf(**b).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            float(loss.detach())
+            hf_step(b)
 
     variants = {"seqtrain": seqtrain_steps, "seqtrain, nested": nested_steps, "transformers": hf_steps}
-    times = _alternate(variants, args.rounds, args.steps)
+    times = _alternate(variants, args.rounds, args.steps)  # warms every variant up first
+    one_step = {
+        "seqtrain": lambda: trainer.train_step([samples[0]]),
+        "seqtrain, nested": lambda: nested_step(samples[0]),
+        "transformers": lambda: hf_step(hf_batches[0]),
+    }
+    ops = {}
+    for name, step in one_step.items():
+        with _OpCount() as count:
+            step()
+        ops[name] = f"{sum(count.ops.values())}"
+    precision = "bf16 autocast" if args.bf16 else "fp32"
     _print_table(
-        "host time of a training step, 12+12 layers of width 32, batch 4 x ~25 tokens", "step", times
+        f"host time of a training step, 12+12 layers of width 32, batch 4 x ~25 tokens, {precision}",
+        "step",
+        times,
+        {"aten ops/step": ops},
     )
     return 0
 

@@ -5,17 +5,28 @@ import re
 
 import pytest
 
-from tests.utils import script_output, script_table_rows
+from tests.utils import script_output
 
 
 @pytest.mark.slow
-def test_prints_a_row_per_variant_with_numbers():
+@pytest.mark.parametrize("precision", [[], ["--bf16"]], ids=["fp32", "bf16"])
+def test_prints_a_row_per_variant_with_time_and_operator_counts(precision):
     pytest.importorskip("transformers")
-    row = r"^\| (seqtrain|seqtrain, nested|transformers) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+)x \|$"
-    rows = script_table_rows("bench_host_overhead", ["--steps", "2", "--rounds", "1"], row, timeout=600)
+    row = r"^\| (seqtrain|seqtrain, nested|transformers) \| ([\d.]+) \| ([\d.]+) \| (\d+) \| ([\d.]+)x \|$"
+    args = ["--steps", "2", "--rounds", "1", *precision]
+    out = script_output("bench_host_overhead", args, timeout=600)
+    assert ("bf16 autocast;" if precision else "fp32;") in out
+    rows = re.findall(row, out, re.M)
     assert [r[0] for r in rows] == ["seqtrain", "seqtrain, nested", "transformers"]
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
-    assert rows[2][3] == "1.00"
+    assert rows[2][4] == "1.00"
+    ops = {r[0]: int(r[3]) for r in rows}
+    # 12 + 12 layers: thousands of operators a step in each toolkit; autocast adds its casts
+    assert all(n > 3000 for n in ops.values())
+    if precision:
+        assert ops["seqtrain"] > 5000
+    # the nested autograd pass of the old FFN backward dispatches one more operator per layer, not fewer
+    assert ops["seqtrain, nested"] >= ops["seqtrain"]
 
 
 @pytest.mark.slow
