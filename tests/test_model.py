@@ -582,6 +582,53 @@ def test_ffn_direct_activation_derivative_equals_autograds_bit_for_bit(activatio
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("activation_fn", ["gelu", "relu"])
+def test_ffn_under_autocast_equals_plain_autograd_bit_for_bit_and_casts_no_more(activation_fn):
+    """Under bf16 autocast the training FFN casts x and its weights once, in the forward pass, and keeps the
+    casts for the backward pass: its output and gradients (in the inputs' dtypes) equal plain autograd's bit
+    for bit, with no more casts than plain autograd makes (the backward pass used to cast x, fc1's and fc2's
+    weights again: three kernel launches a layer on a GPU)."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from seqtrain.models.transformer import TransformerEncoderLayer
+
+    class Casts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    layer = TransformerEncoderLayer(16, 40, 2, dropout=0.0, activation_fn=activation_fn).train()
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    g = torch.randn(3, 5, 16)
+    runs = {}
+    for name, ffn in (("ffn", layer._ffn), ("plain", lambda x: layer.fc2(layer.activation(layer.fc1(x))))):
+        layer.zero_grad()
+        x.grad = None
+        with Casts() as count:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = ffn(x)
+            out.float().backward(g)
+        grads = [x.grad] + [
+            p.grad for p in (layer.fc1.weight, layer.fc1.bias, layer.fc2.weight, layer.fc2.bias)
+        ]
+        runs[name] = (out, [t.clone() for t in grads], count.ops["aten._to_copy"])
+        if name == "ffn":
+            assert out.grad_fn.name().endswith("_FFNBackward")
+    (out, grads, casts), (ref, ref_grads, ref_casts) = runs["ffn"], runs["plain"]
+    assert out.dtype == ref.dtype == torch.bfloat16 and torch.equal(out, ref)
+    for a, b in zip(grads, ref_grads, strict=True):
+        assert a.dtype == b.dtype == torch.float32
+        assert torch.equal(a, b)
+    assert casts == ref_casts
+
+
 def test_weight_init_xavier_and_bert():
     """--weight-init: bert is BART's N(0, 0.02) everywhere; xavier is fairseq's transformer init (xavier-uniform
     layers, q/k/v with gain 1/sqrt(2), zero biases, N(0, dim^-0.5) embeddings with a zero pad row), and the output
