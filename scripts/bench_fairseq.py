@@ -5,8 +5,8 @@ Training: `seqtrain-train` and `fairseq-train` (bart_base, label-smoothed CE, ad
 --max-tokens, --truncate-source, fp32 on the CPU) for --updates updates, runs alternated (the order flips
 every round) so background load hits both alike. Per tool: training tokens/s (target tokens of the updates
 after the first, over their time, from each tool's own per-update log), the losses, the process's wall time,
-and the peak RSS of its process tree. Optionally (--seqtrain-bf16) seqtrain's --bf16 run as well: fairseq
-cannot use bf16 on a CPU.
+and the peak RSS of its process tree. Optionally (--seqtrain-bf16) seqtrain's --bf16 runs as well, in training
+and generation (counted against fairseq's fp32 hypotheses): fairseq cannot use bf16 on a CPU.
 
 Generation: `seqtrain-generate` and `fairseq-generate` with fairseq's checkpoint of the first training run
 (or --gen-path) on the first --examples validation pairs: sentences/s of the whole process, how many best
@@ -318,8 +318,9 @@ def generate_run(
             log,
             FAIRSEQ_ENV,
         )
-    else:
-        res = run([os.path.join(SEQTRAIN_BIN, "seqtrain-generate"), *flags], log)
+    else:  # seqtrain, or seqtrain-bf16
+        bf16 = ["--bf16"] if tool.endswith("bf16") else []
+        res = run([os.path.join(SEQTRAIN_BIN, "seqtrain-generate"), *flags, *bf16], log)
     hyps = hypotheses(log)
     return {**res, "sentences": len(hyps), "sentences_per_s": len(hyps) / res["wall_s"], "hyps": hyps}
 
@@ -327,9 +328,10 @@ def generate_run(
 def generate_both(
     args: argparse.Namespace, gen_bin: str, ckpt: str, tag: str, batch: int, extra: list[str]
 ) -> dict[str, list[dict[str, Any]]]:
-    gen: dict[str, list[dict[str, Any]]] = {"seqtrain": [], "fairseq": []}
+    tools = ["seqtrain", "fairseq"] + (["seqtrain-bf16"] if args.seqtrain_bf16 else [])
+    gen: dict[str, list[dict[str, Any]]] = {t: [] for t in tools}
     for r in range(args.rounds):
-        for tool in ["seqtrain", "fairseq"] if r % 2 == 0 else ["fairseq", "seqtrain"]:
+        for tool in tools if r % 2 == 0 else tools[::-1]:
             res = generate_run(tool, gen_bin, ckpt, args.workdir, f"{tag}-{tool}-{r}", batch, extra)
             gen[tool].append(res)
             brief = {k: v for k, v in res.items() if k != "hyps"}
@@ -413,7 +415,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--gen-batch", type=int, default=32, help="--batch-size of the bart_base generation runs")
     p.add_argument("--max-tokens", type=int, default=2048)
-    p.add_argument("--seqtrain-bf16", action="store_true", help="also time seqtrain-train --bf16")
+    p.add_argument(
+        "--seqtrain-bf16",
+        action="store_true",
+        help="also time seqtrain-train and seqtrain-generate with --bf16",
+    )
     p.add_argument(
         "--gen-path",
         default=None,
@@ -550,10 +556,12 @@ def summarize(
                 "peak_pss_gb": max(r["peak_pss_gb"] for r in runs),
                 "identical_to_fairseq": sum(hyps.get(i) == h for i, h in ref.items()),
             }
-        st, fs_gen = res_model["seqtrain"], res_model["fairseq"]
-        st["speedup_vs_fairseq"] = st["sentences_per_s"] / fs_gen["sentences_per_s"]
-        st["memory_vs_fairseq"] = st["peak_rss_gb"] / fs_gen["peak_rss_gb"]
-        st["pss_vs_fairseq"] = st["peak_pss_gb"] / fs_gen["peak_pss_gb"]
+        fs_gen = res_model["fairseq"]
+        for tool, st in res_model.items():
+            if tool != "fairseq":
+                st["speedup_vs_fairseq"] = st["sentences_per_s"] / fs_gen["sentences_per_s"]
+                st["memory_vs_fairseq"] = st["peak_rss_gb"] / fs_gen["peak_rss_gb"]
+                st["pss_vs_fairseq"] = st["peak_pss_gb"] / fs_gen["peak_pss_gb"]
         out["generate"][model] = res_model
     return out
 
@@ -590,14 +598,18 @@ def table(report: dict[str, Any]) -> str:
         row(f"training {tool}: peak RSS GB (process tree)", res["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
         row(f"training {tool}: peak PSS GB (process tree)", res["peak_pss_gb"], fs["peak_pss_gb"], "{:.2f}")
     for model, res in report["generate"].items():
-        st, fs = res["seqtrain"], res["fairseq"]
-        row(f"generation {model}: sentences/s", st["sentences_per_s"], fs["sentences_per_s"], "{:.2f}")
-        rows.append(
-            f"| generation {model}: best hypotheses identical | {st['identical_to_fairseq']} / "
-            f"{fs['sentences']} | | |"
-        )
-        row(f"generation {model}: peak RSS GB", st["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
-        row(f"generation {model}: peak PSS GB", st["peak_pss_gb"], fs["peak_pss_gb"], "{:.2f}")
+        fs = res["fairseq"]
+        for tool, st in res.items():
+            if tool == "fairseq":
+                continue
+            name = model if tool == "seqtrain" else f"{model} {tool}"
+            row(f"generation {name}: sentences/s", st["sentences_per_s"], fs["sentences_per_s"], "{:.2f}")
+            rows.append(
+                f"| generation {name}: best hypotheses identical | {st['identical_to_fairseq']} / "
+                f"{fs['sentences']} | | |"
+            )
+            row(f"generation {name}: peak RSS GB", st["peak_rss_gb"], fs["peak_rss_gb"], "{:.2f}")
+            row(f"generation {name}: peak PSS GB", st["peak_pss_gb"], fs["peak_pss_gb"], "{:.2f}")
     rows.append(
         f"\nmeasured matmul peak ({report['threads']} threads): fp32 {peak['fp32']:.0f} GFLOP/s, bf16 "
         f"{peak['bf16']:.1f} GFLOP/s; load average at the end {report['load_avg']:.1f}"

@@ -52,3 +52,39 @@ def test_reads_both_tools_json_logs(tmp_path, lines, tokens_per_s, first, last):
     assert res["updates"] == len(lines)
     assert res["tokens_per_s"] == pytest.approx(tokens_per_s)  # the first update is not timed
     assert (res["first_loss"], res["last_loss"]) == (first, last)
+
+
+def test_summary_and_table_put_seqtrain_bf16_generation_beside_fairseq():
+    """With --seqtrain-bf16 the generation rows hold seqtrain's fp32 and bf16 runs, each against fairseq's fp32
+    run: speed, hypotheses identical to fairseq's, memory."""
+    import argparse
+
+    args = argparse.Namespace(updates=2, rounds=1, max_tokens=2048)
+
+    def gen_run(sps, rss, hyps):
+        return {
+            "sentences": len(hyps),
+            "sentences_per_s": sps,
+            "peak_rss_gb": rss,
+            "peak_pss_gb": rss,
+            "hyps": hyps,
+        }
+
+    ref = {0: "a b", 1: "c d", 2: "e f"}
+    gen = {
+        "bart_base": {
+            "seqtrain": [gen_run(3.0, 1.0, dict(ref))],
+            "fairseq": [gen_run(2.0, 2.0, ref)],
+            "seqtrain-bf16": [gen_run(8.0, 0.5, {0: "a b", 1: "c x", 2: "e f"})],
+        }
+    }
+    report = bench_fairseq.summarize(args, {"fp32": 1e11, "bf16": 4e11}, 2e9, {}, gen, 2)
+    res = report["generate"]["bart_base"]
+    assert res["seqtrain"]["speedup_vs_fairseq"] == pytest.approx(1.5)
+    assert res["seqtrain-bf16"]["speedup_vs_fairseq"] == pytest.approx(4.0)
+    assert res["seqtrain-bf16"]["memory_vs_fairseq"] == pytest.approx(0.25)
+    assert (res["seqtrain"]["identical_to_fairseq"], res["seqtrain-bf16"]["identical_to_fairseq"]) == (3, 2)
+    text = bench_fairseq.table(report)
+    assert "| generation bart_base: sentences/s | 3.00 | 2.00 | 1.50x |" in text
+    assert "| generation bart_base seqtrain-bf16: sentences/s | 8.00 | 2.00 | 4.00x |" in text
+    assert "| generation bart_base seqtrain-bf16: best hypotheses identical | 2 / 3 | | |" in text
