@@ -134,6 +134,33 @@ def test_seqtrain_checkpoint_roundtrip_and_overrides(tmp_path):
     assert model_ is lm.model and tok is None
 
 
+def test_loading_draws_no_initial_weights_and_keeps_every_loaded_one_and_the_ties(tmp_path):
+    """load_model builds the model without drawing random initial weights (the strict load sets every one):
+    the global random stream is left where it was, the state equals the file's bit for bit, the output
+    projection stays tied to the embeddings, and torch.nn.init works as before afterwards."""
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    path = str(tmp_path / "st.pt")
+    save_checkpoint_file(make_checkpoint_state(args, model.state_dict(), d, d), path)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    lm = load_model(path)
+    assert torch.equal(torch.get_rng_state(), before)  # building the model drew nothing
+    want = model.state_dict()
+    got = lm.model.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    dec = lm.model.decoder
+    assert dec.output_projection.weight is dec.embed_tokens.weight
+    # the init functions are torch's again: a fresh layer is initialized as usual
+    torch.manual_seed(0)
+    a = torch.nn.Linear(8, 8).weight.detach().clone()
+    torch.manual_seed(0)
+    b = torch.empty(8, 8)
+    torch.nn.init.kaiming_uniform_(b, a=5**0.5)
+    assert torch.equal(a, b) and a.abs().sum() > 0
+
+
 def fairseq_namespace(args: argparse.Namespace) -> argparse.Namespace:
     """What fairseq stores: all of its flags, not only the model's."""
     full = argparse.Namespace(**vars(args))
