@@ -139,8 +139,10 @@ def test_fairseq_generate_on_export_matches_seqtrain(export, sample_bin):
 
 
 def test_fairseq_checkpoint_round_trip_generates_as_fairseq(fairseq_tiny, tmp_path):
-    """fairseq's own checkpoint -> seqtrain-convert --to fairseq -> fairseq-generate: the fixture's log, line for
-    line (same hypotheses, same scores)."""
+    """fairseq's own checkpoint -> seqtrain-convert --to fairseq -> fairseq-generate: line for line what
+    fairseq-generate prints for its own checkpoint on this machine (same hypotheses, same scores to the last
+    digit), and the fixture's log within float rounding (it was written on another CPU, whose kernels round
+    the last bits of the scores differently: fairseq itself does not reproduce it bit for bit here)."""
     from seqtrain_cli.convert import main as convert_main
 
     out = tmp_path / "model.pt"
@@ -168,8 +170,12 @@ def test_fairseq_checkpoint_round_trip_generates_as_fairseq(fairseq_tiny, tmp_pa
         "4",
     ]
     got = parse_generate(run(cmd + ["--batch-size", "64", "--cpu"]).stdout)
+    cmd[cmd.index(out)] = fairseq_tiny / "checkpoint_last.pt"
+    own = parse_generate(run(cmd + ["--batch-size", "64", "--cpu"]).stdout)
+    assert len(own) == 200 and got == own
     want = parse_generate((fairseq_tiny / "generate_beam4_valid.log").read_text(encoding="utf-8"))
-    assert len(want) == 200 and got == want
+    assert len(want) == 200
+    assert_same_generation(want, got)
 
 
 def train_log(text: str) -> list[dict]:
