@@ -60,8 +60,9 @@ def save_checkpoint_file(state: dict[str, Any], path: str) -> None:
         raise
 
 
-def _sniff(path: str) -> None:
-    """Reject what cannot be a torch checkpoint before torch gives a confusing message about it."""
+def _sniff(path: str) -> bool:
+    """Reject what cannot be a torch checkpoint before torch gives a confusing message about it. Returns
+    whether it is a zip archive (torch >= 1.6), the format torch.load can memory-map."""
     if not os.path.exists(path):
         raise SeqtrainError(f"checkpoint not found: {path}")
     if os.path.isdir(path):
@@ -76,20 +77,26 @@ def _sniff(path: str) -> None:
         raise SeqtrainError(
             f"{path} is not a PyTorch checkpoint (neither a torch zip archive nor a legacy torch file)"
         )
+    return head == b"PK\x03\x04"
 
 
-def load_checkpoint_file(path: str, unsafe: bool = False) -> Any:
-    """torch.load on CPU; with `unsafe=False` only plain data plus `SAFE_GLOBALS` may be unpickled."""
-    _sniff(path)
+def load_checkpoint_file(path: str, unsafe: bool = False, mmap: bool = False) -> Any:
+    """torch.load on CPU; with `unsafe=False` only plain data plus `SAFE_GLOBALS` may be unpickled.
+
+    `mmap=True` maps a zip-format file instead of reading it: tensors are read from the file as they are used,
+    so the parts a caller never touches (a training checkpoint's optimizer state, twice the weights' size, when
+    a model is loaded to generate) cost neither time nor memory. For callers that copy what they keep (a
+    model's load_state_dict does): the tensors stay backed by the file until they are dropped."""
+    mmap = _sniff(path) and mmap
     try:
         if unsafe:
             logger.warning(
                 f"--unsafe-load: unpickling {path} without restrictions; code inside it can run "
                 "(use this only for files you trust)"
             )
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
         with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except SeqtrainError:
         raise
     except Exception as e:  # torch raises many types for damaged files; turn each into one clear line

@@ -161,6 +161,49 @@ def test_loading_draws_no_initial_weights_and_keeps_every_loaded_one_and_the_tie
     assert torch.equal(a, b) and a.abs().sum() > 0
 
 
+def _backing_file(t: torch.Tensor) -> str | None:
+    """The file whose mapping holds `t`'s memory (Linux /proc/self/maps), "" for anonymous memory."""
+    addr = t.untyped_storage().data_ptr()
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return parts[5] if len(parts) > 5 else ""
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads Linux's /proc/self/maps")
+def test_checkpoints_are_mapped_not_read_when_loading_a_model(tmp_path):
+    """read_checkpoint maps a zip-format file: the optimizer state a model load never touches stays in the
+    file (backed by it, not read into memory), the model still equals the saved one, and a legacy-format file
+    (which torch cannot map) loads as before."""
+
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    state = make_checkpoint_state(args, model.state_dict(), d, d)
+    state["optimizer"] = {"state": {0: {"exp_avg": torch.randn(64, 1024)}}, "param_groups": []}
+    path = str(tmp_path / "st.pt")
+    save_checkpoint_file(state, path)
+    ck = read_checkpoint(path)
+    assert _backing_file(ck.state["optimizer"]["state"][0]["exp_avg"]) == os.path.realpath(path)
+    assert (
+        load_checkpoint_file(path)["optimizer"]["state"][0]["exp_avg"].abs().sum() > 0
+    )  # plain read: memory
+    assert _backing_file(load_checkpoint_file(path)["optimizer"]["state"][0]["exp_avg"]) != os.path.realpath(
+        path
+    )
+    lm = load_model(path)
+    got = lm.model.state_dict()
+    assert all(torch.equal(got[k], v) for k, v in model.state_dict().items())
+    assert all(_backing_file(v) != os.path.realpath(path) for v in got.values())  # the model owns its weights
+
+    legacy = str(tmp_path / "legacy.pt")
+    torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    lm = load_model(legacy)
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in model.state_dict().items())
+
+
 def fairseq_namespace(args: argparse.Namespace) -> argparse.Namespace:
     """What fairseq stores: all of its flags, not only the model's."""
     full = argparse.Namespace(**vars(args))

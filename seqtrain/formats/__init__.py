@@ -68,7 +68,8 @@ def read_checkpoint(
         detect_format(folder)
         ck = read_hf(folder)
     else:
-        ck = read_loaded(path, load_checkpoint_file(path, unsafe=unsafe), fmt)
+        # mapped, not read: the model's weights are copied out of it, the rest (optimizer state) never touched
+        ck = read_loaded(path, load_checkpoint_file(path, unsafe=unsafe, mmap=True), fmt)
     if dict_path is not None or (ck.format == "fairseq" and require_dict):
         ck.src_dict, ck.tgt_dict, spec = find_dictionaries(path, ck.args, dict_path)
         # a tokenizer belongs with its dictionary: the one stored with the replaced dictionary no longer
