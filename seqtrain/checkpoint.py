@@ -80,23 +80,34 @@ def _sniff(path: str) -> bool:
     return head == b"PK\x03\x04"
 
 
+def _torch_load(path: str, unsafe: bool, mmap: bool) -> Any:
+    if unsafe:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    with torch.serialization.safe_globals(SAFE_GLOBALS):
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+
+
 def load_checkpoint_file(path: str, unsafe: bool = False, mmap: bool = False) -> Any:
     """torch.load on CPU; with `unsafe=False` only plain data plus `SAFE_GLOBALS` may be unpickled.
 
     `mmap=True` maps a zip-format file instead of reading it: tensors are read from the file as they are used,
     so the parts a caller never touches (a training checkpoint's optimizer state, twice the weights' size, when
     a model is loaded to generate) cost neither time nor memory. For callers that copy what they keep (a
-    model's load_state_dict does): the tensors stay backed by the file until they are dropped."""
+    model's load_state_dict does): the tensors stay backed by the file until they are dropped. Where mapping
+    fails (a file system that cannot map files, or a damaged file), the file is read as without it."""
     mmap = _sniff(path) and mmap
+    if unsafe:
+        logger.warning(
+            f"--unsafe-load: unpickling {path} without restrictions; code inside it can run "
+            "(use this only for files you trust)"
+        )
+    if mmap:
+        try:
+            return _torch_load(path, unsafe, mmap=True)
+        except Exception:
+            pass  # read it instead: that works where mapping cannot, and names what is wrong with a bad file
     try:
-        if unsafe:
-            logger.warning(
-                f"--unsafe-load: unpickling {path} without restrictions; code inside it can run "
-                "(use this only for files you trust)"
-            )
-            return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
-        with torch.serialization.safe_globals(SAFE_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+        return _torch_load(path, unsafe, mmap=False)
     except SeqtrainError:
         raise
     except Exception as e:  # torch raises many types for damaged files; turn each into one clear line

@@ -204,6 +204,29 @@ def test_checkpoints_are_mapped_not_read_when_loading_a_model(tmp_path):
     assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in model.state_dict().items())
 
 
+def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
+    """Where mapping fails (a file system without mmap), the checkpoint is read as without it; a damaged file
+    still gets its one clear line."""
+    d = make_dict(20)
+    model, args = tiny_model(d)
+    path = str(tmp_path / "st.pt")
+    save_checkpoint_file(make_checkpoint_state(args, model.state_dict(), d, d), path)
+    real_load = torch.load
+
+    def no_mmap(*a, **kw):
+        if kw.get("mmap"):
+            raise OSError("mmap: operation not supported")
+        return real_load(*a, **kw)
+
+    monkeypatch.setattr(torch, "load", no_mmap)
+    lm = load_model(path)
+    assert all(torch.equal(lm.model.state_dict()[k], v) for k, v in model.state_dict().items())
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(SeqtrainError, match="truncated or corrupted"):
+        load_model(path)
+
+
 def fairseq_namespace(args: argparse.Namespace) -> argparse.Namespace:
     """What fairseq stores: all of its flags, not only the model's."""
     full = argparse.Namespace(**vars(args))
