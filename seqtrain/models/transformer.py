@@ -267,8 +267,7 @@ class _FFN(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gy: Tensor) -> tuple[Tensor | None, ...]:
-        x, h, w1, w2 = ctx.saved_tensors
-        dt = h.dtype
+        x, h, w1, w2 = ctx.saved_tensors  # all in one dtype (autocast's casts kept by forward), as gy is
         derivative = _ACTIVATION_GRADS.get(ctx.activation)
         if derivative is not None:
             a = ctx.activation(h)
@@ -276,19 +275,19 @@ class _FFN(torch.autograd.Function):
             with torch.enable_grad():
                 hh = h.detach().requires_grad_()
                 a = ctx.activation(hh)
-        gy2 = gy.reshape(-1, gy.size(-1)).to(dt)
+        gy2 = gy.reshape(-1, gy.size(-1))
         a2 = a.detach().reshape(-1, a.size(-1))
         gw2 = gy2.t() @ a2
         gb2 = gy2.sum(0) if ctx.has_bias[1] else None
-        ga = (gy2 @ w2.to(dt)).view(h.shape)
+        ga = (gy2 @ w2).view(h.shape)
         if derivative is not None:
             gh = derivative(ga, h, a)
         else:
             (gh,) = torch.autograd.grad(a, hh, ga)
         gh2 = gh.reshape(-1, gh.size(-1))
-        gw1 = gh2.t() @ x.reshape(-1, x.size(-1)).to(dt)
+        gw1 = gh2.t() @ x.reshape(-1, x.size(-1))
         gb1 = gh2.sum(0) if ctx.has_bias[0] else None
-        gx = (gh2 @ w1.to(dt)).view(x.shape)
+        gx = (gh2 @ w1).view(x.shape)
         return gx, gw1, gb1, gw2, gb2, None
 
 
