@@ -4,6 +4,7 @@ import argparse
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import BartConfig, BARTModel, add_args, build_model
@@ -257,25 +258,30 @@ def test_decoding_cache_grows_past_its_capacity_and_reorders_between_steps():
     assert len(buffers) >= 3  # grown twice: 16 -> 32 -> 64 positions
 
 
+class DispatchLog(TorchDispatchMode):
+    """Records the aten operators dispatched inside it, each with the shape of its first argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[object, tuple[int, ...] | None]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        self.calls.append((func.overloadpacket, None if first is None else tuple(first.shape)))
+        return func(*args, **(kwargs or {}))
+
+    def casts_of(self, shapes: set | None) -> int:
+        """dtype casts (aten._to_copy, aten.to) of tensors with one of `shapes` (None: of any tensor)."""
+        kinds = (torch.ops.aten._to_copy, torch.ops.aten.to)
+        return sum(op in kinds and (shapes is None or shape in shapes) for op, shape in self.calls)
+
+
 def test_decoding_under_autocast_casts_the_fused_qkv_weight_once():
     """Autocast caches its casts of parameters, not of the decoding cache's fused q/k/v weight: the cache keeps
     that weight in autocast's dtype, so no decoding step after the first casts a weight again, and the logits
     still match the full forward under the same autocast."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     m = make_model().eval()
     weight_shapes = {tuple(p.shape) for p in m.parameters()} | {(3 * 32, 32), (3 * 32,)}
-
-    class WeightCasts(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if (
-                func.overloadpacket in (torch.ops.aten._to_copy, torch.ops.aten.to)
-                and tuple(args[0].shape) in weight_shapes
-            ):
-                WeightCasts.n += 1
-            return func(*args, **(kwargs or {}))
 
     src, prev = left_padded([8, 3, 5]), right_padded([6, 6, 6])
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -283,9 +289,9 @@ def test_decoding_under_autocast_casts_the_fused_qkv_weight_once():
         enc = m.encoder(src, None)
         state = {}
         first = _steps(m, enc, prev, state, 1, 1)
-        with WeightCasts():
+        with DispatchLog() as log:
             rest = _steps(m, enc, prev, state, 2, 6)
-    assert WeightCasts.n == 0
+    assert log.casts_of(weight_shapes) == 0
     assert state["layers.0.self_attn"]["qkv_weight"].dtype == torch.bfloat16
     assert state["layers.0.self_attn"]["kv"].dtype == torch.bfloat16
     torch.testing.assert_close(torch.cat([first, rest], 1).float(), full.float(), atol=0.05, rtol=0.05)
@@ -588,20 +594,7 @@ def test_ffn_under_autocast_equals_plain_autograd_bit_for_bit_and_casts_no_more(
     casts for the backward pass: its output and gradients (in the inputs' dtypes) equal plain autograd's bit
     for bit, with no more casts than plain autograd makes (the backward pass used to cast x, fc1's and fc2's
     weights again: three kernel launches a layer on a GPU)."""
-    import collections
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from seqtrain.models.transformer import TransformerEncoderLayer
-
-    class Casts(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops[str(func.overloadpacket)] += 1
-            return func(*args, **(kwargs or {}))
 
     torch.manual_seed(0)
     layer = TransformerEncoderLayer(16, 40, 2, dropout=0.0, activation_fn=activation_fn).train()
@@ -611,14 +604,14 @@ def test_ffn_under_autocast_equals_plain_autograd_bit_for_bit_and_casts_no_more(
     for name, ffn in (("ffn", layer._ffn), ("plain", lambda x: layer.fc2(layer.activation(layer.fc1(x))))):
         layer.zero_grad()
         x.grad = None
-        with Casts() as count:
+        with DispatchLog() as log:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 out = ffn(x)
             out.float().backward(g)
         grads = [x.grad] + [
             p.grad for p in (layer.fc1.weight, layer.fc1.bias, layer.fc2.weight, layer.fc2.bias)
         ]
-        runs[name] = (out, [t.clone() for t in grads], count.ops["aten._to_copy"])
+        runs[name] = (out, [t.clone() for t in grads], log.casts_of(None))
         if name == "ffn":
             assert out.grad_fn.name().endswith("_FFNBackward")
     (out, grads, casts), (ref, ref_grads, ref_casts) = runs["ffn"], runs["plain"]
