@@ -13,8 +13,8 @@ Generation: `seqtrain-generate` and `fairseq-generate` with fairseq's checkpoint
 hypotheses are identical, peak RSS.
 
 The physical limit beside every figure: this CPU's fp32 and bf16 matrix-product peak, measured in the same run
-(seqtrain.flops.measured_matmul_peak, as many threads as the tools use), and each training run's useful FLOP/s
-against it: tokens/s x FLOPs per target token, the latter the data-bin's FLOP count (seqtrain.flops, source
+(seqtrain.train.flops.measured_matmul_peak, as many threads as the tools use), and each training run's useful FLOP/s
+against it: tokens/s x FLOPs per target token, the latter the data-bin's FLOP count (seqtrain.train.flops, source
 and target tokens, attention included) over its target tokens. The two tools batch differently (see the
 fairseq-fidelity issue), so per-update work is equal only on average.
 
@@ -44,7 +44,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder  # noqa: E402
-from seqtrain.flops import Seq2SeqFlops, measured_matmul_peak  # noqa: E402
+from seqtrain.train.flops import Seq2SeqFlops, measured_matmul_peak  # noqa: E402
 
 PEER = os.path.expanduser(os.environ.get("FAIRSEQ_PEER", "~/.cache/seqtrain-peers/fairseq"))
 SEQTRAIN_BIN = os.path.dirname(sys.executable)

@@ -51,9 +51,9 @@ sys.path.insert(0, REPO)
 
 from benchlib import MIB, PeakRSS, release_free_heap  # noqa: E402  (scripts/benchlib.py)
 
+from seqtrain.checkpoint.hf import hf_state_to_seqtrain, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
 from seqtrain.data.tokenizer import SentencePieceTokenizer  # noqa: E402
-from seqtrain.formats.hf import hf_state_to_seqtrain, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.generation.sequence_generator import SequenceGenerator  # noqa: E402
 from seqtrain.models.bart import BartConfig, BARTModel  # noqa: E402
 

@@ -59,7 +59,7 @@ if where == "mid-write":
         die()
     torch.save = save
 elif where == "between-files":
-    import seqtrain.train_checkpoints as tc
+    import seqtrain.train.checkpoints as tc
     real_link = tc.link_or_copy
     def link(src, dst):
         calls[0] += 1

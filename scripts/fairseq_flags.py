@@ -1,4 +1,4 @@
-"""fairseq 0.12's command-line flags next to seqtrain's: writes seqtrain/fairseq_flag_list.py and the flag table
+"""fairseq 0.12's command-line flags next to seqtrain's: writes seqtrain/flags/fairseq_flag_list.py and the flag table
 of docs/fairseq.md.
 
     python scripts/fairseq_flags.py --fairseq-python ~/.cache/seqtrain-peers/fairseq/bin/python   # refresh
@@ -51,7 +51,7 @@ NOTES = {
 
 def dump() -> dict:
     """Run under fairseq's interpreter: {flag: {"tools": [...], "value": bool, "default": str}}."""
-    from fairseq import options
+    from fairseq import options  # fairseq 0.12, in its own venv: this function runs only there
 
     flags: dict = {}
 
@@ -83,21 +83,21 @@ def dump() -> dict:
 
 def seqtrain_actions(tool: str) -> dict:
     """seqtrain's flags for the tool (every component seqtrain shares with fairseq): {flag: action}."""
-    from seqtrain import options
+    from seqtrain.flags import parsers
 
     actions: dict = {}
     if tool == "fairseq-train":
         for opt in OPTIMIZERS:
             for sched in SCHEDULERS:
-                parser = options.get_training_parser()
-                options._add_choice_args(parser, "task", "translation")
-                options._add_choice_args(parser, "optimizer", opt)
-                options._add_choice_args(parser, "lr_scheduler", sched)
+                parser = parsers.get_training_parser()
+                parsers._add_choice_args(parser, "task", "translation")
+                parsers._add_choice_args(parser, "optimizer", opt)
+                parsers._add_choice_args(parser, "lr_scheduler", sched)
                 for flag, action in parser._option_string_actions.items():
                     actions.setdefault(flag, action)  # the defaults of the default components (adam, fixed)
     else:
-        parser = options.get_generation_parser()
-        options._add_choice_args(parser, "task", "translation")
+        parser = parsers.get_generation_parser()
+        parsers._add_choice_args(parser, "task", "translation")
         actions.update(parser._option_string_actions)
     return actions
 
@@ -172,7 +172,7 @@ def write_list(flags: dict) -> None:
 
 
 def stored_flags() -> dict:
-    from seqtrain.fairseq_flag_list import FAIRSEQ_FLAGS
+    from seqtrain.flags.fairseq_flag_list import FAIRSEQ_FLAGS
 
     return {f: {"tools": list(t), "value": v, "default": d} for f, (t, v, d) in FAIRSEQ_FLAGS.items()}
 
@@ -195,7 +195,7 @@ def main() -> int:
             [a.fairseq_python, __file__, "--dump"], capture_output=True, text=True, env=env, check=True
         )
         write_list(json.loads(out.stdout))
-        sys.modules.pop("seqtrain.fairseq_flag_list", None)
+        sys.modules.pop("seqtrain.flags.fairseq_flag_list", None)
     text = DOC.read_text()
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]

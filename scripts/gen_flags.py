@@ -13,7 +13,8 @@ import sys
 from collections.abc import Iterable
 
 import seqtrain.tasks  # noqa: F401  (registers the tasks)
-from seqtrain import options, registry
+from seqtrain import registry
+from seqtrain.flags import parsers
 from seqtrain.optim import lr_scheduler, optimizers
 
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
@@ -103,11 +104,11 @@ def choice_group(add_args, name: str) -> list[argparse.Action]:
 
 def main() -> None:
     out = [INTRO]
-    parser_tables(options.get_preprocessing_parser(), out)
+    parser_tables(parsers.get_preprocessing_parser(), out)
     out.append(TRAIN)
-    parser = options.get_training_parser()
-    options._add_choice_args(parser, "task", "translation")
-    options._order_groups(parser)
+    parser = parsers.get_training_parser()
+    parsers._add_choice_args(parser, "task", "translation")
+    parsers._order_groups(parser)
     parser_tables(parser, out)
     choice = [a for a in choice_group(optimizers.add_args, "adam") if a.dest in ("optimizer", "lr")]
     choice += [a for a in choice_group(lr_scheduler.add_args, "fixed") if a.dest == "lr_scheduler"]
@@ -120,15 +121,15 @@ def main() -> None:
         table(f"LR scheduler `{name}` (`--lr-scheduler {name}`)", actions, out, CHOICE_FLAGS)
 
     out.append(GENERATE)
-    parser = options.get_generation_parser()
-    options._add_choice_args(parser, "task", "translation")
-    options._order_groups(parser)
+    parser = parsers.get_generation_parser()
+    parsers._add_choice_args(parser, "task", "translation")
+    parsers._order_groups(parser)
     parser_tables(parser, out)
 
     out.append("## seqtrain-convert\n")
-    parser_tables(options.get_convert_parser(), out)
+    parser_tables(parsers.get_convert_parser(), out)
     out.append("## seqtrain-score\n")
-    parser_tables(options.get_score_parser(), out)
+    parser_tables(parsers.get_score_parser(), out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")
 
 

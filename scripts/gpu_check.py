@@ -52,8 +52,8 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import gpu_check_lib as lib  # noqa: E402
 
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
-from seqtrain.flops import Seq2SeqFlops, device_peak_flops, measured_matmul_peak  # noqa: E402
-from seqtrain.trainer import Trainer  # noqa: E402
+from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops, measured_matmul_peak  # noqa: E402
+from seqtrain.train.trainer import Trainer  # noqa: E402
 
 TARGETS = {"mfu_bart_large": 0.40, "train_speedup_bart_large": 1.5, "generate_speedup": 2.0}
 

@@ -9,14 +9,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqtrain import options
+from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf
 from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.data import iterators
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import batch_layout
-from seqtrain.formats.hf import args_to_hf_config, seqtrain_state_to_hf
+from seqtrain.flags import parsers
 from seqtrain.tasks.translation import TranslationTask
-from seqtrain.trainer import Trainer
+from seqtrain.train.trainer import Trainer
 
 PAD, EOS = 1, 2
 BART_VOCAB = 50_265
@@ -57,7 +57,7 @@ def make_trainer(
         argv.append("--cpu")
     if precision:
         argv.append(f"--{precision}")
-    targs = options.parse_args_and_arch(options.get_training_parser(), argv)
+    targs = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
     task = TranslationTask(targs, d, d)
     torch.manual_seed(1)
     model = task.build_model(targs)

@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--limit", type=int, default=None, help="score the first N examples only")
     args = p.parse_args(argv)
-    from seqtrain.hub import load_model
+    from seqtrain.checkpoint.load import load_model
 
     try:
         lm = load_model(args.checkpoint)

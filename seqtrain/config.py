@@ -2,7 +2,7 @@
 
 `from_args(cls, args)` fills a dataclass's fields from the parsed flags of the same names; a flag the
 Namespace lacks (a library caller's hand-made Namespace) or leaves at None keeps the field's default.
-Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by seqtrain.options when parsing.
+Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by seqtrain.flags.parsers when parsing.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
 
 @dataclass
 class CheckpointConfig:
-    """The checkpoint flags of a training run (seqtrain.train_checkpoints.CheckpointManager): where and when to
+    """The checkpoint flags of a training run (seqtrain.train.checkpoints.CheckpointManager): where and when to
     save, what to keep, where to resume from, and --patience."""
 
     save_dir: str = "checkpoints"

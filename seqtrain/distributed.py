@@ -50,6 +50,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+from torch.nn.parallel import DistributedDataParallel
 
 from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
@@ -206,8 +208,6 @@ def _spawn(
     args: argparse.Namespace, main: Callable, nprocs: int, init_method: str, rank_offset: int = 0
 ) -> None:
     """Start ranks rank_offset .. rank_offset + nprocs - 1 of the job on this node, one process each."""
-    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
-
     context = torch.multiprocessing.spawn(
         _spawned_rank, args=(args, main, init_method, rank_offset), nprocs=nprocs, join=False
     )
@@ -307,7 +307,7 @@ def _lost_peer(e: BaseException) -> bool:
 # ---------------------------------------------------------------------------------------------------- model wrapping
 def is_fsdp(model: torch.nn.Module) -> bool:
     try:
-        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp import FSDPModule  # FSDP only (--ddp-backend fully_shard)
     except ImportError:  # pragma: no cover - torch < 2.6
         return False
     return isinstance(model, FSDPModule)
@@ -333,7 +333,10 @@ def wrap_model(
         return model
     backend = cfg.ddp_backend
     if backend == "fully_sharded":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import (  # FSDP only (--ddp-backend fully_shard)
+            MixedPrecisionPolicy,
+            fully_shard,
+        )
 
         # Parameters are gathered in the low precision for compute; gradients are reduced in fp32.
         policy = MixedPrecisionPolicy(
@@ -347,7 +350,6 @@ def wrap_model(
         raise SeqtrainError(
             f"--ddp-backend {backend}: choose from c10d (= {', '.join(DDP_ALIASES[1:])}) or fully_sharded"
         )
-    from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(
         model,
@@ -486,7 +488,9 @@ def rescale_iterator_position(
 
 
 def _full_options(**kw: Any) -> Any:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,  # FSDP only (--ddp-backend fully_shard)
+    )
 
     return StateDictOptions(full_state_dict=True, **kw)
 
@@ -495,7 +499,9 @@ def model_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The full state dict (FSDP: gathered to CPU on rank 0, empty elsewhere; a collective on every rank)."""
     if not is_fsdp(model):
         return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,  # FSDP only (--ddp-backend fully_shard)
+    )
 
     return get_model_state_dict(model, options=_full_options(cpu_offload=True))
 
@@ -505,7 +511,9 @@ def load_model_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]
     if not is_fsdp(model):
         model.load_state_dict(state, strict=True)
         return
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,  # FSDP only (--ddp-backend fully_shard)
+    )
 
     # Tied weights (BART's embeddings and output projection) are one parameter under several names; torch
     # distributes only the first name's tensor, so the aliases are left out and checked to be only aliases.
@@ -532,7 +540,9 @@ def optimizer_state_dict(model: torch.nn.Module, torch_optimizer: torch.optim.Op
     (empty elsewhere; a collective on every rank)."""
     if not is_fsdp(model):
         return torch_optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_optimizer_state_dict,  # FSDP only (--ddp-backend fully_shard)
+    )
 
     full = get_optimizer_state_dict(model, torch_optimizer, options=_full_options(cpu_offload=True))
     if not full.get("state") and not full.get("param_groups"):
@@ -551,7 +561,9 @@ def load_optimizer_state_dict(
     model: torch.nn.Module, torch_optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
     """Load torch's plain layout into an FSDP model's optimizer (every rank holds the full state)."""
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        set_optimizer_state_dict,  # FSDP only (--ddp-backend fully_shard)
+    )
 
     names = _param_names(model, torch_optimizer)
     flat = [n for group in names for n in group]

@@ -1,5 +1,5 @@
 """Shared wrapper for the console scripts: user errors print one line and exit 1 (traceback only with --debug);
-command-line syntax errors (seqtrain.options.UsageError, raised by seqtrain's ArgumentParser) exit 2.
+command-line syntax errors (seqtrain.flags.parsers.UsageError, raised by seqtrain's ArgumentParser) exit 2.
 
 Operating-system errors that reach this wrapper (a missing folder, a read-only destination, a full disk) are user
 errors too: one line naming the path and what to do about it, exit 1."""
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.options import UsageError
+from seqtrain.flags.parsers import UsageError
 
 REMEDIES = {
     errno.ENOENT: "check the path (create the folder first if it is an output)",

@@ -1,13 +1,13 @@
-"""seqtrain-convert: parse the flags, then seqtrain.convert.convert (see there for examples)."""
+"""seqtrain-convert: parse the flags, then seqtrain.checkpoint.convert.convert (see there for examples)."""
 
 from __future__ import annotations
 
-from seqtrain.options import get_convert_parser
+from seqtrain.flags.parsers import get_convert_parser
 from seqtrain_cli._main import run_cli
 
 
 def main(argv: list[str] | None = None) -> None:
-    from seqtrain.convert import convert
+    from seqtrain.checkpoint.convert import convert  # after parsing: --help and flag errors answer first
 
     convert(get_convert_parser().parse_args(argv))
 

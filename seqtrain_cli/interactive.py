@@ -1,10 +1,10 @@
-"""seqtrain-interactive: parse the flags, then seqtrain.interactive.interactive."""
+"""seqtrain-interactive: parse the flags, then seqtrain.generation.interactive.interactive."""
 
 from __future__ import annotations
 
 from typing import TextIO
 
-from seqtrain.options import parse_generation_args
+from seqtrain.flags.parsers import parse_generation_args
 from seqtrain_cli._main import run_cli
 
 
@@ -12,7 +12,9 @@ def interactive_main(
     argv: list[str] | None = None, inp: TextIO | None = None, out: TextIO | None = None
 ) -> int:
     """Parse `argv` and answer the lines of `inp` (stdin) on `out` (stdout); returns the number of lines."""
-    from seqtrain.interactive import interactive
+    from seqtrain.generation.interactive import (
+        interactive,  # after parsing: --help and flag errors answer first
+    )
 
     return interactive(parse_generation_args(argv, interactive=True), inp, out)
 

@@ -1,16 +1,16 @@
-"""seqtrain-preprocess: parse the flags, then seqtrain.preprocess.preprocess (raw text -> data-bin)."""
+"""seqtrain-preprocess: parse the flags, then seqtrain.preprocess.databin.preprocess (raw text -> data-bin)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from seqtrain.options import get_preprocessing_parser
+from seqtrain.flags.parsers import get_preprocessing_parser
 from seqtrain_cli._main import run_cli
 
 
 def preprocess_main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Parse `argv` and preprocess; returns seqtrain.preprocess.preprocess's summary."""
-    from seqtrain.preprocess import preprocess
+    """Parse `argv` and preprocess; returns seqtrain.preprocess.databin.preprocess's summary."""
+    from seqtrain.preprocess.databin import preprocess  # after parsing: --help and flag errors answer first
 
     return preprocess(get_preprocessing_parser().parse_args(argv))
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from seqtrain.options import get_score_parser
+from seqtrain.flags.parsers import get_score_parser
 from seqtrain_cli._main import run_cli
 
 
 def main(argv: list[str] | None = None) -> None:
-    from seqtrain.scoring.rouge import score
+    from seqtrain.scoring.rouge import score  # after parsing: --help and flag errors answer first
 
     score(get_score_parser().parse_args(argv))
 

@@ -1,14 +1,14 @@
-"""seqtrain-train: parse the flags, then seqtrain.train.train."""
+"""seqtrain-train: parse the flags, then seqtrain.train.loop.train."""
 
 from __future__ import annotations
 
-from seqtrain.options import parse_train_args
+from seqtrain.flags.parsers import parse_train_args
 from seqtrain_cli._main import run_cli
 
 
 def train_main(argv: list[str] | None = None) -> int:
     """Parse `argv` and train (raises SeqtrainError on user errors); returns the exit code."""
-    from seqtrain.train import train
+    from seqtrain.train.loop import train  # after parsing: --help and flag errors answer first
 
     return train(parse_train_args(argv))
 

@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-from seqtrain import options, registry
+from seqtrain import registry
+from seqtrain.flags import parsers
 
 VALUES = ("nan", "inf", "-5", "0", "1e30")
 HUGE_INT = str(10**20)
@@ -100,32 +101,32 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
 
     def scan(parser: argparse.ArgumentParser, cli: str, extra: tuple[str, ...] = ()) -> None:
         for a in parser._actions:
-            if cli == "generate" and a.option_strings and a.option_strings[-1] in options.GENERATION_REFUSED:
+            if cli == "generate" and a.option_strings and a.option_strings[-1] in parsers.GENERATION_REFUSED:
                 continue  # refused by name before any value is read (tests/test_generate_output.py)
             if _numeric(a):
                 found.setdefault((cli, a.option_strings[-1]), extra)
 
-    train = options.get_training_parser()
-    options._add_choice_args(train, "task", "translation")
+    train = parsers.get_training_parser()
+    parsers._add_choice_args(train, "task", "translation")
     scan(train, "train")
     import seqtrain.tasks  # noqa: F401
 
     for kind, table in (("optimizer", registry.OPTIMIZERS), ("lr_scheduler", registry.LR_SCHEDULERS)):
         for name in table.names():
-            p = options.get_training_parser()
-            options._add_choice_args(p, kind, name)
+            p = parsers.get_training_parser()
+            parsers._add_choice_args(p, kind, name)
             scan(p, "train", (f"--{kind.replace('_', '-')}", name))
-    gen = options.get_generation_parser()
-    options._add_choice_args(gen, "task", "translation")
+    gen = parsers.get_generation_parser()
+    parsers._add_choice_args(gen, "task", "translation")
     scan(gen, "generate")
     for cli in ("preprocess", "convert", "score"):
-        scan(getattr(options, f"get_{'preprocessing' if cli == 'preprocess' else cli}_parser")(), cli)
+        scan(getattr(parsers, f"get_{'preprocessing' if cli == 'preprocess' else cli}_parser")(), cli)
     return [(cli, flag, extra) for (cli, flag), extra in sorted(found.items())]
 
 
 GRID = _grid()
 # training-only flags that seqtrain-generate refuses by name have no values to check there
-LEGAL = {k: v for k, v in LEGAL.items() if not (k[0] == "generate" and k[1] in options.GENERATION_REFUSED)}
+LEGAL = {k: v for k, v in LEGAL.items() if not (k[0] == "generate" and k[1] in parsers.GENERATION_REFUSED)}
 
 
 def _argv(cli: str, flag: str, value: str, extra: tuple[str, ...], root: str) -> list[str]:
@@ -154,11 +155,11 @@ def test_legal_values_parse(tmp_path):
         for value in values:
             argv = _argv(cli, flag, value, extras[(cli, flag)], str(tmp_path))
             if cli == "train":
-                options.parse_train_args(argv)
+                parsers.parse_train_args(argv)
             elif cli == "generate":
-                options.parse_generation_args(argv)
+                parsers.parse_generation_args(argv)
             else:
-                options.get_preprocessing_parser().parse_args(argv)
+                parsers.get_preprocessing_parser().parse_args(argv)
 
 
 @pytest.mark.parametrize("cli,flag,extra", GRID, ids=[f"{c}{f}" for c, f, _ in GRID])
@@ -193,14 +194,14 @@ def _parsers_of(cli: str) -> list[argparse.Action]:
         if cli == "train":
             for kind, table in (("optimizer", registry.OPTIMIZERS), ("lr_scheduler", registry.LR_SCHEDULERS)):
                 for name in table.names():
-                    p = options.get_training_parser()
-                    options._add_choice_args(p, kind, name)
+                    p = parsers.get_training_parser()
+                    parsers._add_choice_args(p, kind, name)
                     actions += p._actions
         elif cli == "generate":
-            p = options.get_generation_parser()
-            options._add_choice_args(p, "task", "translation")
+            p = parsers.get_generation_parser()
+            parsers._add_choice_args(p, "task", "translation")
             actions = p._actions
         else:
-            actions = options.get_preprocessing_parser()._actions
+            actions = parsers.get_preprocessing_parser()._actions
         _PARSERS[cli] = actions
     return _PARSERS[cli]

@@ -1,4 +1,4 @@
-"""seqtrain.checkpoint / formats / models.resize / hub: safe loading, atomic save, fairseq and Hugging Face
+"""seqtrain.checkpoint.files / formats / models.resize / hub: safe loading, atomic save, fairseq and Hugging Face
 import, vocab resize."""
 
 import argparse
@@ -10,17 +10,13 @@ import pickle
 import pytest
 import torch
 
-from seqtrain.checkpoint import (
-    export_seqtrain,
-    load_checkpoint_file,
-    make_checkpoint_state,
-    save_checkpoint_file,
-)
+from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
+from seqtrain.checkpoint.formats import read_checkpoint
+from seqtrain.checkpoint.hf import hf_config_to_args
+from seqtrain.checkpoint.load import load_model
+from seqtrain.checkpoint.native import export_seqtrain, make_checkpoint_state
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
-from seqtrain.formats import read_checkpoint
-from seqtrain.formats.hf import hf_config_to_args
-from seqtrain.hub import load_model
 from seqtrain.models.bart import build_model
 from seqtrain.models.resize import resize_embeddings
 
@@ -544,7 +540,7 @@ def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
 def test_prenorm_model_round_trips_and_hf_export_refuses(tmp_path):
     """A pre-norm model (--encoder/--decoder-normalize-before) loads back from a seqtrain checkpoint and from a
     fairseq one with its final layer norms; Hugging Face BART has no pre-norm layout, so export says so."""
-    from seqtrain.formats.hf import export_hf
+    from seqtrain.checkpoint.hf import export_hf
 
     d = make_dict(20)
     torch.manual_seed(0)

@@ -10,14 +10,14 @@ import sys
 import pytest
 import yaml
 
-from seqtrain import options
 from seqtrain.data.options import check_dataset_args
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags import parsers
 from tests.utils import REPO, base_args
 
 
 def parse(*argv: str):
-    return options.parse_args_and_arch(options.get_training_parser(), list(argv))
+    return parsers.parse_args_and_arch(parsers.get_training_parser(), list(argv))
 
 
 def printed(capsys, *argv: str) -> str:
@@ -154,16 +154,16 @@ def test_every_switch_has_a_negative_form(tmp_path):
     """A config's true is turned off on the command line: --no-X (for a flag named --no-X: --X)."""
     import argparse
 
-    train = options.get_training_parser()
-    options.parse_args_and_arch(train, ["data", "--arch", "bart_tiny"])  # adds the component flags
-    gen = options.get_generation_parser()
-    options.parse_args_and_arch(gen, ["data", "--path", "x.pt"])
+    train = parsers.get_training_parser()
+    parsers.parse_args_and_arch(train, ["data", "--arch", "bart_tiny"])  # adds the component flags
+    gen = parsers.get_generation_parser()
+    parsers.parse_args_and_arch(gen, ["data", "--path", "x.pt"])
     built = [
         train,
         gen,
-        options.get_preprocessing_parser(),
-        options.get_convert_parser(),
-        options.get_score_parser(),
+        parsers.get_preprocessing_parser(),
+        parsers.get_convert_parser(),
+        parsers.get_score_parser(),
     ]
     for parser in built:
         for action in parser._actions:

@@ -7,19 +7,19 @@ import os
 
 import pytest
 
-from seqtrain import options
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags import parsers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
 
 
 def train_args(*argv: str):
-    return options.parse_args_and_arch(options.get_training_parser(), list(argv))
+    return parsers.parse_args_and_arch(parsers.get_training_parser(), list(argv))
 
 
 def generate_args(*argv: str):
-    return options.parse_generation_args(list(argv))
+    return parsers.parse_generation_args(list(argv))
 
 
 def cfg(name: str) -> str:

@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file, save_checkpoint_file
+from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
+from seqtrain.checkpoint.load import load_model
 from seqtrain.data.dictionary import Dictionary
-from seqtrain.hub import load_model
 from seqtrain.models.bart import build_model
 from seqtrain_cli.convert import cli_main
 

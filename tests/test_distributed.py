@@ -26,9 +26,9 @@ import time
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file
+from seqtrain.checkpoint.files import load_checkpoint_file
+from seqtrain.checkpoint.load import load_model
 from seqtrain.distributed import rescale_iterator_position
-from seqtrain.hub import load_model
 from seqtrain_cli.train import train_main
 from tests.utils import parse_log
 
@@ -63,7 +63,7 @@ FAULT_HOOK = textwrap.dedent("""
     import os
     _spec = os.environ.get("SEQTRAIN_TEST_FAIL_RANK")
     if _spec:
-        import seqtrain.trainer as _trainer
+        import seqtrain.train.trainer as _trainer
         from seqtrain import distributed as _distributed
 
         _rank, _, _at = _spec.partition(":")

@@ -19,10 +19,11 @@ import argparse
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file, make_checkpoint_state, save_checkpoint_file
-from seqtrain.formats.fairseq import export_args
+from seqtrain.checkpoint.fairseq import export_args
+from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
+from seqtrain.checkpoint.native import make_checkpoint_state
+from seqtrain.flags.parsers import parse_train_args
 from seqtrain.models.bart import build_model
-from seqtrain.options import parse_train_args
 from seqtrain.registry import ARCHS
 from seqtrain_cli.convert import cli_main
 

@@ -8,8 +8,8 @@ import re
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.fairseq_flag_list import FAIRSEQ_FLAGS
-from seqtrain.options import UsageError, parse_generation_args, parse_train_args
+from seqtrain.flags.fairseq_flag_list import FAIRSEQ_FLAGS
+from seqtrain.flags.parsers import UsageError, parse_generation_args, parse_train_args
 from tests.utils import REPO, load_script
 
 PLUGIN = REPO / "tests" / "plugins" / "seqtrain_toy_plugin"
@@ -105,7 +105,7 @@ def test_user_dir_errors(tmp_path):
 @pytest.mark.slow
 def test_user_dir_plugin_arch_and_criterion_train(tmp_path, toy_databin):
     """--user-dir tests/plugins/seqtrain_toy_plugin: its arch builds the model, its criterion the loss."""
-    from seqtrain.checkpoint import load_checkpoint_file
+    from seqtrain.checkpoint.files import load_checkpoint_file
     from seqtrain_cli.train import train_main
 
     log = tmp_path / "train.log"

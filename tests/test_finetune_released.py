@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file
+from seqtrain.checkpoint.files import load_checkpoint_file
 from tests.utils import SAMPLE
 
 DIMS = [

@@ -7,8 +7,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from seqtrain.criterions import LabelSmoothedCrossEntropyCriterion
-from seqtrain.flops import PEAK_FLOPS, Seq2SeqFlops, device_peak_flops, peak_flops, run_precision
 from seqtrain.models.bart import BartConfig, BARTModel
+from seqtrain.train.flops import PEAK_FLOPS, Seq2SeqFlops, device_peak_flops, peak_flops, run_precision
 
 PAD = 1
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.options import UsageError
+from seqtrain.flags.parsers import UsageError
 from seqtrain_cli.generate import generate_main
 
 N = 20

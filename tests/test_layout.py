@@ -1,5 +1,6 @@
-"""The code's shape: no import cycle between seqtrain's modules (module-level imports), thin CLIs, and no
-module over ~500 lines without its docstring saying why."""
+"""The code's shape (docs/design.md, "The floor plan"): imports run one way between the layers, at module level and
+inside functions alike, with no circle at any level; an import inside a function says why in a comment; a few
+flat modules; thin CLIs; no module over ~500 lines without its docstring saying why."""
 
 import ast
 import pathlib
@@ -7,6 +8,42 @@ import pathlib
 from tests.utils import REPO
 
 PACKAGES = ("seqtrain", "seqtrain_cli")
+
+# The layers, top first: a module may import its own layer's modules or lower ones, never a higher layer's.
+LAYERS = (
+    (
+        "entry points",
+        ("seqtrain_cli", "seqtrain"),
+    ),  # `seqtrain` itself: the public face (Summarizer, load_model)
+    ("programs", ("seqtrain.train", "seqtrain.generation", "seqtrain.preprocess")),
+    ("flags", ("seqtrain.flags",)),
+    ("checkpoint, tasks, distributed", ("seqtrain.checkpoint", "seqtrain.tasks", "seqtrain.distributed")),
+    (
+        "components",
+        (
+            "seqtrain.data",
+            "seqtrain.models",
+            "seqtrain.criterions",
+            "seqtrain.optim",
+            "seqtrain.logging",
+            "seqtrain.scoring",
+        ),
+    ),
+    (
+        "ground",
+        (
+            "seqtrain.errors",
+            "seqtrain.fileio",
+            "seqtrain.registry",
+            "seqtrain.config",
+            "seqtrain.flag_bounds",
+            "seqtrain.cuda",
+            "seqtrain.slurm",
+            "seqtrain.workers",
+        ),
+    ),
+)
+MAX_FLAT_MODULES = 10  # seqtrain/*.py, __init__ included
 
 
 def _modules() -> dict:
@@ -19,32 +56,72 @@ def _modules() -> dict:
     return out
 
 
-def _imports(name: str, path: pathlib.Path, known: set) -> set:
-    """Modules of ours that `name` imports at module level (imports inside functions run later and cannot make
-    an import cycle at import time; `if TYPE_CHECKING:` blocks never run)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+def _layer(name: str) -> int:
+    """The index in LAYERS of the longest prefix that names `name`'s package (every module must have one)."""
+    best, found = -1, None
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (name == p or name.startswith(p + ".")) and len(p) > best:
+                best, found = len(p), i
+    assert found is not None, f"{name} belongs to no layer of tests/test_layout.py's LAYERS"
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.Module):
+    """(node, at module level?) for every import statement, including those in functions and TYPE_CHECKING
+    blocks (a type-only import still says one module depends on another)."""
+    top = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            top.add(id(node))
+        elif isinstance(node, ast.If) and not _is_type_checking(node):
+            top.update(id(n) for n in node.body + node.orelse if isinstance(n, (ast.Import, ast.ImportFrom)))
+        elif isinstance(node, ast.Try):
+            top.update(id(n) for n in node.body if isinstance(n, (ast.Import, ast.ImportFrom)))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node, id(node) in top
+
+
+def _targets(node, name: str, path: pathlib.Path, known: set) -> set:
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+    if isinstance(node, ast.Import):
+        found.update(alias.name for alias in node.names)
+    else:
+        base = node.module or ""
+        if node.level:
+            anchor = package.split(".")
+            anchor = anchor[: len(anchor) - node.level + 1]
+            base = ".".join(anchor + ([base] if base else []))
+        for alias in node.names:  # `from seqtrain import distributed` names the module, not the package
+            found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
     return {m for m in found if m in known and m != name}
 
 
-def test_no_import_cycle():
+def _graph() -> dict:
+    """module -> {(imported module, at module level?, line)}: seqtrain's own modules only."""
     modules = _modules()
-    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
-    # a package's __init__ importing its own submodules is the package's job, not a cycle between peers
-    for name in graph:
-        graph[name] = {m for m in graph[name] if not m.startswith(name + ".")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for node, top in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+            for target in _targets(node, name, path, set(modules)):
+                # a package's __init__ importing its own submodules is the package's job, not a dependency
+                if not target.startswith(name + ".") or path.name != "__init__.py":
+                    edges.add((target, top, node.lineno))
+        graph[name] = edges
+    return graph
+
+
+def _cycles(graph: dict) -> list:
     state, stack, cycles = {}, [], []
 
     def visit(node):
@@ -61,7 +138,72 @@ def test_no_import_cycle():
     for node in sorted(graph):
         if node not in state:
             visit(node)
-    assert not cycles, cycles
+    return cycles
+
+
+def test_no_import_cycle_between_modules():
+    """Module-level and function-level imports alike: a circle hidden in a function is still a circle."""
+    graph = {name: {t for t, _, _ in edges} for name, edges in _graph().items()}
+    assert not _cycles(graph), _cycles(graph)
+
+
+def test_no_import_cycle_between_packages():
+    """Folded to packages (seqtrain.train, seqtrain.data, ...; ground modules stand alone), the imports still
+    run one way: no package reaches into one that reaches back."""
+
+    def package(name):
+        parts = name.split(".")
+        return ".".join(parts[:2]) if len(parts) > 1 else name
+
+    folded: dict = {}
+    for name, edges in _graph().items():
+        folded.setdefault(package(name), set()).update(
+            package(t) for t, _, _ in edges if package(t) != package(name)
+        )
+    for name in list(folded):
+        for t in folded[name]:
+            folded.setdefault(t, set())
+    assert not _cycles(folded), _cycles(folded)
+
+
+def test_imports_never_run_upward():
+    bad = []
+    for name, edges in _graph().items():
+        for target, _, line in sorted(edges):
+            if _layer(target) < _layer(name) and not (name == "seqtrain" or target == "seqtrain"):
+                bad.append(
+                    f"{name}:{line} ({LAYERS[_layer(name)][0]}) imports {target} ({LAYERS[_layer(target)][0]})"
+                )
+    assert not bad, "\n".join(bad)
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function is a choice (a heavy or optional dependency, a plugin, startup time): a
+    comment on its line or just above says which. Everything else imports at the top."""
+    bare = []
+    for path in _modules().values():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for node, top in _import_nodes(ast.parse("\n".join(lines))):
+            if top:
+                continue
+            span = lines[node.lineno - 1 : node.end_lineno]
+            i = node.lineno - 2  # a comment above a block of imports covers the block
+            while i >= 0 and lines[i].strip().startswith(("import ", "from ")):
+                i -= 1
+            above = lines[i].strip() if i >= 0 else ""
+            if not any("#" in s for s in span) and not above.startswith("#"):
+                bare.append(f"{path.relative_to(REPO)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    assert not bare, "imports inside functions without a reason:\n" + "\n".join(bare)
+
+
+def test_few_flat_modules_and_a_folder_per_program():
+    flat = sorted(p.name for p in (REPO / "seqtrain").glob("*.py"))
+    assert len(flat) <= MAX_FLAT_MODULES, flat
+    for folder in ("train", "generation", "preprocess", "flags", "checkpoint", "tasks"):
+        assert (REPO / "seqtrain" / folder / "__init__.py").is_file(), folder
+    # every module has a layer (a new top-level module must be placed in LAYERS on purpose)
+    for name in _modules():
+        _layer(name)
 
 
 def test_clis_are_thin():

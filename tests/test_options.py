@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from seqtrain import options
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags import parsers
 
 
 def parse(*argv: str):
-    return options.parse_args_and_arch(options.get_training_parser(), list(argv))
+    return parsers.parse_args_and_arch(parsers.get_training_parser(), list(argv))
 
 
 def test_arch_preset_fills_only_what_flags_leave_unset():
@@ -230,6 +230,6 @@ def test_help_groups_in_order():
 
 
 def test_generation_parser_has_common_and_dataset_flags():
-    parser = options.get_generation_parser()
-    args = options.parse_args_and_arch(parser, ["bin", "--path", "ck.pt", "--gen-subset", "valid", "--cpu"])
+    parser = parsers.get_generation_parser()
+    args = parsers.parse_args_and_arch(parser, ["bin", "--path", "ck.pt", "--gen-subset", "valid", "--cpu"])
     assert (args.data, args.path, args.gen_subset, args.cpu, args.seed) == ("bin", "ck.pt", "valid", True, 1)

@@ -34,9 +34,9 @@ def parse_log(path):
 
 @pytest.fixture
 def fixture_run(fairseq_tiny):
+    from seqtrain.checkpoint.load import load_model
     from seqtrain.data.indexed_dataset import MMapIndexedDataset
     from seqtrain.data.pair_dataset import LanguagePairDataset
-    from seqtrain.hub import load_model
 
     bin_dir = fairseq_tiny / "data-bin"
     lm = load_model(str(fairseq_tiny / "checkpoint_last.pt"), dict_path=str(bin_dir / "dict.src.txt"))

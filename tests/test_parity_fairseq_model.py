@@ -5,10 +5,10 @@ import argparse
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file
-from seqtrain.formats import read_checkpoint
-from seqtrain.formats.hf import export_hf
-from seqtrain.hub import load_model
+from seqtrain.checkpoint.files import load_checkpoint_file
+from seqtrain.checkpoint.formats import read_checkpoint
+from seqtrain.checkpoint.hf import export_hf
+from seqtrain.checkpoint.load import load_model
 
 
 def test_fixture_checkpoint_loads_safely(fairseq_tiny):

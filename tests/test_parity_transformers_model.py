@@ -17,7 +17,7 @@ PAD, EOS = 1, 2
 
 
 def hf_to_seqtrain(hf_state: dict) -> dict:
-    """Minimal HF -> seqtrain name mapping (the full importer lives in seqtrain/formats/hf.py)."""
+    """Minimal HF -> seqtrain name mapping (the full importer lives in seqtrain/checkpoint/hf.py)."""
     out = {}
     for name, value in hf_state.items():
         if name == "final_logits_bias":

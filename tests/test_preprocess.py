@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-import seqtrain.preprocess as P
+import seqtrain.preprocess.databin as P
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset
 from seqtrain.data.tokenizer import load_databin_tokenizer
@@ -63,7 +63,7 @@ def test_worker_pool_ends_whatever_sigterm_handler_its_workers_inherit(small_sam
     (the suite hung so once, in test_worker_counts_give_identical_bytes_and_data_reads_back). The workers
     reset SIGTERM to the default action, so preprocessing ends even when the inherited handler does nothing."""
     code = (
-        "import sys, seqtrain.scratch as scratch\n"
+        "import sys, seqtrain.preprocess.scratch as scratch\n"
         "scratch._terminate = lambda signum, frame: None  # the handler the workers inherit: ignores SIGTERM\n"
         "from seqtrain_cli.preprocess import preprocess_main\n"
         "print(sorted(preprocess_main(sys.argv[1:])['splits']))\n"

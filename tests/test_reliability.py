@@ -16,11 +16,11 @@ import sys
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file
+from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
 from seqtrain.optim import DynamicLossScaler, MinimumLossScaleError
-from seqtrain.stop_signals import GracefulStop
-from seqtrain.trainer import Trainer
+from seqtrain.train.stop_signals import GracefulStop
+from seqtrain.train.trainer import Trainer
 from seqtrain_cli.train import cli_main, train_main
 from tests.utils import REPO, assert_same_state
 
@@ -369,10 +369,10 @@ def poison_criterion(trainer: Trainer, bad_calls: set, value: float) -> None:
 
 
 def make_trainer(databin: str, tmp_path, *extra: str) -> tuple:
-    from seqtrain import options
+    from seqtrain.flags import parsers
     from seqtrain.tasks import setup_task
 
-    args = options.parse_args_and_arch(options.get_training_parser(), targs(databin, str(tmp_path), *extra))
+    args = parsers.parse_args_and_arch(parsers.get_training_parser(), targs(databin, str(tmp_path), *extra))
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")

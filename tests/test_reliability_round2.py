@@ -379,8 +379,8 @@ def test_non_finite_weights_are_never_saved(databin, tmp_path):
     checkpoint_last.pt: the save is refused and names the last good checkpoint."""
     import hashlib
 
-    from seqtrain.options import parse_train_args
-    from seqtrain.train import train
+    from seqtrain.flags.parsers import parse_train_args
+    from seqtrain.train.loop import train
 
     save = str(tmp_path / "save")
     argv = base_args(
@@ -425,7 +425,7 @@ def test_second_ctrl_c_inside_a_checkpoint_write_exits_130(tmp_path, capsys, pyt
 
     import torch
 
-    from seqtrain.stop_signals import GracefulStop
+    from seqtrain.train.stop_signals import GracefulStop
     from seqtrain_cli._main import run_cli
 
     def main(argv):
@@ -446,7 +446,7 @@ def test_second_ctrl_c_inside_a_checkpoint_write_exits_130(tmp_path, capsys, pyt
 def test_ctrl_c_inside_save_checkpoint_file_stays_a_keyboard_interrupt(tmp_path, monkeypatch):
     import torch
 
-    from seqtrain import checkpoint
+    from seqtrain.checkpoint import files as checkpoint
 
     real_save = torch.save
 
@@ -479,7 +479,7 @@ def test_sigterm_between_epochs_stops_before_another_update(databin, tmp_path):
 
     import torch
 
-    from seqtrain.train import logger as train_logger
+    from seqtrain.train.loop import logger as train_logger
 
     class SignalAtEpochEnd(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
@@ -529,7 +529,7 @@ def test_a_run_ending_mid_epoch_leaves_no_data_loading_worker(databin, tmp_path,
     import multiprocessing
     import threading
 
-    import seqtrain.train
+    import seqtrain.train.loop
 
     tasks = []
 
@@ -537,8 +537,8 @@ def test_a_run_ending_mid_epoch_leaves_no_data_loading_worker(databin, tmp_path,
         tasks.append(setup_task(args))
         return tasks[-1]
 
-    setup_task = seqtrain.train.setup_task
-    monkeypatch.setattr(seqtrain.train, "setup_task", keep)
+    setup_task = seqtrain.train.loop.setup_task
+    monkeypatch.setattr(seqtrain.train.loop, "setup_task", keep)
     threads, children = set(threading.enumerate()), set(multiprocessing.active_children())
     argv = base_args(databin, str(tmp_path / "save"), "--max-update", "2", "--num-workers", "1")
     assert train_main([*argv, "--max-tokens", "64", "--disable-validation"]) == 0

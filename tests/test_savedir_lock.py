@@ -1,4 +1,4 @@
-"""One training run per --save-dir (seqtrain.savedir_lock): the lock refuses a second owner with a one-line error
+"""One training run per --save-dir (seqtrain.train.savedir_lock): the lock refuses a second owner with a one-line error
 naming the first, is taken over when its owner is gone, and the real CLI keeps a live run's checkpoints intact."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.savedir_lock import LOCK_NAME, STALE_AFTER_S, SaveDirLock, process_start_time
+from seqtrain.train.savedir_lock import LOCK_NAME, STALE_AFTER_S, SaveDirLock, process_start_time
 from tests.utils import load_script
 
 
@@ -118,7 +118,7 @@ def test_second_run_refused_first_unharmed(tmp_path):
     assert "Loaded checkpoint" not in second.stdout and "Preparing to load" not in second.stdout
     assert first.wait(timeout=240) == 0, first.output()
     # the first run trained to the end, its checkpoints are intact, and it released the lock
-    from seqtrain.train_checkpoints import checkpoint_problem
+    from seqtrain.train.checkpoints import checkpoint_problem
 
     names = [n for n in os.listdir(save) if n.endswith(".pt")]
     assert "checkpoint_last.pt" in names and all(

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ngram import NGramRepeatBlocker, has_repeated_ngram
-from seqtrain.generation.options import add_generation_args, check_generation_args
 from seqtrain.generation.search import Sampling
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
 from seqtrain.models.bart import BartConfig, BARTModel
@@ -366,7 +366,7 @@ def test_matches_transformers_generate():
     length_penalty and, with early_stopping=True, stop a sentence at num_beams finished hypotheses. The best
     hypothesis agrees; lower ranks can differ because HF keeps the best num_beams finished, fairseq the first."""
     transformers = pytest.importorskip("transformers")
-    from seqtrain.formats.hf import hf_state_to_seqtrain
+    from seqtrain.checkpoint.hf import hf_state_to_seqtrain
 
     torch.manual_seed(0)
     cfg = transformers.BartConfig(

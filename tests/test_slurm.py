@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from seqtrain.checkpoint import load_checkpoint_file
+from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
 from seqtrain.slurm import PORT_BASE, expand_hostlist, slurm_task
 

@@ -16,13 +16,13 @@ import textwrap
 
 import pytest
 
-from seqtrain.checkpoint import load_checkpoint_file
+from seqtrain.checkpoint.files import load_checkpoint_file
 
 SKEWED_ENTRY = textwrap.dedent("""
     import sys
 
     from seqtrain import distributed
-    from seqtrain.trainer import Trainer
+    from seqtrain.train.trainer import Trainer
 
     _real_clock = Trainer.cumulative_training_time
 

@@ -26,13 +26,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from seqtrain import options
+from seqtrain.flags import parsers
 from seqtrain.generation.sequence_generator import SequenceGenerator
 from seqtrain.tasks import setup_task
-from seqtrain.trainer import Trainer
+from seqtrain.train.trainer import Trainer
 from seqtrain_cli.preprocess import preprocess_main
 
-SEQTRAIN = os.path.dirname(inspect.getfile(Trainer))
+SEQTRAIN = os.path.dirname(os.path.dirname(inspect.getfile(Trainer)))  # the seqtrain package
 DATA_DEPENDENT = {
     "nonzero",
     "masked_select",
@@ -111,7 +111,7 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
         "none",
         *extra,
     ]
-    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")
@@ -209,7 +209,7 @@ def test_an_update_syncs_once(trainer, packed):
         stats = trainer.train_step(samples)
     assert stats is not None and stats["ntokens"] == sum(s["ntokens"] for s in samples)
     assert len(counter.syncs) == 1, counter.syncs
-    assert counter.syncs[0][0] == "tolist" and counter.syncs[0][1].startswith("trainer.py")
+    assert counter.syncs[0][0] == "tolist" and counter.syncs[0][1].startswith("train/trainer.py")
 
 
 def test_packed_and_padded_paths_agree(trainer):

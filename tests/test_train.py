@@ -187,10 +187,10 @@ def test_tensorboard_scalars_and_json_log(databin, tmp_path):
     acc = EventAccumulator(str(tb / "train_inner"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == [2, 4, 6]
-    # mfu = counted FLOP/s / peak (seqtrain/flops.py), timed like wps: mfu * peak / wps is the interval's FLOPs
+    # mfu = counted FLOP/s / peak (seqtrain/train/flops.py), timed like wps: mfu * peak / wps is the interval's FLOPs
     # per target token, which lies between the smallest and largest per-pair figure of the training data
     from seqtrain.data.indexed_dataset import MMapIndexedDataset
-    from seqtrain.flops import Seq2SeqFlops
+    from seqtrain.train.flops import Seq2SeqFlops
 
     src = MMapIndexedDataset(os.path.join(databin, "train.src-tgt.src")).sizes
     tgt = MMapIndexedDataset(os.path.join(databin, "train.src-tgt.tgt")).sizes

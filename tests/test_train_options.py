@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from seqtrain import options
 from seqtrain.errors import SeqtrainError
-from seqtrain.eval_rouge import RougeValidator, generation_args
+from seqtrain.flags import parsers
+from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
 from tests.utils import base_args, parse_log
 
@@ -75,8 +75,8 @@ def test_rouge_validator_scores_what_it_generates(databin):
     from seqtrain.scoring.rouge import score_pairs
     from seqtrain.tasks import setup_task
 
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(
+    parser = parsers.get_training_parser()
+    args = parsers.parse_args_and_arch(
         parser, base_args(databin, "unused", "--eval-rouge-args", "--beam 3 --max-len-b 5")
     )
     task = setup_task(args)
@@ -132,8 +132,8 @@ def test_rouge_metric_needs_eval_rouge(databin, tmp_path):
 
 
 def test_memory_efficient_precision_flags(databin, tmp_path):
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, base_args(databin, "x", "--memory-efficient-fp16"))
+    parser = parsers.get_training_parser()
+    args = parsers.parse_args_and_arch(parser, base_args(databin, "x", "--memory-efficient-fp16"))
     assert args.fp16 and args.memory_efficient_fp16
     if not torch.cuda.is_available():
         with pytest.raises(SeqtrainError, match="--fp16 needs a CUDA device"):
@@ -330,8 +330,8 @@ def test_cuda_kernel_choices_are_set_as_asked():
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.cudnn_sdp_enabled()
     set_cuda_kernels(tf32=False, cudnn_attention=False)
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-    train = options.parse_args_and_arch(
-        options.get_training_parser(), ["d", "--arch", "bart_tiny", "--cudnn-attention", "--no-tf32"]
+    train = parsers.parse_args_and_arch(
+        parsers.get_training_parser(), ["d", "--arch", "bart_tiny", "--cudnn-attention", "--no-tf32"]
     )
     assert train.cudnn_attention and train.no_tf32
-    assert options.get_generation_parser().parse_args(["d", "--cudnn-attention"]).cudnn_attention
+    assert parsers.get_generation_parser().parse_args(["d", "--cudnn-attention"]).cudnn_attention

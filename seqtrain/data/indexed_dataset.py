@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import json
 import os
 import shutil
 import struct
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import publish
+from seqtrain.fileio import atomic_write, publish
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -180,8 +181,6 @@ class MMapIndexedDataset(torch.utils.data.Dataset):
 
 def write_index(path: str, dtype, sizes: Sequence[int]) -> None:
     """Write a fairseq `.idx` atomically (pointers are derived from sizes)."""
-    from seqtrain.fileio import atomic_write
-
     sizes_arr = np.asarray(sizes, dtype=np.int32)
     pointers = np.zeros(len(sizes_arr), dtype=np.int64)
     if len(sizes_arr) > 1:
@@ -275,8 +274,6 @@ SAMPLE_BLOCKS, SAMPLE_BLOCK_ITEMS = 64, 1 << 15
 
 def recorded_max_id(prefix: str) -> int | None:
     """The largest token id preprocess.json (seqtrain-preprocess) recorded for the file `prefix`, if any."""
-    import json
-
     folder, name = os.path.split(prefix)
     split, lang = name.split(".")[0], name.split(".")[-1]
     try:

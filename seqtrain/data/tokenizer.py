@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import io
 import json
 import os
 from collections.abc import Iterable, Sequence
 
+from seqtrain.data.dictionary import iter_lines
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
 from seqtrain.registry import TOKENIZERS
@@ -87,7 +89,7 @@ class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
 
     def __init__(self, model_proto: bytes):
-        import sentencepiece as spm
+        import sentencepiece as spm  # only the tokenizer kind in use is loaded
 
         self.model_proto = bytes(model_proto)
         self.sp = spm.SentencePieceProcessor()
@@ -122,9 +124,7 @@ class SentencePieceTokenizer(Tokenizer):
     ) -> SentencePieceTokenizer:
         """Train on `sentences` as given: no sampling or shuffling of ours or sentencepiece's, so the same lines and
         the same `num_threads` give a byte-identical model. Errors name `what` (a file or a flag)."""
-        import io
-
-        import sentencepiece as spm
+        import sentencepiece as spm  # only the tokenizer kind in use is loaded
 
         if model_type not in ("unigram", "bpe"):
             raise SeqtrainError(f"--spm-model-type: {model_type!r} is not one of unigram, bpe")
@@ -158,8 +158,6 @@ class SentencePieceTokenizer(Tokenizer):
         max_sentence_length: int = 1 << 16,
     ) -> SentencePieceTokenizer:
         """Train on the non-empty lines of `files` (in order), with one thread: reproducible."""
-        from seqtrain.data.dictionary import iter_lines
-
         for path in files:
             if not os.path.isfile(path):
                 raise SeqtrainError(f"{path}: no such file (sentencepiece training input)")
@@ -223,8 +221,8 @@ class GPT2BPETokenizer(Tokenizer):
     kind = "gpt2"
 
     def __init__(self, encoder_json: str, vocab_bpe: str):
-        from tokenizers import Tokenizer as HFTokenizer
-        from tokenizers import decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer  # only the tokenizer kind in use is loaded
+        from tokenizers import decoders, models, pre_tokenizers  # only the tokenizer kind in use is loaded
 
         self.encoder_json, self.vocab_bpe = encoder_json, vocab_bpe
         try:

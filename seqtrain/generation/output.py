@@ -12,7 +12,11 @@ import tempfile
 import time
 from typing import Any
 
+from tqdm import tqdm
+
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import publish
+from seqtrain.generation.runner import decode
 
 logger = logging.getLogger("seqtrain.generate")
 
@@ -43,8 +47,6 @@ def check_file_writable(path: str, flag: str) -> None:
 def write_files(files: dict[str, str]) -> None:
     """Write every {path: text} to a temporary file next to it, then rename them all into place: when a write
     fails (full disk...), no file is replaced and the temporaries are removed."""
-    from seqtrain.fileio import publish
-
     done: list[tuple[str, str]] = []
     try:
         for path, text in files.items():
@@ -80,8 +82,6 @@ def fairseq_lines(
 ) -> tuple[list[str], list[str], str | None, int]:
     """fairseq-generate's lines for one example: (lines, detokenized hypotheses best first, detokenized
     reference or None, generated tokens)."""
-    from seqtrain.generation.runner import decode
-
     src_dict, tgt_dict = loaded.lm.src_dict, loaded.lm.tgt_dict
     lines = [f"S-{sid}\t{src_dict.string(sample['net_input']['src_tokens'][row].cpu(), post)}"]
     target = None
@@ -115,8 +115,6 @@ class Progress:
         self.bar = None
         self.log = enabled and not no_bar and fmt in ("simple", "json")
         if enabled and not no_bar and fmt == "tqdm":
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, unit="sentences", file=sys.stderr, dynamic_ncols=True, leave=False)
 
     def update(self, n: int) -> None:

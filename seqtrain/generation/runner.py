@@ -19,17 +19,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqtrain.checkpoint.fairseq import find_dictionaries
+from seqtrain.checkpoint.formats import read_checkpoint
+from seqtrain.checkpoint.hf import read_generation_config
+from seqtrain.checkpoint.load import model_from_contents
 from seqtrain.cuda import set_cuda_kernels
+from seqtrain.data.batching import batch_by_size
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.data.pair_dataset import LanguagePairDataset
+from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags.generation import add_generation_args
+from seqtrain.generation.sequence_generator import generate_batch
+from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
 
 
 @dataclass
-class Loaded:
-    """A model ready to generate with: seqtrain.hub.LoadedModel plus what generation needs around it."""
+class GenerationModel:
+    """A model ready to generate with: seqtrain.checkpoint.load.LoadedModel plus what generation needs around it."""
 
-    lm: Any  # seqtrain.hub.LoadedModel (lm.model in eval mode, on its device)
+    lm: Any  # seqtrain.checkpoint.load.LoadedModel (lm.model in eval mode, on its device)
     tokenizer: Any  # seqtrain.data.tokenizer.Tokenizer (the "none" tokenizer when the model has none)
     src_lang: str
     tgt_lang: str
@@ -54,15 +65,9 @@ def load_for_generation(
     overrides: dict[str, Any] | None = None,
     unsafe: bool = False,
     dict_path: str | None = None,
-) -> Loaded:
+) -> GenerationModel:
     """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
     to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode."""
-    from seqtrain.data.dictionary import Dictionary
-    from seqtrain.formats import read_checkpoint
-    from seqtrain.formats.fairseq import find_dictionaries
-    from seqtrain.hub import model_from_contents
-    from seqtrain.tasks.translation import infer_language_pair
-
     if ":" in path and not os.path.exists(path):
         raise SeqtrainError(f"--path {path}: ensembles are not supported; give one checkpoint")
     if not os.path.exists(path):
@@ -96,26 +101,21 @@ def load_for_generation(
                 )
     tokenizer = lm.tokenizer
     if tokenizer is None and data is not None:
-        from seqtrain.data.tokenizer import load_databin_tokenizer
-
         tokenizer = load_databin_tokenizer(data)
     if tokenizer is None:
-        from seqtrain.data.tokenizer import build_tokenizer
-
         tokenizer = build_tokenizer({"kind": "none"})
     force_bos = lm.tgt_dict.bos() if getattr(lm.args, "prepend_bos", False) else None
     if ck.format != "hf":
-        return Loaded(lm, tokenizer, src_lang, tgt_lang, force_bos)
-    from seqtrain.formats.hf import read_generation_config
+        return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos)
 
     defaults, forced_bos, source = read_generation_config(path)
     if forced_bos is not False:  # the folder says which token (if any) transformers forces first
         force_bos = forced_bos
-    return Loaded(lm, tokenizer, src_lang, tgt_lang, force_bos, defaults, source)
+    return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, defaults, source)
 
 
 def cast(
-    loaded: Loaded,
+    loaded: GenerationModel,
     device: torch.device | str,
     dtype: torch.dtype | None = None,
     cudnn_attention: bool = False,
@@ -128,27 +128,68 @@ def cast(
         set_cuda_kernels(tf32=None, cudnn_attention=cudnn_attention)
 
 
-def default_generation_args() -> argparse.Namespace:
-    """The generation flags (seqtrain.generation.options) at their defaults, fairseq's."""
-    from seqtrain.generation.options import add_generation_args
+def apply_model_defaults(loaded: GenerationModel, args: argparse.Namespace, given: set[str]) -> None:
+    """Take the generation defaults the model ships (a Hugging Face generation_config.json) for every flag not
+    given on the command line or in --config; one log line says which were taken."""
+    if loaded.defaults_from is None:
+        return
+    taken, kept = [], []
+    for dest, value in loaded.defaults.items():
+        flag = "--" + dest.replace("_", "-")
+        if dest in given:
+            kept.append(flag)
+            continue
+        setattr(args, dest, value)
+        taken.append(flag if value is True else f"{flag} {value}")
+    bos = "none" if loaded.force_bos is None else loaded.force_bos
+    logger.info(
+        f"{loaded.defaults_from}: generation defaults taken: {', '.join(taken) or 'none'}; forced first token: "
+        f"{bos}" + (f"; given flags kept: {', '.join(kept)}" if kept else "")
+    )
 
+
+def load_from_flags(args: argparse.Namespace) -> GenerationModel:
+    """The model seqtrain-generate and seqtrain-interactive generate with, from their flags: loaded from --path
+    (--model-overrides, --unsafe-load), on CUDA unless --cpu or none is present, in --fp16 / --bf16 when given,
+    with the generation defaults a Hugging Face folder ships taken for every flag the user did not give."""
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    if args.fp16 and not use_cuda:
+        raise SeqtrainError("--fp16 needs a CUDA device (use --bf16, or fp32, on the CPU)")
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    torch.manual_seed(args.seed)
+    loaded = load_for_generation(
+        args.path,
+        args.data,
+        args.source_lang,
+        args.target_lang,
+        parse_overrides(args.model_overrides),
+        args.unsafe_load,
+    )
+    dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
+    cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
+    apply_model_defaults(loaded, args, set(getattr(args, "given_flags", ())))
+    return loaded
+
+
+def default_generation_args() -> argparse.Namespace:
+    """The generation flags (seqtrain.flags.generation) at their defaults, fairseq's."""
     parser = argparse.ArgumentParser(add_help=False)
     add_generation_args(parser)
     return parser.parse_args([])
 
 
-def encode(loaded: Loaded, lines: Sequence[str]) -> list[torch.Tensor]:
+def encode(loaded: GenerationModel, lines: Sequence[str]) -> list[torch.Tensor]:
     """Source token ids (with </s>) of raw text lines, through the model's tokenizer and dictionary."""
     d = loaded.lm.src_dict
     pieces = loaded.tokenizer.encode_batch(list(lines))
     return [d.encode_line(p, add_if_not_exist=False, append_eos=True).long() for p in pieces]
 
 
-def text_dataset(loaded: Loaded, sources: list[torch.Tensor], truncate: bool = True, targets: Any = None):
+def text_dataset(
+    loaded: GenerationModel, sources: list[torch.Tensor], truncate: bool = True, targets: Any = None
+):
     """A LanguagePairDataset over encoded sources (and optional target dataset), with the model's sequence
     convention (padding side, <s> first) and position limits; sources too long for the model are truncated."""
-    from seqtrain.data.pair_dataset import LanguagePairDataset
-
     margs = loaded.lm.args
     max_src, max_tgt = loaded.model.max_positions()
     sizes = np.asarray(
@@ -182,8 +223,6 @@ def plan_batches(
 ) -> list[np.ndarray]:
     """`order` cut into consecutive batches of at most `batch_size` sentences and `max_tokens` padded source
     tokens; nothing is ever dropped."""
-    from seqtrain.data.batching import batch_by_size
-
     src_sizes = np.asarray(ds.src_sizes, dtype=np.int64)
     return batch_by_size(
         order,
@@ -195,7 +234,7 @@ def plan_batches(
 
 
 def run_batches(
-    loaded: Loaded,
+    loaded: GenerationModel,
     generator: Any,
     ds: Any,
     batches: Sequence[np.ndarray],
@@ -203,8 +242,6 @@ def run_batches(
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, dict[str, Any], int, list[dict[str, Any]]]]:
     """Generate batch by batch; yields (example id, collated sample, row in it, hypotheses best first)."""
-    from seqtrain.generation.sequence_generator import generate_batch
-
     device = loaded.device
     for batch in batches:
         sample = ds.collater([ds[int(i)] for i in batch])
@@ -226,7 +263,7 @@ def _to_device(x: Any, device: torch.device) -> Any:
     return x
 
 
-def decode(loaded: Loaded, tokens: torch.Tensor) -> str:
+def decode(loaded: GenerationModel, tokens: torch.Tensor) -> str:
     """Detokenized text of hypothesis tokens."""
     return loaded.tokenizer.decode(loaded.lm.tgt_dict.string(tokens.cpu()))
 

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation.ngram import NGramRepeatBlocker
 from seqtrain.generation.search import BeamSearch, Sampling
 
@@ -345,8 +346,6 @@ class SequenceGenerator:
 
 def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namespace) -> SequenceGenerator:
     """A generator configured from the flags of `add_generation_args` (fairseq's names and defaults)."""
-    from seqtrain.generation.options import check_generation_args
-
     check_generation_args(args)
     if getattr(args, "sampling", False):
         device = next(model.parameters()).device

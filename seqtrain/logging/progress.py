@@ -21,6 +21,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from tqdm import tqdm
+
 from seqtrain.logging.trackers import Tracker
 
 LOG_FORMATS = ("tqdm", "simple", "json", "none")
@@ -131,7 +133,6 @@ class JsonProgressBar(ProgressBar):
 class TqdmProgressBar(ProgressBar):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        from tqdm import tqdm
 
         self._tqdm = tqdm(
             total=self.total,

@@ -1,6 +1,6 @@
 """Experiment trackers: where logged stats go besides the log lines. One small interface, one class each:
 
-    TensorBoard   --tensorboard-logdir DIR     (seqtrain.logging.tensorboard.TensorboardWriter)
+    TensorBoard   --tensorboard-logdir DIR     (TensorboardWriter, one event folder per tag as fairseq lays them out)
     Weights & Biases   --wandb-project NAME [--wandb-run-name NAME]   (pip install 'seqtrain[wandb]')
     JSON lines    --jsonl-log FILE             one {"tag", "step", stat: value, ...} object per line
 
@@ -56,6 +56,33 @@ class Trackers(Tracker):
             tracker.close()
 
 
+class TensorboardWriter(Tracker):
+    """Writes numeric stats as scalars under `{logdir}/{tag}`; non-numeric values are skipped."""
+
+    def __init__(self, logdir: str):
+        self.logdir = logdir
+        self._writers: dict[str, Any] = {}
+
+    def _writer(self, tag: str):
+        if tag not in self._writers:
+            # Imported here so that runs without --tensorboard-logdir never pay for (or need) tensorboard.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writers[tag] = SummaryWriter(os.path.join(self.logdir, tag))
+        return self._writers[tag]
+
+    def log(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
+        writer = self._writer(tag)
+        for key, value in numeric_stats(stats).items():
+            writer.add_scalar(key, value, step)
+        writer.flush()
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+
 class JsonLinesTracker(Tracker):
     """Appends one JSON object per logged line to a file (a resumed run continues the same file)."""
 
@@ -82,7 +109,7 @@ class WandbTracker(Tracker):
 
     def __init__(self, project: str, run_name: str | None, config: Mapping[str, Any], folder: str | None):
         try:
-            import wandb
+            import wandb  # optional dependency (pip install 'seqtrain[wandb]')
         except ImportError:
             raise SeqtrainError(
                 "--wandb-project needs the wandb package: pip install 'seqtrain[wandb]' (or pip install wandb)"
@@ -99,8 +126,6 @@ class WandbTracker(Tracker):
 
 def make_trackers(args: argparse.Namespace) -> Tracker | None:
     """The trackers the flags ask for (None when none)."""
-    from seqtrain.logging.tensorboard import TensorboardWriter
-
     trackers: list[Tracker] = []
     if args.tensorboard_logdir:
         trackers.append(TensorboardWriter(args.tensorboard_logdir))

@@ -12,20 +12,21 @@ import argparse
 import logging
 import os
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from seqtrain.criterions import build_criterion
 from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.data.iterators import EpochBatchIterator
 from seqtrain.data.pair_dataset import LanguagePairDataset
+from seqtrain.data.tokenizer import load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
+from seqtrain.models import build_model
 from seqtrain.registry import TASKS
-
-if TYPE_CHECKING:
-    from seqtrain.trainer import StepContext
+from seqtrain.tasks.step import StepContext
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,6 @@ class TranslationTask:
             raise SeqtrainError(f"{paths[0]}: source and target dictionaries disagree on the special symbols")
         logger.info(f"[{args.source_lang}] dictionary: {len(src_dict)} types")
         logger.info(f"[{args.target_lang}] dictionary: {len(tgt_dict)} types")
-        from seqtrain.data.tokenizer import load_databin_tokenizer
 
         spec = load_databin_tokenizer(paths[0]).spec()
         return cls(args, src_dict, tgt_dict, spec)
@@ -260,13 +260,9 @@ class TranslationTask:
 
     # ---------------------------------------------------------------------------------------------- model
     def build_model(self, args: argparse.Namespace) -> torch.nn.Module:
-        from seqtrain.models import build_model
-
         return build_model(args, self.src_dict, self.tgt_dict)
 
     def build_criterion(self, args: argparse.Namespace) -> Any:
-        from seqtrain.criterions import build_criterion
-
         return build_criterion(args, self)
 
     # ---------------------------------------------------------------------------------------------- steps

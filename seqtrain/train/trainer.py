@@ -20,7 +20,7 @@ CPU; batches arrive pinned and are copied with `non_blocking`), and one per upda
 the gradient norm and every logged figure (summed over the update's batches, and over ranks in one all-reduce,
 all on the device) come back to the host in one transfer, which the fp16 overflow check, the divergence check,
 a zero-sized update and the meters need before the optimizer step. With several ranks the training loop adds
-one more per update (seqtrain.train: the stop decisions, agreed in one all-reduce). tests/test_sync_free.py
+one more per update (seqtrain.train.loop: the stop decisions, agreed in one all-reduce). tests/test_sync_free.py
 counts them.
 
 Why one module: the update step, its numerics (loss scaling, clipping, the NaN/inf checks) and the
@@ -42,17 +42,19 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
-from seqtrain.checkpoint import make_checkpoint_state, save_checkpoint_file
+from seqtrain.checkpoint.files import save_checkpoint_file
+from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.config import from_args
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.iterators import spare_data_workers
 from seqtrain.errors import SeqtrainError
-from seqtrain.flops import Seq2SeqFlops, device_peak_flops
 from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.resize import check_state_fits, fit_positions, resize_embeddings
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
+from seqtrain.tasks.step import StepContext
+from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("seqtrain.trainer")  # the name log lines have always shown
 
 
 def _is_oom(e: BaseException) -> bool:
@@ -77,22 +79,6 @@ class TrainerConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainerConfig:
         return from_args(cls, args)
-
-
-class StepContext:
-    """What a task's train_step gets from the Trainer for each batch: `autocast()`, the mixed-precision context
-    for the forward pass, and `backward(loss)`, the backward pass with the fp16 loss scale applied."""
-
-    def __init__(self, amp_dtype: torch.dtype | None, device: torch.device, scaler: DynamicLossScaler | None):
-        self.amp_dtype, self.device, self.scaler = amp_dtype, device, scaler
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        if self.amp_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
-
-    def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
 
 
 class Trainer:
@@ -141,7 +127,7 @@ class Trainer:
         self._start_time = time.time()
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.num_trained_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        # mfu: counted FLOPs of each update (seqtrain/flops.py) against --peak-flops or the GPU's table figure
+        # mfu: counted FLOPs of each update (seqtrain/train/flops.py) against --peak-flops or the GPU's table figure
         self.peak_flops = device_peak_flops(self.device, self.amp_dtype, getattr(args, "peak_flops", None))
         self._flop_count = Seq2SeqFlops.from_model(self.model) if self.peak_flops else None
         self._dummy_batch: dict[str, Any] | None = None

@@ -69,7 +69,7 @@ def check_model_args(args: Any, model: dict[str, torch.Tensor], where: str) -> N
 
 
 def check_contents(ck: Any) -> None:
-    """check_weights + check_model_args for a seqtrain.checkpoint.CheckpointContents; also its tokenizer."""
+    """check_weights + check_model_args for a seqtrain.checkpoint.files.CheckpointContents; also its tokenizer."""
     check_weights(ck.model, ck.path)
     check_model_args(ck.args, ck.model, ck.path)
     if ck.tokenizer is not None and not isinstance(ck.tokenizer, dict):

@@ -31,16 +31,17 @@ from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
-from seqtrain.fairseq_compat import import_user_dir
+from seqtrain.flags.fairseq_compat import import_user_dir
+from seqtrain.flags.parsers import resolved_train_config
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.trackers import Tracker, make_trackers
-from seqtrain.options import resolved_train_config
-from seqtrain.savedir_lock import save_dir_lock
-from seqtrain.stop_signals import GracefulStop
 from seqtrain.tasks import setup_task
-from seqtrain.train_checkpoints import CheckpointManager
-from seqtrain.trainer import Trainer, rng_state, set_rng_state
+from seqtrain.train.checkpoints import CheckpointManager
+from seqtrain.train.rouge_validation import RougeValidator, generation_args
+from seqtrain.train.savedir_lock import save_dir_lock
+from seqtrain.train.stop_signals import GracefulStop
+from seqtrain.train.trainer import Trainer, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
 
@@ -75,8 +76,6 @@ def check_args(args: argparse.Namespace) -> None:
             "ROUGE when it generates)"
         )
     if args.eval_rouge:
-        from seqtrain.eval_rouge import generation_args
-
         if args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
             # beam search runs a different number of forward passes per rank; FSDP's are collectives
             raise SeqtrainError(
@@ -89,8 +88,8 @@ def check_args(args: argparse.Namespace) -> None:
 
 # ---------------------------------------------------------------------------------------------------- main
 def train(args: argparse.Namespace) -> int:
-    """Train with the parsed flags (seqtrain.options.parse_train_args) on one process or one per rank; returns
-    the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.stop_signals). User errors raise
+    """Train with the parsed flags (seqtrain.flags.parsers.parse_train_args) on one process or one per rank; returns
+    the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.train.stop_signals). User errors raise
     SeqtrainError."""
     return call_main(args, main) or 0
 
@@ -200,8 +199,6 @@ class TrainLoop:
         self.stop = GracefulStop()
         self.rouge: Any | None = None
         if args.eval_rouge:
-            from seqtrain.eval_rouge import RougeValidator
-
             self.rouge = RougeValidator(args, task)
 
     def run(self, epoch_itr: Any, get_train_iterator: Any) -> None:
@@ -321,7 +318,9 @@ class TrainLoop:
 
     def training_stats(self, which: str) -> OrderedDict[str, Any]:
         stats = self.trainer.meters[which].smoothed_values()
-        flops = stats.pop("flops", None)  # counted FLOP/s (seqtrain/flops.py), logged when a peak is known
+        flops = stats.pop(
+            "flops", None
+        )  # counted FLOP/s (seqtrain/train/flops.py), logged when a peak is known
         if flops is not None and self.trainer.peak_flops:
             stats["mfu"] = float(f"{flops / self.trainer.peak_flops:.4g}")
         stats["wall"] = round(self.trainer.cumulative_training_time(), 0)
@@ -468,7 +467,12 @@ class TrainLoop:
         if n <= 0:
             yield
             return
-        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+        from torch.profiler import (  # only with --profile
+            ProfilerActivity,
+            profile,
+            schedule,
+            tensorboard_trace_handler,
+        )
 
         folder = os.path.join(self.args.tensorboard_logdir or self.args.save_dir, "profile")
         activities = [ProfilerActivity.CPU] + (

@@ -7,7 +7,7 @@
   exactly that, so --amp implies it.
 - `--dataset-impl`: only mmap, the format fairseq writes by default and seqtrain-preprocess writes.
 - A fairseq-train / fairseq-generate flag seqtrain does not implement is refused naming it (the list comes from
-  fairseq 0.12's own parsers: seqtrain/fairseq_flag_list.py, written by scripts/fairseq_flags.py).
+  fairseq 0.12's own parsers: seqtrain/flags/fairseq_flag_list.py, written by scripts/fairseq_flags.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags.fairseq_flag_list import FAIRSEQ_FLAGS
 
 _imported: dict[str, str] = {}  # absolute --user-dir path -> module name
 
@@ -95,7 +96,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def _component_flags() -> set[str]:
     """The flags of every optimizer and lr scheduler seqtrain has (a parser holds only the chosen ones')."""
-    from seqtrain.optim import lr_scheduler, optimizers
+    from seqtrain.optim import lr_scheduler, optimizers  # imports torch: only an unknown flag pays for it
 
     parser = argparse.ArgumentParser(add_help=False)
     optimizers.add_args(parser)
@@ -106,8 +107,6 @@ def _component_flags() -> set[str]:
 def unrecognized_message(stage: str | None, message: str) -> str:
     """argparse's "unrecognized arguments: ..." of seqtrain-train (`stage` "train") or seqtrain-generate, with
     the fairseq flags among them named as such."""
-    from seqtrain.fairseq_flag_list import FAIRSEQ_FLAGS
-
     prefix = "unrecognized arguments: "
     if not message.startswith(prefix) or stage not in ("train", "generate"):
         return message

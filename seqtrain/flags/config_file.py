@@ -2,13 +2,14 @@
 
 Keys are flag names (with - or _), at the top level or in sections (nested mappings, any names: the section
 names only group); each value is converted as argparse would convert it on the command line, and a bad key or
-value is an error naming the file, the line and the key. seqtrain.options applies the file between the command
+value is an error naming the file, the line and the key. seqtrain.flags.parsers applies the file between the command
 line and the `--arch` preset, and `config_text` writes the resolved flags of a run back as such a file.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 from typing import Any
 
@@ -42,7 +43,7 @@ def _flatten(
 def _key_lines(node: Any) -> dict[str, Any]:
     """Line of each key of a YAML mapping node; a nested mapping's lines under "KEY." (yaml.compose keeps
     marks, safe_load does not)."""
-    import yaml
+    import yaml  # PyYAML loads only when a --config file is given
 
     out: dict[str, Any] = {}
     if not isinstance(node, yaml.MappingNode):
@@ -59,7 +60,7 @@ def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Read a config file: a JSON object, or YAML (PyYAML's safe_load). Sections (nested mappings) are
     flattened: {optimization: {lr: 0.1}} is lr: 0.1. Returns (values by flag name, line number of each key;
     0 where unknown)."""
-    import yaml
+    import yaml  # PyYAML loads only when a --config file is given
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -164,8 +165,6 @@ def apply_config(
                 _convert(other, value, where)  # a bad value is an error even for the CLI that skips the key
                 continue
             if strict:
-                import difflib
-
                 close = difflib.get_close_matches(
                     key.lstrip("-"), [k for k in {**by_key, **(ignore or {})} if "_" not in k], n=1
                 )
@@ -184,7 +183,7 @@ def apply_config(
 def config_text(parser: argparse.ArgumentParser, args: argparse.Namespace, header: str = "") -> str:
     """The resolved flags of `args` as a YAML config file: read back with --config alone (and nothing on the
     command line), it gives the same flags. One `flag: value` line per flag, under a comment per help group."""
-    import yaml
+    import yaml  # PyYAML loads only when a --config file is given
 
     lines = [f"# {line}".rstrip() for line in header.splitlines()]
     seen: set[str] = set()

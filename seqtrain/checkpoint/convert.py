@@ -11,18 +11,18 @@ import argparse
 import logging
 import os
 
+from seqtrain.checkpoint.fairseq import export_fairseq
+from seqtrain.checkpoint.formats import EXPORTERS, read_checkpoint
+from seqtrain.checkpoint.load import LoadedModel, build_from_contents
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
-from seqtrain.formats import EXPORTERS, read_checkpoint
-from seqtrain.formats.fairseq import export_fairseq
-from seqtrain.hub import LoadedModel, build_from_contents
 from seqtrain.logging import setup_logging
 
 logger = logging.getLogger("seqtrain.convert")
 
 
 def convert(args: argparse.Namespace) -> None:
-    """Convert with the parsed flags of seqtrain.options.get_convert_parser."""
+    """Convert with the parsed flags of seqtrain.flags.parsers.get_convert_parser."""
     setup_logging()
     if os.path.abspath(args.input) == os.path.abspath(args.output):
         raise SeqtrainError("output must differ from input")

@@ -19,12 +19,13 @@ import torch
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import runner
+from seqtrain.generation.sequence_generator import build_generator
 
 
 class Summarizer:
     """A model plus its tokenizer and generation defaults; build it with `from_pretrained`."""
 
-    def __init__(self, loaded: runner.Loaded):
+    def __init__(self, loaded: runner.GenerationModel):
         self._loaded = loaded
 
     @classmethod
@@ -92,8 +93,6 @@ class Summarizer:
         with `_` for `-` (beam=4, lenpen=2.0, min_len=10, max_len_b=60, no_repeat_ngram_size=3, sampling=True,
         ...); flags not given take the model's defaults (a Hugging Face generation_config.json), then
         seqtrain-generate's. Batches hold at most `max_tokens` padded source tokens (and `batch_size` texts)."""
-        from seqtrain.generation.sequence_generator import build_generator
-
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)

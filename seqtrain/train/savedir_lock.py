@@ -30,9 +30,11 @@ import time
 import uuid
 from typing import Any
 
+import torch.distributed as dist
+
 from seqtrain.errors import SeqtrainError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("seqtrain.savedir_lock")  # the name log lines have always shown
 
 LOCK_NAME = ".seqtrain.lock"
 HEARTBEAT_S = 60.0
@@ -219,8 +221,6 @@ def save_dir_lock(save_dir: str, rank: int = 0, world_size: int = 1):
         except SeqtrainError as e:
             error = str(e)
     if world_size > 1:
-        import torch.distributed as dist
-
         box = [error]
         dist.broadcast_object_list(box, src=0)
         error = box[0]

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import stat
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
+from safetensors.torch import save as st_save
 
-from seqtrain.checkpoint import CheckpointContents, cpu_state, load_checkpoint_file
+import seqtrain.models.bart  # noqa: F401  (registers the bart_* archs in ARCHS)
+from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file
 from seqtrain.data.dictionary import placeholder_dictionary
+from seqtrain.data.tokenizer import GPT2BPETokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
 from seqtrain.models.resize import EMBEDDING_KEYS
+from seqtrain.registry import ARCHS
 
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
 # Old (transformers < 4) BART configs describe mBART-style variants with these switches.
@@ -85,9 +91,6 @@ def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
 
 def _closest_arch(fields: dict) -> str:
     """The preset whose sizes match (only a label: every size is also set explicitly)."""
-    import seqtrain.models.bart  # noqa: F401
-    from seqtrain.registry import ARCHS
-
     keys = ("encoder_embed_dim", "encoder_layers", "encoder_ffn_embed_dim", "encoder_attention_heads")
     for arch in ARCHS.names():
         ns = argparse.Namespace()
@@ -237,8 +240,6 @@ def _load_hf_weights(folder: str) -> tuple[dict[str, torch.Tensor], str]:
     st, index, binf = (os.path.join(folder, n) for n in names)
     try:
         if os.path.isfile(st) or os.path.isfile(index):
-            from safetensors.torch import load_file
-
             if os.path.isfile(st):
                 return load_file(st, device="cpu"), st
             state: dict[str, torch.Tensor] = {}
@@ -320,8 +321,6 @@ def _hf_dictionary(folder: str, rows: int) -> tuple[Any, dict | None]:
             names[i] = tok if tok == "<mask>" else str(i)
     spec = None
     if merges is not None:
-        from seqtrain.data.tokenizer import GPT2BPETokenizer
-
         try:
             spec = GPT2BPETokenizer(json.dumps(vocab, ensure_ascii=False), merges).spec()
         except SeqtrainError as e:
@@ -330,10 +329,8 @@ def _hf_dictionary(folder: str, rows: int) -> tuple[Any, dict | None]:
 
 
 def export_hf(lm: Any, folder: str) -> None:
-    """A Hugging Face folder (config.json + model.safetensors) of a `seqtrain.hub.LoadedModel`, that
+    """A Hugging Face folder (config.json + model.safetensors) of a `seqtrain.checkpoint.load.LoadedModel`, that
     transformers.BartForConditionalGeneration.from_pretrained loads."""
-    from safetensors.torch import save as st_save
-
     if not getattr(lm.args, "share_all_embeddings", True):
         raise SeqtrainError(
             "Hugging Face BART shares one embedding; this model has --no-share-all-embeddings"
@@ -374,8 +371,6 @@ def read_generation_config(folder: str) -> tuple[dict[str, Any], Any, str | None
     semantics: (flag dest -> value, the forced first token id (None: none; False: the folder does not say),
     the file they came from). From generation_config.json, else the generation keys of config.json (as
     transformers' GenerationConfig.from_model_config); keys the folder does not set are left out."""
-    import math
-
     path = os.path.join(folder, "generation_config.json")
     if not os.path.isfile(path):
         path = os.path.join(folder, "config.json")

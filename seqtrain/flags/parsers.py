@@ -1,6 +1,6 @@
 """The argparse parsers of the CLIs, assembled from each component's `add_args` (fairseq's flag names).
 
-Precedence, highest first: flags on the command line > `--config FILE` values (seqtrain.config_file) > the
+Precedence, highest first: flags on the command line > `--config FILE` values (seqtrain.flags.config_file) > the
 `--arch` preset > each flag's default. Parsing takes two stages as in fairseq: first the component choices
 (--task, --arch, --criterion, --optimizer, --lr-scheduler) are read, then the chosen components add their own
 flags and the full command line is parsed. The arch preset runs last and only fills model fields still unset (None), so
@@ -19,11 +19,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from seqtrain import fairseq_compat
-from seqtrain.config_file import actions_by_key, apply_config, config_text, load_config
+from seqtrain.data import options as data_options
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
+from seqtrain.flags import fairseq_compat
+from seqtrain.flags.config_file import actions_by_key, apply_config, config_text, load_config
+from seqtrain.flags.generation import add_generation_args
+from seqtrain.flags.preprocess import add_args as add_preprocess_args
+from seqtrain.flags.rouge import add_args as add_rouge_args
 from seqtrain.logging.progress import LOG_FORMATS
+from seqtrain.registry import ARCHS
 
 # The flags that pick a component; their values decide which further flags exist.
 _CHOICE_FLAGS = (("--task",), ("--arch", "-a"), ("--criterion",), ("--optimizer",), ("--lr-scheduler",))
@@ -38,9 +43,9 @@ class ArgumentParser(argparse.ArgumentParser):
     block and exiting, like every other user error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        from seqtrain.fairseq_compat import unrecognized_message
-
-        raise UsageError(f"{unrecognized_message(self.get_default('_stage'), message)} (see --help)")
+        raise UsageError(
+            f"{fairseq_compat.unrecognized_message(self.get_default('_stage'), message)} (see --help)"
+        )
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
         value = super()._get_value(action, arg_string)
@@ -607,7 +612,7 @@ class HelpFormatter(argparse.HelpFormatter):
 
 
 def get_parser(desc: str, default_task: str = "translation") -> argparse.ArgumentParser:
-    from seqtrain.optim import loss_scaler
+    from seqtrain.optim import loss_scaler  # imports torch: parsing stays free of it until a parser needs it
 
     parser = ArgumentParser(description=desc, allow_abbrev=False, formatter_class=HelpFormatter)
     add_common_args(parser)
@@ -621,10 +626,9 @@ def get_parser(desc: str, default_task: str = "translation") -> argparse.Argumen
 def get_training_parser(default_task: str = "translation") -> argparse.ArgumentParser:
     """The seqtrain-train parser before the chosen task/optimizer/scheduler flags (parse_args_and_arch adds
     those once the choices are known)."""
+    # these import torch and register the archs and criteria: only seqtrain-train's parser pays for them
     import seqtrain.criterions as criterions
     import seqtrain.models as models
-    from seqtrain.data import options as data_options
-    from seqtrain.registry import ARCHS
 
     parser = get_parser("Train a sequence-to-sequence model (fairseq-compatible flags).", default_task)
     dataset = data_options.add_dataset_args(parser, train=True)
@@ -641,9 +645,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     )
     _retitle(criterions.add_args(parser), "Criterion")
     add_optimization_args(parser)
-    from seqtrain import eval_rouge
-
-    eval_rouge.add_args(parser, dataset)
+    add_rouge_args(parser, dataset)
     add_checkpoint_args(parser)
     add_distributed_args(parser)
     add_tracking_args(parser)
@@ -655,8 +657,6 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
 
 def _generation_base_parser(default_task: str = "translation") -> argparse.ArgumentParser:
     """The flags seqtrain-generate shares with seqtrain-train (common, dataset, checkpoint, distributed)."""
-    from seqtrain.data import options as data_options
-
     parser = get_parser("Generate with a trained model (fairseq-compatible flags).", default_task)
     _retitle(data_options.add_dataset_args(parser, train=False, gen=True), "Dataset and batching")
     g = parser.add_argument_group("Checkpoint")
@@ -678,8 +678,6 @@ def _generation_base_parser(default_task: str = "translation") -> argparse.Argum
 
 def get_generation_parser(default_task: str = "translation") -> argparse.ArgumentParser:
     """The seqtrain-generate parser before the chosen task's flags (parse_args_and_arch adds those)."""
-    from seqtrain.generation.options import add_generation_args
-
     parser = _generation_base_parser(default_task)
     parser.prog = "seqtrain-generate"
     parser.add_argument(
@@ -809,17 +807,15 @@ def _add_generation_output_args(parser: argparse.ArgumentParser, g: Any) -> None
 
 
 def get_preprocessing_parser() -> argparse.ArgumentParser:
-    from seqtrain.preprocess import add_args
-
     parser = ArgumentParser(
         prog="seqtrain-preprocess",
         description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
     )
-    return add_negations(add_args(parser))
+    return add_negations(add_preprocess_args(parser))
 
 
 def get_convert_parser() -> argparse.ArgumentParser:
-    from seqtrain.formats import FORMATS
+    from seqtrain.checkpoint.formats import FORMATS  # imports torch: only seqtrain-convert's parser needs it
 
     p = ArgumentParser(
         prog="seqtrain-convert",
@@ -865,7 +861,8 @@ def get_score_parser() -> argparse.ArgumentParser:
 
 def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
     """Add the flags of the chosen task / optimizer / lr scheduler."""
-    import seqtrain.tasks  # noqa: F401  (registers tasks)
+    # these import torch and register the tasks, optimizers and schedulers; parsing needs them from here on
+    import seqtrain.tasks  # noqa: F401
     from seqtrain import registry
     from seqtrain.optim import lr_scheduler, optimizers
 
@@ -929,8 +926,6 @@ def _other_cli_flags(stage: str | None, choices: argparse.Namespace) -> dict[str
 
 def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """seqtrain-train's flags, parsed (`argv` defaults to sys.argv[1:]); --user-dir is imported first."""
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     fairseq_compat.import_user_dir_of(argv)
     return parse_args_and_arch(get_training_parser(), argv)
@@ -940,8 +935,6 @@ def parse_generation_args(argv: Sequence[str] | None = None, interactive: bool =
     """seqtrain-generate's (or seqtrain-interactive's) flags, parsed; --config FILE supplies defaults, as in
     seqtrain-train. Flags that do nothing there are refused; `given_flags` lists the dests set on the command
     line or in --config (they win over the generation defaults a model ships)."""
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     fairseq_compat.import_user_dir_of(argv)
     parser = get_interactive_parser() if interactive else get_generation_parser()
@@ -1012,8 +1005,6 @@ def parse_args_and_arch(
         _add_choice_args(parser, "optimizer", first.optimizer)
         _add_choice_args(parser, "lr_scheduler", first.lr_scheduler)
         if first.arch is not None:
-            from seqtrain.registry import ARCHS
-
             if first.arch not in ARCHS:
                 raise SeqtrainError(
                     f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
@@ -1025,8 +1016,6 @@ def parse_args_and_arch(
 
     args = parser.parse_args(argv)
     if stage == "train":
-        from seqtrain.registry import ARCHS
-
         if not args.arch:
             raise SeqtrainError(f"--arch is required; choose from: {', '.join(ARCHS.names())}")
         ARCHS.get(args.arch)(args)  # fills only fields still None: explicit flags and config values win

@@ -21,27 +21,6 @@ from seqtrain.errors import SeqtrainError
 _LINE_BREAKS = re.compile(r"\r\n|[\r\n]")
 
 
-def add_args(group: Any) -> None:
-    group.add_argument(
-        "--jsonl",
-        action="store_true",
-        help="inputs are JSON lines files PREFIX.jsonl (one JSON object per line) instead of PREFIX.SRC / "
-        "PREFIX.TGT line files",
-    )
-    group.add_argument(
-        "--source-key",
-        metavar="KEY",
-        default=None,
-        help="with --jsonl: the key holding the source text (default: --source-lang, e.g. document)",
-    )
-    group.add_argument(
-        "--target-key",
-        metavar="KEY",
-        default=None,
-        help="with --jsonl: the key holding the target text (default: --target-lang, e.g. summary)",
-    )
-
-
 def keys(args: argparse.Namespace, langs: list[str]) -> dict[str, str]:
     """lang -> the JSON key holding its text."""
     given = {args.source_lang: args.source_key, args.target_lang: args.target_key}

@@ -33,7 +33,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from seqtrain import preprocess_jsonl
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from seqtrain.data.tokenizer import (
@@ -43,10 +42,11 @@ from seqtrain.data.tokenizer import (
     save_databin_tokenizer,
     tokenizer_from_args,
 )
-from seqtrain.data.tokenizer import add_args as tokenizer_add_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
-from seqtrain.scratch import work_folder, worker_sigterm_default
+from seqtrain.preprocess import jsonl as preprocess_jsonl
+from seqtrain.preprocess.scratch import work_folder
+from seqtrain.workers import worker_sigterm_default
 
 PERCENTILES = (50, 90, 95, 99)
 # Each file is cut into at least 4 ranges per worker (load balance) and ranges of at most 16 MiB (progress updates).
@@ -56,86 +56,6 @@ _READ_BLOCK = 1 << 20
 # A line holding only whitespace (not newlines) or invisible format characters (zero-width spaces and joiners,
 # word joiners, BOMs, soft hyphens) followed by its newline: an empty example.
 _BLANK_LINE = re.compile(r"^(?:[^\S\n]|[\u00ad\u200b-\u200f\u2060-\u2064\ufeff])*\n", re.MULTILINE)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# flags
-
-
-def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """fairseq-preprocess's flags (same names and defaults) plus the tokenizer's."""
-    g = parser.add_argument_group("Preprocessing")
-    g.add_argument(
-        "-s",
-        "--source-lang",
-        default="source",
-        metavar="SRC",
-        help="source side: input files are PREFIX.SRC (default: source)",
-    )
-    g.add_argument(
-        "-t",
-        "--target-lang",
-        default="target",
-        metavar="TGT",
-        help="target side: input files are PREFIX.TGT (default: target)",
-    )
-    g.add_argument(
-        "--trainpref",
-        metavar="FP",
-        help="train file prefix (also used to build the tokenizer and dictionaries)",
-    )
-    g.add_argument(
-        "--validpref",
-        metavar="FP",
-        help="comma separated valid file prefixes (written as valid, valid1, valid2, ...)",
-    )
-    g.add_argument("--testpref", metavar="FP", help="comma separated test file prefixes (test, test1, ...)")
-    g.add_argument("--destdir", metavar="DIR", default="data-bin", help="destination dir (default: data-bin)")
-    g.add_argument("--only-source", action="store_true", help="only process the source language")
-    g.add_argument("--joined-dictionary", action="store_true", help="one dictionary for source and target")
-    g.add_argument("--srcdict", metavar="FP", help="reuse this source dictionary (fairseq dict.txt)")
-    g.add_argument("--tgtdict", metavar="FP", help="reuse this target dictionary (fairseq dict.txt)")
-    g.add_argument(
-        "--thresholdsrc",
-        metavar="N",
-        default=0,
-        type=int,
-        help="map words appearing less than N times in the source to <unk>",
-    )
-    g.add_argument(
-        "--thresholdtgt",
-        metavar="N",
-        default=0,
-        type=int,
-        help="map words appearing less than N times in the target to <unk>",
-    )
-    g.add_argument("--nwordssrc", metavar="N", default=-1, type=int, help="number of source words to retain")
-    g.add_argument("--nwordstgt", metavar="N", default=-1, type=int, help="number of target words to retain")
-    g.add_argument(
-        "--padding-factor",
-        metavar="N",
-        default=8,
-        type=int,
-        help="pad dictionary size to be a multiple of N (default: 8)",
-    )
-    g.add_argument(
-        "--workers", metavar="N", default=1, type=int, help="number of parallel workers (default: 1)"
-    )
-    g.add_argument(
-        "--dict-only", action="store_true", help="only build the tokenizer and dictionaries, then exit"
-    )
-    g.add_argument(
-        "--dataset-impl",
-        default="mmap",
-        choices=["mmap"],
-        help="output format; only fairseq's mmap format is written (accepted for fairseq command lines)",
-    )
-    preprocess_jsonl.add_args(g)
-    g.add_argument("--no-progress-bar", action="store_true", help="disable the progress bar")
-    g.add_argument("--debug", action="store_true", help="show a traceback on errors")
-
-    tokenizer_add_args(parser)
-    return parser
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -152,7 +72,7 @@ class SplitInput:
     paths: dict[str, str] = field(default_factory=dict)  # lang -> input file
     n_lines: int = 0
     jsonl_path: str = (
-        ""  # with --jsonl: PREFIX.jsonl, whose values become `paths` (seqtrain.preprocess_jsonl)
+        ""  # with --jsonl: PREFIX.jsonl, whose values become `paths` (seqtrain.preprocess.jsonl)
     )
 
 
@@ -233,7 +153,7 @@ def collect_inputs(args: argparse.Namespace) -> list[SplitInput]:
 
 def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
     """Every file exists, is valid UTF-8, has no empty line; source and target line counts agree. (JSON lines
-    inputs are checked as they are read, by seqtrain.preprocess_jsonl.)"""
+    inputs are checked as they are read, by seqtrain.preprocess.jsonl.)"""
     if args.jsonl:
         for s in splits:
             if not os.path.isfile(s.jsonl_path):

@@ -1,9 +1,10 @@
-"""Checkpoint files and the seqtrain format: atomic save, safe load, and seqtrain's own checkpoint dict.
+"""Checkpoint files: atomic save, safe load, and the one shape every format's reader ends in.
 
-Every reader (this module's for seqtrain files, `seqtrain.formats.fairseq`, `seqtrain.formats.hf`) ends in one
-shape, `CheckpointContents`: model args with fairseq's names, a state dict with fairseq's parameter names
-(seqtrain's names are fairseq's), and the dictionaries when known. `seqtrain.formats.read_checkpoint` reads
-any of them; `seqtrain.hub` builds models from the contents.
+Every reader (`seqtrain.checkpoint.native` for seqtrain's own files, `seqtrain.checkpoint.fairseq`,
+`seqtrain.checkpoint.hf`) ends in `CheckpointContents`: model args with fairseq's names, a state dict with
+fairseq's parameter names (seqtrain's names are fairseq's), and the dictionaries when known.
+`seqtrain.checkpoint.formats.read_checkpoint` reads any of them; `seqtrain.checkpoint.load` builds models from
+the contents.
 
 Loading is safe by default: `torch.load(weights_only=True)` with an allowlist of the few classes that our own
 and fairseq's checkpoints legitimately pickle (argparse.Namespace, numpy scalars). Anything else needs
@@ -21,13 +22,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
 
-logger = logging.getLogger(__name__)
-
-FORMAT_VERSION = 1
+logger = logging.getLogger("seqtrain.checkpoint")
 
 
 def _numpy_safe_globals() -> list:
@@ -147,50 +145,6 @@ class CheckpointContents:
     notes: list[str] = field(default_factory=list)  # what was dropped or adjusted while reading
 
 
-def make_checkpoint_state(
-    args: argparse.Namespace | dict,
-    model_state: dict[str, torch.Tensor],
-    src_dict: Any = None,
-    tgt_dict: Any = None,
-    tokenizer: dict | None = None,
-    optimizer: Any = None,
-    lr_scheduler: Any = None,
-    loss_scaler: Any = None,
-    extra_state: dict | None = None,
-) -> dict[str, Any]:
-    """The seqtrain checkpoint dict (docs/design.md), plain data only so weights_only loading accepts
-    it."""
-    return {
-        "format": "seqtrain",
-        "version": FORMAT_VERSION,
-        "args": plain_args(args),
-        "model": model_state,
-        "src_dict": src_dict.to_list() if src_dict is not None else None,
-        "tgt_dict": tgt_dict.to_list() if tgt_dict is not None else None,
-        "tokenizer": tokenizer,
-        "optimizer": optimizer,
-        "lr_scheduler": lr_scheduler,
-        "loss_scaler": loss_scaler,
-        "extra_state": extra_state or {},
-    }
-
-
-def plain_args(args: argparse.Namespace | dict) -> dict[str, Any]:
-    """Args as a dict of plain values (anything exotic becomes its str), safe for weights_only loading."""
-    items = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
-
-    def plain(v: Any) -> Any:
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return v
-        if isinstance(v, (list, tuple)):
-            return type(v)(plain(x) for x in v)
-        if isinstance(v, dict):
-            return {str(k): plain(x) for k, x in v.items()}
-        return str(v)
-
-    return {k: plain(v) for k, v in items.items() if not k.startswith("_")}
-
-
 def strip_wrapper_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     # DDP ("module.") and torch.compile ("_orig_mod.") wrappers leak into names when saved without unwrapping
     for prefix in ("module.", "_orig_mod."):
@@ -199,42 +153,7 @@ def strip_wrapper_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return state
 
 
-def read_seqtrain(path: str, obj: dict) -> CheckpointContents:
-    """The contents of a loaded seqtrain checkpoint dict (its version and required keys checked)."""
-    version = obj.get("version", 1)
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise SeqtrainError(
-            f"{path} has seqtrain checkpoint version {version}; this seqtrain reads up to {FORMAT_VERSION}"
-        )
-    for key in ("args", "model"):
-        if not isinstance(obj.get(key), dict):
-            raise SeqtrainError(f"{path}: seqtrain checkpoint without {key!r}")
-    try:
-        src = Dictionary.from_list(obj["src_dict"]) if obj.get("src_dict") is not None else None
-        tgt = Dictionary.from_list(obj["tgt_dict"]) if obj.get("tgt_dict") is not None else src
-    except (TypeError, ValueError, IndexError, KeyError) as e:
-        raise SeqtrainError(f"{path}: malformed dictionary data ({type(e).__name__}: {e})") from None
-    return CheckpointContents(
-        path=path,
-        format="seqtrain",
-        args=argparse.Namespace(**obj["args"]),
-        model=strip_wrapper_prefix(dict(obj["model"])),
-        src_dict=src,
-        tgt_dict=tgt,
-        tokenizer=obj.get("tokenizer"),
-        state=obj,
-    )
-
-
 def cpu_state(model_or_state: torch.nn.Module | dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A model's (or a state dict's) tensors, detached and on CPU, ready to save."""
     state = model_or_state.state_dict() if isinstance(model_or_state, torch.nn.Module) else model_or_state
     return {k: v.detach().cpu() for k, v in state.items()}
-
-
-def export_seqtrain(lm: Any, path: str) -> None:
-    """A seqtrain checkpoint of a `seqtrain.hub.LoadedModel` (model, args, dictionaries as plain lists,
-    tokenizer spec); no training state."""
-    spec = lm.tokenizer_spec or (lm.tokenizer.spec() if lm.tokenizer is not None else None)
-    state = make_checkpoint_state(lm.args, cpu_state(lm.model), lm.src_dict, lm.tgt_dict, spec)
-    save_checkpoint_file(state, path)

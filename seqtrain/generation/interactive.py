@@ -15,21 +15,17 @@ import sys
 import time
 from typing import TextIO
 
-import torch
-
 from seqtrain.errors import SeqtrainError
-from seqtrain.generate import apply_model_defaults
 from seqtrain.generation import runner
 from seqtrain.generation.output import fairseq_lines
+from seqtrain.generation.sequence_generator import build_generator
+from seqtrain.logging import setup_logging
 
 logger = logging.getLogger("seqtrain.interactive")
 
 
 def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None) -> int:
     """Answer the lines of `inp` (stdin, or --input FILE) on `out` (stdout); returns the number of lines."""
-    from seqtrain.generation.sequence_generator import build_generator
-    from seqtrain.logging import setup_logging
-
     out = out or sys.stdout
     if args.buffer_size < 1:
         raise SeqtrainError(f"--buffer-size must be >= 1, got {args.buffer_size}")
@@ -54,21 +50,7 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
             raise SeqtrainError(f"--input {args.input}: cannot read ({e.strerror})") from None
     inp = inp or sys.stdin
     try:
-        use_cuda = torch.cuda.is_available() and not args.cpu
-        if args.fp16 and not use_cuda:
-            raise SeqtrainError("--fp16 needs a CUDA device (use --bf16, or fp32, on the CPU)")
-        torch.manual_seed(args.seed)
-        loaded = runner.load_for_generation(
-            args.path,
-            args.data,
-            args.source_lang,
-            args.target_lang,
-            runner.parse_overrides(args.model_overrides),
-            args.unsafe_load,
-        )
-        dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
-        runner.cast(loaded, "cuda" if use_cuda else "cpu", dtype, cudnn_attention=args.cudnn_attention)
-        apply_model_defaults(loaded, args, set(getattr(args, "given_flags", ())))
+        loaded = runner.load_from_flags(args)
         generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
         if inp.isatty():
             logger.info(
@@ -83,7 +65,9 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
             handler.close()
 
 
-def _loop(args: argparse.Namespace, loaded: runner.Loaded, generator, inp: TextIO, out: TextIO) -> int:
+def _loop(
+    args: argparse.Namespace, loaded: runner.GenerationModel, generator, inp: TextIO, out: TextIO
+) -> int:
     start, n_tok, t0 = 0, 0, time.perf_counter()
     buffer: list[str] = []
     lineno = 0

@@ -22,7 +22,7 @@ from types import FrameType
 
 from seqtrain.errors import SeqtrainError
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("seqtrain.scratch")  # the name log lines have always shown
 
 
 def _pattern(tag: str) -> re.Pattern:
@@ -52,15 +52,6 @@ def remove_stale(folder: str, tag: str) -> list[str]:
             logger.warning(f"removed {path}, left by a run that was killed")
             removed.append(path)
     return removed
-
-
-def worker_sigterm_default() -> None:
-    """multiprocessing.Pool initializer: SIGTERM ends the worker at once (the default action). Pool.terminate
-    (and leaving a `with Pool(...)` block) ends workers with SIGTERM; a worker forked inside `work_folder`
-    would inherit its Python-level handler, which runs only between bytecodes and can be swallowed (raised
-    inside a __del__), and a worker that lives on keeps the pool's join waiting for ever. A worker owns nothing
-    to clean up."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:

@@ -1,6 +1,6 @@
-"""Build and load a BART model from any supported checkpoint (writing one: `seqtrain.formats.EXPORTERS`).
+"""Build and load a BART model from any supported checkpoint (writing one: `seqtrain.checkpoint.formats.EXPORTERS`).
 
-    >>> from seqtrain.hub import load_model
+    >>> from seqtrain.checkpoint.load import load_model
     >>> lm = load_model("checkpoints/checkpoint_best.pt")                      # seqtrain
     >>> lm = load_model("bart.base/model.pt", dict_path="bart.base/dict.txt")  # fairseq
     >>> lm = load_model("hf-bart-folder/")  # Hugging Face (config.json + weights)
@@ -23,12 +23,14 @@ from typing import Any
 import torch
 import torch.nn.init
 
-from seqtrain.checkpoint import CheckpointContents
+from seqtrain.checkpoint.files import CheckpointContents
+from seqtrain.checkpoint.formats import read_checkpoint
+from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
-from seqtrain.formats import read_checkpoint
+from seqtrain.models.bart import build_model
 from seqtrain.models.resize import EMBEDDING_KEYS, check_state_fits, fit_positions, resize_embeddings
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("seqtrain.hub")  # the name log lines have always shown
 
 
 @dataclass
@@ -79,8 +81,6 @@ def build_from_contents(
 ) -> torch.nn.Module:
     """Build the model `ck.args` describes for `ck`'s dictionaries and load its weights (resized to fit). The
     model is built without drawing initial weights: the strict load below sets every one of them."""
-    from seqtrain.models.bart import build_model
-
     for k, v in (arch_overrides or {}).items():
         setattr(ck.args, k, v)
     with _weights_left_uninitialized():
@@ -133,8 +133,6 @@ def model_from_contents(
     model = build_from_contents(ck, arch_overrides).to(device).eval()
     tokenizer = None
     if ck.tokenizer:
-        from seqtrain.data.tokenizer import build_tokenizer
-
         try:
             tokenizer = build_tokenizer(ck.tokenizer)
         except (TypeError, ValueError, KeyError, AttributeError) as e:

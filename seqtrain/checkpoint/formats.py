@@ -1,5 +1,5 @@
 """Checkpoint formats: tell which one a file or folder is, read any of them into `CheckpointContents`, and the
-exporter of each (`EXPORTERS`). seqtrain's own format lives in `seqtrain.checkpoint`; fairseq's and Hugging
+exporter of each (`EXPORTERS`). seqtrain's own format lives in `seqtrain.checkpoint.native`; fairseq's and Hugging
 Face's in the modules beside this one."""
 
 from __future__ import annotations
@@ -9,11 +9,12 @@ from typing import Any
 
 import torch
 
-from seqtrain.checkpoint import CheckpointContents, export_seqtrain, load_checkpoint_file, read_seqtrain
-from seqtrain.checkpoint_checks import check_contents
+from seqtrain.checkpoint.checks import check_contents
+from seqtrain.checkpoint.fairseq import export_fairseq, find_dictionaries, read_fairseq
+from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
+from seqtrain.checkpoint.hf import export_hf, read_hf
+from seqtrain.checkpoint.native import export_seqtrain, read_seqtrain
 from seqtrain.errors import SeqtrainError
-from seqtrain.formats.fairseq import export_fairseq, find_dictionaries, read_fairseq
-from seqtrain.formats.hf import export_hf, read_hf
 
 FORMATS = ("seqtrain", "fairseq", "hf")
 EXPORTERS = {"seqtrain": export_seqtrain, "fairseq": export_fairseq, "hf": export_hf}

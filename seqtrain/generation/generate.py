@@ -12,6 +12,7 @@ fairseq-generate's batch order (`--output-format fairseq`, the default for a dat
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -20,10 +21,21 @@ from typing import Any, TextIO
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
+from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import runner
-from seqtrain.generation.output import Progress, check_file_writable, check_folder_writable, fairseq_lines
+from seqtrain.generation.output import (
+    Progress,
+    check_file_writable,
+    check_folder_writable,
+    fairseq_lines,
+    write_files,
+)
+from seqtrain.generation.sequence_generator import build_generator
+from seqtrain.logging import setup_logging
+from seqtrain.scoring.rouge import format_summary, score_pairs
 
 logger = logging.getLogger("seqtrain.generate")
 
@@ -54,26 +66,6 @@ def read_text(path: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def apply_model_defaults(loaded: runner.Loaded, args: argparse.Namespace, given: set[str]) -> None:
-    """Take the generation defaults the model ships (a Hugging Face generation_config.json) for every flag not
-    given on the command line or in --config; one log line says which were taken."""
-    if loaded.defaults_from is None:
-        return
-    taken, kept = [], []
-    for dest, value in loaded.defaults.items():
-        flag = "--" + dest.replace("_", "-")
-        if dest in given:
-            kept.append(flag)
-            continue
-        setattr(args, dest, value)
-        taken.append(flag if value is True else f"{flag} {value}")
-    bos = "none" if loaded.force_bos is None else loaded.force_bos
-    logger.info(
-        f"{loaded.defaults_from}: generation defaults taken: {', '.join(taken) or 'none'}; forced first token: "
-        f"{bos}" + (f"; given flags kept: {', '.join(kept)}" if kept else "")
-    )
-
-
 def _check_args(args: argparse.Namespace) -> None:
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
@@ -97,7 +89,7 @@ def _check_args(args: argparse.Namespace) -> None:
         check_file_writable(args.output, "--output")
 
 
-def _dataset(args: argparse.Namespace, loaded: runner.Loaded):
+def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):
     """The dataset to generate for, its raw source sizes, and reference texts (--reference) or None."""
     truncate = bool(args.truncate_source) or not args.skip_invalid_size_inputs_valid_test
     if args.input is not None:
@@ -109,7 +101,6 @@ def _dataset(args: argparse.Namespace, loaded: runner.Loaded):
             )
         src = runner.encode(loaded, lines)
         return runner.text_dataset(loaded, src, truncate), np.array([len(s) for s in src]), refs
-    from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 
     if args.data is None:
         raise SeqtrainError("DATA: give a data-bin folder, or raw text with --input")
@@ -147,11 +138,9 @@ def _world() -> tuple[int, int]:
 
 
 def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
-    """Generate with the parsed flags (seqtrain.options.parse_generation_args), writing to `out` (stdout) or
+    """Generate with the parsed flags (seqtrain.flags.parsers.parse_generation_args), writing to `out` (stdout) or
     --output. Returns (on rank 0; {} on other ranks) {"hypotheses": best per example in input order,
     "references", "rouge", "n", "lines": the fairseq lines in batch order}."""
-    from seqtrain.logging import setup_logging
-
     _check_args(args)
     try:
         handler = setup_logging(sys.stderr, log_file=args.log_file)
@@ -160,8 +149,6 @@ def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, A
     rank, world = _world()
     try:
         if world > 1:
-            import torch.distributed as dist
-
             if rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)
             use_cuda = torch.cuda.is_available() and not args.cpu
@@ -180,28 +167,7 @@ def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, A
 
 
 def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> dict[str, Any]:
-    from seqtrain.generation.sequence_generator import build_generator
-
-    use_cuda = torch.cuda.is_available() and not args.cpu
-    if args.fp16 and not use_cuda:
-        raise SeqtrainError("--fp16 needs a CUDA device (use --bf16, or fp32, on the CPU)")
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    torch.manual_seed(args.seed)
-    loaded = runner.load_for_generation(
-        args.path,
-        args.data,
-        args.source_lang,
-        args.target_lang,
-        runner.parse_overrides(args.model_overrides),
-        args.unsafe_load,
-    )
-    runner.cast(
-        loaded,
-        device,
-        torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None,
-        cudnn_attention=args.cudnn_attention,
-    )
-    apply_model_defaults(loaded, args, set(getattr(args, "given_flags", ())))
+    loaded = runner.load_from_flags(args)
     max_src, max_tgt = loaded.model.max_positions()
     max_src, max_tgt = min(max_src, args.max_source_positions), min(max_tgt, args.max_target_positions)
     if args.min_len > max_tgt - 1:
@@ -242,8 +208,6 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
     finally:
         progress.close()
     if world > 1:
-        import torch.distributed as dist
-
         gathered: list[Any] = [None] * world if rank == 0 else []
         dist.gather_object(results, gathered if rank == 0 else None, dst=0)
         if rank != 0:
@@ -256,7 +220,7 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
 def _write(
     args: argparse.Namespace,
     out: TextIO,
-    loaded: runner.Loaded,
+    loaded: runner.GenerationModel,
     results: dict[int, tuple],
     order: np.ndarray,
     lo: int,
@@ -265,8 +229,6 @@ def _write(
     elapsed: float,
 ) -> dict[str, Any]:
     """Write the output (text or fairseq lines) and the result files of examples lo..hi-1, all at the end."""
-    from seqtrain.generation.output import write_files
-
     lines = [line for sid in order.tolist() for line in results[sid][0]]
     hyps = [results[i][1][0] if i in results else "" for i in range(lo, hi)]
     if refs is None and args.input is None and any(r[2] is not None for r in results.values()):
@@ -291,7 +253,6 @@ def _write(
             raise SeqtrainError(
                 "--scoring rouge: no references (the split has no target side; with --input give --reference FILE)"
             )
-        from seqtrain.scoring.rouge import format_summary, score_pairs
 
         rouge = score_pairs(hyps, refs)
         line = f"Generate {split} with beam={args.beam}: {format_summary(rouge)}"
@@ -305,7 +266,6 @@ def _write(
     if args.output:
         files[args.output] = "".join(x + "\n" for x in body)
     if args.results_path:
-        import json
 
         def path(name: str) -> str:
             return os.path.join(args.results_path, f"{name}-{split}")

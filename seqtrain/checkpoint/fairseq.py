@@ -9,9 +9,16 @@ from typing import Any
 
 import torch
 
-from seqtrain.checkpoint import CheckpointContents, cpu_state, save_checkpoint_file, strip_wrapper_prefix
+import seqtrain.models.bart  # noqa: F401  (registers the bart_* archs in ARCHS)
+from seqtrain.checkpoint.files import (
+    CheckpointContents,
+    cpu_state,
+    save_checkpoint_file,
+    strip_wrapper_prefix,
+)
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
+from seqtrain.registry import ARCHS
 
 # Model fields copied from a fairseq checkpoint's args; the arch preset's own fields are added to these at
 # runtime.
@@ -76,9 +83,6 @@ FAIRSEQ_REQUIRED = (
 def _model_arg_names() -> set:
     names = set(MODEL_ARG_NAMES)
     try:
-        import seqtrain.models.bart  # noqa: F401  (registers the presets)
-        from seqtrain.registry import ARCHS
-
         for arch in ARCHS.names():
             ns = argparse.Namespace()
             ARCHS.get(arch)(ns)
@@ -131,7 +135,6 @@ def fairseq_args(path: str, obj: dict) -> argparse.Namespace:
             )
     keep = _model_arg_names()
     args = argparse.Namespace(**{k: v for k, v in raw.items() if k in keep})
-    from seqtrain.registry import ARCHS
 
     if arch not in ARCHS:  # e.g. a fairseq-only bart_* variant: its explicit fields still describe it fully
         args.arch = "bart_large"
@@ -331,7 +334,7 @@ def _training_history(args: argparse.Namespace, source: dict | None) -> tuple[di
 
 
 def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | None = None) -> None:
-    """A fairseq 0.12 checkpoint of a `seqtrain.hub.LoadedModel` that fairseq-generate and fairseq-train
+    """A fairseq 0.12 checkpoint of a `seqtrain.checkpoint.load.LoadedModel` that fairseq-generate and fairseq-train
     (--restore-file, --finetune-from-model) load: `args` (see export_args), `model` with fairseq's names and
     version entries, a one-entry `optimizer_history` (criterion and optimizer class names, lr scheduler
     state, update count of `source`, the converted checkpoint's dict), no optimizer state; plus dict.txt next

@@ -30,13 +30,13 @@ from collections.abc import Callable
 from typing import Any
 
 from seqtrain import distributed
-from seqtrain.checkpoint import CheckpointContents, load_checkpoint_file
+from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
+from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
 from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, fsync_dir
-from seqtrain.formats import read_checkpoint, read_loaded
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("seqtrain.train_checkpoints")  # the name log lines have always shown
 
 
 def checkpoint_paths(folder: str, pattern: str) -> list[str]:
@@ -70,7 +70,7 @@ def link_or_copy(src: str, dst: str) -> None:
 
 
 # Temporary names of interrupted writes: atomic_write's ".NAME.XXXX.tmp" and link_or_copy's ".NAME.XXXX.link"
-# (and the --save-dir write probe of prepare_save_dir, the lock record of seqtrain.savedir_lock, config.yaml's).
+# (and the --save-dir write probe of prepare_save_dir, the lock record of seqtrain.train.savedir_lock, config.yaml's).
 _PARTIAL_WRITE = re.compile(
     r"\.(checkpoint[^/]*\.pt\.[A-Za-z0-9_]+\.(tmp|link)|write-test\.[A-Za-z0-9_]+"
     r"|seqtrain\.lock\.[0-9a-f]+\.tmp|config\.yaml\.[A-Za-z0-9_]+\.tmp)"
@@ -118,7 +118,7 @@ class CheckpointManager:
     resume from, and --patience."""
 
     def __init__(self, args: argparse.Namespace, config_text: str | None = None):
-        """`config_text`: the run's resolved flags (seqtrain.options.resolved_train_config), written to
+        """`config_text`: the run's resolved flags (seqtrain.flags.parsers.resolved_train_config), written to
         SAVE_DIR/config.yaml with the run's first checkpoint."""
         self.cfg = from_args(CheckpointConfig, args)
         self.config_text = config_text

@@ -1,0 +1,90 @@
+"""The --eval-rouge flags of seqtrain-train, and the generation settings --eval-rouge-args describes.
+
+--eval-rouge-args takes JSON with generation flag names as keys ('{"beam": 4, "max_len_b": 30}') or the flags
+themselves ('--beam 4 --max-len-b 30'); unset ones keep seqtrain-generate's defaults, and the result is checked
+as seqtrain-generate checks its flags. The validation itself is `seqtrain.train.rouge_validation`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from typing import Any
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.flags.generation import add_generation_args, check_generation_args
+
+
+def add_args(parser: argparse.ArgumentParser, group: Any = None) -> Any:
+    """The --eval-rouge flags, into `group` (seqtrain-train: the validation flags' group) or a new group."""
+    group = group if group is not None else parser.add_argument_group("Validation with generation (ROUGE)")
+    group.add_argument(
+        "--eval-rouge",
+        action="store_true",
+        help="generate for the validation subsets and log ROUGE (rouge1, rouge2, rouge_l, rouge_lsum, "
+        "F1 x 100); pick checkpoints with --best-checkpoint-metric rouge_l "
+        "--maximize-best-checkpoint-metric",
+    )
+    group.add_argument(
+        "--eval-rouge-args",
+        default="{}",
+        metavar="JSON_OR_FLAGS",
+        help='generation settings for --eval-rouge: JSON (\'{"beam": 4, "max_len_b": 30}\') or '
+        "seqtrain-generate flags ('--beam 4 --max-len-b 30') (default: generate's defaults)",
+    )
+    group.add_argument(
+        "--eval-rouge-print-samples",
+        action="store_true",
+        help="log the first hypothesis and reference of every validation batch",
+    )
+    return group
+
+
+def _generation_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="--eval-rouge-args", add_help=False, allow_abbrev=False)
+    add_generation_args(parser)
+    return parser
+
+
+def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
+    """The generation settings --eval-rouge-args describes (JSON object or flags), on top of the defaults."""
+    parser = _generation_parser()
+    text = (text or "").strip()
+    if text.startswith("{") or not text:
+        try:
+            values = json.loads(text or "{}")
+        except ValueError as e:
+            raise SeqtrainError(f"--eval-rouge-args: not valid JSON ({e})") from None
+        if not isinstance(values, dict):
+            raise SeqtrainError("--eval-rouge-args: expected a JSON object")
+        args = parser.parse_args([])
+        known = vars(args)
+        for key, value in values.items():
+            dest = str(key).lstrip("-").replace("-", "_")
+            if dest not in known:
+                raise SeqtrainError(
+                    f"--eval-rouge-args: unknown generation setting {key!r}; choose from: "
+                    f"{', '.join(sorted(known))}"
+                )
+            default = known[dest]
+            if isinstance(default, bool) and not isinstance(value, bool):
+                raise SeqtrainError(f"--eval-rouge-args: {key} must be true or false, got {value!r}")
+            if isinstance(default, (int, float)) and not isinstance(default, bool):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise SeqtrainError(f"--eval-rouge-args: {key} must be a number, got {value!r}")
+                value = type(default)(value)
+            setattr(args, dest, value)
+    else:
+        try:
+            args, rest = parser.parse_known_args(shlex.split(text))
+        except SystemExit:  # argparse already printed why
+            raise SeqtrainError(f"--eval-rouge-args: cannot parse {text!r}") from None
+        if rest:
+            raise SeqtrainError(f"--eval-rouge-args: unknown generation flags {' '.join(rest)}")
+    args.seed = seed
+    try:
+        check_generation_args(args)
+    except SeqtrainError as e:
+        raise SeqtrainError(f"--eval-rouge-args: {e}") from None
+    return args
