@@ -283,7 +283,7 @@ def seqtrain_decode(model: BARTModel, batch: list[list[int]], s: Settings, d: Di
 def fairseq_forced_eos(max_length: int, eos: int = EOS) -> Any:
     """A transformers LogitsProcessor forcing EOS at `max_length` the way fairseq does: every other token gets
     -inf and EOS keeps its log-prob (HF's forced_eos_token_id would give it 0). Also used by
-    tests/test_sequence_generator.py."""
+    tests/unit/generation/test_sequence_generator.py."""
     import transformers
 
     class ForceEosKeepScore(transformers.LogitsProcessor):

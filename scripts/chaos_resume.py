@@ -15,7 +15,7 @@ parameters, optimizer state, lr scheduler, update count, data position and best 
 (torch.equal, i.e. bitwise).
 
 Prints one line per kill and a summary "N of M resumes ended bitwise equal"; exits 1 on any difference.
-tests/test_chaos_resume.py loads this file and runs a short version.
+tests/e2e/test_kill_anywhere.py loads this file and runs a short version.
 """
 
 from __future__ import annotations

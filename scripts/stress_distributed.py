@@ -4,7 +4,7 @@
     .venv/bin/python scripts/stress_distributed.py --runs 50                 # idle machine
     .venv/bin/python scripts/stress_distributed.py --runs 50 --load 2        # two busy loops beside it
 
-Each run is one pytest process over --tests (default tests/test_distributed.py). A run fails when pytest
+Each run is one pytest process over --tests (default tests/e2e/test_distributed.py). A run fails when pytest
 fails or when its output shows a process that ended abnormally at teardown (SIGABRT, "terminate called",
 a core dump), even if pytest itself passed. --load N starts N busy processes (plain Python loops at normal
 priority) for the whole session. Prints one line per run and a table at the end; --log FILE appends the
@@ -32,7 +32,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--load", type=int, default=0, help="busy processes to run beside the tests")
-    p.add_argument("--tests", nargs="+", default=["tests/test_distributed.py"])
+    p.add_argument("--tests", nargs="+", default=["tests/e2e/test_distributed.py"])
     p.add_argument("--keep-going", action="store_true", help="do not stop at the first failed run")
     p.add_argument("--log", default=None, help="append the summary table to this file")
     args = p.parse_args()

@@ -242,7 +242,7 @@ class _FFN(torch.autograd.Function):
     fp64), and keeps the casts for the backward pass, as autograd keeps a Linear's cast weight: the backward pass
     casts nothing again (three casts a layer fewer, each a kernel launch on a GPU) and holds x in the low
     precision (half the bytes). Autograd casts the gradients back to the inputs' dtypes. The arithmetic is
-    autocast's own, so outputs and gradients equal plain autograd's bit for bit (tests/test_model.py)."""
+    autocast's own, so outputs and gradients equal plain autograd's bit for bit (tests/unit/models/test_bart.py)."""
 
     @staticmethod
     def forward(

@@ -20,8 +20,8 @@ CPU; batches arrive pinned and are copied with `non_blocking`), and one per upda
 the gradient norm and every logged figure (summed over the update's batches, and over ranks in one all-reduce,
 all on the device) come back to the host in one transfer, which the fp16 overflow check, the divergence check,
 a zero-sized update and the meters need before the optimizer step. With several ranks the training loop adds
-one more per update (seqtrain.train.loop: the stop decisions, agreed in one all-reduce). tests/test_sync_free.py
-counts them.
+one more per update (seqtrain.train.loop: the stop decisions, agreed in one all-reduce).
+tests/unit/train/test_sync_free.py counts them.
 
 Why one module: the update step, its numerics (loss scaling, clipping, the NaN/inf checks) and the
 state a checkpoint stores must change together; they are one contract.

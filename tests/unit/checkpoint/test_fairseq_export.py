@@ -171,7 +171,7 @@ def convert(*argv: str) -> int:
 def test_trained_checkpoint_exports_loadable(tmp_path):
     """A checkpoint as seqtrain-train writes it (every training arg, training state) -> a loadable export that
     carries the update count, data position and best loss over."""
-    from tests.test_convert import make_dict
+    from tests.unit.checkpoint.test_convert import make_dict
 
     argv = [
         str(tmp_path),

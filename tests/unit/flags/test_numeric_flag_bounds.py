@@ -102,7 +102,7 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
     def scan(parser: argparse.ArgumentParser, cli: str, extra: tuple[str, ...] = ()) -> None:
         for a in parser._actions:
             if cli == "generate" and a.option_strings and a.option_strings[-1] in parsers.GENERATION_REFUSED:
-                continue  # refused by name before any value is read (tests/test_generate_output.py)
+                continue  # refused by name before any value is read (tests/e2e/test_generate_output.py)
             if _numeric(a):
                 found.setdefault((cli, a.option_strings[-1]), extra)
 

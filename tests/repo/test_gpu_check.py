@@ -3,12 +3,13 @@ its figures to $OUT/gpu_check.json and a table to $OUT/gpu_check.md."""
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 STAGES = [
     "env",
     "cuda_tests",

@@ -158,7 +158,7 @@ def test_generation_config_gives_the_defaults_as_transformers_reads_them(tmp_pat
     assert s.generation_defaults == dict(beam=3, lenpen=2.0, min_len=3, max_len_b=7, no_repeat_ngram_size=2)
     texts = ["abc hgf ed", "a b c d e f g h", "hhh", "fed cba gg hh", "bad cafe"]
     mine = s.summarize(texts)
-    from tests.reference_beam_search import fairseq_forced_eos
+    from tests.unit.generation.reference_beam_search import fairseq_forced_eos
 
     class ForceBosKeepScore(transformers.LogitsProcessor):  # fairseq's forced prefix: <s> keeps its log-prob
         def __call__(self, input_ids, scores):

@@ -13,7 +13,7 @@ from seqtrain.generation.ngram import NGramRepeatBlocker, has_repeated_ngram
 from seqtrain.generation.search import Sampling
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
 from seqtrain.models.bart import BartConfig, BARTModel
-from tests.reference_beam_search import fairseq_forced_eos, reference_beam_search
+from tests.unit.generation.reference_beam_search import fairseq_forced_eos, reference_beam_search
 
 PAD, EOS, UNK, V = 1, 2, 3, 24
 

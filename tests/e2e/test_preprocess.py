@@ -1,5 +1,6 @@
 import json
 import os
+import pathlib
 import subprocess
 import sys
 from collections import Counter
@@ -13,7 +14,7 @@ from seqtrain.data.tokenizer import load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain_cli.preprocess import preprocess_main as main
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = str(pathlib.Path(__file__).resolve().parents[2])
 
 
 def write_pair(folder, prefix, src_lines, tgt_lines, src="source", tgt="target"):

@@ -63,7 +63,7 @@ def _layer(name: str) -> int:
         for p in prefixes:
             if (name == p or name.startswith(p + ".")) and len(p) > best:
                 best, found = len(p), i
-    assert found is not None, f"{name} belongs to no layer of tests/test_layout.py's LAYERS"
+    assert found is not None, f"{name} belongs to no layer of tests/repo/test_layout.py's LAYERS"
     return found
 
 

@@ -2,12 +2,13 @@
 (lines as fairseq 0.12 and seqtrain-train print them)."""
 
 import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import bench_fairseq  # noqa: E402

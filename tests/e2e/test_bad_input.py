@@ -468,7 +468,7 @@ def pre(*extra: str, prefix: str = "{raw}/train") -> list:
 
 # Round two (issue 17): numeric flags out of range, OS errors, data and checkpoints that claim what they do not
 # hold. Every numeric flag of every CLI is also tried with NaN, inf, a negative, zero and a huge value by
-# tests/test_bad_flags_grid.py.
+# tests/unit/flags/test_numeric_flag_bounds.py.
 CASES += [
     # ---- seqtrain-train: numbers
     ("train-lr-inf", "train", train("--lr", "inf"), "argument --lr: must be a finite number, got inf"),

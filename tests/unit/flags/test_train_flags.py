@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
+import pathlib
 import subprocess
 import sys
 
@@ -182,7 +182,7 @@ def test_missing_config_file(tmp_path):
 
 @pytest.mark.slow
 def test_help_groups_in_order():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(pathlib.Path(__file__).resolve().parents[3])
     out = subprocess.run(
         [sys.executable, "-m", "seqtrain_cli.train", "--help"],
         capture_output=True,

@@ -4,13 +4,14 @@ skips the other's keys, flags override the file, and keys that belong to neither
 from __future__ import annotations
 
 import os
+import pathlib
 
 import pytest
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsers
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 CONFIGS = os.path.join(ROOT, "configs")
 
 

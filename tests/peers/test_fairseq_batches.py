@@ -20,7 +20,7 @@ from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.errors import SeqtrainError
 from seqtrain.tasks.translation import TranslationTask
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]  # the repository root
 FIXTURE = REPO.parent / "shared" / "fixtures" / "fairseq-batches"
 SETTINGS = json.loads((FIXTURE / "settings.json").read_text())["settings"] if FIXTURE.is_dir() else {}
 MAX_POSITIONS = (1024, 1024)  # the bart_base model's, as in the fixture's runs

@@ -15,7 +15,7 @@ import torch
 
 from seqtrain.data import iterators
 from seqtrain.data.iterators import EpochBatchIterator, spare_data_workers
-from tests.test_sync_free import batches, build_trainer, databin  # noqa: F401 (databin: a fixture)
+from tests.unit.train.test_sync_free import batches, build_trainer, databin  # noqa: F401 (databin: a fixture)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="needs fork and /proc (Linux)")
 
