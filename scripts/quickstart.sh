@@ -57,7 +57,7 @@ seqtrain-generate "$work/data-bin" --config configs/debdesc_small.yaml --path "$
   --gen-subset test --batch-size 64 --scoring rouge --quiet --results-path "$work/gen" | tee "$work/generate.txt"
 
 stage "5/5 compare with the lead baseline (first sentence of the description, cut to 12 words)"
-python scripts/lead_baseline.py data/debdesc-sample/test --hypotheses "$work/gen/lead-test.txt" \
+python scripts/quality/lead_baseline.py data/debdesc-sample/test --hypotheses "$work/gen/lead-test.txt" \
   --json "$work/gen/lead-test.json" > /dev/null
 python - "$work" <<'EOF'
 import json, sys
@@ -80,4 +80,4 @@ echo "summarize your own text (one document per line, here 3 test descriptions):
 echo "  head -n 3 data/debdesc-sample/test.source | .venv/bin/seqtrain-generate --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt --input -"
 echo "  .venv/bin/seqtrain-interactive --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt"
 echo "A few minutes from scratch on 5,000 examples is a smoke run of the pipeline, not a useful model (expect it"
-echo "below the lead baseline); scripts/quality_run.sh trains on the full corpus (see docs/quality.md)."
+echo "below the lead baseline); scripts/quality/quality_run.sh trains on the full corpus (see docs/quality.md)."

@@ -100,7 +100,7 @@ def load_script(name: str) -> ModuleType:
     """scripts/`name`.py as a module, for the tests that check that script (scripts/ is not a package and is not
     put on sys.path)."""
     path = REPO / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"scripts_{name}", path)
+    spec = importlib.util.spec_from_file_location("scripts_" + name.replace("/", "_"), path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses and pickling look their module up here
     spec.loader.exec_module(module)

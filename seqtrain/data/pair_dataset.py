@@ -39,7 +39,7 @@ def pad_sequences(
 
 # The packed path (models/transformer.py, Packing) runs a side's position-wise work on its real tokens only, at
 # the price of a gather/scatter around every attention. It pays once pads are more than this fraction of the
-# side's positions (scripts/bench_packing.py; docs/benchmarks.md, "Packed or padded").
+# side's positions (scripts/bench/bench_packing.py; docs/benchmarks.md, "Packed or padded").
 PACK_MIN_PAD_FRACTION = 0.25
 
 

@@ -7,7 +7,7 @@
   exactly that, so --amp implies it.
 - `--dataset-impl`: only mmap, the format fairseq writes by default and seqtrain-preprocess writes.
 - A fairseq-train / fairseq-generate flag seqtrain does not implement is refused naming it (the list comes from
-  fairseq 0.12's own parsers: seqtrain/flags/fairseq_flag_list.py, written by scripts/fairseq_flags.py).
+  fairseq 0.12's own parsers: seqtrain/flags/fairseq_flag_list.py, written by scripts/dev/fairseq_flags.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""fairseq 0.12's flags (written by scripts/fairseq_flags.py from fairseq's own parsers; do not edit).
+"""fairseq 0.12's flags (written by scripts/dev/fairseq_flags.py from fairseq's own parsers; do not edit).
 
 FAIRSEQ_FLAGS: {flag: (tools, takes a value, default as str or None)}.
 """

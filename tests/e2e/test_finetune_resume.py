@@ -32,7 +32,7 @@ def _run(cmd, chaos):
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    chaos = load_script("chaos_resume")
+    chaos = load_script("dev/chaos_resume")
     root = tmp_path_factory.mktemp("ft")
     data = chaos.make_databin(str(root / "data"))
     # "pretrained weights": a short run of the same model

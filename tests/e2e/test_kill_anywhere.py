@@ -1,6 +1,6 @@
 """Kill anywhere: seqtrain-train is SIGKILLed at seeded random moments and at two aimed points of a checkpoint
 write, restarted with the same command each time, and must end bitwise equal to an uninterrupted run.
-The harness is scripts/chaos_resume.py (which runs 20 kills); this is its short version."""
+The harness is scripts/dev/chaos_resume.py (which runs 20 kills); this is its short version."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tests.utils import load_script
 @pytest.mark.timeout(240)
 @pytest.mark.slow
 def test_sigkill_anywhere_then_resume_is_bitwise_exact(tmp_path):
-    chaos = load_script("chaos_resume")
+    chaos = load_script("dev/chaos_resume")
     lines = []
     # 5 kills: 3 at seeded random moments during training (updates, validation, checkpoint writes, pruning),
     # kill 2 half-way through writing a checkpoint's temporary file, kill 4 between writing checkpoint_E_U.pt

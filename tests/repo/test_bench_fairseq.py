@@ -1,4 +1,4 @@
-"""scripts/bench_fairseq.py without the fairseq peer, and its reading of both tools' per-update json logs
+"""scripts/bench/bench_fairseq.py without the fairseq peer, and its reading of both tools' per-update json logs
 (lines as fairseq 0.12 and seqtrain-train print them)."""
 
 import os
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[2])
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "bench"))
 
 import bench_fairseq  # noqa: E402
 
@@ -31,7 +31,7 @@ SEQTRAIN_LINES = [
 
 def test_exits_2_with_a_message_without_the_peer(tmp_path):
     env = {**os.environ, "FAIRSEQ_PEER": str(tmp_path / "no-fairseq")}
-    script = os.path.join(ROOT, "scripts", "bench_fairseq.py")
+    script = os.path.join(ROOT, "scripts", "bench", "bench_fairseq.py")
     out = subprocess.run(
         [sys.executable, script, "--updates", "1"], capture_output=True, text=True, env=env, timeout=120
     )

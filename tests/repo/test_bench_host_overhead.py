@@ -1,4 +1,4 @@
-"""scripts/bench_host_overhead.py prints its side-by-side table: one row per variant, each with a positive
+"""scripts/bench/bench_host_overhead.py prints its side-by-side table: one row per variant, each with a positive
 time and its ratio to transformers (the figures themselves are benchmarks, not asserted)."""
 
 import re
@@ -14,7 +14,7 @@ def test_prints_a_row_per_variant_with_time_and_operator_counts(precision):
     pytest.importorskip("transformers")
     row = r"^\| (seqtrain|seqtrain, nested|transformers) \| ([\d.]+) \| ([\d.]+) \| (\d+) \| ([\d.]+)x \|$"
     args = ["--steps", "2", "--rounds", "1", *precision]
-    out = script_output("bench_host_overhead", args, timeout=600)
+    out = script_output("bench/bench_host_overhead", args, timeout=600)
     assert ("bf16 autocast;" if precision else "fp32;") in out
     rows = re.findall(row, out, re.M)
     assert [r[0] for r in rows] == ["seqtrain", "seqtrain, nested", "transformers"]
@@ -33,7 +33,7 @@ def test_prints_a_row_per_variant_with_time_and_operator_counts(precision):
 def test_generate_prints_time_and_operator_counts_of_both_toolkits_with_identical_hypotheses():
     pytest.importorskip("transformers")
     args = ["--generate", "--batches", "1", "--batch-size", "2", "--rounds", "1"]
-    out = script_output("bench_host_overhead", args, timeout=600)
+    out = script_output("bench/bench_host_overhead", args, timeout=600)
     # identical weights in fp32: the same best hypotheses
     assert re.findall(r"best hypotheses identical: (\d+)/(\d+);", out) == [("2", "2")]
     rows = re.findall(

@@ -1,4 +1,4 @@
-"""The docs stay true to the code: docs/flags.md is what scripts/gen_flags.py writes from the parsers, every
+"""The docs stay true to the code: docs/flags.md is what scripts/dev/gen_flags.py writes from the parsers, every
 relative link in README.md and docs/ resolves, and the README stays a user guide of a few screens."""
 
 import contextlib
@@ -23,10 +23,10 @@ def _anchors(markdown: str) -> set:
 def test_flag_reference_is_generated_from_the_parsers():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        load_script("gen_flags").main()
+        load_script("dev/gen_flags").main()
     written = (REPO / "docs" / "flags.md").read_text(encoding="utf-8")
     assert out.getvalue() == written, (
-        "docs/flags.md is stale: PYTHONPATH=. python scripts/gen_flags.py > docs/flags.md"
+        "docs/flags.md is stale: PYTHONPATH=. python scripts/dev/gen_flags.py > docs/flags.md"
     )
 
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh --dry-run: every stage of the GPU check runs on the CPU with tiny shapes and writes
+"""scripts/gpu/gpu_check.sh --dry-run: every stage of the GPU check runs on the CPU with tiny shapes and writes
 its figures to $OUT/gpu_check.json and a table to $OUT/gpu_check.md."""
 
 import json
@@ -34,7 +34,7 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
     proc = subprocess.run(
-        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh"), "--dry-run"],
+        ["bash", os.path.join(ROOT, "scripts", "gpu", "gpu_check.sh"), "--dry-run"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pathlib
+import re
 import struct
 import subprocess
 import sys
@@ -19,10 +21,10 @@ from tests.utils import REPO, load_script
 ROOT = str(REPO)
 LEAD_MISSING = None
 try:
-    lead_baseline = load_script("lead_baseline")  # scores with rouge-score
+    lead_baseline = load_script("quality/lead_baseline")  # scores with rouge-score
 except ModuleNotFoundError as e:  # no rouge-score (the GPU image): its test skips, the others run
     lead_baseline, LEAD_MISSING = None, f"lead_baseline needs rouge-score: {e}"
-plot_curves = load_script("plot_curves")
+plot_curves = load_script("quality/plot_curves")
 
 
 def test_lead_baseline_is_first_sentence_cut_to_12_words(tmp_path):
@@ -105,7 +107,9 @@ def test_plot_curves_refuses_a_log_without_json_lines(tmp_path):
         plot_curves.read_json_log(str(log))
 
 
-@pytest.mark.parametrize("script", ["quickstart.sh", "quality_run.sh", "gpu_check.sh"])
+@pytest.mark.parametrize(
+    "script", ["quickstart.sh", "setup_env.sh", "test.sh", "quality/quality_run.sh", "gpu/gpu_check.sh"]
+)
 def test_shell_scripts_parse(script):
     out = subprocess.run(
         ["bash", "-n", os.path.join(ROOT, "scripts", script)], capture_output=True, text=True
@@ -118,7 +122,7 @@ def test_shell_scripts_parse(script):
 def test_gpu_check_fails_clearly_without_cuda(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path)}
     out = subprocess.run(
-        ["bash", os.path.join(ROOT, "scripts", "gpu_check.sh")],
+        ["bash", os.path.join(ROOT, "scripts", "gpu", "gpu_check.sh")],
         capture_output=True,
         text=True,
         env=env,
@@ -133,9 +137,9 @@ def test_gpu_check_fails_clearly_without_cuda(tmp_path):
 
 
 def test_source_dependence_gap_is_zero_exactly_when_the_source_is_cut_off():
-    """scripts/source_dependence.py: a model whose cross-attention outputs are zeroed scores rotated sources
+    """scripts/quality/source_dependence.py: a model whose cross-attention outputs are zeroed scores rotated sources
     exactly like true ones (gap 0); the same model with its cross-attention intact does not."""
-    source_dependence = load_script("source_dependence")
+    source_dependence = load_script("quality/source_dependence")
     from seqtrain.data.dictionary import Dictionary
     from seqtrain.data.pair_dataset import LanguagePairDataset
     from seqtrain.models.bart import BartConfig, BARTModel
@@ -174,3 +178,23 @@ def test_source_dependence_gap_is_zero_exactly_when_the_source_is_cut_off():
             layer.encoder_attn.out_proj.bias.zero_()
     cut = source_dependence.source_dependence(model, ds, batch_size=5)
     assert cut["gap"] == 0.0 and cut["real"] == cut["shuffled"] > 0
+
+
+def test_scripts_readme_lists_every_script_and_no_script_imports_the_tests():
+    """scripts/README.md is the map: every script there is named in it (as its path under scripts/), and the
+    scripts use the package, never the test suite."""
+    root = pathlib.Path(ROOT) / "scripts"
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".sh"))
+    assert len(scripts) > 20
+    missing = [str(p.relative_to(root)) for p in scripts if f"`{p.relative_to(root)}`" not in readme]
+    assert not missing, missing
+    for p in scripts:
+        text = p.read_text(encoding="utf-8")
+        assert not re.search(r"^\s*(from|import) tests\b", text, re.M), p
+    assert sorted(p.name for p in root.iterdir() if p.is_file()) == [
+        "README.md",
+        "quickstart.sh",
+        "setup_env.sh",
+        "test.sh",
+    ]

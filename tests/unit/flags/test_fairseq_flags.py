@@ -65,7 +65,7 @@ def test_non_fairseq_flag_keeps_argparse_message():
 def test_flag_table_rows_name_existing_flags():
     """Every row of docs/fairseq.md's table is a flag of fairseq's parsers; 'same'/'different' rows name a flag
     seqtrain's parser for that tool has, 'absent' rows one it refuses naming it; the table is up to date."""
-    script = load_script("fairseq_flags")
+    script = load_script("dev/fairseq_flags")
     ours = {tool: script.seqtrain_actions(tool) for tool in ("fairseq-train", "fairseq-generate")}
     rows = table_rows()
     assert [r[0] for r in rows] == sorted(FAIRSEQ_FLAGS) and len(rows) > 250

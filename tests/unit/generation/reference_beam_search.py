@@ -105,7 +105,7 @@ def reference_beam_search(
 
 def fairseq_forced_eos(max_length: int, eos: int):
     """A transformers LogitsProcessor forcing EOS at `max_length` the way fairseq does: every other token gets
-    -inf and EOS keeps its log-prob (transformers' forced_eos_token_id would give it 0). scripts/bench_generate.py
+    -inf and EOS keeps its log-prob (transformers' forced_eos_token_id would give it 0). scripts/bench/bench_generate.py
     has the same processor for its comparison."""
     import transformers
 

@@ -98,7 +98,7 @@ def _run(chaos, data, save_dir, max_update):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_second_run_refused_first_unharmed(tmp_path):
-    chaos = load_script("chaos_resume")
+    chaos = load_script("dev/chaos_resume")
     data = chaos.make_databin(str(tmp_path / "data"))
     save = str(tmp_path / "ck")
     first = _run(chaos, data, save, 60)
@@ -132,7 +132,7 @@ def test_second_run_refused_first_unharmed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_kill9_then_same_command_takes_over_and_resumes(tmp_path):
-    chaos = load_script("chaos_resume")
+    chaos = load_script("dev/chaos_resume")
     data = chaos.make_databin(str(tmp_path / "data"))
     save = str(tmp_path / "ck")
     run = _run(chaos, data, save, 40)

@@ -1,9 +1,9 @@
 """fairseq 0.12's command-line flags next to seqtrain's: writes seqtrain/flags/fairseq_flag_list.py and the flag table
 of docs/fairseq.md.
 
-    python scripts/fairseq_flags.py --fairseq-python ~/.cache/seqtrain-peers/fairseq/bin/python   # refresh
-    python scripts/fairseq_flags.py                  # rebuild the table from the stored list (no fairseq)
-    python scripts/fairseq_flags.py --check          # exit 1 if docs/fairseq.md's table is out of date
+    python scripts/dev/fairseq_flags.py --fairseq-python ~/.cache/seqtrain-peers/fairseq/bin/python   # refresh
+    python scripts/dev/fairseq_flags.py                  # rebuild the table from the stored list (no fairseq)
+    python scripts/dev/fairseq_flags.py --check          # exit 1 if docs/fairseq.md's table is out of date
 
 With --fairseq-python, this script runs itself under fairseq's interpreter (`--dump`) and reads fairseq's own
 parsers: fairseq-train's with the translation task, the bart_base arch and each criterion, optimizer and lr
@@ -22,10 +22,10 @@ import pathlib
 import subprocess
 import sys
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 LIST_FILE = REPO / "seqtrain" / "fairseq_flag_list.py"
 DOC = REPO / "docs" / "fairseq.md"
-BEGIN, END = "<!-- flag table: scripts/fairseq_flags.py -->", "<!-- end of flag table -->"
+BEGIN, END = "<!-- flag table: scripts/dev/fairseq_flags.py -->", "<!-- end of flag table -->"
 CRITERIONS = ("cross_entropy", "label_smoothed_cross_entropy")
 OPTIMIZERS = ("adam", "nag", "sgd", "adafactor")
 SCHEDULERS = ("fixed", "inverse_sqrt", "polynomial_decay", "reduce_lr_on_plateau", "cosine")
@@ -156,7 +156,7 @@ def table(flags: dict) -> str:
 
 def write_list(flags: dict) -> None:
     lines = [
-        '"""fairseq 0.12\'s flags (written by scripts/fairseq_flags.py from fairseq\'s own parsers; do not edit).',
+        '"""fairseq 0.12\'s flags (written by scripts/dev/fairseq_flags.py from fairseq\'s own parsers; do not edit).',
         "",
         "FAIRSEQ_FLAGS: {flag: (tools, takes a value, default as str or None)}.",
         '"""',
@@ -202,7 +202,7 @@ def main() -> int:
     new = f"{head}{BEGIN}\n{table(stored_flags())}{END}{tail}"
     if a.check:
         if new != text:
-            print(f"{DOC}: the flag table is out of date; run scripts/fairseq_flags.py", file=sys.stderr)
+            print(f"{DOC}: the flag table is out of date; run scripts/dev/fairseq_flags.py", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(new)

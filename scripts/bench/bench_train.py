@@ -22,8 +22,8 @@ gradients, activations and temporaries; both toolkits hold the same parameters a
 FLOP/s (the matmul work of the non-padding tokens, forward + backward = 3 x forward) against this machine's
 measured fp32 matmul peak, and the load average.
 
-    .venv/bin/python scripts/bench_train.py --quick          # bart_small-sized, a minute or two
-    .venv/bin/python scripts/bench_train.py                  # bart_base, 8k vocabulary, several minutes
+    .venv/bin/python scripts/bench/bench_train.py --quick          # bart_small-sized, a minute or two
+    .venv/bin/python scripts/bench/bench_train.py                  # bart_base, 8k vocabulary, several minutes
 
 The data-bin (sentencepiece 8k, joined dictionary) is built from --raw into --workdir on first use.
 """
@@ -45,10 +45,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchlib import PeakRSS, follow_tensors_with_rss  # noqa: E402  (scripts/benchlib.py)
+from benchlib import PeakRSS, follow_tensors_with_rss  # noqa: E402  (scripts/bench/benchlib.py)
 
 from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.batching import batch_by_size  # noqa: E402

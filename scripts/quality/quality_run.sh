@@ -3,15 +3,15 @@
 # CPU time budget, then beam search on the full valid split (3,024 pairs) and ROUGE next to the lead baseline.
 # The figures in docs/quality.md come from this script.
 #
-#   scripts/quality_run.sh                      # DEBDESC=../shared/data/debdesc by default
-#   MINUTES=10 RUN=short scripts/quality_run.sh --lr 0.001   # a shorter budget; extra flags go to seqtrain-train
+#   scripts/quality/quality_run.sh                      # DEBDESC=../shared/data/debdesc by default
+#   MINUTES=10 RUN=short scripts/quality/quality_run.sh --lr 0.001   # a shorter budget; extra flags go to seqtrain-train
 #
 # Only train and valid are used: the recipe was chosen with short pilot runs scored on valid loss, the curves
 # come from a fixed random 500-pair subset of valid (valid1), and ROUGE is reported on all of valid.
 # Rerunning continues from checkpoints/$RUN/checkpoint_last.pt (fairseq's resume); the time budget is
 # cumulative, so a finished run stops at once and only generation and scoring run again. FRESH=1 starts over.
 set -euo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 py="${SEQTRAIN_VENV:-$root/.venv}/bin/python"
 bin="$(dirname "$py")"
@@ -70,11 +70,11 @@ start=$(date +%s)
 echo "generation took $(( $(date +%s) - start )) s"
 
 stage "4/5 lead baseline on valid (first sentence, 12 words)"
-"$py" scripts/lead_baseline.py "$data/valid" --json "$out/lead.json" | tee "$out/lead.txt"
+"$py" scripts/quality/lead_baseline.py "$data/valid" --json "$out/lead.json" | tee "$out/lead.txt"
 
 stage "5/5 training curves -> $out/curves.png"
 if "$py" -c "import matplotlib" 2>/dev/null; then
-  "$py" scripts/plot_curves.py "$out/train.log" -o "$out/curves.png" \
+  "$py" scripts/quality/plot_curves.py "$out/train.log" -o "$out/curves.png" \
     --title "debdesc: bart_small from scratch, ${minutes} min CPU (valid1 = 500 valid pairs)"
 else
   echo "matplotlib is missing (pip install -e .[plot]); skipping the plot"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Host time of a training step: seqtrain against transformers, side by side in one process, on the CPU.
 
-A BART training step on a GPU at CNN/DM micro-batch sizes is host-bound (scripts/gpu_check.sh's profile stage:
+A BART training step on a GPU at CNN/DM micro-batch sizes is host-bound (scripts/gpu/gpu_check.sh's profile stage:
 on an H200, bart_large at ~16k tokens a step keeps the device busy ~105 ms of a 166-187 ms step): Python and
 the dispatcher launching ~3,100 kernels set the pace, not the kernels. This script measures that host time
 where it can be measured without a GPU: a model with bart_large's depth (12 + 12 layers) and a tiny width (32),
@@ -22,7 +22,7 @@ counts are what carries over to a GPU).
 
 With --generate, the same for beam search (the GPU check's generate stage is host-bound too: ~300 sentences/s
 of bart_base on an H200, a few milliseconds a decoding step): bart_base's depth (6 + 6 layers) at width 32,
-peaked random weights shared by both toolkits (scripts/bench_generate.py), batches of 32 random sources of
+peaked random weights shared by both toolkits (scripts/bench/bench_generate.py), batches of 32 random sources of
 20-30 tokens (short, so that the encoder and cross-attention arithmetic stay negligible: on a GPU the host
 time of a decoding step does not depend on the source length; --source-tokens 400,700 is the GPU check's
 length), beam 4, CNN/DM's search settings (lenpen 2, no-repeat-ngram 3, min length 5, max length 60).
@@ -30,8 +30,8 @@ Rows: seqtrain's SequenceGenerator and transformers' `generate`, ms per batch, a
 dispatches per batch (counted once, with a TorchDispatchMode): on a GPU each one costs host time, and all but
 the views launch a kernel. The best hypotheses of the two are compared (identical weights, fp32).
 
-    .venv/bin/python scripts/bench_host_overhead.py            # about a minute
-    .venv/bin/python scripts/bench_host_overhead.py --generate # about two minutes
+    .venv/bin/python scripts/bench/bench_host_overhead.py            # about a minute
+    .venv/bin/python scripts/bench/bench_host_overhead.py --generate # about two minutes
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "gpu"))
 
-import gpu_check_lib as lib  # noqa: E402
+import gpu_check_lib as lib  # noqa: E402  (scripts/gpu/gpu_check_lib.py)
 
 from seqtrain.models import transformer  # noqa: E402
 

@@ -4,7 +4,7 @@ scored with the sources rotated by one example within each batch (every target p
 description). A model that ignores the source scores both alike; the gap, in bits per target token, is the
 information it draws from the source.
 
-    .venv/bin/python scripts/source_dependence.py checkpoints/quality/checkpoint_best.pt data-bin/debdesc \
+    .venv/bin/python scripts/quality/source_dependence.py checkpoints/quality/checkpoint_best.pt data-bin/debdesc \
         --subset valid1 --max-source-positions 64
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from seqtrain.data.indexed_dataset import MMapIndexedDataset  # noqa: E402
 from seqtrain.data.pair_dataset import LanguagePairDataset  # noqa: E402

@@ -2,8 +2,8 @@
 """The lead baseline of the debdesc corpus README (`lead1_12w`): the source's first sentence (text up to the
 first '. ') cut to 12 words, scored with seqtrain.scoring.rouge against the targets.
 
-    python scripts/lead_baseline.py data/debdesc-sample/test            # reads test.source / test.target
-    python scripts/lead_baseline.py ../shared/data/debdesc/valid --hypotheses lead.txt
+    python scripts/quality/lead_baseline.py data/debdesc-sample/test            # reads test.source / test.target
+    python scripts/quality/lead_baseline.py ../shared/data/debdesc/valid --hypotheses lead.txt
 
 On the full debdesc valid split it gives the README's figures (ROUGE-1/2/Lsum 35.16 / 17.02 / 30.83).
 """
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 from seqtrain.errors import SeqtrainError  # noqa: E402

@@ -18,8 +18,8 @@ Model: --path (a seqtrain checkpoint, fairseq model.pt with --data for its dicti
 by default the fairseq-tiny fixture of ../shared (d 128, 2+2 layers) and its data-bin. Inputs: --input (one
 document per line), by default that fixture's raw/valid.src repeated to --n lines.
 
-    python scripts/bench_summarize.py                     # fairseq-tiny, 600 sentences, beam 4, 3 rounds
-    python scripts/bench_summarize.py --path ck.pt --input docs.txt --n 300 --beam 4 --batch-size 32
+    python scripts/bench/bench_summarize.py                     # fairseq-tiny, 600 sentences, beam 4, 3 rounds
+    python scripts/bench/bench_summarize.py --path ck.pt --input docs.txt --n 300 --beam 4 --batch-size 32
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 TINY = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "fairseq-tiny")
 

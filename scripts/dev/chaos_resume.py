@@ -2,7 +2,7 @@
 """Kill seqtrain-train with SIGKILL at random moments, restart the same command, and check that the run ends
 bitwise equal to one never interrupted.
 
-    python scripts/chaos_resume.py [--kills 20] [--seed 0] [--max-update 240] [--workdir DIR]
+    python scripts/dev/chaos_resume.py [--kills 20] [--seed 0] [--max-update 240] [--workdir DIR]
 
 One "resume" is one kill followed by a restart. Most kills come at a random moment (uniform over a few
 seconds after training began: updates, validation, checkpoint writes, pruning; a quarter of them during
@@ -33,7 +33,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 # Runs the training CLI after arranging a SIGKILL of this very process at a chosen point of the N-th
 # checkpoint write (CHAOS_KILL_AT="mid-write:N" or "between-files:N"), so those moments are hit exactly.

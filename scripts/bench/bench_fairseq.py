@@ -18,8 +18,8 @@ against it: tokens/s x FLOPs per target token, the latter the data-bin's FLOP co
 and target tokens, attention included) over its target tokens. The two tools batch differently (see the
 fairseq-fidelity issue), so per-update work is equal only on average.
 
-    .venv/bin/python scripts/bench_fairseq.py --updates 5 --examples 64     # short mode, a few minutes
-    .venv/bin/python scripts/bench_fairseq.py --updates 30 --rounds 2 --seqtrain-bf16
+    .venv/bin/python scripts/bench/bench_fairseq.py --updates 5 --examples 64     # short mode, a few minutes
+    .venv/bin/python scripts/bench/bench_fairseq.py --updates 30 --rounds 2 --seqtrain-bf16
 
 Needs the fairseq peer venv ($HOME/.cache/seqtrain-peers/fairseq, made by ../shared/tools/fairseq-peer.sh);
 without it the script says so and exits 2.
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder  # noqa: E402
@@ -382,7 +382,7 @@ def train_small(args: argparse.Namespace, databin: str) -> str:
 
 
 def profile_both(args: argparse.Namespace, databin: str) -> dict[str, str]:
-    """torch.profiler tables of both tools' training runs (scripts/profile_cli.py), written to the workdir."""
+    """torch.profiler tables of both tools' training runs (scripts/bench/profile_cli.py), written to the workdir."""
     script = os.path.join(REPO, "scripts", "profile_cli.py")
     saved, args.updates = args.updates, args.profile_updates
     flags = train_flags(args, databin) + ["--no-save"]

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Run the distributed tests again and again, idle or with every core loaded, and count passes in a row.
 
-    .venv/bin/python scripts/stress_distributed.py --runs 50                 # idle machine
-    .venv/bin/python scripts/stress_distributed.py --runs 50 --load 2        # two busy loops beside it
+    .venv/bin/python scripts/dev/stress_distributed.py --runs 50                 # idle machine
+    .venv/bin/python scripts/dev/stress_distributed.py --runs 50 --load 2        # two busy loops beside it
 
 Each run is one pytest process over --tests (default tests/e2e/test_distributed.py). A run fails when pytest
 fails or when its output shows a process that ended abnormally at teardown (SIGABRT, "terminate called",
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ABNORMAL = re.compile(r"SIGABRT|terminate called|Aborted \(core dumped\)|core dumped|Fatal Python error")
 
 

@@ -19,8 +19,8 @@ def read_lines(path):
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--corpus", default=os.path.join(here, "..", "..", "shared", "data", "debdesc"))
-    p.add_argument("--out", default=os.path.join(here, "..", "data", "debdesc-sample"))
+    p.add_argument("--corpus", default=os.path.join(here, "..", "..", "..", "shared", "data", "debdesc"))
+    p.add_argument("--out", default=os.path.join(here, "..", "..", "data", "debdesc-sample"))
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     src = {s: read_lines(os.path.join(a.corpus, f"{s}.source")) for s in ("train", "valid")}

@@ -1,4 +1,4 @@
-"""Helpers of scripts/gpu_check.py: a real Trainer on an in-memory dictionary, synthetic batches in seqtrain's
+"""Helpers of scripts/gpu/gpu_check.py: a real Trainer on an in-memory dictionary, synthetic batches in seqtrain's
 and transformers' layouts, transformers' twin of a seqtrain BART, and the numerics comparisons."""
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ tokens per second of forward + backward (the real criterion) and the padding fra
 the collater's rule (models pack a side whose pads exceed pair_dataset.PACK_MIN_PAD_FRACTION) is checked
 against the result: the "auto" column is what training does.
 
-    python scripts/bench_packing.py                      # bart_base-wide layers, 2 + 2 of them, CPU
-    python scripts/bench_packing.py --layers 6 --batches 30 --threads 2
+    python scripts/bench/bench_packing.py                      # bart_base-wide layers, 2 + 2 of them, CPU
+    python scripts/bench/bench_packing.py --layers 6 --batches 30 --threads 2
 
 Runs alternate batch by batch (padded, packed, auto on the same batch, then the next batch), --repeats rounds;
 each batch's best time per mode is kept, so a busy machine slows all modes alike. Synthetic data:

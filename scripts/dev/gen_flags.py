@@ -1,6 +1,6 @@
 """Write docs/flags.md from the programs' own argument parsers.
 
-    PYTHONPATH=. python scripts/gen_flags.py > docs/flags.md
+    PYTHONPATH=. python scripts/dev/gen_flags.py > docs/flags.md
 
 One table per parser group (flag, default, help), in the order `--help` shows them; seqtrain-train's optimizer
 and LR-scheduler groups are listed for every registered choice.
@@ -21,7 +21,7 @@ CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
 INTRO = """# Flag reference
 
 Every flag of the five command-line programs, with its default and help text, grouped as `--help` groups them.
-The tables are generated from the programs' own argument parsers by `scripts/gen_flags.py`; `PROG --help` prints
+The tables are generated from the programs' own argument parsers by `scripts/dev/gen_flags.py`; `PROG --help` prints
 the same. Flag names are fairseq 0.12's wherever fairseq has the flag, and so are the defaults except where
 [fairseq.md](fairseq.md)'s table says otherwise; a fairseq flag seqtrain lacks is refused, naming it.
 

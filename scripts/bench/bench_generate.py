@@ -26,9 +26,9 @@ suppressed, early_stopping=True, decoder start = EOS) and a processor that force
 real log-prob as fairseq does (transformers' own forced_eos sets it to 0, which changes the ranking of
 max-length hypotheses).
 
-    python scripts/bench_generate.py             # both models, batch sizes 8 and 16, 3 rounds (~10 min + 2.5 min
+    python scripts/bench/bench_generate.py             # both models, batch sizes 8 and 16, 3 rounds (~10 min + 2.5 min
                                                  # the first time, to train the small model; idle machine)
-    python scripts/bench_generate.py --quick     # small model, one batch size, 2 rounds
+    python scripts/bench/bench_generate.py --quick     # small model, one batch size, 2 rounds
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from typing import Any
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchlib import MIB, PeakRSS, release_free_heap  # noqa: E402  (scripts/benchlib.py)
+from benchlib import MIB, PeakRSS, release_free_heap  # noqa: E402  (scripts/bench/benchlib.py)
 
 from seqtrain.checkpoint.hf import hf_state_to_seqtrain, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
@@ -61,7 +61,7 @@ PAD, EOS, BOS = 1, 2, 0
 SHAPES = {  # d_model, ffn, layers, heads
     "base": (768, 3072, 6, 12),
     "small": (256, 1024, 3, 4),
-    # bart_base's depth at a width where arithmetic is negligible (scripts/bench_host_overhead.py)
+    # bart_base's depth at a width where arithmetic is negligible (scripts/bench/bench_host_overhead.py)
     "narrow": (32, 64, 6, 2),
 }
 

@@ -11,8 +11,8 @@ back. Per variant: seconds per round, minor page faults per round, peak RSS.
 A round is two training steps of different shapes, as length-bucketed batches come: 8 sentences of 240-250
 source tokens, then 24 of 60-72 (20-30 and 10-20 target tokens); two rounds of warm-up first.
 
-    .venv/bin/python scripts/bench_host_memory.py                     # bart_base, about 6 minutes
-    .venv/bin/python scripts/bench_host_memory.py --arch bart_tiny --rounds 1 --steps 1   # plumbing
+    .venv/bin/python scripts/bench/bench_host_memory.py                     # bart_base, about 6 minutes
+    .venv/bin/python scripts/bench/bench_host_memory.py --arch bart_tiny --rounds 1 --steps 1   # plumbing
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 CHILD = """
 import json, resource, sys, time
@@ -58,7 +58,7 @@ def run_variant(args: argparse.Namespace, env_extra: dict[str, str]) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     env.update(env_extra)
     code = CHILD.format(
-        scripts=os.path.join(ROOT, "scripts"), threads=args.threads, arch=args.arch, steps=args.steps
+        scripts=os.path.join(ROOT, "scripts", "gpu"), threads=args.threads, arch=args.arch, steps=args.steps
     )
     out = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=False

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""One-shot proof of the GPU path, run by scripts/gpu_check.sh: about 10 minutes on one
+"""One-shot proof of the GPU path, run by scripts/gpu/gpu_check.sh: about 10 minutes on one
 GPU, with only what the GPU image has (torch with CUDA, transformers, sentencepiece, pytest; no rouge-score,
 nltk or network). Writes $OUT/gpu_check.json (every stage's figures, written again after each stage so a
 timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figures). Stages:
@@ -45,9 +45,10 @@ from typing import Any
 
 import torch
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "scripts", "gpu"))
+sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))  # the generate stage reuses bench_generate.py
 
 import gpu_check_lib as lib  # noqa: E402
 

@@ -4,7 +4,7 @@
 (`valid`, `valid1`, ...: one series per --valid-subset) the validation loss.
 Left panel: loss against updates; right panel: the same against training wall-clock minutes.
 
-    python scripts/plot_curves.py logs/train.log -o docs/img/curves.png --title "debdesc, bart_small"
+    python scripts/quality/plot_curves.py logs/train.log -o docs/img/curves.png --title "debdesc, bart_small"
 
 Needs matplotlib (`pip install -e .[plot]`). Losses are fairseq's: base 2, per target token; with label
 smoothing `loss` includes the smoothing term and `nll_loss` is the plain negative log-likelihood.
@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
 from seqtrain.errors import SeqtrainError  # noqa: E402

@@ -7,8 +7,8 @@ The sentencepiece model is trained once first (timed on its own) and then given 
 compares what --workers changes: tokenizing, counting and binarizing. The outputs of all runs must be
 byte-identical; the script checks that too.
 
-    python scripts/bench_preprocess.py                       # full debdesc train split in ../shared
-    python scripts/bench_preprocess.py --trainpref data/debdesc-sample/train --workers 1 2 4
+    python scripts/bench/bench_preprocess.py                       # full debdesc train split in ../shared
+    python scripts/bench/bench_preprocess.py --trainpref data/debdesc-sample/train --workers 1 2 4
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
