@@ -33,7 +33,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from seqtrain import preprocess_jsonl
+from seqtrain import fileio, preprocess_jsonl
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from seqtrain.data.tokenizer import (
@@ -45,7 +45,7 @@ from seqtrain.data.tokenizer import (
 )
 from seqtrain.data.tokenizer import add_args as tokenizer_add_args
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write, fsync_dir
+from seqtrain.fileio import atomic_write
 from seqtrain.scratch import work_folder, worker_sigterm_default
 
 PERCENTILES = (50, 90, 95, 99)
@@ -517,14 +517,17 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def publish(work: str, destdir: str) -> None:
-    """Move the finished files into destdir; preprocess.json last, so its presence means the rest is complete."""
+    """Move the finished files into destdir, each by seqtrain.fileio's rule for outputs (renamed over a regular
+    file, written through a link, into a FIFO...); preprocess.json last, so its presence means the rest is
+    complete."""
     names = sorted(
         n for n in os.listdir(work) if os.path.isfile(os.path.join(work, n)) and not n.startswith(".")
     )
     names.sort(key=lambda n: n == "preprocess.json")
     for name in names:
-        os.replace(os.path.join(work, name), os.path.join(destdir, name))
-    fsync_dir(destdir)
+        fileio.output_target(os.path.join(destdir, name))  # a folder in the way: refused before any move
+    for name in names:
+        fileio.publish(os.path.join(work, name), os.path.join(destdir, name))
 
 
 def check_existing_dictionaries(destdir: str, work: str, langs: list[str]) -> None:
