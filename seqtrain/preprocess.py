@@ -44,9 +44,10 @@ from seqtrain.data.tokenizer import (
     tokenizer_from_args,
 )
 from seqtrain.data.tokenizer import add_args as tokenizer_add_args
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
-from seqtrain.scratch import work_folder, worker_sigterm_default
+from seqtrain.scratch import signals_deferred, work_folder
+from seqtrain.stop_signals import child_pool
 
 PERCENTILES = (50, 90, 95, 99)
 # Each file is cut into at least 4 ranges per worker (load balance) and ranges of at most 16 MiB (progress updates).
@@ -398,7 +399,6 @@ _WORKER: ChunkWorker | None = None  # set once per pool process by _init_worker
 
 def _init_worker(tokenizer_spec: dict[str, Any], dict_lists: dict[str, list] | None) -> None:
     global _WORKER
-    worker_sigterm_default()
     _WORKER = ChunkWorker(tokenizer_spec, dict_lists)
 
 
@@ -422,11 +422,10 @@ def run_tasks(
     if workers > 1 and len(tasks) > 1:
         # fork is cheap and shares the loaded modules; elsewhere spawn works too (the state is plain data).
         # The pool starts before the progress bar, so no bar thread exists when the workers fork.
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        pool = ctx.Pool(
-            min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer_spec, dict_lists)
-        )
+        # The workers ignore SIGTERM and SIGINT (the work folder's handler in this process ends the run) and
+        # are ended by SIGKILL when the pool is terminated.
+        start = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        pool = child_pool(min(workers, len(tasks)), _init_worker, (tokenizer_spec, dict_lists), start)
     results = []
     try:
         with tqdm(
@@ -505,8 +504,13 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         with atomic_write(os.path.join(work, "preprocess.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
             f.write("\n")
-        publish(work, destdir)
-        ok = True
+        with signals_deferred():  # no half data-bin: a SIGTERM / Ctrl-C now acts once every file is in place
+            publish(work, destdir)
+            ok = True
+    except Stopped as e:
+        kept = f"the data-bin in {destdir} is whole" if ok else f"nothing was written to --destdir {destdir}"
+        e.message = f"{e.message}; {kept} (exit code {e.code})"
+        raise
     finally:
         cleanup.close()
         if not ok and created:

@@ -1,7 +1,7 @@
 """Reliability, round three (issue 31): SIGTERM and SIGINT sent to the whole process group, as a scheduler or a
 terminal sends them, reach the worker processes too. The workers leave them to the main process, which stops
-training with its checkpoint (143 / 130); before, a DataLoader worker died of the SIGTERM and took the run down
-with a traceback, and no checkpoint was saved."""
+training with its checkpoint (143 / 130) or ends preprocessing with nothing half-written; before, a DataLoader
+worker died of the SIGTERM and took the run down with a traceback, and no checkpoint was saved."""
 
 from __future__ import annotations
 
@@ -162,7 +162,69 @@ def test_a_signal_to_the_process_group_stops_training_with_its_checkpoint(
     assert_same_state(uninterrupted, load_checkpoint_file(last))
 
 
-# ---------------------------------------------------------------------------------------------- pools
+# ---------------------------------------------------------------------------------------------- preprocess
+def _write_pair(raw, n: int) -> None:
+    raw.mkdir(exist_ok=True)
+    words = [f"w{i}" for i in range(50)]
+    (raw / "train.src").write_text((" ".join(words[:20]) + "\n") * n)
+    (raw / "train.tgt").write_text((" ".join(words[20:30]) + "\n") * n)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_signal_to_the_process_group_ends_preprocessing_with_workers(tmp_path):
+    """`--workers 2`: the signal reaches the pool workers too; they leave it to the main process, which ends
+    them (SIGKILL) and removes its work folder: one line, 143 (130 for SIGINT), --destdir as it was, no process
+    left. At moments from the first dictionary counts to binarizing (the whole run takes about 10 s)."""
+    raw, dest = tmp_path / "raw", tmp_path / "bin"
+    _write_pair(raw, 400_000)
+    cmd = [sys.executable, "-m", "seqtrain_cli.preprocess", "--source-lang", "src", "--target-lang", "tgt"]
+    cmd += ["--trainpref", str(raw / "train"), "--destdir", str(dest), "--workers", "2"]
+    cmd += ["--tokenizer", "none", "--joined-dictionary", "--no-progress-bar"]
+    for delay, signum in (
+        (0.0, signal.SIGTERM),
+        (1.0, signal.SIGTERM),
+        (3.0, signal.SIGTERM),
+        (1.0, signal.SIGINT),
+    ):
+        dest.mkdir()
+        (dest / "notes.txt").write_text("mine")  # what --destdir held before stays as it was
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=ENV,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while (
+            not [n for n in os.listdir(dest) if n.startswith(".preprocess-")] and time.monotonic() < deadline
+        ):
+            time.sleep(0.01)
+        time.sleep(delay)
+        assert proc.poll() is None, proc.stderr.read()
+        os.killpg(proc.pid, signum)
+        sent = time.monotonic()
+        try:
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        took = time.monotonic() - sent
+        assert group_ends(proc.pid, timeout=10), "a pool worker outlived the run"
+        expected = (
+            f"seqtrain-preprocess: stopped by SIGTERM; nothing was written to --destdir {dest} (exit code 143)"
+            if signum == signal.SIGTERM
+            else "seqtrain-preprocess: interrupted"
+        )
+        assert (proc.returncode, err.splitlines()) == (128 + signum, [expected]), (delay, err)
+        assert os.listdir(dest) == ["notes.txt"] and took < 10, (delay, os.listdir(dest), took)
+        (dest / "notes.txt").unlink()
+        dest.rmdir()
+
+
 def test_pool_workers_ignore_stop_signals_and_terminate_kills_them():
     """The pools' workers ignore SIGTERM and SIGINT from the start; terminate() ends busy ones (SIGKILL)."""
     from seqtrain.stop_signals import child_pool
@@ -200,3 +262,35 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_signal_while_the_data_bin_is_moved_into_place_acts_once_it_is_whole(
+    tmp_path, monkeypatch, python_sigint, signum
+):
+    """The finished files are moved into --destdir one by one; a signal that arrives meanwhile waits until the
+    last one (preprocess.json) is there, so a stopped run never leaves half a data-bin."""
+    from seqtrain import fileio
+    from seqtrain.errors import Stopped
+    from seqtrain_cli.preprocess import preprocess_main
+
+    raw, dest = tmp_path / "raw", tmp_path / "bin"
+    _write_pair(raw, 50)
+    real, moved = fileio.publish, []
+
+    def publish(tmp, path):
+        moved.append(os.path.basename(path))
+        if len(moved) == 1:
+            signal.raise_signal(signum)  # as the first file moves
+        real(tmp, path)
+
+    monkeypatch.setattr(fileio, "publish", publish)
+    argv = ["--source-lang", "src", "--target-lang", "tgt", "--trainpref", str(raw / "train"), "--destdir"]
+    argv += [str(dest), "--tokenizer", "none", "--joined-dictionary", "--no-progress-bar"]
+    with pytest.raises(Stopped if signum == signal.SIGTERM else KeyboardInterrupt) as e:
+        preprocess_main(argv)
+    if signum == signal.SIGTERM:
+        assert e.value.code == 143
+        assert e.value.message == f"stopped by SIGTERM; the data-bin in {dest} is whole (exit code 143)"
+    assert len(moved) > 3 and moved[-1] == "preprocess.json" and sorted(os.listdir(dest)) == sorted(moved)
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

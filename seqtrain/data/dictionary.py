@@ -360,12 +360,10 @@ def add_file_to_dictionary(
     offsets = find_offsets(path, max(1, num_workers))
     jobs = [(path, a, b, tokenize, d.eos_word) for a, b in zip(offsets, offsets[1:]) if b > a]
     if num_workers > 1 and len(jobs) > 1:
-        import multiprocessing
+        from seqtrain.stop_signals import child_pool
 
-        from seqtrain.scratch import worker_sigterm_default
-
-        pool = multiprocessing.get_context().Pool(min(num_workers, len(jobs)), worker_sigterm_default)
-        with pool:
+        # the workers leave SIGTERM / SIGINT to this process
+        with child_pool(min(num_workers, len(jobs))) as pool:
             counters = pool.map(_count_chunk_star, jobs)
     else:
         counters = [_count_chunk_star(j) for j in jobs]
