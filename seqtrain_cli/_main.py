@@ -10,7 +10,7 @@ import errno
 import sys
 from collections.abc import Callable
 
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.flags.parsers import UsageError
 
 REMEDIES = {
@@ -40,6 +40,9 @@ def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: list[str] 
     debug = "--debug" in argv
     try:
         rc = main(argv)
+    except Stopped as e:  # SIGTERM / SIGINT, acted on: one line saying what was kept, 128 + the signal
+        print(f"{prog}: {e.message}", file=sys.stderr)
+        sys.exit(e.code)
     except (SeqtrainError, OSError) as e:
         if debug:
             raise

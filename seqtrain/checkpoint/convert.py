@@ -24,7 +24,8 @@ logger = logging.getLogger("seqtrain.convert")
 def convert(args: argparse.Namespace) -> None:
     """Convert with the parsed flags of seqtrain.flags.parsers.get_convert_parser."""
     setup_logging()
-    if os.path.abspath(args.input) == os.path.abspath(args.output):
+    # (an output that is a link to the input would be written through the link, over the input)
+    if os.path.realpath(args.input) == os.path.realpath(args.output):
         raise SeqtrainError("output must differ from input")
     # An HF export needs no dictionary (only the vocabulary size), so a fairseq input converts without one.
     ck = read_checkpoint(

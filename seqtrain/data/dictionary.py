@@ -11,7 +11,6 @@ chunk and the merged counts are identical to a single pass.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -21,7 +20,7 @@ import torch
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
-from seqtrain.workers import worker_sigterm_default
+from seqtrain.workers import child_pool
 
 OVERWRITE_FLAG = "#fairseq:overwrite"
 
@@ -362,8 +361,8 @@ def add_file_to_dictionary(
     offsets = find_offsets(path, max(1, num_workers))
     jobs = [(path, a, b, tokenize, d.eos_word) for a, b in zip(offsets, offsets[1:]) if b > a]
     if num_workers > 1 and len(jobs) > 1:
-        pool = multiprocessing.get_context().Pool(min(num_workers, len(jobs)), worker_sigterm_default)
-        with pool:
+        # the workers leave SIGTERM / SIGINT to this process
+        with child_pool(min(num_workers, len(jobs))) as pool:
             counters = pool.map(_count_chunk_star, jobs)
     else:
         counters = [_count_chunk_star(j) for j in jobs]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.workers import child_context, ignore_stop_signals, stop_signals_held
 
 logger = logging.getLogger(__name__)
 
@@ -212,20 +213,39 @@ class _EpochBatches:
         return len(self.batches)
 
 
+def _init_data_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: leave SIGTERM and SIGINT to the main process, which stops training with a
+    checkpoint (a worker that died of a SIGTERM sent to the process group crashed the run), then free the
+    inherited tensors."""
+    ignore_stop_signals()
+    _free_inherited_tensors(worker_id)
+
+
+class _WorkersLoader(torch.utils.data.DataLoader):
+    """A DataLoader that forks its workers with SIGTERM and SIGINT held back (they inherit the block until
+    `_init_data_worker` ignores the signals: none dies of one in between)."""
+
+    def _get_iterator(self) -> Any:
+        with stop_signals_held():
+            return super()._get_iterator()
+
+
 class DataWorkers:
     """A DataLoader over `dataset` whose persistent worker processes serve every epoch of an iterator (started
-    at the first epoch, stopped by `shutdown`)."""
+    at the first epoch, stopped by `shutdown`). The workers ignore SIGTERM and SIGINT (the main process acts
+    on them); where the DataLoader would end a worker that does not stop with SIGTERM, it sends SIGKILL."""
 
     def __init__(self, dataset: Any, collate_fn: Callable, num_workers: int):
         self.batches = _EpochBatches()
-        self.loader = torch.utils.data.DataLoader(
+        self.loader = _WorkersLoader(
             dataset,
             collate_fn=collate_fn,
             batch_sampler=self.batches,
             num_workers=num_workers,
             pin_memory=torch.cuda.is_available(),
             persistent_workers=True,
-            worker_init_fn=_free_inherited_tensors,
+            worker_init_fn=_init_data_worker,
+            multiprocessing_context=child_context(),
         )
 
     def serve(self, batches: Sequence[Sequence[int]]) -> torch.utils.data.DataLoader:

@@ -3,7 +3,6 @@ at all), fairseq's S-/T-/H-/D-/P- lines, and the progress display."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -15,7 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import publish
+from seqtrain.fileio import Output, output_target
 from seqtrain.generation.runner import decode
 
 logger = logging.getLogger("seqtrain.generate")
@@ -35,40 +34,52 @@ def check_folder_writable(folder: str, flag: str) -> None:
 
 
 def check_file_writable(path: str, flag: str) -> None:
-    """`path` can be created or replaced: its folder exists and is writable, and it is not a folder."""
-    if os.path.isdir(path):
-        raise SeqtrainError(f"{flag} {path}: is a folder; give a file name")
-    folder = os.path.dirname(os.path.abspath(path))
+    """`path` can be written by seqtrain.fileio's rule: not a folder; a regular or missing file's folder (a
+    link's target's) exists and is writable; a device or FIFO is writable (not opened now: a FIFO's reader
+    would see the end of its input)."""
+    try:
+        target = output_target(path)
+    except SeqtrainError as e:
+        raise SeqtrainError(f"{flag} {e}") from None
+    except OSError as e:
+        raise SeqtrainError(f"{flag} {path}: cannot write there ({e.strerror})") from None
+    if target.in_place:
+        if target.fd is None and not os.access(target.where, os.W_OK):
+            raise SeqtrainError(f"{flag} {path}: cannot write there (Permission denied)")
+        return
+    folder = os.path.dirname(target.where)
     if not os.path.isdir(folder):
         raise SeqtrainError(f"{flag} {path}: folder {folder} does not exist; create it first")
     check_folder_writable(folder, flag)
 
 
 def write_files(files: dict[str, str]) -> None:
-    """Write every {path: text} to a temporary file next to it, then rename them all into place: when a write
-    fails (full disk...), no file is replaced and the temporaries are removed."""
-    done: list[tuple[str, str]] = []
+    """Write every {path: text} by seqtrain.fileio's rule, all or none: the text of each regular output goes to
+    a temporary file next to its target first, then streams (devices, FIFOs) are written, then the temporary
+    files are renamed into place. When a write fails (full disk...), no file is replaced and the temporaries
+    are removed."""
+    targets = {path: output_target(path) for path in files}
+    done: list[Output] = []
     try:
-        for path, text in files.items():
-            folder = os.path.dirname(os.path.abspath(path))
-            fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-            done.append((tmp, path))
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(text)
-                    f.flush()
-                    os.fsync(f.fileno())
-            except OSError as e:
-                raise SeqtrainError(
-                    f"{path}: cannot write ({e.strerror}); no result file was written"
-                ) from None
+        for streams in (False, True):
+            for path, text in files.items():
+                if targets[path].in_place != streams:
+                    continue
+                try:
+                    out = Output(path, "w", encoding="utf-8")
+                    done.append(out)
+                    out.file.write(text)
+                    out.finish()
+                except OSError as e:
+                    raise SeqtrainError(
+                        f"{path}: cannot write ({e.strerror}); no result file was written"
+                    ) from None
     except BaseException:
-        for tmp, _ in done:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        for out in done:
+            out.discard()
         raise
-    for tmp, path in done:
-        publish(tmp, path)
+    for out in done:
+        out.place()
 
 
 def fairseq_lines(

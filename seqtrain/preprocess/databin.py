@@ -33,6 +33,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from seqtrain import fileio
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from seqtrain.data.tokenizer import (
@@ -42,11 +43,11 @@ from seqtrain.data.tokenizer import (
     save_databin_tokenizer,
     tokenizer_from_args,
 )
-from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write, fsync_dir
+from seqtrain.errors import SeqtrainError, Stopped
+from seqtrain.fileio import atomic_write
 from seqtrain.preprocess import jsonl as preprocess_jsonl
-from seqtrain.preprocess.scratch import work_folder
-from seqtrain.workers import worker_sigterm_default
+from seqtrain.preprocess.scratch import signals_deferred, work_folder
+from seqtrain.workers import child_pool
 
 PERCENTILES = (50, 90, 95, 99)
 # Each file is cut into at least 4 ranges per worker (load balance) and ranges of at most 16 MiB (progress updates).
@@ -318,7 +319,6 @@ _WORKER: ChunkWorker | None = None  # set once per pool process by _init_worker
 
 def _init_worker(tokenizer_spec: dict[str, Any], dict_lists: dict[str, list] | None) -> None:
     global _WORKER
-    worker_sigterm_default()
     _WORKER = ChunkWorker(tokenizer_spec, dict_lists)
 
 
@@ -342,11 +342,10 @@ def run_tasks(
     if workers > 1 and len(tasks) > 1:
         # fork is cheap and shares the loaded modules; elsewhere spawn works too (the state is plain data).
         # The pool starts before the progress bar, so no bar thread exists when the workers fork.
-        methods = multiprocessing.get_all_start_methods()
-        ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        pool = ctx.Pool(
-            min(workers, len(tasks)), initializer=_init_worker, initargs=(tokenizer_spec, dict_lists)
-        )
+        # The workers ignore SIGTERM and SIGINT (the work folder's handler in this process ends the run) and
+        # are ended by SIGKILL when the pool is terminated.
+        start = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        pool = child_pool(min(workers, len(tasks)), _init_worker, (tokenizer_spec, dict_lists), start)
     results = []
     try:
         with tqdm(
@@ -425,8 +424,13 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         with atomic_write(os.path.join(work, "preprocess.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
             f.write("\n")
-        publish(work, destdir)
-        ok = True
+        with signals_deferred():  # no half data-bin: a SIGTERM / Ctrl-C now acts once every file is in place
+            publish(work, destdir)
+            ok = True
+    except Stopped as e:
+        kept = f"the data-bin in {destdir} is whole" if ok else f"nothing was written to --destdir {destdir}"
+        e.message = f"{e.message}; {kept} (exit code {e.code})"
+        raise
     finally:
         cleanup.close()
         if not ok and created:
@@ -437,14 +441,17 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def publish(work: str, destdir: str) -> None:
-    """Move the finished files into destdir; preprocess.json last, so its presence means the rest is complete."""
+    """Move the finished files into destdir, each by seqtrain.fileio's rule for outputs (renamed over a regular
+    file, written through a link, into a FIFO...); preprocess.json last, so its presence means the rest is
+    complete."""
     names = sorted(
         n for n in os.listdir(work) if os.path.isfile(os.path.join(work, n)) and not n.startswith(".")
     )
     names.sort(key=lambda n: n == "preprocess.json")
     for name in names:
-        os.replace(os.path.join(work, name), os.path.join(destdir, name))
-    fsync_dir(destdir)
+        fileio.output_target(os.path.join(destdir, name))  # a folder in the way: refused before any move
+    for name in names:
+        fileio.publish(os.path.join(work, name), os.path.join(destdir, name))
 
 
 def check_existing_dictionaries(destdir: str, work: str, langs: list[str]) -> None:

@@ -20,9 +20,11 @@ import threading
 from collections.abc import Iterator
 from types import FrameType
 
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, Stopped
 
 logger = logging.getLogger("seqtrain.scratch")  # the name log lines have always shown
+
+_STOP = (signal.SIGTERM, signal.SIGINT)
 
 
 def _pattern(tag: str) -> re.Pattern:
@@ -55,13 +57,33 @@ def remove_stale(folder: str, tag: str) -> list[str]:
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the `finally` blocks, which remove the work folder
+    # unwinds through the `finally` blocks, which remove the work folder; exit code 143
+    raise Stopped(signum, f"stopped by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGTERM and SIGINT that arrive inside the block act at its end, through the handlers there were before
+    it, so what it does (moving finished files into place) is done whole. (Holding the signals back with a
+    mask would not do: Python runs a handler in the main thread whichever thread the signal was delivered to.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in _STOP}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])  # now, through the handler restored above
 
 
 @contextlib.contextmanager
 def work_folder(folder: str, tag: str) -> Iterator[str]:
     """A fresh work folder in `folder` (same filesystem: its files can be renamed into place), removed at the
-    end, on an error, on Ctrl-C and on SIGTERM (which then ends the process with exit code 143)."""
+    end, on an error, on Ctrl-C and on SIGTERM (which raises seqtrain.errors.Stopped: exit code 143)."""
     remove_stale(folder, tag)
     try:
         path = tempfile.mkdtemp(prefix=f".{tag}-{os.getpid()}@{socket.gethostname()}.", dir=folder)

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 import time
 import zipfile
@@ -34,7 +33,7 @@ from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
 from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write, fsync_dir
+from seqtrain.fileio import atomic_write, link_or_copy
 
 logger = logging.getLogger("seqtrain.train_checkpoints")  # the name log lines have always shown
 
@@ -49,24 +48,6 @@ def checkpoint_paths(folder: str, pattern: str) -> list[str]:
         if m:
             found.append((float(m.group(1)), name))
     return [os.path.join(folder, name) for _, name in sorted(found, reverse=True)]
-
-
-def link_or_copy(src: str, dst: str) -> None:
-    """Make `dst` name the same bytes as `src`: a hard link when the filesystem allows, else an atomic copy.
-    Either way `dst` appears atomically (a link is made under a temporary name and renamed over `dst`)."""
-    folder = os.path.dirname(os.path.abspath(dst))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(dst) + ".", suffix=".link", dir=folder)
-    os.close(fd)
-    os.unlink(tmp)
-    try:
-        os.link(src, tmp)
-        os.replace(tmp, dst)
-        fsync_dir(folder)
-    except OSError:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        with open(src, "rb") as fin, atomic_write(dst, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 1 << 24)
 
 
 # Temporary names of interrupted writes: atomic_write's ".NAME.XXXX.tmp" and link_or_copy's ".NAME.XXXX.link"

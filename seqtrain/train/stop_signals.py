@@ -10,6 +10,9 @@ KeyboardInterrupt at once; a second SIGTERM kills the process): an impatient use
 
 The handler itself only stores the signal number: signal handlers run between bytecodes of the main thread,
 where logging or file I/O could interleave with what that thread was doing.
+
+
+Child processes leave both signals to this one: seqtrain.workers starts them so.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from seqtrain.workers import STOP_SIGNALS
 
 
 class GracefulStop:

@@ -626,6 +626,14 @@ CASES += [
         "{root}/nope.txt",
     ),
     ("score-sys-is-a-folder", "score", ["--sys", "{raw}", "--ref", "{raw}/valid.tgt"], "{raw}"),
+    # ---- outputs (seqtrain.fileio.output_target): a folder at the path is refused, never replaced
+    (
+        "score-json-is-a-folder",
+        "score",
+        ["--sys", "{raw}/valid.tgt", "--ref", "{raw}/valid.tgt", "--json", "{raw}"],
+        "{raw}: is a folder; give a file name",
+    ),
+    ("convert-output-is-a-folder", "convert", ["{ck}", "{raw}", "--to", "seqtrain"], "{raw}: is a folder"),
 ]
 
 # Run through the installed console scripts (a fresh process each), not in-process.

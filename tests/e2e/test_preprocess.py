@@ -58,11 +58,12 @@ def sample_argv(raw, dest, *extra):
 
 
 def test_worker_pool_ends_whatever_sigterm_handler_its_workers_inherit(small_sample, tmp_path):
-    """Pool.terminate ends the preprocessing workers with SIGTERM. They are forked inside the work folder's
-    context, whose Python-level SIGTERM handler they would inherit; such a handler runs between bytecodes, can
-    be swallowed (raised inside a __del__), and a worker that survives keeps the pool's join waiting for ever
-    (the suite hung so once, in test_worker_counts_give_identical_bytes_and_data_reads_back). The workers
-    reset SIGTERM to the default action, so preprocessing ends even when the inherited handler does nothing."""
+    """The preprocessing workers are forked inside the work folder's context, whose Python-level SIGTERM
+    handler they would inherit; such a handler runs between bytecodes, can be swallowed (raised inside a
+    __del__), and a worker that survives keeps the pool's join waiting for ever (the suite hung so once, in
+    test_worker_counts_give_identical_bytes_and_data_reads_back). The workers ignore SIGTERM and SIGINT
+    (seqtrain.workers.child_pool) and Pool.terminate ends them with SIGKILL, so preprocessing ends
+    whatever handler they inherited."""
     code = (
         "import sys, seqtrain.preprocess.scratch as scratch\n"
         "scratch._terminate = lambda signum, frame: None  # the handler the workers inherit: ignores SIGTERM\n"
