@@ -20,14 +20,14 @@ from seqtrain.optim import lr_scheduler, optimizers
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
 INTRO = """# Flag reference
 
-Every flag of the five command-line programs, with its default and help text, grouped as `--help` groups them.
+Every flag of the command-line programs, with its default and help text, grouped as `--help` groups them.
 The tables are generated from the programs' own argument parsers by `scripts/dev/gen_flags.py`; `PROG --help` prints
 the same. Flag names are fairseq 0.12's wherever fairseq has the flag, and so are the defaults except where
 [fairseq.md](fairseq.md)'s table says otherwise; a fairseq flag seqtrain lacks is refused, naming it.
 
 Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) ·
 [seqtrain-generate](#seqtrain-generate) · [seqtrain-convert](#seqtrain-convert) ·
-[seqtrain-score](#seqtrain-score)
+[seqtrain-average-checkpoints](#seqtrain-average-checkpoints) · [seqtrain-score](#seqtrain-score)
 
 Precedence, highest first: the command line, then `--config FILE`, then the `--arch` preset, then the defaults
 below. A config file holds `key: value` lines whose keys are these flag names (see
@@ -128,6 +128,8 @@ def main() -> None:
 
     out.append("## seqtrain-convert\n")
     parser_tables(parsers.get_convert_parser(), out)
+    out.append("## seqtrain-average-checkpoints\n")
+    parser_tables(parsers.get_average_parser(), out)
     out.append("## seqtrain-score\n")
     parser_tables(parsers.get_score_parser(), out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")

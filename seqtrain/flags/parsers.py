@@ -846,6 +846,49 @@ def get_convert_parser() -> argparse.ArgumentParser:
     return add_negations(p)
 
 
+def get_average_parser() -> argparse.ArgumentParser:
+    """seqtrain-average-checkpoints: fairseq's scripts/average_checkpoints.py flags."""
+    p = ArgumentParser(
+        prog="seqtrain-average-checkpoints",
+        description="Average the parameters of checkpoints (seqtrain or fairseq) into a new checkpoint.",
+    )
+    p.add_argument(
+        "--inputs",
+        required=True,
+        nargs="+",
+        metavar="PATH",
+        help="checkpoint files, or one folder with --num-epoch-checkpoints / --num-update-checkpoints",
+    )
+    p.add_argument("--output", required=True, metavar="FILE", help="write the averaged checkpoint here")
+    n = p.add_mutually_exclusive_group()
+    n.add_argument(
+        "--num-epoch-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the N newest checkpoint{E}.pt in the --inputs folder",
+    )
+    n.add_argument(
+        "--num-update-checkpoints",
+        type=int,
+        metavar="N",
+        help="average the N newest checkpoint_{E}_{U}.pt in the --inputs folder",
+    )
+    p.add_argument(
+        "--checkpoint-upper-bound",
+        type=int,
+        metavar="N",
+        help="with --num-*-checkpoints: only epochs (or updates) up to N; e.g. --num-epoch-checkpoints 10 "
+        "--checkpoint-upper-bound 50 averages checkpoints 41-50",
+    )
+    p.add_argument(
+        "--unsafe-load",
+        action="store_true",
+        help="allow arbitrary unpickling of the inputs (may run code; only for trusted files)",
+    )
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    return add_negations(p)
+
+
 def get_score_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="seqtrain-score",

@@ -1,0 +1,145 @@
+"""seqtrain-average-checkpoints: the parameter mean of several checkpoints, as fairseq's
+scripts/average_checkpoints.py computes it.
+
+    seqtrain-average-checkpoints --inputs checkpoints/ --num-update-checkpoints 5 --output averaged.pt
+    seqtrain-average-checkpoints --inputs a.pt b.pt c.pt --output averaged.pt
+
+fairseq's semantics: `--inputs` names files, or with `--num-epoch-checkpoints N` / `--num-update-checkpoints N`
+one folder whose N newest `checkpoint{E}.pt` / `checkpoint_{E}_{U}.pt` are averaged (`--checkpoint-upper-bound`
+caps E or U). Every input must hold the same parameter names in the same order and the same shapes. Each
+parameter is summed in input order and divided once by the count (fp16 tensors are averaged, and written, in
+fp32; integer tensors are floor-divided), so on fp32 inputs the result is bit for bit fairseq's. The output
+keeps the first input's format (seqtrain or fairseq) and its settings, dictionaries and tokenizer, without
+optimizer state: it is a model to generate with or fine-tune from, not a run to resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+from typing import Any
+
+import torch
+
+from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
+from seqtrain.errors import SeqtrainError
+from seqtrain.logging import setup_logging
+
+logger = logging.getLogger("seqtrain.average_checkpoints")
+
+_EPOCH_FILE = re.compile(r"checkpoint(\d+)\.pt")
+_UPDATE_FILE = re.compile(r"checkpoint_\d+_(\d+)\.pt")
+
+
+def last_n_checkpoints(folder: str, n: int, update_based: bool, upper_bound: int | None = None) -> list[str]:
+    """The `n` newest epoch (`checkpoint{E}.pt`) or update (`checkpoint_{E}_{U}.pt`) checkpoints in `folder`,
+    newest first, with E or U at most `upper_bound` when given."""
+    if n < 1:
+        raise SeqtrainError(
+            f"--num-{'update' if update_based else 'epoch'}-checkpoints must be >= 1, got {n}"
+        )
+    if not os.path.isdir(folder):
+        raise SeqtrainError(f"--inputs {folder}: not a folder (with --num-*-checkpoints, give the save dir)")
+    pattern = _UPDATE_FILE if update_based else _EPOCH_FILE
+    entries = []
+    for name in os.listdir(folder):
+        m = pattern.fullmatch(name)
+        if m is not None and (upper_bound is None or int(m.group(1)) <= upper_bound):
+            entries.append((int(m.group(1)), name))
+    if len(entries) < n:
+        kind = "checkpoint_E_U.pt" if update_based else "checkpointE.pt"
+        bound = f" at or below {upper_bound}" if upper_bound is not None else ""
+        raise SeqtrainError(f"{folder}: found {len(entries)} {kind} files{bound}, need {n}")
+    return [os.path.join(folder, name) for _, name in sorted(entries, reverse=True)[:n]]
+
+
+def _model_state(path: str, obj: Any) -> dict[str, torch.Tensor]:
+    if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
+        raise SeqtrainError(f"{path}: not a seqtrain or fairseq checkpoint (no 'model' state dict)")
+    return obj["model"]
+
+
+def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any]:
+    """The first checkpoint's dict with its 'model' replaced by the mean over `paths` and its optimizer state
+    dropped. Inputs are read one at a time (memory: the sum plus one checkpoint)."""
+    if not paths:
+        raise SeqtrainError("--inputs: give at least one checkpoint")
+    sums: dict[str, torch.Tensor] = {}
+    first: dict[str, Any] | None = None
+    names: list[str] = []
+    for path in paths:
+        obj = load_checkpoint_file(path, unsafe=unsafe)
+        state = _model_state(path, obj)
+        if first is None:
+            first, names = obj, list(state)
+        elif list(state) != names:
+            missing = sorted(set(names) - set(state))[:3]
+            extra = sorted(set(state) - set(names))[:3]
+            what = (
+                f"missing {missing}"
+                if missing
+                else f"extra {extra}"
+                if extra
+                else "the same names in another order"
+            )
+            raise SeqtrainError(
+                f"{path}: parameters differ from {paths[0]}'s ({what}); average one model's checkpoints"
+            )
+        for name in names:
+            p = state[name]
+            if not isinstance(p, torch.Tensor):
+                raise SeqtrainError(f"{path}: model entry {name!r} is not a tensor")
+            if p.dtype == torch.float16:
+                p = p.float()
+            if name not in sums:
+                sums[name] = p.clone()  # a copy: tied weights share storage, and the sum must not alias them
+            elif p.shape != sums[name].shape:
+                raise SeqtrainError(
+                    f"{path}: {name} has shape {tuple(p.shape)}, {paths[0]} {tuple(sums[name].shape)}"
+                )
+            else:
+                sums[name] += p
+        del obj, state
+    assert first is not None
+    for t in sums.values():
+        if t.is_floating_point():
+            t.div_(len(paths))
+        else:
+            t.floor_divide_(len(paths))
+    out = dict(first)
+    out["model"] = sums
+    if out.get("format") == "seqtrain":
+        out.update(optimizer=None, lr_scheduler=None, loss_scaler=None)
+    else:  # fairseq
+        out.pop("last_optimizer_state", None)
+    return out
+
+
+def main(args: argparse.Namespace) -> list[str]:
+    """Average with the parsed flags of seqtrain.flags.parsers.get_average_parser; returns the inputs used."""
+    setup_logging()
+    if (
+        args.checkpoint_upper_bound is not None
+        and args.num_epoch_checkpoints is None
+        and (args.num_update_checkpoints is None)
+    ):
+        raise SeqtrainError(
+            "--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints"
+        )
+    inputs = list(args.inputs)
+    n = args.num_update_checkpoints if args.num_update_checkpoints is not None else args.num_epoch_checkpoints
+    if n is not None:
+        if len(inputs) != 1:
+            raise SeqtrainError("--inputs: with --num-*-checkpoints, give one folder (the run's --save-dir)")
+        inputs = last_n_checkpoints(
+            inputs[0], n, args.num_update_checkpoints is not None, args.checkpoint_upper_bound
+        )
+    out_real = os.path.realpath(args.output)
+    if any(os.path.realpath(p) == out_real for p in inputs):
+        raise SeqtrainError(f"--output {args.output} is one of the inputs; write the average to a new file")
+    logger.info(f"averaging {len(inputs)} checkpoints: {', '.join(inputs)}")
+    save_checkpoint_file(average_checkpoints(inputs, unsafe=args.unsafe_load), args.output)
+    logger.info(f"wrote {args.output}")
+    return inputs
