@@ -28,7 +28,13 @@ from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
-from seqtrain.models.resize import EMBEDDING_KEYS, check_state_fits, fit_positions, resize_embeddings
+from seqtrain.models.resize import (
+    EMBEDDING_KEYS,
+    check_state_fits,
+    fit_positions,
+    keep_layers,
+    resize_embeddings,
+)
 
 logger = logging.getLogger("seqtrain.hub")  # the name log lines have always shown
 
@@ -86,7 +92,7 @@ def build_from_contents(
     with _weights_left_uninitialized():
         model = build_model(ck.args, ck.src_dict, ck.tgt_dict)
     state = resize_embeddings(
-        ck.model,
+        keep_layers(ck.model, ck.args, ck.path),
         len(ck.src_dict),
         len(ck.tgt_dict),
         padding_idx=ck.src_dict.pad(),

@@ -157,17 +157,19 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
         raise SeqtrainError("--fp16 needs a CUDA device (use --bf16, or fp32, on the CPU)")
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     torch.manual_seed(args.seed)
+    overrides = parse_overrides(args.model_overrides)
+    given = set(getattr(args, "given_flags", ()))
+    for dest in ("max_source_positions", "max_target_positions"):
+        if (
+            dest in given and dest not in overrides
+        ):  # longer inputs than the checkpoint's: positions are extended
+            overrides[dest] = getattr(args, dest)
     loaded = load_for_generation(
-        args.path,
-        args.data,
-        args.source_lang,
-        args.target_lang,
-        parse_overrides(args.model_overrides),
-        args.unsafe_load,
+        args.path, args.data, args.source_lang, args.target_lang, overrides, args.unsafe_load
     )
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
     cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
-    apply_model_defaults(loaded, args, set(getattr(args, "given_flags", ())))
+    apply_model_defaults(loaded, args, given)
     return loaded
 
 

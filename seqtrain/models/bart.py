@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.models.resize import parse_layers_to_keep
 from seqtrain.models.transformer import (
     ACTIVATIONS,
     INITS,
@@ -486,6 +487,13 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         add(f"--{side}-embed-dim", type=int, metavar="N", help=f"{side} embedding dimension")
         add(f"--{side}-ffn-embed-dim", type=int, metavar="N", help=f"{side} feed-forward dimension")
         add(f"--{side}-attention-heads", type=int, metavar="N", help=f"number of {side} attention heads")
+        add(
+            f"--{side}-layers-to-keep",
+            metavar="LIST",
+            help=f"keep only these {side} layers (comma-separated indices, e.g. 0,5,11) of the loaded "
+            f"checkpoint, renumbered from 0; sets --{side}-layers to their count (a smaller student from "
+            "a deeper model, as fairseq prunes)",
+        )
     add("--dropout", type=float, metavar="P", help="dropout probability (bart presets: 0.1)")
     add(
         "--attention-dropout",
@@ -540,6 +548,10 @@ def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTM
     except KeyError as e:
         raise SeqtrainError(f"--arch: {e.args[0]}") from None
     preset(args)
+    for side in ("encoder", "decoder"):  # fairseq: the layer count follows the layers kept
+        keep = parse_layers_to_keep(getattr(args, f"{side}_layers_to_keep", None), f"--{side}-layers-to-keep")
+        if keep is not None:
+            setattr(args, f"{side}_layers", len(keep))
     for flag in ("share_decoder_input_output_embed", "layernorm_embedding"):
         if getattr(args, flag) is False:
             raise SeqtrainError(f"--{flag.replace('_', '-')} is always on in BART; it cannot be turned off")

@@ -1,9 +1,12 @@
 """Fitting checkpoint weights to a model: vocabulary rows to the dictionaries, learned positions to
---max-source/target-positions, and one clear error when the weights do not fit the architecture."""
+--max-source/target-positions (cut, or extended by copying), the layers --encoder/--decoder-layers-to-keep
+choose, and one clear error when the weights do not fit the architecture."""
 
 from __future__ import annotations
 
 import logging
+import re
+from typing import Any
 
 import torch
 
@@ -80,25 +83,96 @@ def resize_embeddings(
 
 
 POSITION_KEYS = ("encoder.embed_positions.weight", "decoder.embed_positions.weight")
+POSITION_OFFSET = 2  # fairseq's learned positions start after padding index + 1 rows
 
 
 def fit_positions(
     state: dict[str, torch.Tensor], model: torch.nn.Module, where: str
 ) -> dict[str, torch.Tensor]:
-    """Cut learned position rows the model does not use (e.g. --max-source-positions 256 when fine-tuning
-    bart.base, which has 1024): positions are absolute, so the first rows are the ones kept. Logs one line."""
+    """Fit the learned position rows to the model's --max-source/target-positions. Fewer (e.g. 256 when
+    fine-tuning bart.base, which has 1024): positions are absolute, so the first rows are kept. More (inputs longer
+    than the checkpoint was trained on): the trained rows are copied again and again after themselves, as
+    Longformer/LED's conversion of BART extended them, so position p starts as position p mod n did and the
+    first n positions compute exactly what they computed before. fairseq's two offset rows (padding index + 1)
+    stay first. Logs one line."""
     expected = model.state_dict()
-    out, cut = dict(state), []
+    out, cut, grown = dict(state), [], []
     for key in POSITION_KEYS:
-        if key in state and key in expected and state[key].shape[0] > expected[key].shape[0]:
-            rows = expected[key].shape[0]
+        if key not in state or key not in expected:
+            continue
+        have, rows = state[key].shape[0], expected[key].shape[0]
+        side = key.split(".")[0]
+        if have > rows:
             out[key] = state[key][:rows].clone()
-            cut.append(f"{key.split('.')[0]} {state[key].shape[0]}->{rows}")
+            cut.append(f"{side} {have}->{rows}")
+        elif have < rows and have > POSITION_OFFSET and state[key].shape[1:] == expected[key].shape[1:]:
+            trained = state[key][POSITION_OFFSET:]
+            reps = -(-(rows - POSITION_OFFSET) // trained.shape[0])
+            tiled = trained.repeat(reps, *([1] * (trained.dim() - 1)))[: rows - POSITION_OFFSET]
+            out[key] = torch.cat([state[key][:POSITION_OFFSET], tiled], 0)
+            grown.append(f"{side} {have - POSITION_OFFSET}->{rows - POSITION_OFFSET} positions")
     if cut:
         logger.info(
             f"{where}: kept the first positions of the learned position embeddings ({'; '.join(cut)} "
             f"rows), as --max-source-positions / --max-target-positions ask"
         )
+    if grown:
+        logger.info(
+            f"{where}: extended the learned position embeddings by copying the trained rows ({'; '.join(grown)}), "
+            "as --max-source-positions / --max-target-positions ask"
+        )
+    return out
+
+
+def _layer_count(state: dict[str, torch.Tensor], side: str) -> int:
+    found = [int(m.group(1)) for k in state if (m := re.match(rf"{side}\.layers\.(\d+)\.", k))]
+    return max(found) + 1 if found else 0
+
+
+def parse_layers_to_keep(value: Any, flag: str) -> list[int] | None:
+    """--encoder/--decoder-layers-to-keep "0,5,11" as sorted layer indices (fairseq sorts them too)."""
+    if value in (None, ""):
+        return None
+    try:
+        layers = [int(x) for x in str(value).split(",")]
+    except ValueError:
+        raise SeqtrainError(
+            f"{flag}: expected comma-separated layer indices like 0,5,11, got {value!r}"
+        ) from None
+    if any(i < 0 for i in layers) or len(set(layers)) != len(layers):
+        raise SeqtrainError(f"{flag}: layer indices must be distinct and >= 0, got {value!r}")
+    return sorted(layers)
+
+
+def keep_layers(state: dict[str, torch.Tensor], args: Any, where: str) -> dict[str, torch.Tensor]:
+    """fairseq's prune_state_dict: with --encoder-layers-to-keep / --decoder-layers-to-keep, keep those layers
+    of a deeper checkpoint, renumbered 0, 1, ... in index order (how DistilBART's students were made); the other
+    layers are dropped. A state that already has as many layers as are kept (the student's own checkpoint, a
+    resume) is left as it is. Logs one line."""
+    out, done = dict(state), []
+    for side in ("encoder", "decoder"):
+        flag = f"--{side}-layers-to-keep"
+        keep = parse_layers_to_keep(getattr(args, f"{side}_layers_to_keep", None), flag)
+        have = _layer_count(state, side)
+        if keep is None or have == len(keep):
+            continue
+        if keep[-1] >= have:
+            raise SeqtrainError(
+                f"{where}: {flag} {keep[-1]}: the checkpoint has {have} {side} layers (0-{have - 1})"
+            )
+        new_index = {old: new for new, old in enumerate(keep)}
+        prefix = re.compile(rf"^({side}\.layers\.)(\d+)(\..*)$")
+        for k in state:
+            m = prefix.match(k)
+            if m is None:
+                continue
+            del out[k]
+            old = int(m.group(2))
+            if old in new_index:
+                out[f"{m.group(1)}{new_index[old]}{m.group(3)}"] = state[k]
+        done.append(f"{side} layers {','.join(map(str, keep))} of {have}")
+    if done:
+        logger.info(f"{where}: kept {'; '.join(done)}, renumbered from 0")
     return out
 
 
@@ -109,7 +183,7 @@ def check_state_fits(model: torch.nn.Module, state: dict[str, torch.Tensor], whe
     for key in POSITION_KEYS:
         if key in state and key in expected and state[key].shape[0] < expected[key].shape[0]:
             side = key.split(".")[0]
-            usable = state[key].shape[0] - 2  # fairseq's offset: padding index + 1 rows come first
+            usable = state[key].shape[0] - POSITION_OFFSET
             raise SeqtrainError(
                 f"{where}: the checkpoint has learned positions for {usable} {side} tokens, fewer than the model "
                 f"asks for; pass --max-{'source' if side == 'encoder' else 'target'}-positions {usable} or less"

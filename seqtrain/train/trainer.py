@@ -49,7 +49,7 @@ from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.iterators import spare_data_workers
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
-from seqtrain.models.resize import check_state_fits, fit_positions, resize_embeddings
+from seqtrain.models.resize import check_state_fits, fit_positions, keep_layers, resize_embeddings
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
 from seqtrain.tasks.step import StepContext
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
@@ -444,7 +444,7 @@ class Trainer:
 
     def _load_model_state(self, model_state: dict[str, torch.Tensor], where: str) -> None:
         state = resize_embeddings(
-            model_state,
+            keep_layers(model_state, self.args, where),
             len(self.task.src_dict),
             len(self.task.tgt_dict),
             padding_idx=self.task.src_dict.pad(),

@@ -507,7 +507,8 @@ def test_hf_import_brings_a_working_tokenizer(tmp_path, transformers, as_tokeniz
 
 
 def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
-    """Fine-tuning with fewer positions than the checkpoint keeps the first rows; more positions is a clear error."""
+    """Fine-tuning with fewer positions than the checkpoint keeps the first rows; a state with fewer rows than the
+    model is a clear error unless fit_positions extended it first (tests/unit/models/test_resize.py)."""
     from seqtrain.models.bart import build_model
     from seqtrain.models.resize import check_state_fits, fit_positions
     from seqtrain.registry import ARCHS
