@@ -56,6 +56,8 @@ BOUNDS: dict[str, Bounds] = {
     "validate_interval": POSITIVE_INT,
     "save_interval": POSITIVE_INT,
     "update_freq": POSITIVE_INT,
+    "ema_decay": PROBABILITY,
+    "ema_update_freq": POSITIVE_INT,
     "total_num_update": POSITIVE_INT,
     "force_anneal": POSITIVE_INT,
     "keep_best_checkpoints": OFF_OR_COUNT,

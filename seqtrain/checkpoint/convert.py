@@ -35,6 +35,14 @@ def convert(args: argparse.Namespace) -> None:
         unsafe=args.unsafe_load,
         require_dict=args.to != "hf",
     )
+    if getattr(args, "ema", False):
+        ema = ((ck.state or {}).get("extra_state") or {}).get("ema")
+        if not isinstance(ema, dict) or not ema:
+            raise SeqtrainError(
+                f"{args.input}: no EMA of the weights in it (train with --store-ema to keep one)"
+            )
+        ck.model = dict(ema)
+        logger.info(f"{args.input}: exporting the EMA of the weights (--ema)")
     for note in ck.notes:
         logger.info(f"{args.input}: {note}")
     if ck.src_dict is None:

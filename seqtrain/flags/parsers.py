@@ -421,6 +421,47 @@ def add_validation_args(parser: argparse.ArgumentParser, group: Any = None) -> N
     )
 
 
+def add_ema_args(parser: argparse.ArgumentParser) -> None:
+    """fairseq's EMA flags (seqtrain.optim.ema), plus --validate-with-ema."""
+    g = parser.add_argument_group("EMA of the weights")
+    _add(
+        g,
+        parser,
+        "--store-ema",
+        action="store_true",
+        help="keep an exponential moving average of the weights",
+    )
+    _add(g, parser, "--ema-decay", type=float, default=0.9999, metavar="D", help="EMA decay")
+    _add(
+        g,
+        parser,
+        "--ema-start-update",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the EMA copies the weights (decay 0) until this many updates",
+    )
+    _add(
+        g,
+        parser,
+        "--ema-seed-model",
+        default=None,
+        metavar="FILE",
+        help="start the EMA from this checkpoint's EMA (or its weights) instead of the model",
+    )
+    _add(
+        g, parser, "--ema-update-freq", type=int, default=1, metavar="N", help="move the EMA every N updates"
+    )
+    _add(g, parser, "--ema-fp32", action="store_true", help="keep the EMA in fp32 whatever the model's dtype")
+    _add(
+        g,
+        parser,
+        "--validate-with-ema",
+        action="store_true",
+        help="validate (loss, --eval-rouge, checkpoint_best) with the EMA weights (seqtrain; needs --store-ema)",
+    )
+
+
 def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("Checkpoint")
     _add(g, parser, "--save-dir", default="checkpoints", metavar="DIR", help="where to save checkpoints")
@@ -573,6 +614,7 @@ _GROUP_ORDER = (
     "Optimization",
     "Optimizer",
     "LR scheduler",
+    "EMA",
     "Checkpoint",
     "Distributed",
 )
@@ -646,6 +688,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     _retitle(criterions.add_args(parser), "Criterion")
     add_optimization_args(parser)
     add_rouge_args(parser, dataset)
+    add_ema_args(parser)
     add_checkpoint_args(parser)
     add_distributed_args(parser)
     add_tracking_args(parser)
@@ -824,6 +867,11 @@ def get_convert_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="checkpoint file (seqtrain / fairseq) or Hugging Face model folder")
     p.add_argument("output", help="output file (--to seqtrain / fairseq) or folder (--to hf)")
     p.add_argument("--to", required=True, choices=FORMATS, help="output format")
+    p.add_argument(
+        "--ema",
+        action="store_true",
+        help="export the EMA of the weights a --store-ema run kept (extra_state['ema']) instead of the weights",
+    )
     p.add_argument(
         "--from",
         dest="from_format",

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
+from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
 from seqtrain.distributed import call_main, is_master
@@ -164,7 +165,12 @@ def _train(args: argparse.Namespace) -> int:
         )
 
     manager = CheckpointManager(args, config)
-    _, epoch_itr = manager.restore(trainer, get_train_iterator)
+    extra_state, epoch_itr = manager.restore(trainer, get_train_iterator)
+    seed = getattr(args, "ema_seed_model", None)
+    if seed and extra_state is None:  # a first launch: the EMA starts from --ema-seed-model's
+        if not os.path.exists(seed):
+            raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
+        trainer.seed_ema(read_checkpoint(seed, unsafe=args.unsafe_load, require_dict=False), seed)
     tracker = make_trackers(args) if is_master(args) else None
     loop = TrainLoop(args, trainer, task, manager, tracker)
     try:
@@ -413,6 +419,10 @@ class TrainLoop:
 
     def validate(self, epoch: int) -> float | None:
         """Validate on each --valid-subset; returns the --best-checkpoint-metric of the first one."""
+        with self.trainer.validation_weights():  # the EMA's with --validate-with-ema
+            return self._validate(epoch)
+
+    def _validate(self, epoch: int) -> float | None:
         args, trainer = self.args, self.trainer
         first: float | None = None
         for subset in args.valid_subset.split(","):

@@ -51,6 +51,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.resize import check_state_fits, fit_positions, keep_layers, resize_embeddings
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
+from seqtrain.optim.ema import EMA
 from seqtrain.tasks.step import StepContext
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 
@@ -75,6 +76,12 @@ class TrainerConfig:
     cudnn_attention: bool = False
     clip_norm: float = 0.0
     optimizer: str = "adam"
+    store_ema: bool = False
+    ema_decay: float = 0.9999
+    ema_start_update: int = 0
+    ema_update_freq: int = 1
+    ema_fp32: bool = False
+    validate_with_ema: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainerConfig:
@@ -115,6 +122,12 @@ class Trainer:
         self.optimizer = build_optimizer(args, self.model.parameters())
         self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
         self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
+        for flag in ("validate_with_ema", "ema_seed_model"):
+            if getattr(args, flag, None) and not cfg.store_ema:
+                raise SeqtrainError(
+                    f"--{flag.replace('_', '-')} needs --store-ema (there is no EMA without it)"
+                )
+        self.ema = self._new_ema() if cfg.store_ema else None
         self.num_updates = 0
         self.lr_step_update()
         # meters: the epoch ("train"), the current log interval ("train_inner"), the last validation ("valid")
@@ -133,6 +146,10 @@ class Trainer:
         self._dummy_batch: dict[str, Any] | None = None
         self._valid_start: float | None = None
         spare_data_workers(self.state_tensors)  # forked DataLoader workers free their copies
+
+    def _new_ema(self) -> EMA:
+        c = self.cfg
+        return EMA(self.model, c.ema_decay, c.ema_start_update, c.ema_update_freq, c.ema_fp32)
 
     def state_tensors(self) -> list[torch.Tensor]:
         """The tensors of the training state: weights, buffers, gradients and optimizer state."""
@@ -311,6 +328,8 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.update()
         self.set_num_updates(self.num_updates + 1)
+        if self.ema is not None:
+            self.ema.step(self.model, self.num_updates)
         return self._log_train_stats([totals], gnorm, start, flops)
 
     def _check_finite(self, totals: dict[str, float], gnorm: float) -> None:
@@ -372,6 +391,13 @@ class Trainer:
         return {**stats, "gnorm": gnorm, "lr": self.get_lr(), "num_updates": self.num_updates}
 
     # ------------------------------------------------------------------------------------------------ validation
+    def validation_weights(self) -> contextlib.AbstractContextManager:
+        """The weights validation runs with: the EMA's with --validate-with-ema (the model's own are back after
+        the block), else the model's."""
+        if self.ema is not None and self.cfg.validate_with_ema:
+            return self.ema.applied_to(self.model)
+        return contextlib.nullcontext()
+
     def begin_valid(self) -> None:
         self.meters["valid"].reset()
         self._valid_start = time.perf_counter()
@@ -419,6 +445,8 @@ class Trainer:
                 "previous_training_time": self.cumulative_training_time(),
             }
         )
+        if self.ema is not None:  # fairseq's keys: extra_state["ema"] (and "ema_fp32_params")
+            extra.update(self.ema.state_dict())
         return make_checkpoint_state(
             self.args,
             distributed.model_state_dict(self.model),
@@ -457,6 +485,8 @@ class Trainer:
     def load_model_weights(self, contents: Any, where: str) -> None:
         """Only the weights of a checkpoint of any supported format (--finetune-from-model, foreign files)."""
         self._load_model_state(contents.model, where)
+        if self.ema is not None:  # the EMA follows the weights training starts from
+            self.ema = self._new_ema()
 
     def load_state_dict(
         self,
@@ -513,7 +543,27 @@ class Trainer:
             self._start_time = time.time()
         if extra.get("rng") is not None:
             set_rng_state(extra["rng"])
+        if self.ema is not None:
+            if "ema" in extra:
+                self.ema.load_state_dict(extra, where)
+            else:  # fairseq: a checkpoint without an EMA starts it from the weights just loaded
+                logger.info(f"{where} has no EMA: --store-ema starts it from the loaded weights")
+                self.ema = EMA(
+                    self.model,
+                    self.cfg.ema_decay,
+                    self.cfg.ema_start_update,
+                    self.cfg.ema_update_freq,
+                    self.cfg.ema_fp32,
+                )
         return extra
+
+    def seed_ema(self, contents: Any, where: str) -> None:
+        """--ema-seed-model: the EMA starts from that checkpoint's EMA (or, without one, its weights)."""
+        extra = (contents.state or {}).get("extra_state") or {}
+        if "ema" in extra:
+            self.ema.load_state_dict(extra, where)
+        else:
+            self.ema.load_state_dict({"ema": contents.model}, where)
 
 
 def log_criterion_stats(meters: MetersDict, stats: dict[str, float], start: float | None = None) -> None:

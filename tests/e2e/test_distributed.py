@@ -118,6 +118,10 @@ def train_args(data: str, save_dir: str, *extra: str) -> list:
         "--validate-interval",
         "5",
         "--no-epoch-checkpoints",
+        # an EMA of the weights rides along: it must follow the same updates on every rank and layout
+        "--store-ema",
+        "--ema-decay",
+        "0.8",
         "--save-dir",
         save_dir,
         "--log-file",
@@ -214,6 +218,8 @@ def test_torchrun_ddp_matches_one_process_with_update_freq(reference, torchrun_d
     print(f"max parameter difference = {diff:.2e}")
     assert diff <= DDP_ATOL, diff
     assert max_diff(ref["model"], model_of(reference, "checkpoint_2_3.pt")["model"]) > 1e-3  # it did train
+    assert max_diff(ref["extra_state"]["ema"], ddp["extra_state"]["ema"]) <= DDP_ATOL  # --store-ema alike
+    assert max_diff(ref["extra_state"]["ema"], ref["model"]) > 1e-4
     # logged per-update figures and validation losses are the single process's (summed over ranks)
     assert figures(save_dir) == figures(reference)
     assert len(figures(save_dir)) == MAX_UPDATE
@@ -282,6 +288,8 @@ def test_fsdp_spawned_resumes_one_process_checkpoint(databin, reference, torchru
     print(f"max |FSDP - DDP| = {diff:.2e}")
     assert diff <= FSDP_ATOL, diff
     assert max_diff(model_of(reference)["model"], fsdp["model"]) <= FSDP_ATOL
+    # the EMA: resumed into sharded DTensors, moved on each rank's shard, gathered whole into the checkpoint
+    assert max_diff(ddp["extra_state"]["ema"], fsdp["extra_state"]["ema"]) <= FSDP_ATOL
     got, want = figures(save_dir)[-7:], figures(reference)[-7:]
     assert [f["num_updates"] for f in got] == [4, 5, 6, 7, 8, 9, 10]
     for g, w in zip(got, want):

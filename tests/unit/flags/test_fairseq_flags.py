@@ -39,7 +39,7 @@ def test_amp_dataset_impl_profile_and_generate_positions():
     "argv, tool, flag",
     [
         (TRAIN + ["--fp16-no-flatten-grads"], "fairseq-train", "--fp16-no-flatten-grads"),
-        (TRAIN + ["--ema-decay", "0.9"], "fairseq-train", "--ema-decay"),
+        (TRAIN + ["--skip-remainder-batch"], "fairseq-train", "--skip-remainder-batch"),
         (TRAIN + ["--encoder-layerdrop=0.1"], "fairseq-train", "--encoder-layerdrop"),
         (GENERATE + ["--print-alignment"], "fairseq-generate", "--print-alignment"),
         (GENERATE + ["--lr-scheduler", "fixed"], "fairseq-generate", "--lr-scheduler"),

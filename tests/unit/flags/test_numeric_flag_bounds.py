@@ -66,6 +66,10 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
         )
     },
     ("train", "--decay-rate"): {"0": "Adafactor decay rate 0: beta2 fixed at 0 (no averaging)"},
+    ("train", "--ema-decay"): {
+        "0": "EMA decay 0: the EMA is a copy of the weights (fairseq's rule before --ema-start-update)"
+    },
+    ("train", "--ema-start-update"): {"0": "the EMA decays from the first update (the default)"},
     **{
         ("generate", flag): _ZERO_OFF
         for flag in ("--max-len-a", "--max-len-b", "--no-repeat-ngram-size", "--prefix-size")
