@@ -421,6 +421,33 @@ def add_validation_args(parser: argparse.ArgumentParser, group: Any = None) -> N
     )
 
 
+def add_freeze_args(parser: argparse.ArgumentParser) -> None:
+    """Frozen weights for fine-tuning (seqtrain.models.freeze)."""
+    g = parser.add_argument_group("Fine-tuning: frozen weights")
+    _add(
+        g,
+        parser,
+        "--freeze-encoder",
+        action="store_true",
+        help="train no encoder weight (with --share-all-embeddings this freezes the shared token embeddings too)",
+    )
+    _add(
+        g,
+        parser,
+        "--freeze-embeddings",
+        action="store_true",
+        help="train no token or position embedding (nor the output projection tied to them)",
+    )
+    _add(
+        g,
+        parser,
+        "--freeze-params",
+        default=None,
+        metavar="REGEX",
+        help="train no parameter whose name matches REGEX (re.search; e.g. 'decoder\\.layers\\.[0-2]\\.')",
+    )
+
+
 def add_ema_args(parser: argparse.ArgumentParser) -> None:
     """fairseq's EMA flags (seqtrain.optim.ema), plus --validate-with-ema."""
     g = parser.add_argument_group("EMA of the weights")
@@ -614,6 +641,7 @@ _GROUP_ORDER = (
     "Optimization",
     "Optimizer",
     "LR scheduler",
+    "Fine-tuning",
     "EMA",
     "Checkpoint",
     "Distributed",
@@ -688,6 +716,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     _retitle(criterions.add_args(parser), "Criterion")
     add_optimization_args(parser)
     add_rouge_args(parser, dataset)
+    add_freeze_args(parser)
     add_ema_args(parser)
     add_checkpoint_args(parser)
     add_distributed_args(parser)

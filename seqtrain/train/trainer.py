@@ -49,6 +49,7 @@ from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.iterators import spare_data_workers
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
+from seqtrain.models.freeze import freeze
 from seqtrain.models.resize import check_state_fits, fit_positions, keep_layers, resize_embeddings
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
 from seqtrain.optim.ema import EMA
@@ -112,6 +113,13 @@ class Trainer:
         self.model = model.to(self.device)
         if hasattr(criterion, "to"):
             self.criterion = criterion.to(self.device)
+        # Frozen weights first: DDP registers, and the optimizer keeps state for, trainable parameters only.
+        freeze(
+            self.model,
+            bool(getattr(args, "freeze_encoder", False)),
+            bool(getattr(args, "freeze_embeddings", False)),
+            getattr(args, "freeze_params", None),
+        )
         # Several ranks: DDP around the model, or FSDP sharding it in place (before the optimizer sees it).
         self.world_size = distributed.get_world_size()
         parallel = distributed.DataParallelConfig.from_args(args)
