@@ -64,6 +64,39 @@ def batch_layout(
     return layout
 
 
+def split_batch(batch: dict[str, Any], pad_idx: int, min_pad_fraction: float = PACK_MIN_PAD_FRACTION) -> list:
+    """A collated training batch as two: the first half of its rows and the rest, each with the columns that
+    are padding in all its rows dropped and its layout, target rows and token count made again (on the CPU, as
+    the collater makes them). The two hold the same examples, so their sample sizes add up to the batch's."""
+    n = batch["nsentences"]
+    if n < 2:
+        raise ValueError("a batch of one example cannot be split")
+    halves = []
+    for rows in (slice(0, n // 2), slice(n // 2, n)):
+        net = batch["net_input"]
+        src = net["src_tokens"][rows]
+        src = src[:, src.ne(pad_idx).any(0)]
+        prev, target = net["prev_output_tokens"][rows], batch["target"][rows]
+        cols = target.ne(pad_idx).any(0) | prev.ne(pad_idx).any(0)
+        prev, target = prev[:, cols], target[:, cols]
+        halves.append(
+            {
+                "id": batch["id"][rows],
+                "nsentences": src.size(0),
+                "ntokens": int(target.ne(pad_idx).sum()),
+                "net_input": {
+                    "src_tokens": src,
+                    "src_lengths": net["src_lengths"][rows],
+                    "prev_output_tokens": prev,
+                    "layout": batch_layout(src, prev, pad_idx, min_pad_fraction),
+                },
+                "target": target,
+                "target_rows": target.ne(pad_idx).reshape(-1).nonzero().squeeze(1),
+            }
+        )
+    return halves
+
+
 def shift_eos_to_front(target: torch.Tensor, eos_idx: int) -> torch.Tensor:
     """Decoder input for teacher forcing: `a b c </s>` -> `</s> a b c` (fairseq's move_eos_to_beginning)."""
     out = target.new_empty(target.shape)

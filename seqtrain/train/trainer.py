@@ -47,6 +47,7 @@ from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.config import from_args
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.iterators import spare_data_workers
+from seqtrain.data.pair_dataset import split_batch
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.freeze import freeze
@@ -59,8 +60,11 @@ from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 logger = logging.getLogger("seqtrain.trainer")  # the name log lines have always shown
 
 
-def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+def _is_oom(e: BaseException, device: torch.device) -> bool:
+    return isinstance(e, torch.cuda.OutOfMemoryError) or (device.type == "cuda" and "out of memory" in str(e))
+
+
+_SPLIT = object()  # Trainer._train_step's answer when it split a batch after an OOM: run the update again
 
 
 @dataclass
@@ -230,7 +234,19 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ training
     def train_step(self, samples: list[dict[str, Any]]) -> dict[str, float] | None:
         """One optimizer update over `samples` (update_freq batches). Returns the update's stats, or None when
-        the update was skipped (CUDA out of memory, fp16 overflow)."""
+        the update was skipped (fp16 overflow; out of memory on one example, or with several ranks).
+
+        A batch that runs out of memory is split in two and the update run again from its first batch (same
+        seed, so the batches before it draw the same dropout): the same examples and sample size, so the same
+        update up to summation order and the split batch's dropout masks. Halves are split again down to one
+        example; each split is logged and counted (meter `oom_split`)."""
+        samples = list(samples)
+        while True:
+            result = self._train_step(samples)
+            if result is not _SPLIT:
+                return result
+
+    def _train_step(self, samples: list[dict[str, Any]]) -> Any:
         self._set_seed()
         if not self.model.training:  # (train() walks every module: host time on each step)
             self.model.train()
@@ -244,6 +260,7 @@ class Trainer:
             # the criterion makes gradients in its forward pass (projected loss): it scales them before fp16
             self.criterion.loss_scale = self.scaler.loss_scale
         for i, sample in enumerate(samples):
+            host_sample = sample
             is_dummy = not sample  # an empty batch (a short shard) still runs, with zero weight
             if is_dummy:
                 if self._dummy_batch is None:
@@ -276,7 +293,7 @@ class Trainer:
                         ignore_grad=is_dummy,
                     )
             except RuntimeError as e:
-                if not (self.device.type == "cuda" and _is_oom(e)):
+                if not _is_oom(e, self.device):
                     raise
                 if self.world_size > 1:  # one rank cannot skip an update the others are reducing
                     raise SeqtrainError(
@@ -287,7 +304,13 @@ class Trainer:
                 oom = str(e).splitlines()[0] if str(e) else type(e).__name__
             if oom is not None:
                 # Recover outside the except block: the traceback's frames hold the step's tensors until then.
-                self._recover_from_oom(oom)
+                if not is_dummy and host_sample.get("nsentences", 0) > 1:
+                    samples[i : i + 1] = split_batch(host_sample, self.task.tgt_dict.pad())
+                    self._after_oom(
+                        f"splitting batch {i + 1}'s {host_sample['nsentences']} examples in two", oom
+                    )
+                    return _SPLIT
+                self._after_oom("skipping this update", oom)
                 return None
             if not is_dummy:
                 logging_outputs.append(log)
@@ -368,13 +391,15 @@ class Trainer:
             "broken examples"
         )
 
-    def _recover_from_oom(self, message: str) -> None:
-        logger.warning(f"out of memory in update {self.num_updates + 1}; skipping this update ({message})")
+    def _after_oom(self, action: str, message: str) -> None:
+        logger.warning(f"out of memory in update {self.num_updates + 1}; {action} ({message})")
         self.optimizer.zero_grad()
         self._dummy_batch = None
+        meter = "oom" if action.startswith("skipping") else "oom_split"
         for meters in (self.meters["train"], self.meters["train_inner"]):
-            meters.log_sum("oom", 1)
-        torch.cuda.empty_cache()
+            meters.log_sum(meter, 1)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _log_train_stats(
         self, logging_outputs: list[dict[str, Any]], gnorm: float, start: float, flops: float = 0.0
