@@ -73,7 +73,8 @@ def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
             if isinstance(default, (int, float)) and not isinstance(default, bool):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise SeqtrainError(f"--eval-rouge-args: {key} must be a number, got {value!r}")
-                value = type(default)(value)
+                if isinstance(default, float):
+                    value = float(value)  # an int flag keeps a float, for check_generation_args to refuse
             setattr(args, dest, value)
     else:
         try:
