@@ -9,7 +9,6 @@ so a sentence gets the same summary from each (a hypothesis does not depend on i
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -29,6 +28,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import loads_bounded
 from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.sequence_generator import generate_batch
 from seqtrain.tasks.translation import infer_language_pair
@@ -285,8 +285,8 @@ def decode(loaded: GenerationModel, tokens: torch.Tensor) -> str:
 
 def parse_overrides(text: str) -> dict[str, Any]:
     try:
-        out = json.loads(text)
-    except json.JSONDecodeError as e:
+        out = loads_bounded(text)
+    except ValueError as e:  # also JSONBoundsError: nesting past 100 levels, an integer of 100 digits
         raise SeqtrainError(f"--model-overrides: not valid JSON ({e})") from None
     if not isinstance(out, dict):
         raise SeqtrainError("--model-overrides: give a JSON object, e.g. '{\"dropout\": 0.0}'")

@@ -50,7 +50,13 @@ from seqtrain.data.iterators import spare_data_workers
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.resize import check_state_fits, fit_positions, resize_embeddings
-from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
+from seqtrain.optim import (
+    DynamicLossScaler,
+    GradientOverflow,
+    build_lr_scheduler,
+    build_optimizer,
+    check_optimizer_overrides,
+)
 from seqtrain.tasks.step import StepContext
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 
@@ -488,8 +494,11 @@ class Trainer:
                     distributed.load_optimizer_state_dict(
                         self.model, self.optimizer.optimizer, state["optimizer"]
                     )
+                    overrides = check_optimizer_overrides(
+                        optimizer_overrides or {}, self.optimizer.param_groups[0]
+                    )
                     for group in self.optimizer.param_groups:
-                        group.update(optimizer_overrides or {})
+                        group.update(overrides)
                 else:
                     self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
             except (ValueError, KeyError) as e:

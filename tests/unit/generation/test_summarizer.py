@@ -298,3 +298,28 @@ def test_generation_config_is_checked_as_the_command_line_checks(hf_tiny, config
         path.unlink()
     assert str(e.value).startswith(f"{path}: {message}"), str(e.value)
     assert Summarizer.from_pretrained(folder).generation_defaults == {}  # the folder without it loads
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            {"encoder_embed_dim": "x"},
+            "--model-overrides: encoder_embed_dim='x' does not fit the checkpoint's encoder_embed_dim=",
+        ),
+        ({"dropout": 5}, "--model-overrides: dropout=5: must be between 0 and 1, got 5"),
+        (
+            {"decoder_layers": 3},
+            "--model-overrides: model arg decoder_layers=3 but the weights hold 2 decoder",
+        ),
+        ([1], "--model-overrides: give a JSON object"),
+    ],
+)
+def test_model_overrides_are_checked_before_the_model_is_built(tiny, overrides, message):
+    """Before (issue 31): '{"encoder_embed_dim": "x"}' reached the model builder (a TypeError traceback)."""
+    from seqtrain import Summarizer
+
+    tmp, _, _, _ = tiny
+    with pytest.raises(SeqtrainError) as e:
+        Summarizer.from_pretrained(tmp / "seqtrain.pt", model_overrides=overrides)
+    assert str(e.value).startswith(message), str(e.value)
