@@ -292,11 +292,20 @@ def _bounded_int(digits: str) -> int:
     return int(digits)
 
 
-def loads_bounded(text: str) -> Any:
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JSONBoundsError(f"{key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+def loads_bounded(text: str, unique_keys: bool = False) -> Any:
     """json.loads with the nesting and integer sizes bounded before anything is built: raises
     JSONBoundsError (a ValueError) past MAX_NESTING levels or for an integer of more than MAX_INT_DIGITS
-    digits (Python's own int-str limit raises a bare ValueError at 4,300), json.JSONDecodeError as
-    json.loads does."""
+    digits (Python's own int-str limit raises a bare ValueError at 4,300), and with `unique_keys` for a key
+    given twice in one object (json.loads keeps the last); json.JSONDecodeError as json.loads does."""
     if json_nesting(text) > MAX_NESTING:
         raise JSONBoundsError(f"nested more than {MAX_NESTING} levels deep")
-    return json.loads(text, parse_int=_bounded_int)
+    return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_pairs if unique_keys else None)

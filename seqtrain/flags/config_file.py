@@ -144,7 +144,7 @@ def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
     text = _read_text(path)
     if text.lstrip().startswith("{"):
         try:
-            values = loads_bounded(text)
+            values = loads_bounded(text, unique_keys=True)
         except JSONBoundsError as e:
             raise SeqtrainError(f"--config {path}: {e.msg}") from None
         except ValueError as e:
@@ -236,6 +236,7 @@ def apply_config(
     unless it is a key of `ignore` (the flags of the other CLI: one config serves training and generation)."""
     by_key = actions_by_key(parser)
     defaults: dict[str, Any] = {}
+    given: dict[str, str] = {}  # dest -> the key that set it
     for key, value in values.items():
         where = f"--config {path}" + (f" line {lines.get(key)}" if lines.get(key) else "") + f" ({key})"
         action = by_key.get(key.lstrip("-")) or by_key.get(key.lstrip("-").replace("-", "_"))
@@ -253,6 +254,11 @@ def apply_config(
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise SeqtrainError(f"{where}: unknown option {key!r}{hint}")
             continue
+        if action.dest in defaults:  # max-tokens and max_tokens: one flag, two values, the last won silently
+            raise SeqtrainError(
+                f"{where}: {key!r} and {given[action.dest]!r} name the same flag; give it once"
+            )
+        given[action.dest] = key
         defaults[action.dest] = _convert(action, value, where)
         if not action.option_strings:
             # A positional (DATA) given in the config becomes optional on the command line.

@@ -207,6 +207,16 @@ BOUNDED = [
     ("seed.yaml", "arch: bart_tiny\nseed: 3.7\n", "seed.yaml line 2 (seed): invalid value 3.7 (expected an"),
     ("seed.json", '{"arch": "bart_tiny", "seed": 3.0}', "seed.json (seed): invalid value 3.0 (expected an"),
     ("big.yaml", "arch: bart_tiny\n#" + "x" * (1 << 20) + "\n", "big.yaml: larger than 1 MiB; a config"),
+    (
+        "dup.json",
+        '{"arch": "bart_tiny", "lr": 0.1, "lr": 0.2}',
+        "dup.json: 'lr' is given twice in one object",
+    ),
+    (
+        "spell.yaml",
+        "max-tokens: 10\nmax_tokens: 20\n",
+        "spell.yaml line 2 (max_tokens): 'max_tokens' and 'max-tok",
+    ),
 ]
 
 
