@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import json
 import os
 import re
 import shutil
@@ -31,7 +32,7 @@ import stat
 import sys
 import tempfile
 from collections.abc import Iterator
-from typing import IO
+from typing import IO, Any
 
 from seqtrain.errors import SeqtrainError
 
@@ -256,3 +257,55 @@ def link_or_copy(src: str, dst: str | os.PathLike) -> None:
                 os.unlink(tmp)
     with open(src, "rb") as fin, atomic_write(target.path, "wb") as fout:
         shutil.copyfileobj(fin, fout, 1 << 24)
+
+
+# ---- reading small JSON inputs (config files, JSON lines, Hugging Face settings) within bounds
+
+MAX_NESTING = 100  # levels of [ and { in one JSON value; flag values and examples need a handful
+MAX_INT_DIGITS = 100  # digits of one integer: every numeric setting's range ends far below 10^100
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def json_nesting(text: str) -> int:
+    """How deep [ and { nest in the JSON `text` (brackets inside strings do not count), without parsing it:
+    json.loads recurses once per level and ends in a RecursionError past Python's recursion limit."""
+    if text.count("[") + text.count("{") <= MAX_NESTING:
+        return 0  # cannot reach the cap: the common case costs two counts
+    depth = deepest = 0
+    for ch in re.findall(r"[\[\]{}]", _JSON_STRING.sub('""', text)):
+        depth += 1 if ch in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+class JSONBoundsError(ValueError):
+    """JSON text past MAX_NESTING or MAX_INT_DIGITS; `msg` says which (no line: the callers name theirs)."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg)
+        self.msg = msg
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise JSONBoundsError(f"an integer of {len(digits.lstrip('-'))} digits (at most {MAX_INT_DIGITS})")
+    return int(digits)
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise JSONBoundsError(f"{key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+def loads_bounded(text: str, unique_keys: bool = False) -> Any:
+    """json.loads with the nesting and integer sizes bounded before anything is built: raises
+    JSONBoundsError (a ValueError) past MAX_NESTING levels or for an integer of more than MAX_INT_DIGITS
+    digits (Python's own int-str limit raises a bare ValueError at 4,300), and with `unique_keys` for a key
+    given twice in one object (json.loads keeps the last); json.JSONDecodeError as json.loads does."""
+    if json_nesting(text) > MAX_NESTING:
+        raise JSONBoundsError(f"nested more than {MAX_NESTING} levels deep")
+    return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_pairs if unique_keys else None)

@@ -6,9 +6,9 @@ A process started by srun (SLURM_STEP_ID and SLURM_PROCID set) is one task of th
   - one task per node (SLURM_NTASKS_PER_NODE == 1) with several devices: the task spawns one process per GPU of
     its node (--distributed-world-size / nodes on the CPU), ranks SLURM_NODEID * per_node + i.
 The rendezvous is tcp://FIRST_HOST:PORT: FIRST_HOST is the first host of SLURM_STEP_NODELIST (or
-SLURM_JOB_NODELIST, SLURM_NODELIST), expanded by `scontrol show hostnames` where scontrol exists and by
-`expand_hostlist` otherwise; PORT is --distributed-port, or else derived from SLURM_JOB_ID, so every task
-computes the same one.
+SLURM_JOB_NODELIST, SLURM_NODELIST), from `scontrol show hostnames` where scontrol exists and from
+`iter_hostlist` otherwise, only the first host made either way (`node[0-99999999]` is never expanded whole);
+PORT is --distributed-port, or else derived from SLURM_JOB_ID, so every task computes the same one.
 torchrun's variables (RANK, WORLD_SIZE, ...), when present, win (`srun torchrun ...` works too).
 """
 
@@ -18,6 +18,8 @@ import os
 import re
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from seqtrain.errors import SeqtrainError
@@ -29,22 +31,40 @@ _BRACKET = re.compile(r"\[([^\]]*)\]")
 def expand_hostlist(text: str) -> list[str]:
     """SLURM's compressed host list: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5; several bracket
     groups in one name expand to every combination ("r[1-2]n[1-2]": r1n1 r1n2 r2n1 r2n2)."""
-    hosts: list[str] = []
-    for name in _split_top_level(text.strip()):
-        m = _BRACKET.search(name)
-        if m is None:
-            if name:
-                hosts.append(name)
-            continue
-        head, tail = name[: m.start()], name[m.end() :]
-        for item in m.group(1).split(","):
-            lo, sep, hi = item.partition("-")
-            if not lo.isdigit() or (sep and not hi.isdigit()):
-                raise SeqtrainError(f"SLURM node list {text!r}: cannot read the range {item!r}")
-            values = range(int(lo), int(hi) + 1) if sep else [int(lo)]
-            for v in values:
-                hosts += expand_hostlist(f"{head}{v:0{len(lo)}d}{tail}")
-    return hosts
+    return list(iter_hostlist(text))
+
+
+def iter_hostlist(text: str) -> Iterator[str]:
+    """The hosts of a compressed host list one by one, as expand_hostlist lists them, without expanding the
+    rest: the first host of "node[0-99999999]" costs one name, not 10^8. Every range of the list is read (and
+    a bad one refused) before the first host is given."""
+    names = [name for name in _split_top_level(text.strip()) if name]
+    for name in names:
+        for item in _BRACKET.findall(name):
+            for part in item.split(","):
+                _range(text, part)
+    for name in names:
+        yield from _iter_name(text, name)
+
+
+def _range(text: str, item: str) -> tuple[range, int]:
+    """The numbers of one bracket item ("07", "01-03") and their zero-padded width."""
+    lo, sep, hi = item.partition("-")
+    if not lo.isdigit() or (sep and not hi.isdigit()):
+        raise SeqtrainError(f"SLURM node list {text!r}: cannot read the range {item!r}")
+    return (range(int(lo), int(hi) + 1) if sep else range(int(lo), int(lo) + 1)), len(lo)
+
+
+def _iter_name(text: str, name: str) -> Iterator[str]:
+    m = _BRACKET.search(name)
+    if m is None:
+        yield name
+        return
+    head, tail = name[: m.start()], name[m.end() :]
+    for item in m.group(1).split(","):
+        values, width = _range(text, item)
+        for v in values:  # a range object: numbers are made as they are taken
+            yield from _iter_name(text, f"{head}{v:0{width}d}{tail}")
 
 
 def _split_top_level(text: str) -> list[str]:
@@ -61,25 +81,43 @@ def _split_top_level(text: str) -> list[str]:
 
 
 def first_host(node_list: str) -> str:
-    """The first host of a SLURM node list: scontrol's expansion where it is installed, else ours."""
+    """The first host of a SLURM node list: scontrol's expansion where it is installed, else ours; either way
+    only the first name is made (scontrol's output is read up to its first line, then scontrol is ended)."""
     scontrol = shutil.which("scontrol")
     if scontrol is not None:
-        try:
-            out = subprocess.run(
-                [scontrol, "show", "hostnames", node_list],
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=60,
-            ).stdout.split()
-            if out:
-                return out[0]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    hosts = expand_hostlist(node_list)
-    if not hosts:
+        host = _scontrol_first_host(scontrol, node_list)
+        if host:
+            return host
+    host = next(iter_hostlist(node_list), None)
+    if host is None:
         raise SeqtrainError(f"SLURM node list {node_list!r} names no host")
-    return hosts[0]
+    return host
+
+
+def _scontrol_first_host(scontrol: str, node_list: str, timeout: float = 60) -> str | None:
+    """The first line `scontrol show hostnames LIST` prints (None if it fails or prints nothing in `timeout`
+    seconds); scontrol is killed after it, so a list of 10^8 hosts is never printed whole."""
+    try:
+        proc = subprocess.Popen(
+            [scontrol, "show", "hostnames", node_list],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            text=True,
+        )
+    except OSError:
+        return None
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        line = proc.stdout.readline().strip() if proc.stdout is not None else ""
+    finally:
+        timer.cancel()
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return line.split()[0] if line else None
 
 
 @dataclass

@@ -5,13 +5,14 @@ here instead of making the model builder allocate terabytes."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Any
 
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.flag_bounds import bounds_for, describe
+from seqtrain.flag_bounds import BOUNDS, bounds_for, check_value, describe
 
 DIM_ARGS = tuple(
     f"{side}_{name}"
@@ -66,6 +67,37 @@ def check_model_args(args: Any, model: dict[str, torch.Tensor], where: str) -> N
             raise SeqtrainError(
                 f"{where}: model arg {side}_embed_dim={dim} is not divisible by {side}_attention_heads={heads}"
             )
+
+
+def check_arch_overrides(args: Any, overrides: Any, where: str = "--model-overrides") -> None:
+    """Overrides of a checkpoint's model args (generate's --model-overrides, Summarizer's model_overrides),
+    checked before they replace anything: a JSON object whose values have the kind of the args they replace
+    (an int for an int, a number for a float, true / false for a switch, a string for a string) and lie in the
+    flag's range (seqtrain.flag_bounds) where the arg is a flag. Before (issue 31),
+    '{"encoder_embed_dim": "x"}' went into the model builder and ended in a TypeError traceback."""
+    if not isinstance(overrides, dict):
+        raise SeqtrainError(f"{where}: give a JSON object, e.g. '{{\"dropout\": 0.0}}'")
+    values = vars(args)
+    for key, value in overrides.items():
+        have = values.get(key)
+        if have is not None:
+            if isinstance(have, bool):
+                ok = isinstance(value, bool)
+            elif isinstance(have, int):
+                ok = isinstance(value, int) and not isinstance(value, bool)
+            elif isinstance(have, float):
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            else:
+                ok = isinstance(value, type(have))
+            if not ok:
+                raise SeqtrainError(
+                    f"{where}: {key}={value!r} does not fit the checkpoint's {key}={have!r} (another kind of value)"
+                )
+        if key in BOUNDS and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                check_value(key, value)
+            except argparse.ArgumentTypeError as e:
+                raise SeqtrainError(f"{where}: {key}={value!r}: {e}") from None
 
 
 def check_contents(ck: Any) -> None:

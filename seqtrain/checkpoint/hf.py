@@ -19,7 +19,8 @@ from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkp
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.data.tokenizer import GPT2BPETokenizer
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write
+from seqtrain.fileio import atomic_write, loads_bounded
+from seqtrain.flag_bounds import check_value
 from seqtrain.models.resize import EMBEDDING_KEYS
 from seqtrain.registry import ARCHS
 
@@ -366,6 +367,11 @@ _HF_GENERATION_KEYS = {
 }
 
 
+def generation_key(dest: str) -> str:
+    """The generation_config.json key(s) of a seqtrain generation flag: max_length/max_new_tokens for max_len_b."""
+    return "/".join(k for k, (d, _) in _HF_GENERATION_KEYS.items() if d == dest) or dest
+
+
 def read_generation_config(folder: str) -> tuple[dict[str, Any], Any, str | None]:
     """The generation defaults a Hugging Face folder ships, as seqtrain flag values, with transformers'
     semantics: (flag dest -> value, the forced first token id (None: none; False: the folder does not say),
@@ -376,7 +382,7 @@ def read_generation_config(folder: str) -> tuple[dict[str, Any], Any, str | None
         path = os.path.join(folder, "config.json")
     try:
         with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+            config = loads_bounded(f.read())  # nesting bounded: json.load would end in a RecursionError
     except (OSError, ValueError) as e:
         raise SeqtrainError(f"{path}: cannot read the generation settings ({e})") from None
     if not isinstance(config, dict):
@@ -398,6 +404,12 @@ def read_generation_config(folder: str) -> tuple[dict[str, Any], Any, str | None
         out[dest] = conv(value)
         if dest == "max_len_b" and out[dest] < 1:
             raise SeqtrainError(f"{path}: {key}={value!r} leaves no room for a token")
+        try:  # the command line's ranges (num_beams: 1000000 reached 8 GB; length_penalty: 1e308 a traceback)
+            check_value(dest, out[dest])
+        except argparse.ArgumentTypeError as e:
+            raise SeqtrainError(
+                f"{path}: {key}={value!r} is out of range for --{dest.replace('_', '-')} ({e})"
+            ) from None
     if out.get("sampling"):
         out["beam"] = 1  # plain sampling (transformers' beam-sample has no seqtrain counterpart)
         if out.get("sampling_topp", 1.0) >= 1.0:
@@ -408,4 +420,10 @@ def read_generation_config(folder: str) -> tuple[dict[str, Any], Any, str | None
         for dest in ("sampling", "sampling_topk", "sampling_topp", "temperature"):
             out.pop(dest, None)
     forced_bos = config["forced_bos_token_id"] if "forced_bos_token_id" in config else False
+    if forced_bos not in (None, False) and (
+        isinstance(forced_bos, bool) or not isinstance(forced_bos, int) or forced_bos < 0
+    ):
+        raise SeqtrainError(
+            f"{path}: forced_bos_token_id={forced_bos!r} is not a token id (an integer >= 0, or null)"
+        )
     return out, forced_bos, path

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.init
 
+from seqtrain.checkpoint.checks import check_arch_overrides, check_model_args
 from seqtrain.checkpoint.files import CheckpointContents
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.tokenizer import build_tokenizer
@@ -87,8 +88,11 @@ def build_from_contents(
 ) -> torch.nn.Module:
     """Build the model `ck.args` describes for `ck`'s dictionaries and load its weights (resized to fit). The
     model is built without drawing initial weights: the strict load below sets every one of them."""
-    for k, v in (arch_overrides or {}).items():
-        setattr(ck.args, k, v)
+    if arch_overrides:
+        check_arch_overrides(ck.args, arch_overrides)
+        for k, v in arch_overrides.items():
+            setattr(ck.args, k, v)
+        check_model_args(ck.args, ck.model, "--model-overrides")  # dimensions that fit the stored weights
     with _weights_left_uninitialized():
         model = build_model(ck.args, ck.src_dict, ck.tgt_dict)
     state = resize_embeddings(

@@ -15,6 +15,7 @@ from typing import Any
 
 from seqtrain.data.options import str2bool
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import MAX_INT_DIGITS, MAX_NESTING, JSONBoundsError, loads_bounded
 from seqtrain.flag_bounds import check_value
 
 
@@ -56,34 +57,112 @@ def _key_lines(node: Any) -> dict[str, Any]:
     return out
 
 
+MAX_CONFIG_BYTES = (
+    1 << 20
+)  # a config lists flags: a few KiB; 1 MiB leaves room and reads in well under a second
+
+
+def _yaml_loader(path: str, text: str) -> Any:
+    """A PyYAML SafeLoader over `text` that refuses, while composing (before any value is built): aliases
+    (`*name`, also in `<<` merges: an alias bomb of 500 bytes builds gigabytes), nesting deeper than
+    MAX_NESTING, a key given twice in one mapping (safe_load keeps the last silently) and integers of more
+    than MAX_INT_DIGITS digits (Python's int-str limit is a bare ValueError), each naming the line."""
+    import yaml  # PyYAML loads only when a --config file is given
+
+    class Loader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise SeqtrainError(
+                    f"--config {path} line {event.start_mark.line + 1}: YAML aliases (*{event.anchor}) are not "
+                    "supported; write the value out"
+                )
+            self.depth += 1
+            try:
+                if self.depth > MAX_NESTING:
+                    line = self.peek_event().start_mark.line + 1
+                    raise SeqtrainError(
+                        f"--config {path} line {line}: nested more than {MAX_NESTING} levels deep"
+                    )
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def compose_mapping_node(self, anchor: Any) -> Any:
+            node = super().compose_mapping_node(anchor)
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = (key_node.tag, key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+                line = key_node.start_mark.line + 1
+                if key is not None and key in seen:
+                    raise SeqtrainError(
+                        f"--config {path} line {line}: {key_node.value!r} is given twice (also line {seen[key]})"
+                    )
+                if key is not None:
+                    seen[key] = line
+            return node
+
+        def construct_yaml_int(self, node: Any) -> Any:
+            digits = str(self.construct_scalar(node)).lstrip("+-").replace("_", "")
+            if len(digits) > MAX_INT_DIGITS:
+                raise SeqtrainError(
+                    f"--config {path} line {node.start_mark.line + 1}: an integer of {len(digits)} digits "
+                    f"(at most {MAX_INT_DIGITS})"
+                )
+            return super().construct_yaml_int(node)
+
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    return Loader(text)
+
+
+def _read_text(path: str) -> str:
+    """The file's text, at most MAX_CONFIG_BYTES of it (checked before reading: a 100 MB file took 71 s)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as e:
+        raise SeqtrainError(f"--config {path}: cannot read ({e.strerror})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise SeqtrainError(
+            f"--config {path}: larger than {MAX_CONFIG_BYTES >> 20} MiB; a config file lists flags (a few KiB)"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SeqtrainError(f"--config {path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+
+
 def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
     """Read a config file: a JSON object, or YAML (PyYAML's safe_load). Sections (nested mappings) are
     flattened: {optimization: {lr: 0.1}} is lr: 0.1. Returns (values by flag name, line number of each key;
-    0 where unknown)."""
+    0 where unknown). Sizes are bounded before anything is built: the file (MAX_CONFIG_BYTES), its nesting
+    (MAX_NESTING), integers (MAX_INT_DIGITS); YAML aliases and keys given twice are refused."""
     import yaml  # PyYAML loads only when a --config file is given
 
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise SeqtrainError(f"--config {path}: cannot read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise SeqtrainError(f"--config {path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    text = _read_text(path)
     if text.lstrip().startswith("{"):
         try:
-            values = json.loads(text)
+            values = loads_bounded(text, unique_keys=True)
+        except JSONBoundsError as e:
+            raise SeqtrainError(f"--config {path}: {e.msg}") from None
         except ValueError as e:
             raise SeqtrainError(f"--config {path}: invalid JSON at line {e.lineno}: {e.msg}") from None
         lines: dict[str, Any] = {}
     else:
+        loader = _yaml_loader(path, text)
         try:
-            values = yaml.safe_load(text)
-            lines = _key_lines(yaml.compose(text, Loader=yaml.SafeLoader))
+            node = loader.get_single_node()
+            values = loader.construct_document(node) if node is not None else None
+            lines = _key_lines(node)
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             where = f" line {mark.line + 1}" if mark is not None else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise SeqtrainError(f"--config {path}{where}: invalid YAML: {problem}") from None
+        finally:
+            loader.dispose()
         if values is None:
             values = {}
     if not isinstance(values, dict):
@@ -117,6 +196,9 @@ def _convert(action: argparse.Action, value: Any, where: str) -> Any:
             out = json.dumps(value) if action.type in (None, str) else convert(value)
         elif action.type in (None, str):
             out = str(value)
+        elif action.type is int and isinstance(value, float):
+            # int(3.7) would truncate; the command line refuses --seed 3.7, and so does a config
+            raise ValueError("expected an integer")
         else:
             out = convert(value if action.type in (int, float) else str(value))
         check_value(action.dest, out)
@@ -154,6 +236,7 @@ def apply_config(
     unless it is a key of `ignore` (the flags of the other CLI: one config serves training and generation)."""
     by_key = actions_by_key(parser)
     defaults: dict[str, Any] = {}
+    given: dict[str, str] = {}  # dest -> the key that set it
     for key, value in values.items():
         where = f"--config {path}" + (f" line {lines.get(key)}" if lines.get(key) else "") + f" ({key})"
         action = by_key.get(key.lstrip("-")) or by_key.get(key.lstrip("-").replace("-", "_"))
@@ -171,6 +254,11 @@ def apply_config(
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise SeqtrainError(f"{where}: unknown option {key!r}{hint}")
             continue
+        if action.dest in defaults:  # max-tokens and max_tokens: one flag, two values, the last won silently
+            raise SeqtrainError(
+                f"{where}: {key!r} and {given[action.dest]!r} name the same flag; give it once"
+            )
+        given[action.dest] = key
         defaults[action.dest] = _convert(action, value, where)
         if not action.option_strings:
             # A positional (DATA) given in the config becomes optional on the command line.

@@ -1,10 +1,14 @@
-"""Generation flags, with fairseq's names and defaults (`fairseq-generate --beam 5 --lenpen 1 ...`)."""
+"""Generation flags, with fairseq's names and defaults (`fairseq-generate --beam 5 --lenpen 1 ...`), and the one
+check of generation settings (check_generation_args) that every source of them goes through."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import check_value
 
 
 def add_generation_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -96,25 +100,79 @@ def add_generation_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
     return group
 
 
-def check_generation_args(args: argparse.Namespace) -> None:
-    """fairseq's sanity checks on the generation flags, as SeqtrainErrors naming the flag."""
+def flag_name(dest: str) -> str:
+    """How the command line (and a --config file) names a generation setting: --max-len-b."""
+    return "--" + dest.replace("_", "-")
+
+
+def _kinds() -> dict[str, type]:
+    """Each generation flag's kind (bool for switches, int, float), from add_generation_args itself."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_generation_args(parser)
+    return {
+        a.dest: bool if isinstance(a, argparse._StoreTrueAction) else a.type
+        for a in parser._actions
+        if a.type in (int, float) or isinstance(a, argparse._StoreTrueAction)
+    }
+
+
+KINDS = _kinds()
+
+
+def check_generation_value(dest: str, value: Any, name: Callable[[str], str] = flag_name) -> None:
+    """One generation setting: of its flag's kind (a switch takes True / False, an int flag an int, a float
+    flag a number; never a string or a bool for a number) and in its range (seqtrain.flag_bounds), as
+    SeqtrainError naming it by `name`."""
+    kind = KINDS.get(dest)
+    if kind is None:
+        return
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        what = {bool: "True or False", int: "an integer", float: "a number"}[kind]
+        raise SeqtrainError(f"{name(dest)} must be {what}, got {value!r}")
+    try:
+        check_value(dest, value)
+    except argparse.ArgumentTypeError as e:
+        raise SeqtrainError(f"{name(dest)} {e}") from None
+
+
+def check_generation_args(args: argparse.Namespace, name: Callable[[str], str] = flag_name) -> None:
+    """The one check of generation settings, wherever they come from: the command line and --config,
+    --eval-rouge-args, a Hugging Face generation_config.json, seqtrain.Summarizer.summarize(**flags). Every
+    setting's kind and range (check_generation_value), then fairseq's checks across them, as SeqtrainErrors
+    naming each setting by `name` (the command line's --beam by default; a caller names its own source:
+    `FOLDER/generation_config.json: num_beams`, `Summarizer.summarize(beam=...)`)."""
+    for dest in KINDS:
+        if hasattr(args, dest):
+            check_generation_value(dest, getattr(args, dest), name)
     if args.beam < 1:
-        raise SeqtrainError(f"--beam must be >= 1, got {args.beam}")
+        raise SeqtrainError(f"{name('beam')} must be >= 1, got {args.beam}")
     if not 1 <= args.nbest <= args.beam:
-        raise SeqtrainError(f"--nbest must be between 1 and --beam ({args.beam}), got {args.nbest}")
+        raise SeqtrainError(
+            f"{name('nbest')} must be between 1 and {name('beam')} ({args.beam}), got {args.nbest}"
+        )
     if args.min_len < 0:
-        raise SeqtrainError(f"--min-len must be >= 0, got {args.min_len}")
+        raise SeqtrainError(f"{name('min_len')} must be >= 0, got {args.min_len}")
     if args.max_len_b < 0 or args.max_len_a < 0:
-        raise SeqtrainError("--max-len-a and --max-len-b must be >= 0")
+        raise SeqtrainError(f"{name('max_len_a')} and {name('max_len_b')} must be >= 0")
+    if args.min_len > 0 and args.max_len_a == 0 and args.min_len > args.max_len_b:
+        raise SeqtrainError(
+            f"{name('min_len')} {args.min_len} is above the maximum length {name('max_len_b')} {args.max_len_b}"
+        )
     if args.prefix_size < 0:
-        raise SeqtrainError(f"--prefix-size must be >= 0, got {args.prefix_size}")
+        raise SeqtrainError(f"{name('prefix_size')} must be >= 0, got {args.prefix_size}")
     if args.no_repeat_ngram_size < 0:
-        raise SeqtrainError(f"--no-repeat-ngram-size must be >= 0, got {args.no_repeat_ngram_size}")
+        raise SeqtrainError(f"{name('no_repeat_ngram_size')} must be >= 0, got {args.no_repeat_ngram_size}")
     if args.temperature <= 0:
-        raise SeqtrainError(f"--temperature must be > 0, got {args.temperature}")
+        raise SeqtrainError(f"{name('temperature')} must be > 0, got {args.temperature}")
     if args.sampling and args.nbest != args.beam:
-        raise SeqtrainError("--sampling requires --nbest to be equal to --beam")
+        raise SeqtrainError(f"{name('sampling')} requires {name('nbest')} to be equal to {name('beam')}")
     if args.sampling_topp != -1.0 and not 0 < args.sampling_topp <= 1:
-        raise SeqtrainError(f"--sampling-topp must be in (0, 1], got {args.sampling_topp}")
+        raise SeqtrainError(f"{name('sampling_topp')} must be in (0, 1], got {args.sampling_topp}")
     if (args.sampling_topk > 0 or args.sampling_topp > 0) and not args.sampling:
-        raise SeqtrainError("--sampling-topk/--sampling-topp need --sampling")
+        raise SeqtrainError(f"{name('sampling_topk')}/{name('sampling_topp')} need {name('sampling')}")

@@ -8,11 +8,11 @@ as seqtrain-generate checks its flags. The validation itself is `seqtrain.train.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 from typing import Any
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import loads_bounded
 from seqtrain.flags.generation import add_generation_args, check_generation_args
 
 
@@ -53,7 +53,7 @@ def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
     text = (text or "").strip()
     if text.startswith("{") or not text:
         try:
-            values = json.loads(text or "{}")
+            values = loads_bounded(text or "{}")  # nesting bounded: json.loads recursed into a RecursionError
         except ValueError as e:
             raise SeqtrainError(f"--eval-rouge-args: not valid JSON ({e})") from None
         if not isinstance(values, dict):
@@ -73,7 +73,8 @@ def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
             if isinstance(default, (int, float)) and not isinstance(default, bool):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise SeqtrainError(f"--eval-rouge-args: {key} must be a number, got {value!r}")
-                value = type(default)(value)
+                if isinstance(default, float):
+                    value = float(value)  # an int flag keeps a float, for check_generation_args to refuse
             setattr(args, dest, value)
     else:
         try:

@@ -9,7 +9,6 @@ so a sentence gets the same summary from each (a hypothesis does not depend on i
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +20,7 @@ import torch
 
 from seqtrain.checkpoint.fairseq import find_dictionaries
 from seqtrain.checkpoint.formats import read_checkpoint
-from seqtrain.checkpoint.hf import read_generation_config
+from seqtrain.checkpoint.hf import generation_key, read_generation_config
 from seqtrain.checkpoint.load import model_from_contents
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.batching import batch_by_size
@@ -29,7 +28,8 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import add_generation_args
+from seqtrain.fileio import loads_bounded
+from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.sequence_generator import generate_batch
 from seqtrain.tasks.translation import infer_language_pair
 
@@ -90,6 +90,9 @@ def load_for_generation(
         raise SeqtrainError(
             f"{path}: no dictionary found; give a data-bin (DATA) holding dict.{src_lang}.txt"
         )
+    if ck.format == "hf":  # the generation settings the folder ships, checked before the model is built
+        defaults, forced_bos, source = read_generation_config(path)
+        check_model_defaults(defaults, forced_bos, source, len(ck.tgt_dict or ck.src_dict))
     lm = model_from_contents(ck, overrides or None)
     if data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
         for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
@@ -108,10 +111,22 @@ def load_for_generation(
     if ck.format != "hf":
         return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos)
 
-    defaults, forced_bos, source = read_generation_config(path)
     if forced_bos is not False:  # the folder says which token (if any) transformers forces first
         force_bos = forced_bos
     return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, defaults, source)
+
+
+def check_model_defaults(defaults: dict[str, Any], forced_bos: Any, source: str, vocab: int) -> None:
+    """A Hugging Face folder's generation settings pass the command line's check (check_generation_args, on
+    top of the defaults, naming the file and its keys), and its forced first token is a token of the model."""
+    args = default_generation_args()
+    for dest, value in defaults.items():
+        setattr(args, dest, value)
+    check_generation_args(args, lambda dest: f"{source}: {generation_key(dest)}")
+    if forced_bos not in (None, False) and forced_bos >= vocab:
+        raise SeqtrainError(
+            f"{source}: forced_bos_token_id={forced_bos} is not a token of the model (ids 0 to {vocab - 1})"
+        )
 
 
 def cast(
@@ -272,8 +287,8 @@ def decode(loaded: GenerationModel, tokens: torch.Tensor) -> str:
 
 def parse_overrides(text: str) -> dict[str, Any]:
     try:
-        out = json.loads(text)
-    except json.JSONDecodeError as e:
+        out = loads_bounded(text)
+    except ValueError as e:  # also JSONBoundsError: nesting past 100 levels, an integer of 100 digits
         raise SeqtrainError(f"--model-overrides: not valid JSON ({e})") from None
     if not isinstance(out, dict):
         raise SeqtrainError("--model-overrides: give a JSON object, e.g. '{\"dropout\": 0.0}'")

@@ -12,12 +12,15 @@ input order; a text gets the summary `seqtrain-generate --input` writes for it w
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import check_value
+from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation import runner
 from seqtrain.generation.sequence_generator import build_generator
 
@@ -92,15 +95,24 @@ class Summarizer:
         """One summary per text, in input order. `generation_flags` are seqtrain-generate's generation flags
         with `_` for `-` (beam=4, lenpen=2.0, min_len=10, max_len_b=60, no_repeat_ngram_size=3, sampling=True,
         ...); flags not given take the model's defaults (a Hugging Face generation_config.json), then
-        seqtrain-generate's. Batches hold at most `max_tokens` padded source tokens (and `batch_size` texts)."""
+        seqtrain-generate's. Batches hold at most `max_tokens` padded source tokens (and `batch_size` texts).
+        Every value is checked as the command line checks its flag, before anything is generated: a wrong
+        kind or a value out of range is a SeqtrainError naming it (`Summarizer.summarize(beam=...) must be
+        between 1 and 10000, got 1000000`)."""
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)
         if not all(isinstance(t, str) for t in texts):
             raise SeqtrainError("summarize: texts must be strings")
-        for name, v in (("max_tokens", max_tokens), ("batch_size", batch_size)):
-            if v is not None and v <= 0:
-                raise SeqtrainError(f"summarize: {name} must be positive, got {v}")
+        for name, v in (("max_tokens", max_tokens), ("batch_size", batch_size), ("seed", seed)):
+            if v is None and name != "seed":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise SeqtrainError(f"Summarizer.summarize({name}=...) must be an integer, got {v!r}")
+            try:
+                check_value(name, v)
+            except argparse.ArgumentTypeError as e:
+                raise SeqtrainError(f"Summarizer.summarize({name}=...) {e}") from None
         args = runner.default_generation_args()
         unknown = sorted(set(generation_flags) - set(vars(args)))
         if unknown:
@@ -112,6 +124,8 @@ class Summarizer:
         for dest, value in generation_flags.items():
             setattr(args, dest, value)
         args.seed = seed
+        # the command line's check, naming the argument: before, lenpen=nan and beam="4" went into the search
+        check_generation_args(args, lambda dest: f"Summarizer.summarize({dest}=...)")
         if not texts:
             return []
         generator = build_generator(self._loaded.model, self._loaded.lm.tgt_dict, args)

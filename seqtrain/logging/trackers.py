@@ -115,7 +115,18 @@ class WandbTracker(Tracker):
                 "--wandb-project needs the wandb package: pip install 'seqtrain[wandb]' (or pip install wandb)"
             ) from None
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=run_name, config=dict(config), dir=folder, reinit=True)
+        try:
+            self.run = wandb.init(
+                project=project, name=run_name, config=dict(config), dir=folder, reinit=True
+            )
+        except (wandb.errors.Error, TimeoutError, OSError) as e:
+            # no API key and no terminal to ask on (UsageError), a server out of reach (CommError after
+            # wandb's init_timeout), a bad key: wandb's own messages are one line
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise SeqtrainError(
+                f"--wandb-project {project}: W&B did not start ({reason}); log in with `wandb login` (or set "
+                "WANDB_API_KEY), or log offline with WANDB_MODE=offline and upload later with `wandb sync`"
+            ) from None
 
     def log(self, tag: str, stats: Mapping[str, Any], step: int) -> None:
         self.run.log({f"{tag}/{k}": v for k, v in numeric_stats(stats).items()}, step=step)

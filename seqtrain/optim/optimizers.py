@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.optim.overrides import check_optimizer_overrides
 from seqtrain.registry import OPTIMIZERS
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,10 +245,12 @@ class Optimizer:
 
     def load_state_dict(self, state_dict: dict, optimizer_overrides: dict | None = None) -> None:
         """Load optimizer state; `optimizer_overrides` (e.g. {"lr": 1e-4}) replace saved hyper-parameters, as
-        fairseq's --optimizer-overrides does when resuming with different settings."""
+        fairseq's --optimizer-overrides does when resuming with different settings (checked first, against
+        this optimizer's own settings: check_optimizer_overrides)."""
+        overrides = check_optimizer_overrides(optimizer_overrides or {}, self.optimizer.param_groups[0])
         self.optimizer.load_state_dict(state_dict)
         for group in self.optimizer.param_groups:
-            group.update(optimizer_overrides or {})
+            group.update(overrides)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -291,8 +291,18 @@ class ChunkWorker:
             counts.update(self.tokenizer.encode(line).split())
         return counts
 
-    def binarize(self, path: str, start: int, end: int, lang: str, out_prefix: str) -> ChunkStats:
-        """Tokenize and encode a range into the shard `out_prefix.{bin,idx}`."""
+    def binarize(
+        self,
+        path: str,
+        start: int,
+        end: int,
+        lang: str,
+        out_prefix: str,
+        shown: tuple[str, str] | None = None,
+    ) -> ChunkStats:
+        """Tokenize and encode a range into the shard `out_prefix.{bin,idx}`. `shown`: the input file and the
+        thing an error names (--jsonl: PREFIX.jsonl and its value, whose line numbers `path`'s are), when
+        `path` itself is no file of the user's."""
         d = self.dicts[lang]
         unk = d.unk()
         stats = ChunkStats()
@@ -300,8 +310,9 @@ class ChunkWorker:
             for i, line in enumerate(read_chunk(path, start, end)):
                 ids = d.encode_line(self.tokenizer.encode(line), add_if_not_exist=False, append_eos=True)
                 if len(ids) <= 1:  # only </s>: the tokenizer kept nothing of this line
+                    name, what = shown or (path, "the line")
                     raise SeqtrainError(
-                        f"{path}:{_line_number(path, start, i)}: the line tokenizes to nothing (no token "
+                        f"{name}:{_line_number(path, start, i)}: {what} tokenizes to nothing (no token "
                         f"besides </s>): an empty example; remove the pair from both sides"
                     )
                 builder.add_item(ids)
@@ -599,11 +610,14 @@ def binarize_splits(
     os.makedirs(shard_dir)
     jobs = []  # (split, lang, output prefix, shard prefixes)
     tasks, line_counts = [], []
+    json_keys = preprocess_jsonl.keys(args, languages(args)) if args.jsonl else {}
     for s in splits:
         for lang, path in s.paths.items():
             chunks = line_chunks(path, _chunk_count(path, args.workers))
             shards = [os.path.join(shard_dir, f"{s.name}.{lang}.{i:05d}") for i in range(len(chunks))]
-            tasks += [(path, a, b, lang, shard) for (a, b), shard in zip(chunks, shards)]
+            # --jsonl: errors name PREFIX.jsonl (same line numbers), not the line file made from it in `work`
+            shown = (s.jsonl_path, f"its {json_keys[lang]!r} value") if s.jsonl_path else None
+            tasks += [(path, a, b, lang, shard, shown) for (a, b), shard in zip(chunks, shards)]
             line_counts += _line_counts_of(path, chunks, s.n_lines)
             prefix = os.path.join(work, f"{s.name}.{args.source_lang}-{args.target_lang}.{lang}")
             jobs.append((s, lang, prefix, shards))

@@ -11,12 +11,12 @@ lines input gives byte for byte the data-bin of the equivalent line files, for a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 from typing import Any
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import JSONBoundsError, loads_bounded
 
 _LINE_BREAKS = re.compile(r"\r\n|[\r\n]")
 
@@ -46,8 +46,9 @@ def _value(path: str, n: int, obj: Any, key: str) -> str:
 
 def extract(path: str, lang_keys: dict[str, str], out_paths: dict[str, str]) -> int:
     """Stream `path` and write each lang's values, one per line, to out_paths[lang]; returns the number of
-    examples. Raises SeqtrainError naming file:line on invalid UTF-8, invalid JSON, a line that is no object, a
-    missing key, a non-string or an empty value."""
+    examples. Raises SeqtrainError naming file:line on invalid UTF-8, invalid JSON (also nested deeper than
+    seqtrain.fileio.MAX_NESTING or with a 100-digit integer), a line that is no object, a missing key, a
+    non-string or an empty value."""
     outs = {lang: open(out_paths[lang], "w", encoding="utf-8", newline="\n") for lang in lang_keys}
     n = 0
     try:
@@ -62,7 +63,9 @@ def extract(path: str, lang_keys: dict[str, str], out_paths: dict[str, str]) -> 
                 if not line.strip():
                     raise SeqtrainError(f"{path}:{n}: empty line (expected one JSON object per line)")
                 try:
-                    obj = json.loads(line)
+                    obj = loads_bounded(line)
+                except JSONBoundsError as e:  # deep nesting: json.loads would end in a RecursionError
+                    raise SeqtrainError(f"{path}:{n}: {e.msg}") from None
                 except ValueError as e:
                     raise SeqtrainError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno})") from None
                 if not isinstance(obj, dict):

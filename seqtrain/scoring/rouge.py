@@ -9,14 +9,17 @@ Newlines do not change ROUGE-1/2/L, whose tokenizer treats them as spaces.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-from collections.abc import Sequence
+import signal
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from rouge_score import rouge_scorer
 
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -41,12 +44,39 @@ def _prepare(text: str) -> str:
     return "\n".join(split_sentences(text))
 
 
+# ROUGE-L's LCS table holds (hypothesis words + 1) x (reference words + 1) Python ints and fills them one by
+# one: two lines of 4,096 words take about 8 s and 180 MB, two of 20,000 took 7.8 GB. Summaries are far shorter.
+MAX_WORDS = 4096
+_WORD = re.compile(r"[a-z0-9]+")  # rouge-score's tokens: runs of a-z0-9 of the lowercased text
+
+
+def _words(text: str) -> int:
+    return len(_WORD.findall(text.lower()))
+
+
+def check_lengths(lines: Sequence[str], name: str, line_names: bool = True) -> None:
+    """Refuse a line of more than MAX_WORDS words (rouge-score's tokens), before anything is scored:
+    `name`:LINE (a file) or `name` LINE (hypothesis 3) in the one-line error."""
+    for i, line in enumerate(lines, 1):
+        if len(line) > MAX_WORDS:  # fewer characters than that cannot hold MAX_WORDS + 1 words
+            n = _words(line)
+            if n > MAX_WORDS:
+                where = f"{name}:{i}" if line_names else f"{name} {i}"
+                raise SeqtrainError(
+                    f"{where}: {n} words, more than the {MAX_WORDS} ROUGE scores per line (ROUGE-L's time and "
+                    "memory grow with the product of the two lines' lengths); shorten or split the line"
+                )
+
+
 def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """Mean F1 x 100 of each ROUGE type over aligned (hypothesis, reference) pairs; also "n" = pair count."""
+    """Mean F1 x 100 of each ROUGE type over aligned (hypothesis, reference) pairs; also "n" = pair count.
+    A line of more than MAX_WORDS words is refused before any is scored."""
     if len(hypotheses) != len(references):
         raise SeqtrainError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
         raise SeqtrainError("nothing to score: no hypotheses")
+    check_lengths(hypotheses, "hypothesis", line_names=False)
+    check_lengths(references, "reference", line_names=False)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     totals = dict.fromkeys(ROUGE_TYPES, 0.0)
     for hyp, ref in zip(hypotheses, references):
@@ -82,6 +112,8 @@ def score_files(sys_path: str, ref_path: str) -> dict[str, float]:
         )
     if not hyps:
         raise SeqtrainError(f"nothing to score: {sys_path} is empty")
+    check_lengths(hyps, sys_path)
+    check_lengths(refs, ref_path)
     return score_pairs(hyps, refs)
 
 
@@ -100,12 +132,42 @@ def write_json(scores: dict[str, float], path: str, **extra: object) -> None:
         f.write("\n")
 
 
-__all__ = ["ROUGE_TYPES", "split_sentences", "score_pairs", "score_files", "format_summary", "write_json"]
+__all__ = [
+    "MAX_WORDS",
+    "ROUGE_TYPES",
+    "check_lengths",
+    "split_sentences",
+    "score_pairs",
+    "score_files",
+    "format_summary",
+    "write_json",
+]
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise Stopped(signum, f"stopped by {signal.Signals(signum).name}; nothing was written")
+
+
+@contextlib.contextmanager
+def _stoppable() -> Iterator[None]:
+    """SIGTERM ends scoring at once with one line and 143, as Ctrl-C does with `interrupted` and 130 (SIGTERM's
+    default action ended the process without a word, a scheduler's SIGTERM meeting it deep in a long LCS
+    table). Outside the main thread (a library caller's worker) signals cannot be handled: nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def score(args: Any) -> dict[str, float]:
-    """seqtrain-score: print ROUGE of --sys against --ref (and write --json); returns the scores."""
-    scores = score_files(args.sys, args.ref)
+    """seqtrain-score: print ROUGE of --sys against --ref (and write --json); returns the scores. SIGTERM while
+    scoring: seqtrain.errors.Stopped (143), nothing written."""
+    with _stoppable():
+        scores = score_files(args.sys, args.ref)
     print(format_summary(scores))
     if args.json:
         write_json(scores, args.json, sys=args.sys, ref=args.ref)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import re
@@ -33,7 +32,7 @@ from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
 from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write, link_or_copy
+from seqtrain.fileio import atomic_write, link_or_copy, loads_bounded
 
 logger = logging.getLogger("seqtrain.train_checkpoints")  # the name log lines have always shown
 
@@ -333,11 +332,11 @@ class CheckpointManager:
         reset_optimizer, reset_lr_scheduler = a.reset_optimizer, a.reset_lr_scheduler
         reset_meters, reset_dataloader = a.reset_meters, a.reset_dataloader
         try:
-            overrides = json.loads(a.optimizer_overrides) if a.optimizer_overrides else {}
+            overrides = loads_bounded(a.optimizer_overrides) if a.optimizer_overrides else {}
         except ValueError:
-            raise SeqtrainError(
-                f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}"
-            ) from None
+            overrides = None
+        if not isinstance(overrides, dict):  # '[1]' is JSON, but no object: group.update raised a TypeError
+            raise SeqtrainError(f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}")
         own_last = os.path.join(self.save_dir, "checkpoint_last.pt")
         default_restore = a.restore_file == "checkpoint_last.pt" or (
             os.path.exists(a.restore_file)

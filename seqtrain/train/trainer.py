@@ -52,7 +52,13 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.freeze import freeze
 from seqtrain.models.resize import check_state_fits, fit_positions, keep_layers, resize_embeddings
-from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_lr_scheduler, build_optimizer
+from seqtrain.optim import (
+    DynamicLossScaler,
+    GradientOverflow,
+    build_lr_scheduler,
+    build_optimizer,
+    check_optimizer_overrides,
+)
 from seqtrain.optim.ema import EMA
 from seqtrain.tasks.step import StepContext
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
@@ -551,8 +557,11 @@ class Trainer:
                     distributed.load_optimizer_state_dict(
                         self.model, self.optimizer.optimizer, state["optimizer"]
                     )
+                    overrides = check_optimizer_overrides(
+                        optimizer_overrides or {}, self.optimizer.param_groups[0]
+                    )
                     for group in self.optimizer.param_groups:
-                        group.update(optimizer_overrides or {})
+                        group.update(overrides)
                 else:
                     self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
             except (ValueError, KeyError) as e:

@@ -136,6 +136,10 @@ def world(tmp_path_factory):
             f.write("arch: bart_tiny\nmax-tokenz: 100\n")
         w["out"] = os.path.join(root, "out")  # outputs that must not appear
         add_round_two_inputs(w, variant)
+        add_round_three_inputs(w)
+        w["home"] = str(
+            tmp_path_factory.mktemp("home")
+        )  # a HOME without W&B credentials, outside the hashed tree
     finally:
         torch.set_num_threads(n)
     return w
@@ -212,6 +216,53 @@ def add_round_two_inputs(w: dict, variant) -> None:
         f.write("other 1\n")
     with open(os.path.join(w["export"], "model.pt"), "wb") as f:
         f.write(b"an older model")
+
+
+def add_round_three_inputs(w: dict) -> None:
+    """Inputs of the third round (issue 31, items 3, 4, 8 and 9): small files that expand without bound, values
+    only the command line used to check, overrides of the wrong kind."""
+    import json
+
+    root, raw = w["root"], w["raw"]
+    bomb = (
+        "a: &a ["
+        + ", ".join(['"lol"'] * 9)
+        + "]\n"
+        + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    )
+    configs = {
+        "config_alias_bomb": (
+            "bomb.yaml",
+            "arch: bart_tiny\n" + bomb.replace("a: &a", "eval-rouge-args: &a", 1),
+        ),
+        "config_deep": ("deep.yaml", "arch: " + "[" * 100_000 + "]" * 100_000 + "\n"),
+        "config_deep_json": ("deep.json", '{"arch": ' + "[" * 100_000 + "]" * 100_000 + "}\n"),
+        "config_duplicate": ("duplicate.yaml", "arch: bart_tiny\nlr: 0.1\nlr: 0.2\n"),
+        "config_huge_int": ("huge_int.yaml", "arch: bart_tiny\nseed: " + "9" * 5000 + "\n"),
+        "config_seed_float": ("seed_float.yaml", "arch: bart_tiny\nseed: 3.7\n"),
+        "config_too_large": ("too_large.yaml", "arch: bart_tiny\n# " + "x" * (1 << 20) + "\n"),
+    }
+    for key, (name, text) in configs.items():
+        w[key] = os.path.join(root, name)
+        with open(w[key], "w") as f:
+            f.write(text)
+    with open(os.path.join(raw, "train.src")) as fs, open(os.path.join(raw, "train.tgt")) as ft:
+        rows = [{"src": a.strip(), "tgt": b.strip()} for a, b in zip(fs, ft)]
+    with open(os.path.join(raw, "deep.jsonl"), "w") as f:
+        f.write(json.dumps(rows[0]) + "\n" + '{"src": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    rows[3]["src"] = "\x01"  # sentencepiece keeps nothing of a control character
+    with open(os.path.join(raw, "nothing.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    with open(os.path.join(raw, "long_line.txt"), "w") as f:
+        f.write("w1 w2\n" + "w3 " * 5000 + "\n")
+    for name, config in [
+        ("hf_num_beams", {"num_beams": 1000000}),
+        ("hf_forced_bos", {"forced_bos_token_id": 10**9}),
+    ]:
+        w[name] = os.path.join(root, name)
+        shutil.copytree(w["hf"], w[name])
+        with open(os.path.join(w[name], "generation_config.json"), "w") as f:
+            json.dump(config, f)
 
 
 def train(*extra: str, data: str = "bin", save: str = "save") -> list:
@@ -636,6 +687,116 @@ CASES += [
     ("convert-output-is-a-folder", "convert", ["{ck}", "{raw}", "--to", "seqtrain"], "{raw}: is a folder"),
 ]
 
+# Round three (issue 31): small inputs that expanded without bound, bounds only the command line applied,
+# overrides of the wrong kind, config values read otherwise than on the command line.
+CASES += [
+    # ---- --config files: bounded before anything is built
+    (
+        "train-config-yaml-alias-bomb",
+        "train",
+        ["{bin}", "--config", "{config_alias_bomb}"],
+        "--config {config_alias_bomb} line 3: YAML aliases (*a) are not supported",
+    ),
+    (
+        "train-config-nested-too-deep",
+        "train",
+        ["{bin}", "--config", "{config_deep}"],
+        "--config {config_deep} line 1: nested more than 100 levels deep",
+    ),
+    (
+        "train-config-json-nested-too-deep",
+        "train",
+        ["{bin}", "--config", "{config_deep_json}"],
+        "--config {config_deep_json}: nested more than 100 levels deep",
+    ),
+    (
+        "train-config-too-large",
+        "train",
+        ["{bin}", "--config", "{config_too_large}"],
+        "--config {config_too_large}: larger than 1 MiB",
+    ),
+    (
+        "train-config-duplicate-key",
+        "train",
+        ["{bin}", "--config", "{config_duplicate}"],
+        "--config {config_duplicate} line 3: 'lr' is given twice (also line 2)",
+    ),
+    (
+        "train-config-huge-integer",
+        "train",
+        ["{bin}", "--config", "{config_huge_int}"],
+        "--config {config_huge_int} line 2: an integer of 5000 digits (at most 100)",
+    ),
+    (
+        "train-config-seed-not-an-integer",
+        "train",
+        ["{bin}", "--config", "{config_seed_float}"],
+        "line 2 (seed): invalid value 3.7 (expected an integer)",
+    ),
+    # ---- overrides checked against what they replace
+    (
+        "train-optimizer-overrides-not-an-object",
+        "train",
+        train("--optimizer-overrides", "[1]"),
+        "--optimizer-overrides: not a JSON object: '[1]'",
+    ),
+    (
+        "train-optimizer-overrides-wrong-kind",
+        "train",
+        train(
+            "--restore-file", "{ck}", "--optimizer-overrides", '{{"betas": 5}}'
+        ),  # {{ }}: fill's str.format
+        "--optimizer-overrides: betas=5 does not fit the optimizer's betas=(0.9, 0.999)",
+    ),
+    (
+        "generate-model-overrides-wrong-kind",
+        "generate",
+        gen("--model-overrides", '{{"encoder_embed_dim": "x"}}'),
+        "--model-overrides: encoder_embed_dim='x' does not fit the checkpoint's encoder_embed_dim=",
+    ),
+    # ---- a Hugging Face folder's generation_config.json: the command line's checks, naming the file
+    (
+        "generate-hf-num-beams-huge",
+        "generate",
+        ["{bin}", "--path", "{hf_num_beams}", "--cpu", "--gen-subset", "valid"],
+        "{hf_num_beams}/generation_config.json: num_beams=1000000 is out of range for --beam (must be between 1",
+    ),
+    (
+        "generate-hf-forced-bos-not-a-token",
+        "generate",
+        ["{bin}", "--path", "{hf_forced_bos}", "--cpu", "--gen-subset", "valid"],
+        "{hf_forced_bos}/generation_config.json: forced_bos_token_id=1000000000 is not a token of the model",
+    ),
+    # ---- JSON lines
+    (
+        "preprocess-jsonl-nested-too-deep",
+        "preprocess",
+        pre("--jsonl", "--source-key", "src", "--target-key", "tgt", prefix="{raw}/deep"),
+        "{raw}/deep.jsonl:2: nested more than 100 levels deep",
+    ),
+    (
+        "preprocess-jsonl-value-tokenizes-to-nothing",
+        "preprocess",
+        pre("--jsonl", "--tokenizer", "sentencepiece", "--spm-vocab-size", "30", prefix="{raw}/nothing"),
+        "{raw}/nothing.jsonl:4: its 'src' value tokenizes to nothing",
+    ),
+    # ---- trackers: W&B without an API key, no terminal, no server in reach (CASE_ENV)
+    (
+        "train-wandb-without-api-key",
+        "train",
+        train("--wandb-project", "seqtrain-test"),
+        "--wandb-project seqtrain-test: W&B did not start (No API key configured. Use `wandb login` to log in.); "
+        "log in with `wandb login` (or set WANDB_API_KEY), or log offline with WANDB_MODE=offline",
+    ),
+    # ---- seqtrain-score: lines bounded before scoring
+    (
+        "score-line-too-long",
+        "score",
+        ["--sys", "{raw}/long_line.txt", "--ref", "{raw}/long_line.txt"],
+        "{raw}/long_line.txt:2: 5000 words, more than the 4096 ROUGE scores per line",
+    ),
+]
+
 # Run through the installed console scripts (a fresh process each), not in-process.
 SUBPROCESS = {
     "train-unknown-arch",
@@ -643,6 +804,18 @@ SUBPROCESS = {
     "generate-min-len-above-max-len",
     "convert-not-a-checkpoint",
     "score-line-counts-differ",
+    "train-wandb-without-api-key",
+}
+NEEDS = {"train-wandb-without-api-key": "wandb"}  # optional packages a case needs
+
+# The environment of a subprocess case (placeholders filled), besides OMP_NUM_THREADS=1; WANDB_* variables are
+# left out of every subprocess case's environment.
+CASE_ENV = {
+    "train-wandb-without-api-key": {
+        "HOME": "{home}",
+        "WANDB_DIR": "{home}",
+        "WANDB_BASE_URL": "http://127.0.0.1:9",
+    },
 }
 
 
@@ -671,16 +844,18 @@ def run_in_process(cli: str, argv: list, capsys) -> tuple:
     return e.value.code, capsys.readouterr().err
 
 
-def run_subprocess(cli: str, argv: list) -> tuple:
+def run_subprocess(cli: str, argv: list, env: dict | None = None) -> tuple:
     script = os.path.join(os.path.dirname(sys.executable), f"seqtrain-{cli}")
     cmd = [script] if os.path.exists(script) else [sys.executable, "-m", f"seqtrain_cli.{cli}"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     proc = subprocess.run(
         cmd + argv,
         capture_output=True,
         text=True,
         timeout=120,
         cwd=REPO,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        env=dict(base, OMP_NUM_THREADS="1", **(env or {})),
+        stdin=subprocess.DEVNULL,
     )
     return proc.returncode, proc.stderr
 
@@ -702,10 +877,13 @@ def test_catalogue_is_large_and_covers_every_cli():
 )
 def test_bad_input_gives_one_clear_line(world, capsys, case):
     name, cli, argv, expected = case
+    if name in NEEDS:
+        pytest.importorskip(NEEDS[name], reason=f"{NEEDS[name]} is an optional extra")
     argv, expected = fill(argv, world), expected.format(**world)
     before = tree_hashes(world["root"])
     if name in SUBPROCESS:
-        code, err = run_subprocess(cli, argv)
+        env = {k: v.format(**world) for k, v in CASE_ENV.get(name, {}).items()}
+        code, err = run_subprocess(cli, argv, env)
     else:
         code, err = run_in_process(cli, argv, capsys)
     lines = error_lines(err)

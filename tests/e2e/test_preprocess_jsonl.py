@@ -100,6 +100,13 @@ GOOD = '{"document": "x y", "summary": "y"}\n'
         ('["x", "y"]\n', r"train.jsonl:1: expected a JSON object, got list"),
         (b'{"document": "\xff", "summary": "y"}\n', r"train.jsonl:1: invalid UTF-8 \(byte 0xff at byte 15"),
         ("", r"train.jsonl: file is empty"),
+        # issue 31: json.loads recursed into a RecursionError traceback; a 5,000-digit integer hit Python's
+        # int-str limit (a bare ValueError, then an AttributeError on its missing .msg)
+        (
+            GOOD + '{"document": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+            r"train.jsonl:2: nested more than 100",
+        ),
+        (GOOD + '{"id": ' + "7" * 5000 + "}\n", r"train.jsonl:2: an integer of 5000 digits \(at most 100\)"),
     ],
 )
 def test_bad_jsonl_is_one_clear_error_and_writes_nothing(tmp_path, text, message):
@@ -120,3 +127,21 @@ def test_jsonl_flag_errors(tmp_path):
     with pytest.raises(SeqtrainError, match=r"input file not found: .*nope.jsonl"):
         main(["--trainpref", str(tmp_path / "nope"), "--jsonl", "--tokenizer", "none",
               "--destdir", str(tmp_path / "o")])  # fmt: skip
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_value_that_tokenizes_to_nothing_is_named_by_its_jsonl_line(corpus, tmp_path, workers):
+    """A value sentencepiece drops whole (a control character) is reported at PREFIX.jsonl:LINE; before (issue
+    31) the line was named in the run's temporary line file,
+    DEST/.preprocess-PID@HOST.XXXX/jsonl-text/train.document:4, which is gone when the error is read."""
+    rows = (corpus / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    rows[3] = json.dumps({"document": "\x01", "summary": "a summary"})
+    (corpus / "train.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    dest = tmp_path / "out"
+    with pytest.raises(SeqtrainError) as e:
+        main(_argv(corpus, dest, "--jsonl", "--workers", workers))
+    assert str(e.value) == (
+        f"{corpus / 'train'}.jsonl:4: its 'document' value tokenizes to nothing (no token besides </s>): an "
+        "empty example; remove the pair from both sides"
+    )
+    assert not dest.exists()

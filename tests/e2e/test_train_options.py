@@ -117,8 +117,18 @@ def test_eval_rouge_args_json_or_flags():
         generation_args('{"beam": 4')
     with pytest.raises(SeqtrainError, match="unknown generation flags --beems 4"):
         generation_args("--beems 4")
-    with pytest.raises(SeqtrainError, match="--eval-rouge-args: --beam must be >= 1"):
+    with pytest.raises(SeqtrainError, match="--eval-rouge-args: --beam must be between 1 and 10000, got 0"):
         generation_args('{"beam": 0}')
+    # issue 31: the command line's rule, one check for every source: 3.7 was truncated to 3 here
+    with pytest.raises(SeqtrainError, match="--eval-rouge-args: --beam must be an integer, got 3.7"):
+        generation_args('{"beam": 3.7}')
+    with pytest.raises(
+        SeqtrainError, match=r"--eval-rouge-args: not valid JSON \(nested more than 100 levels"
+    ):
+        generation_args('{"beam": ' + "[" * 100_000 + "]" * 100_000 + "}")  # was a RecursionError
+    assert generation_args('{"lenpen": 2}').lenpen == 2.0 and isinstance(
+        generation_args('{"lenpen": 2}').lenpen, float
+    )
 
 
 def test_rouge_metric_needs_eval_rouge(databin, tmp_path):

@@ -7,13 +7,14 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
-from seqtrain.slurm import PORT_BASE, expand_hostlist, slurm_task
+from seqtrain.slurm import PORT_BASE, expand_hostlist, first_host, iter_hostlist, slurm_task
 
 BIN = os.path.dirname(sys.executable)
 TORCHRUN = os.path.join(BIN, "torchrun")
@@ -36,6 +37,28 @@ def test_expand_hostlist(text, hosts):
 def test_expand_hostlist_bad_range():
     with pytest.raises(SeqtrainError, match="cannot read the range 'a-3'"):
         expand_hostlist("n[a-3]")
+
+
+def test_first_host_of_a_huge_range_is_not_expanded(monkeypatch):
+    """Before (issue 31): node[0-99999999] was expanded whole (10^8 names, gigabytes) to take its first one."""
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    hosts = iter_hostlist("gpu[7-99999999999999999999],node[0-99999999]")
+    assert (next(hosts), next(hosts)) == ("gpu7", "gpu8")
+    assert first_host("node[0-99999999]x[00-99999999]") == "node0x00"
+    with pytest.raises(SeqtrainError, match="cannot read the range 'b'"):  # every range is read first
+        first_host("node[0-99999999],x[b]")
+
+
+def test_first_host_reads_one_line_of_scontrol(tmp_path, monkeypatch):
+    """scontrol's output is read up to its first line and scontrol ended: before, the whole list was captured
+    (here an scontrol that never stops printing: a 60 s timeout, then our own full expansion)."""
+    fake = tmp_path / "scontrol"
+    fake.write_text('#!/bin/sh\ni=0\nwhile :; do echo "host$i"; i=$((i+1)); done\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr("shutil.which", lambda name: str(fake))
+    start = time.monotonic()
+    assert first_host("node[0-99999999]") == "host0"
+    assert time.monotonic() - start < 10
 
 
 def _slurm_env(monkeypatch, **values):

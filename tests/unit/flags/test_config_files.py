@@ -180,3 +180,61 @@ def test_every_switch_has_a_negative_form(tmp_path):
     cfg.write_text("arch: bart_tiny\nno-fp16: true\n")
     with pytest.raises(SeqtrainError, match="unknown option 'no-fp16'"):
         parse("data", "--config", str(cfg))
+
+
+# ---- issue 31: sizes bounded before anything is built, one rule for the command line and a config
+ALIAS_BOMB = (
+    "a: &a ["
+    + ", ".join(['"lol"'] * 9)
+    + "]\n"
+    + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+)  # 9 levels of 9 aliases each: 9^9 = 387 M strings once converted, from 414 bytes
+
+
+BOUNDED = [
+    ("bomb.yaml", ALIAS_BOMB, "bomb.yaml line 2: YAML aliases (*a) are not supported; write the value out"),
+    ("merge.yaml", "a: &a {lr: 1}\nb:\n  <<: *a\n", "merge.yaml line 3: YAML aliases (*a) are not supported"),
+    ("deep.yaml", "arch: " + "[" * 100_000 + "]" * 100_000 + "\n", "deep.yaml line 1: nested more than 100"),
+    (
+        "deep.json",
+        '{"arch": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "deep.json: nested more than 100 levels",
+    ),
+    ("dup.yaml", "arch: bart_tiny\nlr: 0.1\nlr: 0.2\n", "dup.yaml line 3: 'lr' is given twice (also line 2)"),
+    ("dupsec.yaml", "a:\n  lr: 1\n  lr: 2\n", "dupsec.yaml line 3: 'lr' is given twice (also line 2)"),
+    ("int.yaml", "seed: " + "9" * 5000 + "\n", "int.yaml line 1: an integer of 5000 digits (at most 100)"),
+    ("int.json", '{"seed": ' + "9" * 5000 + "}", "int.json: an integer of 5000 digits (at most 100)"),
+    ("seed.yaml", "arch: bart_tiny\nseed: 3.7\n", "seed.yaml line 2 (seed): invalid value 3.7 (expected an"),
+    ("seed.json", '{"arch": "bart_tiny", "seed": 3.0}', "seed.json (seed): invalid value 3.0 (expected an"),
+    ("big.yaml", "arch: bart_tiny\n#" + "x" * (1 << 20) + "\n", "big.yaml: larger than 1 MiB; a config"),
+    (
+        "dup.json",
+        '{"arch": "bart_tiny", "lr": 0.1, "lr": 0.2}',
+        "dup.json: 'lr' is given twice in one object",
+    ),
+    (
+        "spell.yaml",
+        "max-tokens: 10\nmax_tokens: 20\n",
+        "spell.yaml line 2 (max_tokens): 'max_tokens' and 'max-tok",
+    ),
+]
+
+
+@pytest.mark.parametrize("name,text,message", BOUNDED, ids=[c[0] for c in BOUNDED])
+def test_config_sizes_are_bounded_before_parsing(tmp_path, name, text, message):
+    """Before: the alias bomb grew to gigabytes once converted, deep nesting gave RecursionError tracebacks, a
+    5,000-digit integer Python's bare int-str ValueError (JSON: an AttributeError on it), a key given twice
+    took the last value and seed: 3.7 became 3; a 100 MB file took 71 s."""
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    with pytest.raises(SeqtrainError) as e:
+        parse("data", "--config", str(cfg))
+    assert str(e.value) == f"--config {cfg}" + str(e.value).split(str(cfg), 1)[1]
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_config_anchors_without_aliases_and_int_flags_still_load(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("arch: &x bart_tiny\nseed: 7\nmax-tokens: 4_096\nlr: 0.5\n")
+    args = parse("data", "--config", str(cfg))
+    assert (args.arch, args.seed, args.max_tokens, args.lr) == ("bart_tiny", 7, 4096, [0.5])

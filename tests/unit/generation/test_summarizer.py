@@ -205,3 +205,121 @@ def test_generation_config_gives_the_defaults_as_transformers_reads_them(tmp_pat
     (tmp_path / "hf" / "generation_config.json").write_text('{"max_length": "nine"}')
     with pytest.raises(SeqtrainError, match="generation_config.json: max_length='nine' is not a valid value"):
         Summarizer.from_pretrained(tmp_path / "hf")
+
+
+# ---- issue 31, item 4: one check of generation settings for every source, before anything is generated
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (dict(beam=1000000), "Summarizer.summarize(beam=...) must be between 1 and 10000, got 1000000"),
+        (dict(lenpen=float("nan")), "Summarizer.summarize(lenpen=...) must be a finite number, got nan"),
+        (dict(lenpen=1e308), "Summarizer.summarize(lenpen=...) must be between -1000 and 1000, got 1e+308"),
+        (dict(beam="4"), "Summarizer.summarize(beam=...) must be an integer, got '4'"),
+        (dict(beam=4.0), "Summarizer.summarize(beam=...) must be an integer, got 4.0"),
+        (dict(sampling="yes"), "Summarizer.summarize(sampling=...) must be True or False, got 'yes'"),
+        (dict(min_len=True), "Summarizer.summarize(min_len=...) must be an integer, got True"),
+        (
+            dict(beam=2, nbest=3),
+            "Summarizer.summarize(nbest=...) must be between 1 and Summarizer.summarize(beam=...) (2), got 3",
+        ),
+        (dict(seed=-1), "Summarizer.summarize(seed=...) must be between 0 and 4294967295, got -1"),
+        (dict(max_tokens="64"), "Summarizer.summarize(max_tokens=...) must be an integer, got '64'"),
+    ],
+)
+def test_summarize_checks_its_flags_as_the_command_line_does(tiny, flags, message):
+    """Before: lenpen=nan and beam="4" were accepted (nan scores; a TypeError deep in the search), beam=10^6
+    allocated gigabytes."""
+    from seqtrain import Summarizer
+
+    tmp, texts, _, _ = tiny
+    s = Summarizer.from_pretrained(tmp / "seqtrain.pt")
+    with pytest.raises(SeqtrainError) as e:
+        s.summarize(texts[:2], **flags)
+    assert str(e.value) == message
+
+
+@pytest.fixture(scope="module")
+def hf_tiny(tiny):
+    from seqtrain_cli.convert import main as convert
+
+    tmp, texts, _, _ = tiny
+    folder = tmp / "hf"
+    if not folder.exists():
+        convert([str(tmp / "seqtrain.pt"), str(folder), "--to", "hf"])
+    return folder, texts
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        (
+            {"num_beams": 1000000},
+            "num_beams=1000000 is out of range for --beam (must be between 1 and 10000, got",
+        ),
+        (
+            {"length_penalty": 1e308},
+            "length_penalty=1e+308 is out of range for --lenpen (must be between -1000",
+        ),
+        (
+            {"no_repeat_ngram_size": 2**40},
+            "no_repeat_ngram_size=1099511627776 is out of range for --no-repeat-n",
+        ),
+        (
+            {"forced_bos_token_id": 10**9},
+            "forced_bos_token_id=1000000000 is not a token of the model (ids 0 to",
+        ),
+        ({"forced_bos_token_id": -5}, "forced_bos_token_id=-5 is not a token id (an integer >= 0, or null)"),
+        (
+            {"forced_bos_token_id": "abc"},
+            "forced_bos_token_id='abc' is not a token id (an integer >= 0, or null)",
+        ),
+        (
+            {"min_new_tokens": 50, "max_new_tokens": 7},
+            "min_length/min_new_tokens 50 is above the maximum length",
+        ),
+        (
+            {"a": json.loads("[" * 101 + "]" * 101)},
+            "cannot read the generation settings (nested more than 100 levels deep)",
+        ),
+    ],
+)
+def test_generation_config_is_checked_as_the_command_line_checks(hf_tiny, config, message):
+    """Before: num_beams 10^6 reached 8 GB; length_penalty 1e308 and forced_bos_token_id 10^9, -5 or "abc"
+    gave tracebacks (issue 31). Now one line naming the file and its key, before the model is built."""
+    from seqtrain import Summarizer
+
+    folder, _ = hf_tiny
+    path = folder / "generation_config.json"
+    path.write_text(json.dumps(config))
+    try:
+        with pytest.raises(SeqtrainError) as e:
+            Summarizer.from_pretrained(folder)
+    finally:
+        path.unlink()
+    assert str(e.value).startswith(f"{path}: {message}"), str(e.value)
+    assert Summarizer.from_pretrained(folder).generation_defaults == {}  # the folder without it loads
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            {"encoder_embed_dim": "x"},
+            "--model-overrides: encoder_embed_dim='x' does not fit the checkpoint's encoder_embed_dim=",
+        ),
+        ({"dropout": 5}, "--model-overrides: dropout=5: must be between 0 and 1, got 5"),
+        (
+            {"decoder_layers": 3},
+            "--model-overrides: model arg decoder_layers=3 but the weights hold 2 decoder",
+        ),
+        ([1], "--model-overrides: give a JSON object"),
+    ],
+)
+def test_model_overrides_are_checked_before_the_model_is_built(tiny, overrides, message):
+    """Before (issue 31): '{"encoder_embed_dim": "x"}' reached the model builder (a TypeError traceback)."""
+    from seqtrain import Summarizer
+
+    tmp, _, _, _ = tiny
+    with pytest.raises(SeqtrainError) as e:
+        Summarizer.from_pretrained(tmp / "seqtrain.pt", model_overrides=overrides)
+    assert str(e.value).startswith(message), str(e.value)

@@ -125,3 +125,24 @@ def test_training_logs_to_tensorboard_wandb_and_jsonl(databin, tmp_path):
     acc = EventAccumulator(str(tmp_path / "tb" / "train_inner"))
     acc.Reload()
     assert [(e.step, round(e.value, 6)) for e in acc.Scalars("loss")] == [(s, round(v, 6)) for s, v in losses]
+
+
+@pytest.mark.slow
+def test_wandb_without_an_api_key_is_one_line(databin, tmp_path):
+    """wandb installed, no API key, no terminal, no server in reach. Before (issue 31): wandb's UsageError
+    ended training in a traceback; now one line saying how to log in or log offline, exit 1, promptly."""
+    pytest.importorskip("wandb", reason="wandb is an optional extra: pip install 'seqtrain[wandb]'")
+    save = str(tmp_path / "ck")
+    argv = base_args(databin, save, "--max-update", "2", "--wandb-project", "seqtrain-test")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(PYTHONPATH=str(REPO), HOME=str(tmp_path), OMP_NUM_THREADS="1", WANDB_DIR=str(tmp_path),
+               WANDB_BASE_URL="http://127.0.0.1:9")  # fmt: skip
+    out = subprocess.run([sys.executable, "-m", "seqtrain_cli.train", *argv], capture_output=True, text=True,
+                         env=env, timeout=120, stdin=subprocess.DEVNULL)  # fmt: skip
+    lines = [ln for ln in out.stderr.splitlines() if " | INFO | " not in ln and " | WARNING | " not in ln]
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert lines == [
+        "seqtrain-train: error: --wandb-project seqtrain-test: W&B did not start (No API key configured. Use "
+        "`wandb login` to log in.); log in with `wandb login` (or set WANDB_API_KEY), or log offline with "
+        "WANDB_MODE=offline and upload later with `wandb sync`"
+    ], out.stderr

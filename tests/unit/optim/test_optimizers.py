@@ -314,3 +314,53 @@ def test_bf16_params_keep_fp32_state_across_resume(name):
     key = "momentum_buffer" if name == "nag" else "exp_avg"
     assert opt2.optimizer.state[p][key].dtype == torch.float32
     assert torch.equal(opt2.optimizer.state[p][key], opt.optimizer.state[p][key])
+
+
+def _adam(lr=1e-2):
+    p = torch.nn.Parameter(torch.zeros(2))
+    args = argparse.Namespace(
+        optimizer="adam", lr=[lr], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.0
+    )
+    return build_optimizer(args, [p])
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ([1], "--optimizer-overrides: not a JSON object: [1]"),
+        ({"betas": 5}, "--optimizer-overrides: betas=5 does not fit the optimizer's betas=(0.9, 0.98)"),
+        (
+            {"betas": [0.9]},
+            "--optimizer-overrides: betas=[0.9] does not fit the optimizer's betas=(0.9, 0.98)",
+        ),
+        ({"betas": [0.9, 1.5]}, "--optimizer-overrides: betas=[0.9, 1.5]: each must be in [0, 1)"),
+        ({"lr": "fast"}, "--optimizer-overrides: lr='fast' does not fit the optimizer's lr=0.01"),
+        ({"lr": float("nan")}, "--optimizer-overrides: lr=nan does not fit the optimizer's lr=0.01"),
+        ({"lr": 1e9}, "--optimizer-overrides: lr=1000000000.0: must be between 0 and 1000, got 1000000000"),
+        ({"eps": 0}, "--optimizer-overrides: eps=0: must be above 0 and at most 1, got 0"),
+        ({"amsgrad": 1}, "--optimizer-overrides: amsgrad=1 does not fit the optimizer's amsgrad=False"),
+        (
+            {"lrr": 0.1},
+            "--optimizer-overrides: 'lrr' is no setting of this optimizer (it has: amsgrad, betas,",
+        ),
+    ],
+)
+def test_optimizer_overrides_are_checked_against_the_optimizer(overrides, message):
+    """Before (issue 31): '[1]' and '{"betas": 5}' were applied as given and a resumed run ended in a
+    TypeError traceback (dict.update of a list; unpacking an int at the first Adam step); NaN and unknown
+    names went in silently. Nothing is replaced when one is refused."""
+    opt = _adam()
+    before = dict(opt.param_groups[0], params=None)
+    with pytest.raises(SeqtrainError) as e:
+        opt.load_state_dict(opt.state_dict(), optimizer_overrides=overrides)
+    assert str(e.value).startswith(message), str(e.value)
+    assert dict(opt.param_groups[0], params=None) == before
+
+
+def test_optimizer_overrides_that_fit_are_applied():
+    opt = _adam()
+    opt.load_state_dict(
+        opt.state_dict(), optimizer_overrides={"lr": 5e-4, "betas": [0.8, 0.9], "weight_decay": 1}
+    )
+    group = opt.param_groups[0]
+    assert (group["lr"], group["betas"], group["weight_decay"]) == (5e-4, (0.8, 0.9), 1)

@@ -111,3 +111,46 @@ def test_cli_prints_summary_and_writes_json(tmp_path, capsys):
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert err.startswith("seqtrain-score: error: line counts differ") and err.count("\n") == 1
+
+
+# ---- issue 31: lines bounded before scoring (ROUGE-L's LCS table grows with the product of the lengths)
+def test_a_line_past_max_words_is_refused_before_scoring(tmp_path):
+    """Before: a 20,000-word line went into rouge-score's LCS table (7.8 GB, minutes)."""
+    from seqtrain.scoring.rouge import MAX_WORDS
+
+    ok = " ".join(["word"] * MAX_WORDS)  # at the cap: scored
+    long = "x, " * (MAX_WORDS + 1)  # rouge-score's tokens: runs of a-z0-9, so 4097 words
+    (tmp_path / "sys.txt").write_text(f"a b\n{long}\n")
+    (tmp_path / "ref.txt").write_text(f"a b\n{ok}\n")
+    with pytest.raises(SeqtrainError) as e:
+        score_files(str(tmp_path / "sys.txt"), str(tmp_path / "ref.txt"))
+    assert str(e.value) == (
+        f"{tmp_path / 'sys.txt'}:2: 4097 words, more than the 4096 ROUGE scores per line (ROUGE-L's time and "
+        "memory grow with the product of the two lines' lengths); shorten or split the line"
+    )
+    with pytest.raises(SeqtrainError, match=r"^reference 1: 4097 words, more than the 4096"):
+        score_pairs(["a"], [long])
+    assert score_pairs([ok[:999]], [ok[:999]])["rouge1"] == pytest.approx(100.0)
+
+
+def test_sigterm_while_scoring_is_one_line_and_143(tmp_path, monkeypatch, capsys):
+    """SIGTERM's default action ended seqtrain-score without a word (and before, with 7.8 GB in use, it
+    seemed ignored); now scoring stops at once: `stopped by SIGTERM; nothing was written`, 143, no --json."""
+    import os
+    import signal
+
+    import seqtrain.scoring.rouge as rouge
+
+    def terminated(hyps, refs):
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode
+        raise AssertionError("SIGTERM did not stop scoring")
+
+    (tmp_path / "h.txt").write_text("a b\n")
+    monkeypatch.setattr(rouge, "score_pairs", terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as e:
+        score_cli.cli_main(["--sys", str(tmp_path / "h.txt"), "--ref", str(tmp_path / "h.txt"), "--json",
+                            str(tmp_path / "s.json")])  # fmt: skip
+    assert e.value.code == 143
+    assert capsys.readouterr().err == "seqtrain-score: stopped by SIGTERM; nothing was written\n"
+    assert not (tmp_path / "s.json").exists() and signal.getsignal(signal.SIGTERM) is before
