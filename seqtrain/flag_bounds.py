@@ -57,6 +57,8 @@ BOUNDS: dict[str, Bounds] = {
     "save_interval": POSITIVE_INT,
     "update_freq": POSITIVE_INT,
     "ema_decay": PROBABILITY,
+    "lora_dropout": PROBABILITY,
+    "lora_alpha": POSITIVE_FLOAT,
     "ema_update_freq": POSITIVE_INT,
     "total_num_update": POSITIVE_INT,
     "force_anneal": POSITIVE_INT,

@@ -1,5 +1,5 @@
-"""Frozen weights on the CPU: time and memory of a training update with nothing frozen, --freeze-embeddings and
---freeze-encoder, side by side in one run.
+"""Frozen weights on the CPU: time and memory of a training update with nothing frozen, --freeze-embeddings,
+--freeze-encoder and LoRA (--lora-rank 8 on q_proj,v_proj), side by side in one run.
 
     .venv/bin/python scripts/bench/bench_freeze.py                # bart_base, 8k vocabulary, 4 timed updates each
     .venv/bin/python scripts/bench/bench_freeze.py --arch bart_small --updates 2 --rounds 1   # a quick look
@@ -32,7 +32,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "gpu"))
 import gpu_check_lib as lib  # noqa: E402  (scripts/gpu/gpu_check_lib.py)
 from benchlib import MIB  # noqa: E402  (scripts/bench/benchlib.py)
 
-VARIANTS = {"none": (), "embeddings": ("--freeze-embeddings",), "encoder": ("--freeze-encoder",)}
+VARIANTS = {
+    "none": (),
+    "embeddings": ("--freeze-embeddings",),
+    "encoder": ("--freeze-encoder",),
+    "lora r8 q,v": ("--lora-rank", "8"),
+}
 
 
 def run(a: argparse.Namespace) -> dict:

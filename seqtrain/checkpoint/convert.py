@@ -17,6 +17,7 @@ from seqtrain.checkpoint.load import LoadedModel, build_from_contents
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging import setup_logging
+from seqtrain.models.lora import merge_lora
 
 logger = logging.getLogger("seqtrain.convert")
 
@@ -49,6 +50,9 @@ def convert(args: argparse.Namespace) -> None:
         rows = ck.model["encoder.embed_tokens.weight"].shape[0]
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
     model = build_from_contents(ck)  # checks the weights fit the architecture before anything is written
+    if merge_lora(model):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
+        ck.args.lora_rank = 0
+        logger.info(f"{args.input}: LoRA adapters merged into their weights")
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
     if args.to == "fairseq":  # carries the update count and data position over into optimizer_history
         export_fairseq(lm, args.output, source=ck.state)

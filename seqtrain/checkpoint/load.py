@@ -29,9 +29,11 @@ from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
+from seqtrain.models.lora import merge_lora
 from seqtrain.models.resize import (
     EMBEDDING_KEYS,
     check_state_fits,
+    fill_adapters,
     fit_positions,
     keep_layers,
     resize_embeddings,
@@ -106,7 +108,7 @@ def build_from_contents(
     if not getattr(ck.args, "share_all_embeddings", True):
         # separate embeddings: the file's tied tensors are copied into each
         state = {k: (v.clone() if k in EMBEDDING_KEYS else v) for k, v in state.items()}
-    state = fit_positions(state, model, ck.path)
+    state = fill_adapters(fit_positions(state, model, ck.path), model, ck.path)
     check_state_fits(model, state, ck.path)
     model.load_state_dict(state, strict=True)
     return model
@@ -140,7 +142,10 @@ def model_from_contents(
     """load_model's second half, for callers that read (and adjusted) the checkpoint contents themselves."""
     for note in ck.notes:
         logger.info(f"{ck.path}: {note}")
-    model = build_from_contents(ck, arch_overrides).to(device).eval()
+    model = build_from_contents(ck, arch_overrides)
+    if merge_lora(model):  # generation and inference: adapters folded into their weights, one matrix each
+        ck.args.lora_rank = 0
+    model = model.to(device).eval()
     tokenizer = None
     if ck.tokenizer:
         try:

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.models.lora import apply_lora, parse_targets
 from seqtrain.models.resize import parse_layers_to_keep
 from seqtrain.models.transformer import (
     ACTIVATIONS,
@@ -533,6 +534,20 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
         "for small models). Ignored when weights are loaded",
     )
     add(
+        "--lora-rank",
+        type=int,
+        metavar="R",
+        help="LoRA: train rank-R adapters on --lora-modules of every layer, every other weight frozen (0: off)",
+    )
+    add("--lora-alpha", type=float, metavar="A", help="LoRA scaling numerator: adapters scale by A / R (16)")
+    add("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input (0.0)")
+    add(
+        "--lora-modules",
+        metavar="LIST",
+        help="projections that get adapters, comma-separated from q_proj,k_proj,v_proj,out_proj,fc1,fc2 "
+        "(q_proj,v_proj)",
+    )
+    add(
         "--checkpoint-activations",
         action="store_true",
         help="recompute each layer's activations in the backward pass (less memory, more compute)",
@@ -565,4 +580,14 @@ def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTM
             f"target {len(tgt_dict)} (preprocess with --joined-dictionary, or pass --no-share-all-embeddings)"
         )
     cfg = BartConfig.from_args(args, len(src_dict), None if args.share_all_embeddings else len(tgt_dict))
-    return BARTModel(cfg, padding_idx=pad)
+    model = BARTModel(cfg, padding_idx=pad)
+    if getattr(args, "lora_rank", None):
+        alpha = getattr(args, "lora_alpha", None)
+        apply_lora(
+            model,
+            args.lora_rank,
+            16.0 if alpha is None else alpha,
+            getattr(args, "lora_dropout", None) or 0.0,
+            parse_targets(getattr(args, "lora_modules", None)),
+        )
+    return model

@@ -23,10 +23,15 @@ EMBEDDING_PATTERN = r"\.(embed_tokens|embed_positions)\.|^decoder\.output_projec
 
 
 def freeze(
-    model: torch.nn.Module, encoder: bool = False, embeddings: bool = False, params: str | None = None
+    model: torch.nn.Module,
+    encoder: bool = False,
+    embeddings: bool = False,
+    params: str | None = None,
+    lora: bool = False,
 ) -> list[str]:
-    """Turn requires_grad off for the chosen parameters; returns their names (every name of a tied tensor)."""
-    patterns = []
+    """Turn requires_grad off for the chosen parameters (with `lora`, every one but the LoRA adapters); returns
+    their names (every name of a tied tensor)."""
+    patterns = [r"^(?!.*\.lora_[AB]$)"] if lora else []
     if encoder:
         patterns.append(r"^encoder\.")
     if embeddings:

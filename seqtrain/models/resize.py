@@ -176,6 +176,23 @@ def keep_layers(state: dict[str, torch.Tensor], args: Any, where: str) -> dict[s
     return out
 
 
+def fill_adapters(
+    state: dict[str, torch.Tensor], model: torch.nn.Module, where: str
+) -> dict[str, torch.Tensor]:
+    """LoRA adapters (NAME.lora_A / NAME.lora_B) the model has and `state` lacks (a pretrained model being
+    fine-tuned with --lora-rank) start as the model initialised them: B is zero, so the model computes exactly
+    what the pretrained one does. Logs one line."""
+    missing = [k for k in model.state_dict() if k.endswith((".lora_A", ".lora_B")) and k not in state]
+    if not missing:
+        return state
+    out = dict(state)
+    own = model.state_dict()
+    for k in missing:
+        out[k] = own[k].detach().clone()
+    logger.info(f"{where}: no LoRA adapters in it; {len(missing) // 2} new adapters start at zero")
+    return out
+
+
 def check_state_fits(model: torch.nn.Module, state: dict[str, torch.Tensor], where: str) -> None:
     """Raise a SeqtrainError listing the first mismatching names and shapes, if `state` does not fit
     `model`."""

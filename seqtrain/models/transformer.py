@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqtrain.models.lora import LoRALinear
+
 # One cache entry per attention module. Cross-attention: {"k": B x H x S x d, "v": the same}, computed once from
 # the encoder output. Self-attention (decoding): {"kv": T x B x 2 x H x d}, the keys and values of every decoded
 # position together, a view of the flat buffer "kv_buf"; "kv_spare" is the buffer reorder_cache gathers into,
@@ -330,8 +332,13 @@ class _FeedForward(nn.Module):
         return norm(x + self._drop(sublayer(x)))
 
     def _ffn(self, x: Tensor) -> Tensor:
-        if self.activation_dropout and self.training:
-            return self.fc2(F.dropout(self.activation(self.fc1(x)), self.activation_dropout, True))
+        if (
+            (self.activation_dropout and self.training)
+            or isinstance(self.fc1, LoRALinear)
+            or isinstance(self.fc2, LoRALinear)
+        ):
+            x = self.activation(self.fc1(x))
+            return self.fc2(F.dropout(x, self.activation_dropout, True) if self.training else x)
         if torch.is_grad_enabled() and not _is_meta_or_compiling(x):
             return _FFN.apply(
                 x, self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias, self.activation
@@ -544,15 +551,26 @@ class _Unpack(torch.autograd.Function):
 
 
 def _fused_params(*layers: nn.Linear) -> tuple[Tensor, Tensor | None]:
-    """The weight and bias of several projections of the same input, stacked into one projection's."""
-    weight = torch.cat([m.weight for m in layers])
+    """The weight and bias of several projections of the same input, stacked into one projection's (a LoRA
+    projection's weight with its adapter folded in: seqtrain.models.lora)."""
+    weight = torch.cat([m.effective_weight() if isinstance(m, LoRALinear) else m.weight for m in layers])
     bias = torch.cat([m.bias for m in layers]) if all(m.bias is not None for m in layers) else None
     return weight, bias
 
 
 def _fused_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
-    """Several projections of the same input as one matrix product (one pass over x, one larger GEMM)."""
-    return F.linear(x, *_fused_params(*layers))
+    """Several projections of the same input as one matrix product (one pass over x, one larger GEMM); LoRA
+    projections add their adapter term (with its dropout) to their share of the output."""
+    if not any(isinstance(m, LoRALinear) for m in layers):
+        return F.linear(x, *_fused_params(*layers))
+    weight = torch.cat([m.weight for m in layers])
+    bias = torch.cat([m.bias for m in layers]) if all(m.bias is not None for m in layers) else None
+    out = F.linear(x, weight, bias)
+    terms = [
+        m.lora_term(x) if isinstance(m, LoRALinear) else out.new_zeros((*x.shape[:-1], m.out_features))
+        for m in layers
+    ]
+    return out + torch.cat(terms, dim=-1)
 
 
 def packed_self_attention(

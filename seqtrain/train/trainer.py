@@ -51,7 +51,13 @@ from seqtrain.data.pair_dataset import split_batch
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
 from seqtrain.models.freeze import freeze
-from seqtrain.models.resize import check_state_fits, fit_positions, keep_layers, resize_embeddings
+from seqtrain.models.resize import (
+    check_state_fits,
+    fill_adapters,
+    fit_positions,
+    keep_layers,
+    resize_embeddings,
+)
 from seqtrain.optim import (
     DynamicLossScaler,
     GradientOverflow,
@@ -129,6 +135,7 @@ class Trainer:
             bool(getattr(args, "freeze_encoder", False)),
             bool(getattr(args, "freeze_embeddings", False)),
             getattr(args, "freeze_params", None),
+            lora=bool(getattr(args, "lora_rank", None)),
         )
         # Several ranks: DDP around the model, or FSDP sharding it in place (before the optimizer sees it).
         self.world_size = distributed.get_world_size()
@@ -517,7 +524,7 @@ class Trainer:
             padding_idx=self.task.src_dict.pad(),
             where=where,
         )
-        state = fit_positions(state, self.model, where)
+        state = fill_adapters(fit_positions(state, self.model, where), self.model, where)
         check_state_fits(self.model, state, where)
         distributed.load_model_state_dict(self.model, state)
 

@@ -70,6 +70,8 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
         "0": "EMA decay 0: the EMA is a copy of the weights (fairseq's rule before --ema-start-update)"
     },
     ("train", "--ema-start-update"): {"0": "the EMA decays from the first update (the default)"},
+    ("train", "--lora-rank"): {"0": "rank 0: no LoRA adapters (the default)"},
+    ("train", "--lora-dropout"): {"0": "no dropout on the adapters' input (the default)"},
     **{
         ("generate", flag): _ZERO_OFF
         for flag in ("--max-len-a", "--max-len-b", "--no-repeat-ngram-size", "--prefix-size")
