@@ -73,7 +73,7 @@ logger = logging.getLogger("seqtrain.trainer")  # the name log lines have always
 
 
 def _is_oom(e: BaseException, device: torch.device) -> bool:
-    return isinstance(e, torch.cuda.OutOfMemoryError) or (device.type == "cuda" and "out of memory" in str(e))
+    return device.type == "cuda" and (isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e))
 
 
 _SPLIT = object()  # Trainer._train_step's answer when it split a batch after an OOM: run the update again

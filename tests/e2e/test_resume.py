@@ -283,7 +283,8 @@ def test_restore_file_from_fairseq_checkpoint(fairseq_tiny, tmp_path):
 
 @pytest.mark.slow
 def test_cuda_oom_skips_the_update(databin, full_runs, tmp_path, monkeypatch):
-    """An out-of-memory error on CUDA skips the update (gradients dropped, count unchanged); training goes on."""
+    """An out-of-memory error on CUDA that does not go away when the batch is split, down to one example,
+    skips the update (gradients dropped, count unchanged); training goes on."""
     trainer = build_trainer(databin, str(tmp_path), *SCHEDULES["inverse_sqrt"])
     task = trainer.task
     task.load_dataset("train")
@@ -306,6 +307,7 @@ def test_cuda_oom_skips_the_update(databin, full_runs, tmp_path, monkeypatch):
     assert trainer.get_num_updates() == 1
     assert all(p.grad is None for p in trainer.model.parameters())
     assert trainer.meters["train"].smoothed_values()["oom"] == 1
+    assert trainer.meters["train"]["oom_split"].sum == 3  # 8 -> 4 -> 2 -> one example, which fails too
     monkeypatch.setattr(task, "train_step", real_step)
     assert trainer.train_step([batch]) is not None and trainer.get_num_updates() == 2
     # on CPU the same error is not swallowed

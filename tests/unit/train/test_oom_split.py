@@ -12,9 +12,13 @@ from seqtrain.data.pair_dataset import split_batch
 from tests.unit.train.test_sync_free import batches, build_trainer, databin  # noqa: F401 (databin: a fixture)
 
 
-def oom_above(trainer, max_sentences: int) -> list[int]:
-    """Make the trainer's task run out of memory on batches of more than `max_sentences`; returns the sizes it saw."""
+def oom_above(trainer, max_sentences: int, monkeypatch) -> list[int]:
+    """Make the trainer's task run out of memory on batches of more than `max_sentences`, as on a CUDA device
+    (the trainer adapts only there: on the CPU the error is not swallowed); returns the sizes it saw."""
     seen, real = [], trainer.task.train_step
+    monkeypatch.setattr(trainer, "device", torch.device("cuda"))
+    monkeypatch.setattr(trainer, "prepare_sample", lambda s: s)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
 
     def train_step(sample, *a, **kw):
         seen.append(sample["nsentences"])
@@ -38,7 +42,7 @@ def test_split_batches_hold_the_same_examples(databin, tmp_path, packed):  # noq
         assert half["net_input"]["src_tokens"].ne(1).any(0).all() and half["target"].ne(1).any(0).all()
 
 
-def test_an_oom_splits_the_batch_and_keeps_the_update(databin, tmp_path, caplog):  # noqa: F811
+def test_an_oom_splits_the_batch_and_keeps_the_update(databin, tmp_path, caplog, monkeypatch):  # noqa: F811
     flags = (
         "--dropout",
         "0",
@@ -54,7 +58,7 @@ def test_an_oom_splits_the_batch_and_keeps_the_update(databin, tmp_path, caplog)
     split.model.load_state_dict(plain.model.state_dict())
     samples = batches(plain, packed=False, n=2, size=8)
     want = plain.train_step(samples)
-    seen = oom_above(split, 3)
+    seen = oom_above(split, 3, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="seqtrain.trainer"):
         got = split.train_step(samples)
     # 8 -> 4 + 4 -> 2 + 2 + 2 + 2, for both batches of the update, each restart replaying the ones before
@@ -67,10 +71,10 @@ def test_an_oom_splits_the_batch_and_keeps_the_update(databin, tmp_path, caplog)
     assert split.meters["train"]["oom_split"].sum == 6 and "oom" not in split.meters["train"]
 
 
-def test_one_example_that_does_not_fit_skips_the_update(databin, tmp_path, caplog):  # noqa: F811
+def test_one_example_that_does_not_fit_skips_the_update(databin, tmp_path, caplog, monkeypatch):  # noqa: F811
     trainer = build_trainer(databin, str(tmp_path), "--dropout", "0")
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    oom_above(trainer, 0)
+    oom_above(trainer, 0, monkeypatch)
     with caplog.at_level(logging.WARNING, logger="seqtrain.trainer"):
         assert trainer.train_step(batches(trainer, packed=False, n=1, size=2)) is None
     assert "skipping this update" in caplog.text and trainer.meters["train"]["oom"].sum == 1
