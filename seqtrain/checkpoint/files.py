@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +128,75 @@ def load_checkpoint_file(path: str, unsafe: bool = False, mmap: bool = False) ->
             ) from None
         first = msg.strip().splitlines()[0][:200] if msg.strip() else type(e).__name__
         raise SeqtrainError(f"{path} could not be read as a checkpoint: {first}") from None
+
+
+def _storages(obj: Any, found: dict[int, tuple[str, torch.UntypedStorage]], where: str = "") -> None:
+    """Every CPU tensor storage reachable from `obj` (dicts, lists, tuples), by data pointer, with a name."""
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage()
+        if storage.device.type == "cpu" and storage.nbytes():
+            found.setdefault(storage.data_ptr(), (where or "tensor", storage))
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            _storages(v, found, f"{where}.{k}" if where else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            _storages(v, found, f"{where}[{i}]")
+
+
+def verify_checksums(path: str, tensors: Any) -> None:
+    """Check what a caller keeps of a loaded zip-format checkpoint against the CRC-32s the archive stores
+    (torch.load checks none: a flipped bit in a weight would load silently). `tensors`: the part of the loaded
+    object to check (e.g. the model's state dict; a mapped file's other tensors stay unread). The archive's own
+    records (data.pkl, the pickled arguments and counters) are checked whole; each storage reachable from
+    `tensors` must equal, byte for byte by CRC-32, a data record of its size. Works alike for a mapped and a
+    read file (a storage of either holds the record's bytes). A legacy-format file has no checksums: nothing to
+    check. Costs one CRC-32 pass over the kept bytes (about 1.6 GB/s on the 2-core development CPU)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return
+        with zipfile.ZipFile(path) as z:
+            data_crcs: dict[int, set[int]] = {}
+            for info in z.infolist():
+                if "/data/" in info.filename and not info.filename.endswith(".pkl"):
+                    data_crcs.setdefault(info.file_size, set()).add(info.CRC)
+                else:
+                    with z.open(info) as f:  # zipfile checks the CRC-32 when the record is read to its end
+                        while f.read(1 << 20):
+                            pass
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError) as e:
+        raise SeqtrainError(f"{path} is truncated or corrupted ({e})") from None
+    found: dict[int, tuple[str, torch.UntypedStorage]] = {}
+    _storages(tensors, found)
+    for name, storage in found.values():
+        view = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
+        try:
+            crc = zlib.crc32(view.numpy())
+        except (OSError, RuntimeError) as e:  # e.g. the mapped file shrank under us
+            raise SeqtrainError(f"{path}: could not read weight {name!r} ({e})") from None
+        if crc not in data_crcs.get(storage.nbytes(), ()):
+            raise SeqtrainError(
+                f"{path} is corrupted: the bytes of weight {name!r} fail the archive's CRC-32 checksum "
+                "(a damaged copy or disk); use an intact copy of the checkpoint"
+            )
+
+
+def check_finite(path: str, state: dict[str, torch.Tensor]) -> None:
+    """Refuse a state dict holding NaN or infinite weights, naming the first such tensor: a model with them
+    produces no scores to rank (generation would fail deep inside the search). A tensor's sum is finite only
+    when all its elements are, so the common case costs one summing pass; a non-finite sum (possibly an
+    overflow of finite values) is checked element by element."""
+    for key, t in state.items():
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+            continue
+        if torch.isfinite(t.sum()) or bool(torch.isfinite(t).all()):
+            continue
+        bad = int((~torch.isfinite(t)).sum())
+        first = t.flatten()[int((~torch.isfinite(t.flatten())).nonzero()[0])].item()
+        raise SeqtrainError(
+            f"{path}: weight {key!r} holds {bad:,} non-finite value(s) (the first: {first}); the model is "
+            "broken (a diverged or damaged run): use an earlier checkpoint"
+        )
 
 
 # --------------------------------------------------------------------------------------------------- contents

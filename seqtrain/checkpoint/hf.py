@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 
 import seqtrain.models.bart  # noqa: F401  (registers the bart_* archs in ARCHS)
-from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file
+from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file, verify_checksums
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.data.tokenizer import GPT2BPETokenizer
 from seqtrain.errors import SeqtrainError
@@ -271,6 +271,7 @@ def _load_hf_weights(folder: str) -> tuple[dict[str, torch.Tensor], str]:
         obj = load_checkpoint_file(binf)
         if not isinstance(obj, dict):
             raise SeqtrainError(f"{binf} is not a state dict")
+        verify_checksums(binf, obj)
         return obj, binf
     raise SeqtrainError(f"{folder}: no model.safetensors or pytorch_model.bin found")
 
