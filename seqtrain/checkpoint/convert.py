@@ -40,7 +40,9 @@ def convert(args: argparse.Namespace) -> None:
     if ck.src_dict is None:
         rows = ck.model["encoder.embed_tokens.weight"].shape[0]
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
-    model = build_from_contents(ck)  # checks the weights fit the architecture before anything is written
+    model = build_from_contents(
+        ck, resize_vocab=args.resize_vocab
+    )  # checks the weights fit the architecture before anything is written
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
     if args.to == "fairseq":  # carries the update count and data position over into optimizer_history
         export_fairseq(lm, args.output, source=ck.state)

@@ -65,6 +65,7 @@ def load_for_generation(
     overrides: dict[str, Any] | None = None,
     unsafe: bool = False,
     dict_path: str | None = None,
+    resize_vocab: bool = False,
 ) -> GenerationModel:
     """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
     to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode."""
@@ -90,7 +91,7 @@ def load_for_generation(
         raise SeqtrainError(
             f"{path}: no dictionary found; give a data-bin (DATA) holding dict.{src_lang}.txt"
         )
-    lm = model_from_contents(ck, overrides or None)
+    lm = model_from_contents(ck, overrides or None, resize_vocab=resize_vocab)
     if data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
         for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
             p = os.path.join(data, f"dict.{lang}.txt")
@@ -164,6 +165,7 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
         args.target_lang,
         parse_overrides(args.model_overrides),
         args.unsafe_load,
+        resize_vocab=getattr(args, "resize_vocab", False),
     )
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
     cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)

@@ -449,6 +449,7 @@ class Trainer:
             len(self.task.tgt_dict),
             padding_idx=self.task.src_dict.pad(),
             where=where,
+            allow_any=bool(getattr(self.args, "resize_vocab", False)),
         )
         state = fit_positions(state, self.model, where)
         check_state_fits(self.model, state, where)
