@@ -192,3 +192,33 @@ def test_torchrun_ranks_with_different_inputs_are_refused(setup):
     )
     assert proc.stderr.count(line) == 2, proc.stderr[-3000:]
     assert not (tmp / "out.txt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_double_ctrl_c_during_generation_is_one_line_and_130(fairseq_tiny, tmp_path):
+    """Two SIGINTs close together: the second used to land in a __del__ method or in the interpreter's
+    shutdown (threading._shutdown) and print a traceback after `interrupted`."""
+    import signal
+    import time
+
+    src = (fairseq_tiny / "raw" / "valid.src").read_text(encoding="utf-8").split("\n")[:200]
+    (tmp_path / "big.txt").write_text("\n".join(src * 200) + "\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "seqtrain_cli.generate", str(fairseq_tiny / "data-bin"), "-s", "src", "-t", "tgt",
+           "--path", str(fairseq_tiny / "checkpoint_last.pt"), "--cpu", "--beam", "4",
+           "--input", str(tmp_path / "big.txt"), "--output", str(tmp_path / "out.txt")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for gap in (0.0, 0.001, 0.01, 0.05, 0.2):
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+        for line in proc.stderr:  # the model is loaded: generation starts
+            if "fairseq-only entries" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap)
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 130, (gap, err)
+        lines = [ln for ln in err.splitlines() if ln.strip() and " | INFO | " not in ln]
+        assert lines == ["seqtrain-generate: interrupted"], (gap, err)
+        assert not (tmp_path / "out.txt").exists()
