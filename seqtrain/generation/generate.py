@@ -45,11 +45,26 @@ def read_text(path: str) -> list[str]:
     """The lines of a text file ('-': stdin), without their newlines; errors name the file and line."""
     try:
         if path == "-":
+            if sys.stdin is None:  # started with stdin closed (0<&-)
+                raise SeqtrainError("--input -: stdin is closed; give the text on stdin, or --input FILE")
             if sys.stdin.isatty():
                 logger.info(
                     "reading documents, one per line, until Ctrl-D (seqtrain-interactive answers each line)"
                 )
-            text = sys.stdin.read()
+            raw = getattr(sys.stdin, "buffer", None)
+            if raw is None:  # a text stream put in its place (tests, notebooks)
+                text = sys.stdin.read()
+                runner.check_utf8(text, "stdin", 1)
+            else:  # bytes, decoded strictly here: the C locale's 'surrogateescape' would let invalid ones through
+                data = raw.read()
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    start, line = data.rfind(b"\n", 0, e.start) + 1, data.count(b"\n", 0, e.start) + 1
+                    raise SeqtrainError(
+                        f"stdin:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start - start} of the "
+                        "line)"
+                    ) from None
             return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -88,6 +103,8 @@ def _check_args(args: argparse.Namespace) -> None:
         check_folder_writable(args.results_path, "--results-path")
     if args.output:
         check_file_writable(args.output, "--output")
+    elif sys.stdout is None:  # started with stdout closed (1>&-)
+        raise SeqtrainError("stdout is closed: the summaries have nowhere to go; give --output FILE")
 
 
 def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):

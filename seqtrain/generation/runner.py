@@ -278,3 +278,20 @@ def parse_overrides(text: str) -> dict[str, Any]:
     if not isinstance(out, dict):
         raise SeqtrainError("--model-overrides: give a JSON object, e.g. '{\"dropout\": 0.0}'")
     return out
+
+
+def check_utf8(text: str, where: str, line: int) -> None:
+    """Refuse text that came from invalid UTF-8: Python reads undecodable bytes as lone surrogates where the
+    locale asks it to (stdin under the C locale: 'surrogateescape'), and those would reach the tokenizer.
+    `where`:`line` is where the text started (stdin, or a file)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        before = text[: e.start]
+        lineno = line + before.count("\n")
+        column = len(before[before.rfind("\n") + 1 :].encode("utf-8", "surrogateescape"))
+        char = ord(text[e.start])
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"surrogate U+{char:04X}"
+        raise SeqtrainError(
+            f"{where}:{lineno}: invalid UTF-8 ({what} at byte {column} of the line)"
+        ) from None
