@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import zipfile
 import zlib
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write
+from seqtrain.fileio import atomic_write, file_kind
 
 logger = logging.getLogger("seqtrain.checkpoint")
 
@@ -63,10 +64,14 @@ def save_checkpoint_file(state: dict[str, Any], path: str) -> None:
 def _sniff(path: str) -> bool:
     """Reject what cannot be a torch checkpoint before torch gives a confusing message about it. Returns
     whether it is a zip archive (torch >= 1.6), the format torch.load can memory-map."""
-    if not os.path.exists(path):
-        raise SeqtrainError(f"checkpoint not found: {path}")
-    if os.path.isdir(path):
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise SeqtrainError(f"checkpoint not found: {path}") from None
+    if stat.S_ISDIR(mode):
         raise SeqtrainError(f"{path} is a directory, expected a checkpoint file")
+    if not stat.S_ISREG(mode):  # opening a FIFO would wait for a writer for ever; a device reads anything
+        raise SeqtrainError(f"{path} is {file_kind(mode)}, not a checkpoint file; give a regular file")
     with open(path, "rb") as f:
         head = f.read(4)
     if not head:
@@ -144,7 +149,7 @@ def _storages(obj: Any, found: dict[int, tuple[str, torch.UntypedStorage]], wher
             _storages(v, found, f"{where}[{i}]")
 
 
-def verify_checksums(path: str, tensors: Any) -> None:
+def verify_checksums(path: str, tensors: Any, mapped: tuple[str, int, tuple[int, int]] | None = None) -> None:
     """Check what a caller keeps of a loaded zip-format checkpoint against the CRC-32s the archive stores
     (torch.load checks none: a flipped bit in a weight would load silently). `tensors`: the part of the loaded
     object to check (e.g. the model's state dict; a mapped file's other tensors stay unread). The archive's own
@@ -168,6 +173,8 @@ def verify_checksums(path: str, tensors: Any) -> None:
         raise SeqtrainError(f"{path} is truncated or corrupted ({e})") from None
     found: dict[int, tuple[str, torch.UntypedStorage]] = {}
     _storages(tensors, found)
+    if mapped is not None:
+        check_still_mapped(*mapped)
     for name, storage in found.values():
         view = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),))
         try:
@@ -214,6 +221,35 @@ class CheckpointContents:
     # the whole seqtrain checkpoint dict (optimizer, extra_state...) for resuming
     state: dict | None = None
     notes: list[str] = field(default_factory=list)  # what was dropped or adjusted while reading
+    # (file, its size, its inode) when `model`'s tensors are still backed by a mapping of the file
+    mapped: tuple[str, int, tuple[int, int]] | None = None
+
+
+def mapped_identity(path: str) -> tuple[str, int, tuple[int, int]]:
+    """(path, size, (device, inode)) of the file about to be mapped, for check_still_mapped."""
+    st = os.stat(path)
+    return path, st.st_size, (st.st_dev, st.st_ino)
+
+
+def check_still_mapped(path: str, size: int, inode: tuple[int, int]) -> None:
+    """Before mapped tensors of `path` are read: the file (the same inode) must still hold the `size` bytes it
+    had when it was mapped. Reading a page of a mapping past the end of a file that was truncated in place kills
+    the process with SIGBUS, which no handler can turn into an error (the faulting read would run again), so the
+    size is checked before every pass that reads the mapping; a truncation during such a pass is not caught (seqtrain
+    itself never writes a checkpoint in place: a new file is renamed over the name, and a mapping keeps the old
+    one's bytes)."""
+    try:
+        st = os.stat(path)
+    except OSError:  # removed: the mapping keeps the file's bytes
+        return
+    if (st.st_dev, st.st_ino) != inode:  # replaced by a rename (a new save): the mapping keeps the old bytes
+        return
+    now = st.st_size
+    if now < size:
+        raise SeqtrainError(
+            f"{path} shrank from {size:,} to {now:,} bytes while it was being read (truncated in place by "
+            "another program?); its weights can no longer be read: rerun once nothing writes to it"
+        )
 
 
 def strip_wrapper_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn.init
 
-from seqtrain.checkpoint.files import CheckpointContents
+from seqtrain.checkpoint.files import CheckpointContents, check_still_mapped
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
@@ -101,6 +101,8 @@ def build_from_contents(
         state = {k: (v.clone() if k in EMBEDDING_KEYS else v) for k, v in state.items()}
     state = fit_positions(state, model, ck.path)
     check_state_fits(model, state, ck.path)
+    if ck.mapped is not None:  # the copy below reads the mapping
+        check_still_mapped(*ck.mapped)
     model.load_state_dict(state, strict=True)
     return model
 

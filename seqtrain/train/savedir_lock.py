@@ -40,6 +40,7 @@ from typing import Any
 import torch.distributed as dist
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import file_kind
 
 logger = logging.getLogger("seqtrain.savedir_lock")  # the name log lines have always shown
 
@@ -148,17 +149,9 @@ class SaveDirLock:
         return data if isinstance(data, dict) else {}
 
     def _not_a_file(self, mode: int) -> SeqtrainError:
-        kind = {
-            stat.S_IFIFO: "a FIFO",
-            stat.S_IFDIR: "a folder",
-            stat.S_IFLNK: "a symbolic link",
-            stat.S_IFSOCK: "a socket",
-            stat.S_IFCHR: "a character device",
-            stat.S_IFBLK: "a block device",
-        }.get(stat.S_IFMT(mode), "not a regular file")
         return SeqtrainError(
-            f"--save-dir {self.save_dir}: the lock {self.path} is {kind}, not a regular file as seqtrain writes "
-            "it; remove it (no training run made it) or use another --save-dir"
+            f"--save-dir {self.save_dir}: the lock {self.path} is {file_kind(mode)}, not a regular file as seqtrain "
+            "writes it; remove it (no training run made it) or use another --save-dir"
         )
 
     def garbage_reason(self, owner: dict[str, Any]) -> str | None:

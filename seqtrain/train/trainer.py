@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
-from seqtrain.checkpoint.files import save_checkpoint_file
+from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.config import from_args
 from seqtrain.cuda import set_cuda_kernels
@@ -457,6 +457,8 @@ class Trainer:
 
     def load_model_weights(self, contents: Any, where: str) -> None:
         """Only the weights of a checkpoint of any supported format (--finetune-from-model, foreign files)."""
+        if getattr(contents, "mapped", None) is not None:  # the copy into the model reads the mapping
+            check_still_mapped(*contents.mapped)
         self._load_model_state(contents.model, where)
 
     def load_state_dict(

@@ -248,6 +248,13 @@ def add_round_three_inputs(w: dict, obj: dict) -> None:
     w["save_fifo_lock"] = os.path.join(root, "save_fifo_lock")
     os.makedirs(w["save_fifo_lock"])
     os.mkfifo(os.path.join(w["save_fifo_lock"], ".seqtrain.lock"))
+    # a FIFO given as the checkpoint: opening it waited for a writer for ever
+    w["fifo_pt"] = os.path.join(root, "fifo.pt")
+    os.mkfifo(w["fifo_pt"])
+    # a dictionary of another model: 300 symbols for the checkpoint's 40 rows
+    w["dict_other_model"] = os.path.join(root, "dict_other_model.txt")
+    with open(w["dict_other_model"], "w") as f:
+        f.writelines(f"x{i} 1\n" for i in range(296))
 
 
 def train(*extra: str, data: str = "bin", save: str = "save") -> list:
@@ -695,6 +702,30 @@ CASES += [
         "convert",
         ["{ck_flipped}", "{out}.pt", "--to", "seqtrain"],
         "{ck_flipped} is corrupted: the bytes of weight 'encoder.layers.0.fc1.weight' fail",
+    ),
+    (
+        "generate-path-is-a-fifo",
+        "generate",
+        gen("--path", "{fifo_pt}"),
+        "{fifo_pt} is a FIFO, not a checkpoint",
+    ),
+    (
+        "convert-input-is-a-fifo",
+        "convert",
+        ["{fifo_pt}", "{out}.pt", "--to", "seqtrain"],
+        "{fifo_pt} is a FIFO, not a checkpoint",
+    ),
+    (
+        "train-restore-file-is-a-fifo",
+        "train",
+        train("--restore-file", "{fifo_pt}"),
+        "{fifo_pt} is a FIFO, not a checkpoint",
+    ),
+    (
+        "convert-dict-of-another-model",
+        "convert",
+        ["{ck}", "{out}.pt", "--to", "seqtrain", "--dict", "{dict_other_model}"],
+        "encoder.embed_tokens.weight has 40 rows but the dictionary has 300 symbols",
     ),
     (
         "generate-nan-weight",

@@ -134,3 +134,84 @@ def test_large_finite_weights_whose_sum_overflows_are_accepted(tmp_path):
 
     save_tiny(path, change=big)
     assert torch.isinf(read_checkpoint(path).model["decoder.layers.0.fc2.bias"].sum())
+
+
+# ------------------------------------------------------------------------------------ what is at the path
+def test_checkpoint_path_at_a_fifo_is_refused_not_opened(tmp_path):
+    """--path (or convert's input, or --restore-file) at a FIFO waited for ever in open()."""
+    import os
+    import time
+
+    from seqtrain.checkpoint.files import load_checkpoint_file
+    from seqtrain.train.checkpoints import checkpoint_problem
+
+    fifo = str(tmp_path / "model.pt")
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    for load in (read_checkpoint, load_checkpoint_file):
+        with pytest.raises(SeqtrainError) as e:
+            load(fifo)
+        assert str(e.value) == f"{fifo} is a FIFO, not a checkpoint file; give a regular file"
+    assert checkpoint_problem(fifo) == "a FIFO, not a checkpoint file"
+    assert time.monotonic() - started < 5
+
+
+# One process per case: before the fix, reading the mapping of a file truncated in place killed it with SIGBUS.
+_TRUNCATE = """
+import os, sys
+import seqtrain.checkpoint.formats as formats
+from seqtrain.checkpoint.load import model_from_contents
+from seqtrain.errors import SeqtrainError
+path, when = sys.argv[1], sys.argv[2]
+if when == "after mapping":  # between torch.load's mapping and the checksum pass
+    load = formats.load_checkpoint_file
+    def truncating(*a, **k):
+        obj = load(*a, **k)
+        os.truncate(path, 4096)
+        return obj
+    formats.load_checkpoint_file = truncating
+try:
+    ck = formats.read_checkpoint(path)
+    if when == "before the copy":  # between reading the checkpoint and copying its weights into the model
+        os.truncate(path, 4096)
+    model_from_contents(ck)
+except SeqtrainError as e:
+    print(e)
+    sys.exit(1)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["after mapping", "before the copy"])
+def test_checkpoint_truncated_in_place_while_mapped_is_one_line(tmp_path, when):
+    import os
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "ck.pt")
+    save_tiny(path)
+    size = os.path.getsize(path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRUNCATE, path, when], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-2000:])  # -7: SIGBUS
+    assert proc.stdout == (
+        f"{path} shrank from {size:,} to 4,096 bytes while it was being read (truncated in place by another "
+        "program?); its weights can no longer be read: rerun once nothing writes to it\n"
+    )
+
+
+def test_checkpoint_replaced_by_a_new_save_while_mapped_still_loads(tmp_path):
+    """A new save renames another (here smaller) file over the name: the mapping keeps the old file's bytes."""
+    import os
+
+    from seqtrain.checkpoint.load import model_from_contents
+
+    path = str(tmp_path / "ck.pt")
+    state = save_tiny(path)
+    ck = read_checkpoint(path)
+    (tmp_path / "small").write_bytes(b"x")
+    os.replace(tmp_path / "small", path)
+    model = model_from_contents(ck).model
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
