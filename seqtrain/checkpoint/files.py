@@ -54,10 +54,14 @@ def save_checkpoint_file(state: dict[str, Any], path: str) -> None:
         with atomic_write(path, "wb") as f:
             torch.save(state, f)
     except RuntimeError as e:
-        # a Ctrl-C inside torch.save's write comes out as RuntimeError("... unexpected pos ...") raised while
-        # handling the KeyboardInterrupt: give the interrupt back (the temporary file is already removed)
+        # an error inside torch.save's write (a Ctrl-C, a full disk) comes out as RuntimeError("... unexpected
+        # pos ...") raised while handling it: give the interrupt back, and the OS error with the path it was
+        # writing (the temporary file is already removed)
         if isinstance(e.__context__, KeyboardInterrupt):
             raise e.__context__ from None
+        if isinstance(e.__context__, OSError):
+            cause = e.__context__
+            raise OSError(cause.errno, cause.strerror or str(cause), path) from None
         raise
 
 

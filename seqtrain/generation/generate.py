@@ -33,6 +33,7 @@ from seqtrain.generation.output import (
     check_folder_writable,
     fairseq_lines,
     write_files,
+    write_out,
 )
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
@@ -321,6 +322,5 @@ def _write(
             files[path("rouge") + ".json"] = json.dumps({**meta, **rouge}, indent=2, sort_keys=True) + "\n"
     write_files(files)
     if not args.output:
-        out.writelines(x + "\n" for x in body)
-        out.flush()
+        write_out(out, body)
     return {"hypotheses": hyps, "references": refs, "rouge": rouge, "n": hi - lo, "lines": lines}

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import runner
-from seqtrain.generation.output import fairseq_lines
+from seqtrain.generation.output import fairseq_lines, write_out
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 
@@ -87,11 +87,12 @@ def _loop(
             results[sid] = fairseq_lines(
                 loaded, start + sid, sample, row, hypos, args.nbest, args.post_process
             )
+        answers = []
         for i in range(len(buffer)):
             lines, texts, _, ntok = results[i]
             n_tok += ntok
-            out.writelines(x + "\n" for x in (lines if args.output_format == "fairseq" else texts))
-        out.flush()
+            answers += lines if args.output_format == "fairseq" else texts
+        write_out(out, answers)
         start += len(buffer)
         buffer.clear()
 
