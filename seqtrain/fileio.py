@@ -37,6 +37,19 @@ from typing import IO, Any
 from seqtrain.errors import SeqtrainError
 
 
+def file_kind(mode: int) -> str:
+    """What an st_mode is, in words: "a FIFO", "a folder", ... ("a regular file" for one)."""
+    return {
+        stat.S_IFREG: "a regular file",
+        stat.S_IFIFO: "a FIFO",
+        stat.S_IFDIR: "a folder",
+        stat.S_IFLNK: "a symbolic link",
+        stat.S_IFSOCK: "a socket",
+        stat.S_IFCHR: "a character device",
+        stat.S_IFBLK: "a block device",
+    }.get(stat.S_IFMT(mode), "not a regular file")
+
+
 def _default_file_mode() -> int:
     # mkstemp creates 0600 files; published files should get the usual 0666 & ~umask, like open() gives
     mask = os.umask(0)

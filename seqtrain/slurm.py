@@ -131,7 +131,17 @@ class SlurmTask:
     init_method: str
 
 
-def _int_env(name: str, default: int | None = None) -> int:
+_COUNT_MAX = 1 << 20  # tasks or nodes in one step: SLURM's own limits are far below this
+_INT = re.compile(r"[+-]?[0-9]+")
+_RANGE = re.compile(r"[0-9]+(-[0-9]+)?")
+
+
+def _int_env(
+    name: str, default: int | None = None, low: int = 0, high: int = 2**63 - 1, what: str = ""
+) -> int:
+    """The integer in SLURM variable `name` (the first node's count of "2(x3)" forms), within [low, high];
+    `default` where it is unset. Every other value is one line naming the variable: a value srun never sets
+    (1e20, -1, 0 tasks) would otherwise give a traceback or a rank that waits 30 minutes for peers."""
     value = os.environ.get(name)
     if value is None:
         if default is None:
@@ -139,10 +149,53 @@ def _int_env(name: str, default: int | None = None) -> int:
                 f"srun set SLURM_PROCID but not {name}; launch with srun inside an allocation"
             )
         return default
-    try:
-        return int(value.split("(")[0].split(",")[0])  # "2(x3)" forms: the first node's count
-    except ValueError:
-        raise SeqtrainError(f"{name}={value!r} is not an integer") from None
+    text = value.split("(")[0].split(",")[0].strip()
+    if not _INT.fullmatch(text):
+        raise SeqtrainError(f"{name}={value!r} is not an integer")
+    number = int(text) if len(text) <= 20 else (-1 if text.startswith("-") else 1) * 2**64  # past any bound
+    if not low <= number <= high:
+        raise SeqtrainError(
+            f"{name}={value!r} is out of range: must be between {low} and {high}{what}; "
+            "launch with srun inside an allocation"
+        )
+    return number
+
+
+def _count_env(names: tuple[str, ...], default: int) -> tuple[str, int]:
+    """The first of `names` that is set, as (name, count of 1 or more); (names[-1], default) when none is."""
+    for name in names:
+        if name in os.environ:
+            return name, _int_env(name, low=1, high=_COUNT_MAX)
+    return names[-1], default
+
+
+def check_node_list(name: str, value: str) -> None:
+    """SLURM's compressed host list syntax, checked before anything expands or resolves it: names separated by
+    commas, each with bracket groups of numbers and ascending ranges ("node[01-03,07]"), nothing unbalanced."""
+    depth, group = 0, ""
+    for ch in value:
+        if ch == "[":
+            if depth:
+                raise SeqtrainError(f"{name}={value!r}: '[' inside a bracket group; not a SLURM node list")
+            depth, group = 1, ""
+        elif ch == "]":
+            if not depth:
+                raise SeqtrainError(f"{name}={value!r}: ']' without its '['; not a SLURM node list")
+            for item in group.split(","):
+                if not _RANGE.fullmatch(item):
+                    raise SeqtrainError(f"{name}={value!r}: cannot read the range {item!r}")
+                lo, _, hi = item.partition("-")
+                if hi and int(hi) < int(lo):
+                    raise SeqtrainError(f"{name}={value!r}: the range {item!r} runs backwards")
+            depth = 0
+        elif depth:
+            group += ch
+        elif ch.isspace() or not ch.isprintable():
+            raise SeqtrainError(f"{name}={value!r}: a host name holds no spaces or control characters")
+    if depth:
+        raise SeqtrainError(f"{name}={value!r}: '[' without its ']'; not a SLURM node list")
+    if not any(part.strip() for part in _split_top_level(value)):
+        raise SeqtrainError(f"{name}={value!r} names no host")
 
 
 def slurm_task(distributed_port: int, world_size_flag: int, cuda_devices: int) -> SlurmTask | None:
@@ -150,30 +203,39 @@ def slurm_task(distributed_port: int, world_size_flag: int, cuda_devices: int) -
     (used for the processes per node of a one-task-per-node CPU job); `cuda_devices`: GPUs on this node."""
     if "SLURM_STEP_ID" not in os.environ or "SLURM_PROCID" not in os.environ:
         return None
-    ntasks = _int_env("SLURM_STEP_NUM_TASKS", _int_env("SLURM_NTASKS", 1))
-    nnodes = _int_env("SLURM_STEP_NUM_NODES", _int_env("SLURM_NNODES", 1))
+    tasks_name, ntasks = _count_env(("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), 1)
+    nodes_name, nnodes = _count_env(("SLURM_STEP_NUM_NODES", "SLURM_NNODES"), 1)
+    if nnodes > ntasks:
+        raise SeqtrainError(
+            f"{nodes_name}={nnodes} is more nodes than {tasks_name}={ntasks} tasks; launch with srun inside an "
+            "allocation"
+        )
     if "SLURM_NTASKS_PER_NODE" in os.environ:
-        per_node = _int_env("SLURM_NTASKS_PER_NODE")
+        per_node = _int_env("SLURM_NTASKS_PER_NODE", low=1, high=ntasks, what=f" ({tasks_name}={ntasks})")
     else:
         per_node = max(1, ntasks // max(1, nnodes))
+    procid = _int_env("SLURM_PROCID", low=0, high=ntasks - 1, what=f" ({tasks_name}={ntasks})")
     procs = 1
     if per_node == 1:
         procs = cuda_devices if cuda_devices > 0 else max(1, world_size_flag // nnodes)
     if ntasks * procs <= 1:
         return None  # one process in all: nothing distributed
-    node_list = next(
+    node_var, node_list = next(
         (
-            os.environ[k]
+            (k, os.environ[k])
             for k in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
             if os.environ.get(k)
         ),
-        None,
+        ("", None),
     )
     if not node_list:
         raise SeqtrainError("srun set SLURM_PROCID but no SLURM_STEP_NODELIST / SLURM_JOB_NODELIST")
-    port = distributed_port if distributed_port > 0 else PORT_BASE + _int_env("SLURM_JOB_ID", 0) % PORT_RANGE
+    check_node_list(node_var, node_list)
+    job_id = _int_env("SLURM_JOB_ID", 0)
+    port = distributed_port if distributed_port > 0 else PORT_BASE + job_id % PORT_RANGE
     init_method = f"tcp://{first_host(node_list)}:{port}"
     if per_node == 1:
-        node_id = _int_env("SLURM_NODEID", _int_env("SLURM_PROCID"))
+        node_id = _int_env("SLURM_NODEID", procid, high=nnodes - 1, what=f" ({nodes_name}={nnodes})")
         return SlurmTask(nnodes * procs, node_id * procs, 0, procs, init_method)
-    return SlurmTask(ntasks, _int_env("SLURM_PROCID"), _int_env("SLURM_LOCALID", 0), 1, init_method)
+    local_id = _int_env("SLURM_LOCALID", 0, high=ntasks - 1, what=f" ({tasks_name}={ntasks})")
+    return SlurmTask(ntasks, procid, local_id, 1, init_method)

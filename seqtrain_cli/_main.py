@@ -6,8 +6,12 @@ errors too: one line naming the path and what to do about it, exit 1."""
 
 from __future__ import annotations
 
+import _thread
 import errno
+import functools
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from seqtrain.errors import SeqtrainError, Stopped
@@ -35,12 +39,40 @@ def os_error_line(e: OSError) -> str:
     return f"{text}; {remedy}" if remedy else text
 
 
+def _interrupt_later(unraisable: object, hook: Callable[[object], None]) -> None:
+    """sys.unraisablehook: a Ctrl-C that lands in a __del__ method or a dying thread cannot be raised there, and
+    Python would print a traceback and drop it; deliver it to the main thread again instead (nothing happens
+    once SIGINT is ignored, i.e. when the run is already ending after a signal)."""
+    if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
+        _thread.interrupt_main()
+    else:
+        hook(unraisable)
+
+
 def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
+    own_process = argv is None  # the console script itself, not a call from Python (tests, notebooks)
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
+        _run(prog, main, argv, debug)
+        return
+    previous, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    sys.unraisablehook = functools.partial(_interrupt_later, hook=hook)
+    try:
+        _run(prog, main, argv, debug)
+    finally:
+        sys.unraisablehook = hook
+        # after a signal the console script ends with further ones ignored (through the interpreter's shutdown,
+        # where one would print a traceback); a call from Python gets its handler back whatever happened
+        if not own_process:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _run(prog: str, main: Callable[[list[str]], int | None], argv: list[str], debug: bool) -> None:
     try:
         rc = main(argv)
     except Stopped as e:  # SIGTERM / SIGINT, acted on: one line saying what was kept, 128 + the signal
+        _ignore_further_interrupts()
         print(f"{prog}: {e.message}", file=sys.stderr)
         sys.exit(e.code)
     except (SeqtrainError, OSError) as e:
@@ -53,9 +85,16 @@ def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: list[str] 
         # Ctrl-C, also when library code turned it into another error while handling it (torch.save does)
         if not interrupted(e):
             raise
+        _ignore_further_interrupts()
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(rc or 0)
+
+
+def _ignore_further_interrupts() -> None:
+    """The run is ending after a signal: a further Ctrl-C changes nothing (and prints no traceback)."""
+    if threading.current_thread() is threading.main_thread() and callable(signal.getsignal(signal.SIGINT)):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def interrupted(e: BaseException | None) -> bool:

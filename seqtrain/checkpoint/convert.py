@@ -49,7 +49,8 @@ def convert(args: argparse.Namespace) -> None:
     if ck.src_dict is None:
         rows = ck.model["encoder.embed_tokens.weight"].shape[0]
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
-    model = build_from_contents(ck)  # checks the weights fit the architecture before anything is written
+    # checks the weights fit the architecture before anything is written
+    model = build_from_contents(ck, resize_vocab=args.resize_vocab)
     if merge_lora(model):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
         ck.args.lora_rank = 0
         logger.info(f"{args.input}: LoRA adapters merged into their weights")

@@ -11,7 +11,14 @@ import torch
 
 from seqtrain.checkpoint.checks import check_contents
 from seqtrain.checkpoint.fairseq import export_fairseq, find_dictionaries, read_fairseq
-from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
+from seqtrain.checkpoint.files import (
+    CheckpointContents,
+    check_finite,
+    check_still_mapped,
+    load_checkpoint_file,
+    mapped_identity,
+    verify_checksums,
+)
 from seqtrain.checkpoint.hf import export_hf, read_hf
 from seqtrain.checkpoint.native import export_seqtrain, read_seqtrain
 from seqtrain.errors import SeqtrainError
@@ -69,8 +76,14 @@ def read_checkpoint(
         detect_format(folder)
         ck = read_hf(folder)
     else:
-        # mapped, not read: the model's weights are copied out of it, the rest (optimizer state) never touched
-        ck = read_loaded(path, load_checkpoint_file(path, unsafe=unsafe, mmap=True), fmt)
+        # mapped, not read: the model's weights are copied out of it, the rest (optimizer state) never touched;
+        # what is kept is checked against the archive's checksums before anything is built or written from it
+        mapped = mapped_identity(path)
+        obj = load_checkpoint_file(path, unsafe=unsafe, mmap=True)
+        weights = obj.get("model") if isinstance(obj, dict) and isinstance(obj.get("model"), dict) else obj
+        verify_checksums(path, weights, mapped)
+        ck = read_loaded(path, obj, fmt)
+        ck.mapped = mapped
     if dict_path is not None or (ck.format == "fairseq" and require_dict):
         ck.src_dict, ck.tgt_dict, spec = find_dictionaries(path, ck.args, dict_path)
         # a tokenizer belongs with its dictionary: the one stored with the replaced dictionary no longer
@@ -79,4 +92,7 @@ def read_checkpoint(
     if require_dict and ck.src_dict is None:
         raise SeqtrainError(f"{path}: no dictionary found; pass --dict PATH (dict.txt)")
     check_contents(ck)  # before anything is built from it
+    if ck.mapped is not None:
+        check_still_mapped(*ck.mapped)
+    check_finite(ck.path, ck.model)
     return ck

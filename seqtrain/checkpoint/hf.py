@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 
 import seqtrain.models.bart  # noqa: F401  (registers the bart_* archs in ARCHS)
-from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file
+from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file, verify_checksums
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.data.tokenizer import GPT2BPETokenizer
 from seqtrain.errors import SeqtrainError
@@ -212,20 +212,36 @@ def seqtrain_state_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tens
     return out
 
 
+def _shard_scope(folder: str) -> str:
+    """Where the shards of the model in `folder` may live: the folder itself, or for a Hugging Face hub cache
+    snapshot (`models--ORG--NAME/snapshots/REV/`, whose files are symbolic links into `../../blobs/`) the
+    cache's repository folder `models--ORG--NAME`, two levels above the snapshot."""
+    root = os.path.realpath(folder)
+    snapshots, repo = os.path.dirname(root), os.path.dirname(os.path.dirname(root))
+    if os.path.basename(snapshots) == "snapshots" and os.path.isdir(os.path.join(repo, "blobs")):
+        return repo
+    return root
+
+
 def _index_shards(folder: str, index: str) -> list[str]:
-    """The shard files named by `model.safetensors.index.json`: each must be a regular file inside `folder`
-    (no absolute path, no `..` or symlink leading out, no FIFO or device that would hang or read anything)."""
+    """The shard files named by `model.safetensors.index.json`. Each name must be relative, without `..`,
+    and lead (symbolic links followed) to a regular file inside `_shard_scope(folder)`: no absolute path, no
+    link leading out, no FIFO or device that would hang or read anything."""
     with open(index, encoding="utf-8") as f:
         data = json.load(f)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise SeqtrainError(f"{index}: no weight_map of tensor name -> shard file name")
-    root = os.path.realpath(folder)
+    scope = _shard_scope(folder)
     shards = []
     for name in sorted(set(weight_map.values())):
-        path = os.path.realpath(os.path.join(root, name))
-        if os.path.isabs(name) or os.path.commonpath([root, path]) != root:
+        if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or "\0" in name:
             raise SeqtrainError(f"{index}: shard {name!r} is outside the model folder {folder}; refusing it")
+        path = os.path.realpath(os.path.join(folder, name))
+        if os.path.commonpath([scope, path]) != scope:
+            raise SeqtrainError(
+                f"{index}: shard {name!r} is outside the model folder {scope} (it leads to {path}); refusing it"
+            )
         try:
             regular = stat.S_ISREG(os.stat(path).st_mode)
         except OSError as e:
@@ -256,6 +272,7 @@ def _load_hf_weights(folder: str) -> tuple[dict[str, torch.Tensor], str]:
         obj = load_checkpoint_file(binf)
         if not isinstance(obj, dict):
             raise SeqtrainError(f"{binf} is not a state dict")
+        verify_checksums(binf, obj)
         return obj, binf
     raise SeqtrainError(f"{folder}: no model.safetensors or pytorch_model.bin found")
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.init
 
 from seqtrain.checkpoint.checks import check_arch_overrides, check_model_args
-from seqtrain.checkpoint.files import CheckpointContents
+from seqtrain.checkpoint.files import CheckpointContents, check_still_mapped
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
@@ -87,9 +87,11 @@ def build_from_contents(
     ck: CheckpointContents,
     arch_overrides: dict[str, Any] | None = None,
     embed_init: str = "mean",
+    resize_vocab: bool = False,
 ) -> torch.nn.Module:
-    """Build the model `ck.args` describes for `ck`'s dictionaries and load its weights (resized to fit). The
-    model is built without drawing initial weights: the strict load below sets every one of them."""
+    """Build the model `ck.args` describes for `ck`'s dictionaries and load its weights (resized to fit; beyond
+    fairseq's padding only with `resize_vocab`). The model is built without drawing initial weights: the strict
+    load below sets every one of them."""
     if arch_overrides:
         check_arch_overrides(ck.args, arch_overrides)
         for k, v in arch_overrides.items():
@@ -104,12 +106,15 @@ def build_from_contents(
         padding_idx=ck.src_dict.pad(),
         init=embed_init,
         where=ck.path,
+        allow_any=resize_vocab,
     )
     if not getattr(ck.args, "share_all_embeddings", True):
         # separate embeddings: the file's tied tensors are copied into each
         state = {k: (v.clone() if k in EMBEDDING_KEYS else v) for k, v in state.items()}
     state = fill_adapters(fit_positions(state, model, ck.path), model, ck.path)
     check_state_fits(model, state, ck.path)
+    if ck.mapped is not None:  # the copy below reads the mapping
+        check_still_mapped(*ck.mapped)
     model.load_state_dict(state, strict=True)
     return model
 
@@ -121,28 +126,33 @@ def load_model(
     unsafe: bool = False,
     device: str | torch.device = "cpu",
     fmt: str = "auto",
+    resize_vocab: bool = False,
 ) -> LoadedModel:
     """Load a seqtrain checkpoint, a fairseq checkpoint (dictionary from `dict_path` or dict.txt next to it)
     or a Hugging Face BART folder, as an eval-mode model on `device`.
 
     `arch_overrides` (e.g. {"dropout": 0.2}) replaces the checkpoint's model args; `unsafe=True` allows
-    arbitrary unpickling for trusted files that need it (fairseq checkpoints with custom classes).
+    arbitrary unpickling for trusted files that need it (fairseq checkpoints with custom classes);
+    `resize_vocab=True` fits the embedding to a dictionary of any size (--resize-vocab).
 
     Example:
         >>> lm = load_model("checkpoint_last.pt", dict_path="data-bin/dict.src.txt")
         >>> lm.model(src_tokens, src_lengths, prev_output_tokens)[0].shape   # B x T x len(lm.tgt_dict)
     """
     ck = read_checkpoint(path, fmt=fmt, dict_path=dict_path, unsafe=unsafe)
-    return model_from_contents(ck, arch_overrides, device)
+    return model_from_contents(ck, arch_overrides, device, resize_vocab)
 
 
 def model_from_contents(
-    ck: CheckpointContents, arch_overrides: dict[str, Any] | None = None, device: str | torch.device = "cpu"
+    ck: CheckpointContents,
+    arch_overrides: dict[str, Any] | None = None,
+    device: str | torch.device = "cpu",
+    resize_vocab: bool = False,
 ) -> LoadedModel:
     """load_model's second half, for callers that read (and adjusted) the checkpoint contents themselves."""
     for note in ck.notes:
         logger.info(f"{ck.path}: {note}")
-    model = build_from_contents(ck, arch_overrides)
+    model = build_from_contents(ck, arch_overrides, resize_vocab=resize_vocab)
     if merge_lora(model):  # generation and inference: adapters folded into their weights, one matrix each
         ck.args.lora_rank = 0
     model = model.to(device).eval()

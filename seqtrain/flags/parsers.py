@@ -624,6 +624,20 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)",
     )
+    _add(
+        g,
+        parser,
+        "--resize-vocab",
+        action="store_true",
+        help=_RESIZE_VOCAB_HELP,
+    )
+
+
+_RESIZE_VOCAB_HELP = (
+    "fit the checkpoint's embedding rows to a dictionary whose size differs by more than fairseq's padding "
+    "explains (cut rows, or add mean-initialised ones); without it that is refused, as the dictionary probably "
+    "belongs to another model"
+)
 
 
 # ------------------------------------------------------------------------------------------------- assembly
@@ -740,6 +754,13 @@ def _generation_base_parser(default_task: str = "translation") -> argparse.Argum
         "--unsafe-load",
         action="store_true",
         help="allow arbitrary unpickling when loading checkpoints (only for files you trust)",
+    )
+    _add(
+        g,
+        parser,
+        "--resize-vocab",
+        action="store_true",
+        help=_RESIZE_VOCAB_HELP,
     )
     add_distributed_args(parser)
     fairseq_compat.add_args(parser)
@@ -918,6 +939,11 @@ def get_convert_parser() -> argparse.ArgumentParser:
         "--unsafe-load",
         action="store_true",
         help="allow arbitrary unpickling of the input (may run code; only for trusted files)",
+    )
+    p.add_argument(
+        "--resize-vocab",
+        action="store_true",
+        help=_RESIZE_VOCAB_HELP,
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return add_negations(p)

@@ -12,6 +12,7 @@ fairseq-generate's batch order (`--output-format fairseq`, the default for a dat
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ from seqtrain.generation.output import (
     check_folder_writable,
     fairseq_lines,
     write_files,
+    write_out,
 )
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
@@ -44,11 +46,26 @@ def read_text(path: str) -> list[str]:
     """The lines of a text file ('-': stdin), without their newlines; errors name the file and line."""
     try:
         if path == "-":
+            if sys.stdin is None:  # started with stdin closed (0<&-)
+                raise SeqtrainError("--input -: stdin is closed; give the text on stdin, or --input FILE")
             if sys.stdin.isatty():
                 logger.info(
                     "reading documents, one per line, until Ctrl-D (seqtrain-interactive answers each line)"
                 )
-            text = sys.stdin.read()
+            raw = getattr(sys.stdin, "buffer", None)
+            if raw is None:  # a text stream put in its place (tests, notebooks)
+                text = sys.stdin.read()
+                runner.check_utf8(text, "stdin", 1)
+            else:  # bytes, decoded strictly here: the C locale's 'surrogateescape' would let invalid ones through
+                data = raw.read()
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    start, line = data.rfind(b"\n", 0, e.start) + 1, data.count(b"\n", 0, e.start) + 1
+                    raise SeqtrainError(
+                        f"stdin:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start - start} of the "
+                        "line)"
+                    ) from None
             return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -87,10 +104,13 @@ def _check_args(args: argparse.Namespace) -> None:
         check_folder_writable(args.results_path, "--results-path")
     if args.output:
         check_file_writable(args.output, "--output")
+    elif sys.stdout is None:  # started with stdout closed (1>&-)
+        raise SeqtrainError("stdout is closed: the summaries have nowhere to go; give --output FILE")
 
 
 def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):
-    """The dataset to generate for, its raw source sizes, and reference texts (--reference) or None."""
+    """The dataset to generate for, its raw source sizes, reference texts (--reference) or None, and a digest of
+    the input's text ('' for a data-bin split, whose sizes stand for it)."""
     truncate = bool(args.truncate_source) or not args.skip_invalid_size_inputs_valid_test
     if args.input is not None:
         lines = read_text(args.input)
@@ -100,7 +120,8 @@ def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):
                 f"--reference {args.reference}: {len(refs)} lines for {len(lines)} inputs in {args.input}"
             )
         src = runner.encode(loaded, lines)
-        return runner.text_dataset(loaded, src, truncate), np.array([len(s) for s in src]), refs
+        digest = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
+        return runner.text_dataset(loaded, src, truncate), np.array([len(s) for s in src]), refs, digest
 
     if args.data is None:
         raise SeqtrainError("DATA: give a data-bin folder, or raw text with --input")
@@ -128,7 +149,27 @@ def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):
     for data, d, lang in ((src, loaded.lm.src_dict, s), (tgt, loaded.lm.tgt_dict, t)):
         if data is not None:
             check_token_ids(data, len(d), os.path.join(args.data, f"dict.{lang}.txt"), full=full)
-    return runner.text_dataset(loaded, src, truncate, tgt), np.asarray(src.sizes), None
+    return runner.text_dataset(loaded, src, truncate, tgt), np.asarray(src.sizes), None, ""
+
+
+def _same_input_on_every_rank(
+    args: argparse.Namespace, raw_sizes: np.ndarray, content: str, world: int
+) -> None:
+    """Ranks split one input between them: refuse (on every rank, with the same line) inputs that differ, e.g.
+    another --input per rank, which used to end rank 0 with a KeyError while it merged the results."""
+    digest = hashlib.sha256(np.ascontiguousarray(raw_sizes, dtype=np.int64).tobytes())
+    digest.update(content.encode())
+    name = args.input if args.input is not None else f"{args.data} --gen-subset {args.gen_subset}"
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, (name, len(raw_sizes), digest.hexdigest()))
+    other = next((r for r, x in enumerate(every) if x[1:] != every[0][1:]), None)
+    if other is not None:
+        (name0, n0, _), (name1, n1, _) = every[0], every[other]
+        same = " (the same name, other content)" if name0 == name1 else ""
+        raise SeqtrainError(
+            f"the ranks have different inputs: rank 0 has {n0} examples from {name0}, rank {other} {n1} from "
+            f"{name1}{same}; every rank must generate for the same input (the ranks split it)"
+        )
 
 
 def _world() -> tuple[int, int]:
@@ -175,8 +216,10 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             f"--min-len {args.min_len} is above the model's maximum target length {max_tgt - 1}"
         )
     generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
-    ds, raw_sizes, refs = _dataset(args, loaded)
+    ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)
+    if world > 1:
+        _same_input_on_every_rank(args, raw_sizes, content, world)
     lo, hi = args.shard_id * n // args.num_shards, (args.shard_id + 1) * n // args.num_shards
     mine = np.arange(lo, hi)
     too_long = mine[raw_sizes[mine] > max_src]
@@ -279,6 +322,5 @@ def _write(
             files[path("rouge") + ".json"] = json.dumps({**meta, **rouge}, indent=2, sort_keys=True) + "\n"
     write_files(files)
     if not args.output:
-        out.writelines(x + "\n" for x in body)
-        out.flush()
+        write_out(out, body)
     return {"hypotheses": hyps, "references": refs, "rouge": rouge, "n": hi - lo, "lines": lines}

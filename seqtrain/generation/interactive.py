@@ -17,7 +17,7 @@ from typing import TextIO
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import runner
-from seqtrain.generation.output import fairseq_lines
+from seqtrain.generation.output import fairseq_lines, write_out
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 
@@ -27,6 +27,8 @@ logger = logging.getLogger("seqtrain.interactive")
 def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None) -> int:
     """Answer the lines of `inp` (stdin, or --input FILE) on `out` (stdout); returns the number of lines."""
     out = out or sys.stdout
+    if out is None:  # started with stdout closed (1>&-): Python has no sys.stdout
+        raise SeqtrainError("stdout is closed: the summaries have nowhere to go; run with stdout open")
     if args.buffer_size < 1:
         raise SeqtrainError(f"--buffer-size must be >= 1, got {args.buffer_size}")
     if (
@@ -49,6 +51,9 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
         except OSError as e:
             raise SeqtrainError(f"--input {args.input}: cannot read ({e.strerror})") from None
     inp = inp or sys.stdin
+    if inp is None:  # started with stdin closed (0<&-)
+        raise SeqtrainError("stdin is closed: give the text on stdin, or with --input FILE")
+    where = "stdin" if args.input == "-" else args.input
     try:
         loaded = runner.load_from_flags(args)
         generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
@@ -56,7 +61,7 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
             logger.info(
                 f"type a text and press Enter; answers come every {args.buffer_size} line(s); Ctrl-D ends"
             )
-        return _loop(args, loaded, generator, inp, out)
+        return _loop(args, loaded, generator, inp, out, where)
     finally:
         if close:
             inp.close()
@@ -66,7 +71,7 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
 
 
 def _loop(
-    args: argparse.Namespace, loaded: runner.GenerationModel, generator, inp: TextIO, out: TextIO
+    args: argparse.Namespace, loaded: runner.GenerationModel, generator, inp: TextIO, out: TextIO, where: str
 ) -> int:
     start, n_tok, t0 = 0, 0, time.perf_counter()
     buffer: list[str] = []
@@ -82,22 +87,37 @@ def _loop(
             results[sid] = fairseq_lines(
                 loaded, start + sid, sample, row, hypos, args.nbest, args.post_process
             )
+        answers = []
         for i in range(len(buffer)):
             lines, texts, _, ntok = results[i]
             n_tok += ntok
-            out.writelines(x + "\n" for x in (lines if args.output_format == "fairseq" else texts))
-        out.flush()
+            answers += lines if args.output_format == "fairseq" else texts
+        write_out(out, answers)
         start += len(buffer)
         buffer.clear()
 
+    # a file opened in text mode reads "\r\n" as "\n" (universal newlines); stdin never did
+    universal = inp is not sys.stdin
+    raw = getattr(inp, "buffer", None)  # a real file or stdin: read bytes and decode each line strictly here,
+    # whatever error handler the locale gave the text layer (the C locale's 'surrogateescape' let invalid bytes
+    # through as surrogates, to the tokenizer)
     while True:
-        try:
+        if raw is not None:
+            data = raw.readline()
+            try:
+                line = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SeqtrainError(
+                    f"{where}:{lineno + 1}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start} of the line)"
+                ) from None
+            if universal and line.endswith("\r\n"):
+                line = line[:-2] + "\n"
+        else:
             line = inp.readline()
-        except UnicodeDecodeError:
-            raise SeqtrainError(f"{args.input}:{lineno + 1}: invalid UTF-8") from None
         if not line:
             break
         lineno += 1
+        runner.check_utf8(line, where, lineno)
         buffer.append(line[:-1] if line.endswith("\n") else line)
         if len(buffer) >= args.buffer_size:
             answer()

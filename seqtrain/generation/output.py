@@ -9,7 +9,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from tqdm import tqdm
 
@@ -140,3 +140,14 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def write_out(out: TextIO, lines: list[str]) -> None:
+    """Lines to `out` (stdout), flushed; an OS error names it (a full disk behind `> file` said only "No space
+    left on device")."""
+    try:
+        out.writelines(x + "\n" for x in lines)
+        out.flush()
+    except OSError as e:
+        name = "stdout" if out is sys.stdout else str(getattr(out, "name", "the output"))
+        raise OSError(e.errno, e.strerror or str(e), name) from None

@@ -65,6 +65,7 @@ def load_for_generation(
     overrides: dict[str, Any] | None = None,
     unsafe: bool = False,
     dict_path: str | None = None,
+    resize_vocab: bool = False,
 ) -> GenerationModel:
     """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
     to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode."""
@@ -93,7 +94,7 @@ def load_for_generation(
     if ck.format == "hf":  # the generation settings the folder ships, checked before the model is built
         defaults, forced_bos, source = read_generation_config(path)
         check_model_defaults(defaults, forced_bos, source, len(ck.tgt_dict or ck.src_dict))
-    lm = model_from_contents(ck, overrides or None)
+    lm = model_from_contents(ck, overrides or None, resize_vocab=resize_vocab)
     if data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
         for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
             p = os.path.join(data, f"dict.{lang}.txt")
@@ -180,7 +181,13 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
         ):  # longer inputs than the checkpoint's: positions are extended
             overrides[dest] = getattr(args, dest)
     loaded = load_for_generation(
-        args.path, args.data, args.source_lang, args.target_lang, overrides, args.unsafe_load
+        args.path,
+        args.data,
+        args.source_lang,
+        args.target_lang,
+        overrides,
+        args.unsafe_load,
+        resize_vocab=getattr(args, "resize_vocab", False),
     )
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
     cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
@@ -293,3 +300,20 @@ def parse_overrides(text: str) -> dict[str, Any]:
     if not isinstance(out, dict):
         raise SeqtrainError("--model-overrides: give a JSON object, e.g. '{\"dropout\": 0.0}'")
     return out
+
+
+def check_utf8(text: str, where: str, line: int) -> None:
+    """Refuse text that came from invalid UTF-8: Python reads undecodable bytes as lone surrogates where the
+    locale asks it to (stdin under the C locale: 'surrogateescape'), and those would reach the tokenizer.
+    `where`:`line` is where the text started (stdin, or a file)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        before = text[: e.start]
+        lineno = line + before.count("\n")
+        column = len(before[before.rfind("\n") + 1 :].encode("utf-8", "surrogateescape"))
+        char = ord(text[e.start])
+        what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"surrogate U+{char:04X}"
+        raise SeqtrainError(
+            f"{where}:{lineno}: invalid UTF-8 ({what} at byte {column} of the line)"
+        ) from None

@@ -22,6 +22,26 @@ EMBEDDING_KEYS = (
 )
 
 
+# fairseq pads a dictionary to a multiple of --padding-factor (8) with madeupword rows: that many rows, less one,
+# are the most a model's embedding and its own dictionary can differ by. Released files that differ by more:
+RELEASED_LAYOUTS = {(51201, 50264): "fairseq's released bart.base (its embedding padded to 51,201 rows)"}
+PADDING_FACTOR = 8
+
+
+def check_resize(old: int, new: int, name: str, where: str) -> None:
+    """Refuse fitting `old` embedding rows to a dictionary of `new` symbols when fairseq's padding cannot
+    explain the difference (nor a released layout): the dictionary then belongs to another model, and every
+    token id would meet another token's embedding."""
+    if abs(old - new) < PADDING_FACTOR or (old, new) in RELEASED_LAYOUTS:
+        return
+    how = f"cut {old - new} rows" if new < old else f"add {new - old} new rows"
+    raise SeqtrainError(
+        f"{where}: {name} has {old:,} rows but the dictionary has {new:,} symbols: fitting it would {how}, more "
+        f"than fairseq's dictionary padding explains (at most {PADDING_FACTOR - 1}); the dictionary probably "
+        "belongs to another model: give the model's own dictionary, or pass --resize-vocab to resize anyway"
+    )
+
+
 def resize_embeddings(
     state: dict[str, torch.Tensor],
     src_size: int,
@@ -30,11 +50,13 @@ def resize_embeddings(
     init: str = "mean",
     where: str = "checkpoint",
     seed: int = 0,
+    allow_any: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Make the embedding rows match the dictionaries: extra rows (bart.base's padded 51201 rows, bart.large's
     <mask>) are cut; missing rows are appended, initialized to the mean of the existing rows (init="mean", so
     new tokens start with average logits) or normal(0, 0.02) (init="normal"); a new padding row is zero. Tied
-    tensors stay tied. Logs one line when anything changed."""
+    tensors stay tied. Logs one line when anything changed. A change beyond fairseq's padding (check_resize)
+    is refused unless `allow_any` (--resize-vocab)."""
     if init not in ("mean", "normal"):
         raise ValueError(f"init must be 'mean' or 'normal', got {init!r}")
     wanted = {
@@ -51,6 +73,8 @@ def resize_embeddings(
         t = state.get(key)
         if t is None or t.shape[0] == size:
             continue
+        if not allow_any:
+            check_resize(t.shape[0], size, key, where)
         ident = (t.data_ptr(), tuple(t.shape), size)
         if ident not in done:
             old = t.shape[0]

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import re
+import stat
 import tempfile
 import time
 import zipfile
@@ -32,7 +33,7 @@ from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
 from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write, link_or_copy, loads_bounded
+from seqtrain.fileio import atomic_write, file_kind, link_or_copy, loads_bounded
 
 logger = logging.getLogger("seqtrain.train_checkpoints")  # the name log lines have always shown
 
@@ -62,6 +63,9 @@ def checkpoint_problem(path: str) -> str | None:
     directory (missing when truncated) and every record must match its CRC-32 (torch.load itself checks neither,
     so a flipped bit in a tensor would load silently)."""
     try:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):  # a FIFO would make the checks below wait for a writer for ever
+            return f"{file_kind(mode)}, not a checkpoint file"
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as f:
                 head = f.read(4)

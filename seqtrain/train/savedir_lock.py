@@ -10,6 +10,10 @@ exists belongs to a live run unless it is stale:
   - same host: its pid is not running, or runs a process started at another time (the pid was reused);
   - another host: its heartbeat is older than STALE_AFTER_S (a killed or preempted node). This compares clocks
     of two machines: they must agree to within a few minutes (NTP).
+  - any host: the file is garbage (not a JSON record, a pid that is no process number, a time that is not a
+    finite number or lies in the future beyond the clock slack STALE_AFTER_S): no run wrote it.
+The lock must be a regular file: it is looked at with lstat before it is opened, and opened without blocking,
+so a FIFO, folder, device or symbolic link at the name is refused with one line, never waited on or followed.
 A stale lock is taken over by atomically replacing it with this run's record and reading it back after a short
 pause: of several runs taking over at once, the last to replace wins and the others see its record and refuse.
 
@@ -21,10 +25,13 @@ a suspended VM) can be declared stale by another host.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import math
 import os
 import socket
+import stat
 import threading
 import time
 import uuid
@@ -33,6 +40,7 @@ from typing import Any
 import torch.distributed as dist
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import file_kind
 
 logger = logging.getLogger("seqtrain.savedir_lock")  # the name log lines have always shown
 
@@ -40,6 +48,8 @@ LOCK_NAME = ".seqtrain.lock"
 HEARTBEAT_S = 60.0
 STALE_AFTER_S = 600.0
 _TAKEOVER_PAUSE_S = 0.2
+_MAX_RECORD_BYTES = 64 * 1024  # a record is about 200 bytes; more than this is not one
+_PID_MAX = 1 << 22  # Linux's PID_MAX_LIMIT: no pid on any host is larger
 
 
 def _proc_stat(pid: int) -> list[str]:
@@ -60,6 +70,8 @@ def process_start_time(pid: int) -> str | None:
 
 
 def _pid_alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0, 0) signals our own group and os.kill(-1, 0) every process: both "succeed"
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -70,8 +82,17 @@ def _pid_alive(pid: int) -> bool:
     return not (fields and fields[0] in ("Z", "X"))  # a killed process its parent has not reaped yet is gone
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _describe(owner: dict[str, Any]) -> str:
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(owner.get("started", 0))))
+    """Who holds the lock, for the refusal."""
+    try:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(owner.get("started", 0))))
+    except (TypeError, ValueError, OverflowError, OSError):
+        since = "?"
     return f"host {owner.get('host', '?')}, pid {owner.get('pid', '?')}, since {since}"
 
 
@@ -95,26 +116,76 @@ class SaveDirLock:
 
     # ------------------------------------------------------------------------------------------------ reading
     def read_owner(self) -> dict[str, Any] | None:
-        """The lock's record; None when there is no lock; {} when it is unreadable (half-written by hand)."""
+        """The lock's record; None when there is no lock; {} when it is not a record (garbage). Never blocks: the
+        name is looked at (lstat) before it is opened, and opened with O_NONBLOCK | O_NOFOLLOW; anything but a
+        regular file is a SeqtrainError (a FIFO there would hang an open, a link could point anywhere)."""
         try:
-            with open(self.path, encoding="utf-8") as f:
-                data = json.load(f)
+            st = os.lstat(self.path)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
+        if not stat.S_ISREG(st.st_mode):
+            raise self._not_a_file(st.st_mode)
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # replaced by a symbolic link after the lstat
+                raise self._not_a_file(stat.S_IFLNK) from None
+            raise
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # replaced by a FIFO or device after the lstat
+                raise self._not_a_file(st.st_mode)
+            raw = os.read(fd, _MAX_RECORD_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(raw) > _MAX_RECORD_BYTES:
+            return {}
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
             return {}
         return data if isinstance(data, dict) else {}
 
+    def _not_a_file(self, mode: int) -> SeqtrainError:
+        return SeqtrainError(
+            f"--save-dir {self.save_dir}: the lock {self.path} is {file_kind(mode)}, not a regular file as seqtrain "
+            "writes it; remove it (no training run made it) or use another --save-dir"
+        )
+
+    def garbage_reason(self, owner: dict[str, Any]) -> str | None:
+        """Why `owner` cannot be a record written by a run (None when it can): no JSON object, or a field no run
+        writes (a pid that is not a positive process number, a time that is not a finite number, a heartbeat
+        or start later than now plus the clock slack between hosts)."""
+        if not owner:
+            return "not a JSON record of a run"
+        pid = owner.get("pid")
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= _PID_MAX:
+            return f"pid {_short(pid)} is not a process number"
+        if not isinstance(owner.get("host"), str):
+            return f"host {_short(owner.get('host'))} is not a host name"
+        proc_start = owner.get("proc_start")
+        if proc_start is not None and not (isinstance(proc_start, str) and proc_start.isdigit()):
+            return f"proc_start {_short(proc_start)} is not a process start time"
+        latest = time.time() + STALE_AFTER_S
+        for key in ("started", "heartbeat"):
+            value = owner.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                return f"{key} {_short(value)} is not a time"
+            if value < 0:
+                return f"{key} {_short(value)} is before 1970"
+            if value > latest:
+                return f"{key} {_short(value)} is in the future"
+        return None
+
     def stale_reason(self, owner: dict[str, Any]) -> str | None:
         """Why `owner` no longer holds the save dir (None while it may still run)."""
-        if not owner:
-            age = time.time() - os.path.getmtime(self.path) if os.path.exists(self.path) else 0.0
-            return "unreadable lock file, not modified for 10 minutes" if age > STALE_AFTER_S else None
-        try:
-            pid = int(owner["pid"])
-        except (KeyError, TypeError, ValueError):
-            return "lock without a pid"
-        if owner.get("host") == socket.gethostname():
+        garbage = self.garbage_reason(owner)
+        if garbage is not None:
+            return f"garbage lock file: {garbage}"
+        pid = owner["pid"]
+        if owner["host"] == socket.gethostname():
             if not _pid_alive(pid):
                 return f"pid {pid} is not running"
             start = process_start_time(pid)
@@ -123,7 +194,7 @@ class SaveDirLock:
             return None
         age = time.time() - float(owner.get("heartbeat", 0) or 0)
         if age > STALE_AFTER_S:
-            return f"no heartbeat from host {owner.get('host')} for {age / 60:.0f} minutes"
+            return f"no heartbeat from host {owner['host']} for {age / 60:.0f} minutes"
         return None
 
     # ------------------------------------------------------------------------------------------------ writing
@@ -137,7 +208,10 @@ class SaveDirLock:
         return tmp
 
     def _owned(self) -> bool:
-        owner = self.read_owner()
+        try:
+            owner = self.read_owner()
+        except SeqtrainError:  # replaced by something that is not a lock file: not ours any more
+            return False
         return bool(owner) and owner.get("run_id") == self.record["run_id"]
 
     def acquire(self) -> None:

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
-from seqtrain.checkpoint.files import save_checkpoint_file
+from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.config import from_args
 from seqtrain.cuda import set_cuda_kernels
@@ -523,6 +523,7 @@ class Trainer:
             len(self.task.tgt_dict),
             padding_idx=self.task.src_dict.pad(),
             where=where,
+            allow_any=bool(getattr(self.args, "resize_vocab", False)),
         )
         state = fill_adapters(fit_positions(state, self.model, where), self.model, where)
         check_state_fits(self.model, state, where)
@@ -530,6 +531,8 @@ class Trainer:
 
     def load_model_weights(self, contents: Any, where: str) -> None:
         """Only the weights of a checkpoint of any supported format (--finetune-from-model, foreign files)."""
+        if getattr(contents, "mapped", None) is not None:  # the copy into the model reads the mapping
+            check_still_mapped(*contents.mapped)
         self._load_model_state(contents.model, where)
         if self.ema is not None:  # the EMA follows the weights training starts from
             self.ema = self._new_ema()

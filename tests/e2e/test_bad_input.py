@@ -190,6 +190,7 @@ def add_round_two_inputs(w: dict, variant) -> None:
         change(crafted)
         w[name] = os.path.join(root, name + ".pt")
         torch.save(crafted, w[name])
+    add_round_three_damaged_inputs(w, obj)
     # Hugging Face folders
     w["hf"] = os.path.join(root, "hf")
     convert_main([w["ck"], w["hf"], "--to", "hf"])
@@ -263,6 +264,48 @@ def add_round_three_inputs(w: dict) -> None:
         shutil.copytree(w["hf"], w[name])
         with open(os.path.join(w[name], "generation_config.json"), "w") as f:
             json.dump(config, f)
+
+
+def add_round_three_damaged_inputs(w: dict, obj: dict) -> None:
+    """Inputs of the third round (issue 31): damaged checkpoints that loaded silently, hostile state files."""
+    import struct
+    import zipfile
+    import zlib
+
+    root = w["root"]
+    # a flipped byte in the middle of a weight's zip record (torch.load checks no CRC)
+    w["ck_flipped"] = os.path.join(root, "ck_flipped.pt")
+    shutil.copy(w["ck"], w["ck_flipped"])
+    storage = obj["model"]["encoder.layers.0.fc1.weight"].untyped_storage()
+    crc = zlib.crc32(torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),)).numpy())
+    with zipfile.ZipFile(w["ck_flipped"]) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and i.CRC == crc)
+    with open(w["ck_flipped"], "r+b") as f:
+        f.seek(info.header_offset + 26)
+        name_len, extra_len = struct.unpack("<HH", f.read(4))
+        at = info.header_offset + 30 + name_len + extra_len + info.file_size // 2
+        f.seek(at)
+        byte = f.read(1)
+        f.seek(at)
+        f.write(bytes([byte[0] ^ 0x01]))
+    # NaN weights (a diverged run's file from elsewhere)
+    nan = {**obj, "model": dict(obj["model"])}
+    bias = nan["model"]["decoder.layers.0.fc2.bias"].clone()
+    bias[2] = float("nan")
+    nan["model"]["decoder.layers.0.fc2.bias"] = bias
+    w["ck_nan"] = os.path.join(root, "ck_nan.pt")
+    torch.save(nan, w["ck_nan"])
+    # a FIFO where the --save-dir lock belongs: start-up used to wait on it for ever
+    w["save_fifo_lock"] = os.path.join(root, "save_fifo_lock")
+    os.makedirs(w["save_fifo_lock"])
+    os.mkfifo(os.path.join(w["save_fifo_lock"], ".seqtrain.lock"))
+    # a FIFO given as the checkpoint: opening it waited for a writer for ever
+    w["fifo_pt"] = os.path.join(root, "fifo.pt")
+    os.mkfifo(w["fifo_pt"])
+    # a dictionary of another model: 300 symbols for the checkpoint's 40 rows
+    w["dict_other_model"] = os.path.join(root, "dict_other_model.txt")
+    with open(w["dict_other_model"], "w") as f:
+        f.writelines(f"x{i} 1\n" for i in range(296))
 
 
 def train(*extra: str, data: str = "bin", save: str = "save") -> list:
@@ -685,6 +728,62 @@ CASES += [
         "{raw}: is a folder; give a file name",
     ),
     ("convert-output-is-a-folder", "convert", ["{ck}", "{raw}", "--to", "seqtrain"], "{raw}: is a folder"),
+    # ---- round three (issue 31): hostile state files and environments, corruption that passed
+    (
+        "train-save-dir-lock-is-a-fifo",
+        "train",
+        train(save="save_fifo_lock"),
+        "the lock {save_fifo_lock}/.seqtrain.lock is a FIFO, not a regular file",
+    ),
+    (
+        "train-slurm-procid-beyond-ntasks",
+        "train",
+        train(),
+        "SLURM_PROCID='5' is out of range: must be between 0 and 1 (SLURM_NTASKS=2)",
+    ),
+    ("train-slurm-nodelist-unclosed", "train", train(), "SLURM_NODELIST='node[01-': '[' without its ']'"),
+    (
+        "generate-flipped-weight-byte",
+        "generate",
+        gen("--path", "{ck_flipped}"),
+        "{ck_flipped} is corrupted: the bytes of weight 'encoder.layers.0.fc1.weight' fail",
+    ),
+    (
+        "convert-flipped-weight-byte",
+        "convert",
+        ["{ck_flipped}", "{out}.pt", "--to", "seqtrain"],
+        "{ck_flipped} is corrupted: the bytes of weight 'encoder.layers.0.fc1.weight' fail",
+    ),
+    (
+        "generate-path-is-a-fifo",
+        "generate",
+        gen("--path", "{fifo_pt}"),
+        "{fifo_pt} is a FIFO, not a checkpoint",
+    ),
+    (
+        "convert-input-is-a-fifo",
+        "convert",
+        ["{fifo_pt}", "{out}.pt", "--to", "seqtrain"],
+        "{fifo_pt} is a FIFO, not a checkpoint",
+    ),
+    (
+        "train-restore-file-is-a-fifo",
+        "train",
+        train("--restore-file", "{fifo_pt}"),
+        "{fifo_pt} is a FIFO, not a checkpoint",
+    ),
+    (
+        "convert-dict-of-another-model",
+        "convert",
+        ["{ck}", "{out}.pt", "--to", "seqtrain", "--dict", "{dict_other_model}"],
+        "encoder.embed_tokens.weight has 40 rows but the dictionary has 300 symbols",
+    ),
+    (
+        "generate-nan-weight",
+        "generate",
+        gen("--path", "{ck_nan}"),
+        "{ck_nan}: weight 'decoder.layers.0.fc2.bias' holds 1 non-finite value(s) (the first: nan)",
+    ),
 ]
 
 # Round three (issue 31): small inputs that expanded without bound, bounds only the command line applied,
@@ -797,6 +896,13 @@ CASES += [
     ),
 ]
 
+# Environment variables a case runs with (set for the in-process run only)
+_SLURM = dict(SLURM_STEP_ID="0", SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_NNODES="1")
+ENV = {
+    "train-slurm-procid-beyond-ntasks": dict(_SLURM, SLURM_PROCID="5", SLURM_NODELIST="n1"),
+    "train-slurm-nodelist-unclosed": dict(_SLURM, SLURM_NODELIST="node[01-"),
+}
+
 # Run through the installed console scripts (a fresh process each), not in-process.
 SUBPROCESS = {
     "train-unknown-arch",
@@ -824,11 +930,19 @@ def fill(items: list, w: dict) -> list:
 
 
 def tree_hashes(root: str) -> dict:
+    """sha256 of every regular file under `root`; a FIFO, device or socket by its kind and inode (opening a FIFO
+    would wait for a writer)."""
+    import stat
+
     out = {}
     for folder, _, files in os.walk(root):
         for name in files:
             path = os.path.join(folder, name)
-            out[os.path.relpath(path, root)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode):
+                out[os.path.relpath(path, root)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            else:
+                out[os.path.relpath(path, root)] = f"{stat.S_IFMT(st.st_mode):o} {st.st_ino}"
     return out
 
 
@@ -875,11 +989,16 @@ def test_catalogue_is_large_and_covers_every_cli():
 @pytest.mark.parametrize(
     "case", [pytest.param(c, id=c[0], marks=[pytest.mark.slow] if c[0] in SUBPROCESS else []) for c in CASES]
 )
-def test_bad_input_gives_one_clear_line(world, capsys, case):
+def test_bad_input_gives_one_clear_line(world, capsys, monkeypatch, case):
     name, cli, argv, expected = case
     if name in NEEDS:
         pytest.importorskip(NEEDS[name], reason=f"{NEEDS[name]} is an optional extra")
     argv, expected = fill(argv, world), expected.format(**world)
+    for k in list(os.environ):
+        if k.startswith("SLURM_"):
+            monkeypatch.delenv(k)
+    for k, v in ENV.get(name, {}).items():
+        monkeypatch.setenv(k, v)
     before = tree_hashes(world["root"])
     if name in SUBPROCESS:
         env = {k: v.format(**world) for k, v in CASE_ENV.get(name, {}).items()}

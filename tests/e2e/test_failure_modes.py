@@ -241,6 +241,72 @@ def test_hf_shard_index_cannot_point_outside_its_folder(hf_folder, tmp_path, cap
     assert not (tmp_path / "out.pt").exists()
 
 
+def hub_cache(hf_folder: str, dest, escape: str | None = None) -> str:
+    """The Hugging Face hub cache's layout for the model in `hf_folder`, sharded in two:
+    models--org--bart/blobs/<sha256> and snapshots/<rev>/<name> -> ../../blobs/<sha256>. With `escape`, the
+    second shard's link leads there instead. Returns the snapshot folder."""
+    import hashlib
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    repo = dest / "hub" / "models--org--bart"
+    blobs, snap = repo / "blobs", repo / "snapshots" / ("a" * 40)
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    state = load_file(os.path.join(hf_folder, "model.safetensors"))
+    keys = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": keys[::2], "model-00002-of-00002.safetensors": keys[1::2]}
+    files = {"config.json": open(os.path.join(hf_folder, "config.json"), "rb").read()}
+    for name, part in halves.items():
+        tmp = dest / name
+        save_file({k: state[k] for k in part}, str(tmp))
+        files[name] = tmp.read_bytes()
+    index = {"metadata": {}, "weight_map": {k: n for n, part in halves.items() for k in part}}
+    files["model.safetensors.index.json"] = json.dumps(index).encode()
+    for name, data in files.items():
+        blob = hashlib.sha256(data).hexdigest()
+        (blobs / blob).write_bytes(data)
+        os.symlink(f"../../blobs/{blob}", snap / name)
+    if escape is not None:
+        os.remove(snap / "model-00002-of-00002.safetensors")
+        os.symlink(escape, snap / "model-00002-of-00002.safetensors")
+    return str(snap)
+
+
+def test_hf_hub_cache_sharded_model_loads(hf_folder, tmp_path):
+    """The hub cache's snapshot files are links into ../../blobs/: the shard check refused every sharded model
+    there ("is outside the model folder"); the model loads, with the same weights as the single-file folder."""
+    import torch
+
+    from seqtrain.checkpoint.formats import read_checkpoint
+    from seqtrain_cli.convert import main as convert_main
+
+    snapshot = hub_cache(hf_folder, tmp_path)
+    out = str(tmp_path / "out.pt")
+    convert_main([snapshot, out, "--to", "seqtrain"])
+    got, want = read_checkpoint(out).model, read_checkpoint(hf_folder).model
+    assert sorted(got) == sorted(want)
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_hf_hub_cache_link_leading_out_of_the_repository_is_refused(hf_folder, tmp_path, capsys):
+    import shutil
+
+    outside = tmp_path / "elsewhere.safetensors"
+    shutil.copy(os.path.join(hf_folder, "model.safetensors"), outside)
+    snapshot = hub_cache(hf_folder, tmp_path, escape=str(outside))
+    line = convert_error(capsys, snapshot, str(tmp_path / "out.pt"), "--to", "seqtrain")
+    repo = os.path.realpath(tmp_path / "hub" / "models--org--bart")
+    assert line.endswith(
+        f"shard 'model-00002-of-00002.safetensors' is outside the model folder {repo} (it leads to "
+        f"{os.path.realpath(outside)}); refusing it"
+    ), line
+    assert not (tmp_path / "out.pt").exists()
+
+
 @pytest.mark.slow
 def test_hf_shard_that_is_a_fifo_is_refused_not_read(hf_folder, tmp_path):
     folder = sharded_copy(hf_folder, tmp_path, "fifo.safetensors")

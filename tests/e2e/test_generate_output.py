@@ -164,3 +164,61 @@ def test_torchrun_two_processes_write_one_result_identical_to_one_process(setup)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs[n] = (tmp / f"out{n}.txt").read_text(), (res / "hypotheses-input.txt").read_text()
     assert outs[2] == outs[1] and outs[1][0].count("\n") == N
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_with_different_inputs_are_refused(setup):
+    """Another --input per rank (a launcher script choosing the file by RANK) ended rank 0 with a KeyError while
+    it merged the results; every rank now refuses with the same line."""
+    base, inp, tmp = setup
+    lines = open(inp, encoding="utf-8").read().split("\n")[:-1]
+    (tmp / "in0.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (tmp / "in1.txt").write_text("\n".join(lines[:7]) + "\n", encoding="utf-8")
+    (tmp / "per_rank.py").write_text(
+        "import os, sys\n"
+        "from seqtrain_cli.generate import cli_main\n"
+        "cli_main([a.replace('RANK', os.environ['RANK']) for a in sys.argv[1:]])\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = launcher + [str(tmp / "per_rank.py")] + base + ["--input", str(tmp / "inRANK.txt")]
+    proc = subprocess.run(
+        cmd + ["--output", str(tmp / "out.txt")], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode != 0 and "KeyError" not in proc.stderr, proc.stderr[-3000:]
+    line = (
+        f"seqtrain-generate: error: the ranks have different inputs: rank 0 has {N} examples from {tmp}/in0.txt, "
+        f"rank 1 7 from {tmp}/in1.txt; every rank must generate for the same input (the ranks split it)"
+    )
+    assert proc.stderr.count(line) == 2, proc.stderr[-3000:]
+    assert not (tmp / "out.txt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_double_ctrl_c_during_generation_is_one_line_and_130(fairseq_tiny, tmp_path):
+    """Two SIGINTs close together: the second used to land in a __del__ method or in the interpreter's
+    shutdown (threading._shutdown) and print a traceback after `interrupted`."""
+    import signal
+    import time
+
+    src = (fairseq_tiny / "raw" / "valid.src").read_text(encoding="utf-8").split("\n")[:200]
+    (tmp_path / "big.txt").write_text("\n".join(src * 200) + "\n", encoding="utf-8")
+    cmd = [sys.executable, "-m", "seqtrain_cli.generate", str(fairseq_tiny / "data-bin"), "-s", "src", "-t", "tgt",
+           "--path", str(fairseq_tiny / "checkpoint_last.pt"), "--cpu", "--beam", "4",
+           "--input", str(tmp_path / "big.txt"), "--output", str(tmp_path / "out.txt")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for gap in (0.0, 0.001, 0.01, 0.05, 0.2):
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+        for line in proc.stderr:  # the model is loaded: generation starts
+            if "fairseq-only entries" in line:
+                break
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap)
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 130, (gap, err)
+        lines = [ln for ln in err.splitlines() if ln.strip() and " | INFO | " not in ln]
+        assert lines == ["seqtrain-generate: interrupted"], (gap, err)
+        assert not (tmp_path / "out.txt").exists()

@@ -101,3 +101,61 @@ def test_terminal_answers_a_typed_line_then_ends_on_ctrl_d(tiny, tmp_path):
         os.close(master)
         err.close()
     assert "type a text and press Enter" in (tmp_path / "stderr.txt").read_text()
+
+
+def _cli(module: str, flags: list, stdin: bytes | None, close: int | None = None, locale: str = "C.UTF-8"):
+    """Run `python -m seqtrain_cli.MODULE FLAGS` with `stdin`, or with descriptor `close` (0 or 1) closed."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LC_ALL": locale, "PYTHONIOENCODING": ""}
+    env.pop("PYTHONUTF8", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"seqtrain_cli.{module}"] + flags,
+        input=stdin,
+        capture_output=close is None,
+        stderr=subprocess.PIPE if close is not None else None,
+        preexec_fn=(lambda: os.close(close)) if close is not None else None,
+        env=env,
+        timeout=120,
+    )
+    err = [ln for ln in proc.stderr.decode().splitlines() if ln.strip() and " | INFO | " not in ln]
+    return proc.returncode, proc.stdout, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("locale", ["C", "C.UTF-8"])
+def test_invalid_utf8_on_stdin_is_one_line_naming_stdin_and_line(tiny, locale):
+    """Under the C locale Python reads stdin with 'surrogateescape': invalid bytes reached sentencepiece as
+    surrogates (a traceback there); in a UTF-8 locale the line was named '-'."""
+    flags, texts, want = tiny
+    data = (texts[0] + "\n").encode() + b"caf\xe9 " + texts[1].encode() + b"\n"
+    code, out, err = _cli("interactive", flags + ["--buffer-size", "1"], data, locale=locale)
+    assert code == 1 and err == [
+        "seqtrain-interactive: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
+    ], err
+    assert out.decode().split("\n")[:-1] == want[:1]  # the line before it was answered
+    code, out, err = _cli("generate", flags + ["--input", "-"], data, locale=locale)
+    assert code == 1 and err == [
+        "seqtrain-generate: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
+    ]
+    assert out == b""
+
+
+@pytest.mark.slow
+def test_closed_stdin_or_stdout_is_one_line(tiny, tmp_path):
+    """Started with 0<&- or 1>&-, Python has no sys.stdin / sys.stdout: 'NoneType' object has no attribute
+    'isatty' (or 'writelines', after all the work)."""
+    flags, _, _ = tiny
+    closed_stdout = "stdout is closed: the summaries have nowhere to go"
+    cases = [
+        ("interactive", [], 0, "stdin is closed: give the text on stdin, or with --input FILE"),
+        ("interactive", [], 1, f"{closed_stdout}; run with stdout open"),
+        (
+            "generate",
+            ["--input", "-"],
+            0,
+            "--input -: stdin is closed; give the text on stdin, or --input FILE",
+        ),
+        ("generate", ["--input", str(tmp_path / "in.txt")], 1, f"{closed_stdout}; give --output FILE"),
+    ]
+    for module, extra, fd, line in cases:
+        code, _, err = _cli(module, flags + extra, None, close=fd)
+        assert (code, err) == (1, [f"seqtrain-{module}: error: {line}"]), (module, fd, err)

@@ -270,3 +270,51 @@ def test_generate_output_through_links_to_stdout_and_to_a_file(toy_databin, tmp_
     assert proc.returncode == 0 and proc.stdout == "", proc.stderr
     assert to_file.is_symlink() and (there / "hyp.txt").read_text() == expected
     assert os.listdir(there) == ["hyp.txt"]
+
+
+# ------------------------------------------------------------------------------------------------ a full disk
+def test_a_checkpoint_written_to_a_full_device_names_it(tmp_path):
+    """torch.save turns the ENOSPC of its writer into RuntimeError('... unexpected pos ...'): seqtrain-convert
+    and a training save on a full disk ended with that traceback."""
+    import torch
+
+    from seqtrain.checkpoint.files import save_checkpoint_file
+
+    full = device(tmp_path / "full", FULL_LIKE)
+    with pytest.raises(OSError) as e:
+        save_checkpoint_file({"w": torch.zeros(100_000)}, full)
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, full)
+    assert is_char_device(full, FULL_LIKE) and os.listdir(tmp_path) == ["full"]
+
+
+@pytest.mark.slow
+def test_generate_stdout_and_log_file_on_a_full_device(fairseq_tiny, tmp_path):
+    """Standard output on a full disk said only 'No space left on device'; a --log-file there printed logging's
+    '--- Logging error ---' traceback for every record, then that same bare line."""
+    full = device(tmp_path / "full", FULL_LIKE)
+    argv = [str(fairseq_tiny / "data-bin"), "--path", str(fairseq_tiny / "checkpoint_last.pt"), "-s", "src",
+            "-t", "tgt", "--cpu", "--gen-subset", "valid"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    with open(full, "w") as stdout:
+        proc = subprocess.run(
+            [sys.executable, "-m", "seqtrain_cli.generate", *argv],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=180,
+            cwd=REPO,
+            env=env,
+        )
+    lines = [ln for ln in proc.stderr.splitlines() if " | INFO | " not in ln]
+    assert proc.returncode == 1 and lines == [
+        "seqtrain-generate: error: stdout: No space left on device; the disk is full; free space and rerun"
+    ], proc.stderr
+    out = tmp_path / "out.txt"
+    proc = run_cli("generate", *argv, "--log-file", full, "--output", str(out))
+    lines = [ln for ln in proc.stderr.splitlines() if " | INFO | " not in ln]
+    assert proc.returncode == 0 and len(lines) == 1, proc.stderr
+    assert lines[0].endswith(
+        f" | WARNING | seqtrain.logging | --log-file {full}: cannot write (No space left on device); it gets no "
+        "more log lines (they still go to the console)"
+    ), lines
+    assert sum(ln.startswith("H-") for ln in out.read_text().splitlines()) == 200  # the run went on

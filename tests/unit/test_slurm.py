@@ -115,6 +115,74 @@ def test_not_an_srun_step(monkeypatch):
     assert slurm_task(-1, 1, 0) is None  # a single task, single process: a plain run
 
 
+_STEP = dict(
+    SLURM_STEP_ID=0, SLURM_JOB_ID=9, SLURM_PROCID=0, SLURM_NTASKS=2, SLURM_NNODES=1, SLURM_NODELIST="n1"
+)
+
+
+@pytest.mark.parametrize(
+    "change,line",
+    [
+        # tracebacks before (ValueError in int(), or a node list handed on to the rendezvous as it was)
+        (
+            {"SLURM_NODELIST": "node[01-"},
+            "SLURM_NODELIST='node[01-': '[' without its ']'; not a SLURM node list",
+        ),
+        ({"SLURM_NODELIST": "n]1["}, "SLURM_NODELIST='n]1[': ']' without its '['; not a SLURM node list"),
+        (
+            {"SLURM_NODELIST": "n[[1]]"},
+            "SLURM_NODELIST='n[[1]]': '[' inside a bracket group; not a SLURM node list",
+        ),
+        ({"SLURM_NODELIST": "n[3-1]"}, "SLURM_NODELIST='n[3-1]': the range '3-1' runs backwards"),
+        ({"SLURM_NODELIST": "n[1-x]"}, "SLURM_NODELIST='n[1-x]': cannot read the range '1-x'"),
+        ({"SLURM_NODELIST": ",,"}, "SLURM_NODELIST=',,' names no host"),
+        ({"SLURM_NTASKS": "1e20"}, "SLURM_NTASKS='1e20' is not an integer"),
+        # accepted before: a world of 10^20 ranks, 0 nodes, or a rank that waits 30 minutes for peers
+        (
+            {"SLURM_NTASKS": "100000000000000000000"},
+            "SLURM_NTASKS='100000000000000000000' is out of range: must be between 1 and 1048576",
+        ),
+        ({"SLURM_NTASKS": "0"}, "SLURM_NTASKS='0' is out of range: must be between 1 and 1048576"),
+        ({"SLURM_NTASKS": "-2"}, "SLURM_NTASKS='-2' is out of range: must be between 1 and 1048576"),
+        ({"SLURM_NNODES": "0"}, "SLURM_NNODES='0' is out of range: must be between 1 and 1048576"),
+        ({"SLURM_NNODES": "3"}, "SLURM_NNODES=3 is more nodes than SLURM_NTASKS=2 tasks"),
+        (
+            {"SLURM_PROCID": "-1"},
+            "SLURM_PROCID='-1' is out of range: must be between 0 and 1 (SLURM_NTASKS=2)",
+        ),
+        ({"SLURM_PROCID": "5"}, "SLURM_PROCID='5' is out of range: must be between 0 and 1 (SLURM_NTASKS=2)"),
+        (
+            {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "4"},
+            "SLURM_PROCID='4' is out of range: must be between 0 and 3 (SLURM_STEP_NUM_TASKS=4)",
+        ),
+        (
+            {"SLURM_NTASKS_PER_NODE": "0"},
+            "SLURM_NTASKS_PER_NODE='0' is out of range: must be between 1 and 2 (SLURM_NTASKS=2)",
+        ),
+        (
+            {"SLURM_LOCALID": "-1"},
+            "SLURM_LOCALID='-1' is out of range: must be between 0 and 1 (SLURM_NTASKS=2)",
+        ),
+        ({"SLURM_JOB_ID": "x"}, "SLURM_JOB_ID='x' is not an integer"),
+        (
+            {"SLURM_NNODES": "2", "SLURM_NTASKS_PER_NODE": "1", "SLURM_NODEID": "2"},
+            "SLURM_NODEID='2' is out of range: must be between 0 and 1 (SLURM_NNODES=2)",
+        ),
+    ],
+)
+def test_garbage_slurm_values_give_one_line_naming_the_variable(monkeypatch, change, line):
+    _slurm_env(monkeypatch, **{**_STEP, **change})
+    with pytest.raises(SeqtrainError) as e:
+        slurm_task(-1, 1, 0)
+    assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
+
+
+def test_valid_steps_still_accepted(monkeypatch):
+    _slurm_env(monkeypatch, **{**_STEP, "SLURM_PROCID": 1, "SLURM_NODELIST": "n[1-2],m[08-09,11]"})
+    task = slurm_task(-1, 1, 0)
+    assert (task.world_size, task.rank, task.init_method) == (2, 1, "tcp://n1:15009")
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 def _free_port() -> int:
     with socket.socket() as s:

@@ -128,6 +128,27 @@ def test_convert_errors(tmp_path, fairseq_ckpt, capsys):
     assert load_model(str(tmp_path / "x.pt")).src_dict == d
 
 
+def test_dictionary_of_another_size_refused_unless_resize_vocab(tmp_path, fairseq_ckpt, capsys):
+    """A dict.txt of another model (300 symbols for 32 rows) used to pad 268 rows with an INFO line."""
+    ckpt, model, d = fairseq_ckpt
+    other = make_dict(296)  # + 4 specials = 300
+    other.save(str(tmp_path / "other.txt"))
+    out = tmp_path / "x.pt"
+    argv = [str(ckpt), str(out), "--to", "seqtrain", "--dict", str(tmp_path / "other.txt")]
+    assert convert(*argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"seqtrain-convert: error: {ckpt}: encoder.embed_tokens.weight has 32 rows but the dictionary has 300 "
+        "symbols: fitting it would add 268 new rows, more than fairseq's dictionary padding explains (at most 7); "
+        "the dictionary probably belongs to another model: give the model's own dictionary, or pass "
+        "--resize-vocab to resize anyway"
+    ]
+    assert not out.exists()
+    assert convert(*argv, "--resize-vocab") == 0
+    lm = load_model(str(out))
+    assert len(lm.src_dict) == 300 and lm.model.encoder.embed_tokens.weight.shape[0] == 300
+
+
 class _Marker:
     def __init__(self, path):
         self.path = path

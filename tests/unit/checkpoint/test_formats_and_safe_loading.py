@@ -336,13 +336,15 @@ def test_resize_embeddings_truncate_and_extend(caplog):
 
 
 def test_checkpoint_with_more_rows_than_dictionary_loads_truncated(tmp_path):
-    big_d, small_d = make_dict(28), make_dict(20)  # like bart.base: padded rows past the dict
+    # padded rows past the dict, as many as fairseq's --padding-factor 8 can add (7; more: see below)
+    big_d, small_d = make_dict(27), make_dict(20)
     model, args = tiny_model(big_d)
     path = str(tmp_path / "model.pt")
     save_checkpoint_file({"args": fairseq_namespace(args), "model": model.state_dict()}, path)
     small_d.save(str(tmp_path / "dict.txt"))
     lm = load_model(path)
     assert lm.model.decoder.output_projection.weight.shape[0] == 24 == len(small_d)
+    assert model.decoder.output_projection.weight.shape[0] == 31
     src, lengths, prev = batch(len(small_d))
     # truncating rows only removes vocabulary columns: the kept logits are unchanged
     torch.testing.assert_close(
@@ -578,3 +580,34 @@ def test_prenorm_model_round_trips_and_hf_export_refuses(tmp_path):
         SeqtrainError, match="encoder_normalize_before=True has no Hugging Face BART equivalent"
     ):
         export_hf(lm, str(tmp_path / "hf"))
+
+
+def _tied(rows: int) -> dict:
+    emb = torch.randn(rows, 8)
+    return {k: emb for k in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
+                             "decoder.output_projection.weight")}  # fmt: skip
+
+
+@pytest.mark.parametrize("rows,size", [(300, 50), (50, 550), (28, 20), (20, 28)])
+def test_resize_beyond_fairseq_padding_refused_unless_asked(rows, size, caplog):
+    """A dictionary of another model used to cut or pad any number of rows with only an INFO line; fairseq's
+    padding (to a multiple of 8) explains at most 7."""
+    state = _tied(rows)
+    how = f"cut {rows - size} rows" if size < rows else f"add {size - rows} new rows"
+    with pytest.raises(SeqtrainError) as e:
+        resize_embeddings(state, size, size, where="x.pt")
+    assert str(e.value) == (
+        f"x.pt: encoder.embed_tokens.weight has {rows:,} rows but the dictionary has {size:,} symbols: fitting it "
+        f"would {how}, more than fairseq's dictionary padding explains (at most 7); the dictionary probably "
+        "belongs to another model: give the model's own dictionary, or pass --resize-vocab to resize anyway"
+    )
+    with caplog.at_level(logging.INFO, logger="seqtrain.models.resize"):
+        out = resize_embeddings(state, size, size, where="x.pt", allow_any=True)
+    assert out["decoder.output_projection.weight"].shape == (size, 8) and len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("rows,size", [(27, 20), (20, 27), (51201, 50264), (50265, 50264)])
+def test_resize_within_padding_or_a_released_layout_accepted(rows, size):
+    """Up to 7 rows either way, bart.large's <mask> row, and bart.base's 51,201 rows with its dict.txt."""
+    out = resize_embeddings(_tied(rows), size, size)
+    assert out["encoder.embed_tokens.weight"].shape[0] == size

@@ -178,3 +178,87 @@ def test_all_ranks_refuse_with_rank0s_error(databin, tmp_path):
     last = out.stderr.strip().splitlines()[-1]
     assert "is in use by another training run" in last and f"pid {os.getpid()}" in last, out.stderr[-3000:]
     assert os.listdir(save) == []  # nothing read, written or deleted
+
+
+# ------------------------------------------------------------------------------------- hostile or damaged locks
+def test_lock_that_is_not_a_regular_file_is_refused_at_once(tmp_path):
+    """A FIFO at the lock's name used to hang start-up in open(); a folder or a symbolic link is no lock either.
+    Each is refused with one line naming the lock, promptly, and left as it was."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text(json.dumps(dict(host="elsewhere", pid=1, started=0, heartbeat=0)))
+    makers = {
+        "a FIFO": lambda p: os.mkfifo(p),
+        "a folder": lambda p: os.mkdir(p),
+        "a symbolic link": lambda p: os.symlink(target, p),
+    }
+    for kind, make in makers.items():
+        folder = tmp_path / kind.replace(" ", "_")
+        folder.mkdir()
+        lock_path = folder / LOCK_NAME
+        make(str(lock_path))
+        before = os.lstat(lock_path)
+        started = time.monotonic()
+        with pytest.raises(SeqtrainError) as e:
+            SaveDirLock(str(folder)).acquire()
+        assert time.monotonic() - started < 5, kind
+        assert str(e.value) == (
+            f"--save-dir {folder}: the lock {lock_path} is {kind}, not a regular file as seqtrain writes it; "
+            "remove it (no training run made it) or use another --save-dir"
+        )
+        after = os.lstat(lock_path)
+        assert (after.st_mode, after.st_ino) == (before.st_mode, before.st_ino), kind
+        assert sorted(os.listdir(folder)) == [LOCK_NAME], kind  # no temporary record left
+    assert json.loads(target.read_text())["host"] == "elsewhere"  # the link's target untouched
+
+
+GARBAGE = {
+    # pid 0 and -1: os.kill(0 or -1, 0) succeeds (our group, every process), so these were "in use" forever
+    "pid -1": (dict(pid=-1), "pid -1 is not a process number"),
+    "pid 0": (dict(pid=0), "pid 0 is not a process number"),
+    "pid huge": (dict(pid=10**30), "pid 1000000000000000000000000000000 is not a process number"),
+    "pid float": (dict(pid=3.5), "pid 3.5 is not a process number"),
+    "pid text": (dict(pid="12"), "pid '12' is not a process number"),
+    "host list": (dict(host=[1]), "host [1] is not a host name"),
+    "proc_start text": (dict(proc_start="x"), "proc_start 'x' is not a process start time"),
+    "started text": (dict(started="abc"), "started 'abc' is not a time"),
+    "started nan": (dict(started=float("nan")), "started nan is not a time"),
+    "started huge": (dict(started=1e300), "started 1e+300 is in the future"),
+    "heartbeat future": (dict(host="node7", heartbeat=time.time() + 10**9), "is in the future"),
+    "heartbeat text": (dict(host="node7", heartbeat="soon"), "heartbeat 'soon' is not a time"),
+    "heartbeat negative": (dict(host="node7", heartbeat=-1e300), "heartbeat -1e+300 is before 1970"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GARBAGE))
+def test_garbage_record_taken_over_with_a_log_line(tmp_path, caplog, name):
+    """Values no run writes are garbage: the lock is taken over at once with one warning saying why (they used
+    to give tracebacks, or be reported as a live run)."""
+    change, why = GARBAGE[name]
+    record = dict(host=socket.gethostname(), pid=os.getppid(), started=0, heartbeat=time.time())
+    record.update(change)
+    _write_owner(str(tmp_path), **record)
+    lock = SaveDirLock(str(tmp_path))
+    with caplog.at_level("WARNING", logger="seqtrain.savedir_lock"):
+        lock.acquire()
+    try:
+        assert json.load(open(tmp_path / LOCK_NAME))["run_id"] == lock.record["run_id"]
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1 and warnings[0].startswith(
+            f"taking over the stale lock of {tmp_path} (garbage lock file: "
+        ), warnings
+        assert why in warnings[0], warnings
+    finally:
+        lock.release()
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b"[1, 2]", b"\xff\xfe", b"[" * 100000, b" " * 70000])
+def test_unreadable_lock_taken_over_at_once(tmp_path, caplog, content):
+    """A lock that is no JSON record used to count as a live run for 10 minutes after its last change."""
+    (tmp_path / LOCK_NAME).write_bytes(content)
+    lock = SaveDirLock(str(tmp_path))
+    with caplog.at_level("WARNING", logger="seqtrain.savedir_lock"):
+        lock.acquire()
+    lock.release()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"taking over the stale lock of {tmp_path} (garbage lock file: not a JSON record of a run)"
+    ]
