@@ -49,13 +49,27 @@ def _interrupt_later(unraisable: object, hook: Callable[[object], None]) -> None
         hook(unraisable)
 
 
-def run_cli(prog: str, main: Callable[[list[str]], int | None], argv: list[str] | None = None) -> None:
+def _stopped_before_work(signum: int, frame: object) -> None:
+    raise Stopped(signum, f"stopped by {signal.Signals(signum).name} before any work; nothing was written")
+
+
+def run_cli(
+    prog: str,
+    main: Callable[[list[str]], int | None],
+    argv: list[str] | None = None,
+    stop_early: bool = False,
+) -> None:
+    """Run `main(argv)` as the program `prog`. `stop_early`: for programs whose work installs its own SIGTERM
+    handler late (preprocessing, scoring), a SIGTERM before then is one line and 143 as well, not a silent kill
+    (training keeps SIGTERM's default until its loop starts: a second one must kill, seqtrain.train.stop_signals)."""
     own_process = argv is None  # the console script itself, not a call from Python (tests, notebooks)
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
         _run(prog, main, argv, debug)
         return
+    if stop_early and own_process and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stopped_before_work)
     previous, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
     sys.unraisablehook = functools.partial(_interrupt_later, hook=hook)
     try:

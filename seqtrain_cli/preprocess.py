@@ -16,7 +16,7 @@ def preprocess_main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def cli_main(argv: list[str] | None = None) -> None:
-    run_cli("seqtrain-preprocess", lambda a: preprocess_main(a) and 0, argv)
+    run_cli("seqtrain-preprocess", lambda a: preprocess_main(a) and 0, argv, stop_early=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def cli_main(argv: list[str] | None = None) -> None:
-    run_cli("seqtrain-score", main, argv)
+    run_cli("seqtrain-score", main, argv, stop_early=True)
 
 
 if __name__ == "__main__":

@@ -294,3 +294,18 @@ def test_a_signal_while_the_data_bin_is_moved_into_place_acts_once_it_is_whole(
         assert e.value.message == f"stopped by SIGTERM; the data-bin in {dest} is whole (exit code 143)"
     assert len(moved) > 3 and moved[-1] == "preprocess.json" and sorted(os.listdir(dest)) == sorted(moved)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_sigterm_before_the_work_begins_is_one_line():
+    """seqtrain-preprocess and seqtrain-score install their SIGTERM handlers with their work; before that (parsing,
+    importing the program) a SIGTERM is one line and 143 too, not a silent kill."""
+    code = (
+        "import os, signal, sys\n"
+        "from seqtrain_cli._main import run_cli\n"
+        "sys.argv = ['seqtrain-preprocess']\n"
+        "run_cli('seqtrain-preprocess', lambda a: os.kill(os.getpid(), signal.SIGTERM) or signal.pause(), "
+        "stop_early=True)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143
+    assert done.stderr == "seqtrain-preprocess: stopped by SIGTERM before any work; nothing was written\n"
