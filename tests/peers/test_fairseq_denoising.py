@@ -240,3 +240,48 @@ def test_token_blocks_equal_fairseqs():
         assert ours.sizes.tolist() == theirs["sizes"], where
         assert [ours[i].tolist() for i in range(len(ours))] == theirs["items"], where
         assert len(theirs["sizes"]) > 1
+
+
+WORD_STARTS_SIDE = r"""
+import json, sys
+from argparse import Namespace
+from fairseq.data import Dictionary
+from fairseq.data.encoders.utils import get_whole_word_mask
+
+folder, spm = sys.argv[1], sys.argv[2]
+d = Dictionary.load(folder + "/dict.txt")
+d.add_symbol("<mask>")  # as the denoising task, before it builds the mask
+mask = get_whole_word_mask(Namespace(bpe="sentencepiece", sentencepiece_model=spm), d)
+json.dump(mask.tolist(), sys.stdout)
+"""
+
+
+def test_sentencepiece_word_starts_equal_fairseqs(tmp_path):
+    """fairseq's get_whole_word_mask with its sentencepiece BPE, on a data-bin of seqtrain-preprocess
+    --only-source (what fairseq-train-spm.py gives fairseq's denoising task), against word_start_table."""
+    from seqtrain.data.denoising_dataset import word_start_table
+    from seqtrain.data.dictionary import Dictionary
+    from seqtrain.data.tokenizer import load_databin_tokenizer
+    from seqtrain_cli.preprocess import preprocess_main
+    from tests.utils import SAMPLE
+
+    lines = (SAMPLE / "train.source").read_text(encoding="utf-8").splitlines(keepends=True)[:300]
+    (tmp_path / "text").write_text("".join(lines), encoding="utf-8")
+    dest = tmp_path / "bin"
+    preprocess_main(["--only-source", "--trainpref", str(tmp_path / "text"), "--destdir", str(dest)]
+                    + ["--spm-vocab-size", "500", "--no-progress-bar"])  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", WORD_STARTS_SIDE, str(dest), str(dest / "spm.model")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    theirs = json.loads(proc.stdout)
+    d = Dictionary.load(str(dest / "dict.txt"))
+    d.add_symbol("<mask>")
+    ours = word_start_table(d, load_databin_tokenizer(str(dest))).tolist()
+    assert ours == theirs
+    assert 100 < sum(theirs) < len(theirs) - 100  # both kinds of pieces are there
