@@ -97,3 +97,27 @@ def test_iterator_sets_the_epoch_for_forked_workers_too():
     inline = epoch_sources(0, 2)
     assert epoch_sources(1, 2) == inline  # the worker forked in epoch 1 draws epoch 2's noise in epoch 2
     assert epoch_sources(0, 1) != inline
+
+
+def test_gpt2_word_starts_from_the_real_tokenizer(tmp_path):
+    """GPT-2 BPE: an id begins a word when its text begins with a space (fairseq's GPT2BPE.is_beginning_of_word);
+    a symbol that is not an id begins one, <mask> does not."""
+    import json
+
+    from seqtrain.data.tokenizer import GPT2BPETokenizer
+
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    alphabet, extra = {}, 0
+    for b in range(256):  # GPT-2's printable stand-in for every byte
+        if b in keep:
+            alphabet[b] = chr(b)
+        else:
+            alphabet[b], extra = chr(256 + extra), extra + 1
+    vocab = {alphabet[b]: b for b in range(256)}
+    vocab.update({"he": 256, "\u0120he": 257})
+    (tmp_path / "encoder.json").write_text(json.dumps(vocab))
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\nh e\n\u0120 he\n")
+    tok = GPT2BPETokenizer.from_files(str(tmp_path / "encoder.json"), str(tmp_path / "vocab.bpe"))
+    assert tok.encode("he he!") == "256 257 33"
+    d = dictionary(["256", "257", "33", "104", "32", "<weird>"])
+    assert word_start_table(d, tok).tolist() == [1, 1, 1, 1, 0, 1, 0, 0, 1, 1, 0]
