@@ -112,6 +112,17 @@ BOUNDS: dict[str, Bounds] = {
     "temperature": Bounds(0, 1000, lo_open=True),
     "sampling_topk": Bounds(1, INT_MAX, off=-1),
     "sampling_topp": Bounds(0, 1, lo_open=True, off=-1),
+    # the denoising task (BART pretraining)
+    "tokens_per_sample": Bounds(3, 1 << 20),  # <s>, one token, </s>
+    "mask": PROBABILITY,
+    "mask_random": PROBABILITY,
+    "insert": PROBABILITY,
+    "permute": PROBABILITY,
+    "rotate": PROBABILITY,
+    "poisson_lambda": Bounds(0, 1000, lo_open=True),
+    "permute_sentences": Bounds(0, 1, off=-1),
+    "replace_length": Bounds(-1, 1),
+    "shuffle_instance": PROBABILITY,
     # preprocess
     "workers": Bounds(1, 1024),
     "nwordssrc": Bounds(1, INT_MAX, off=-1),

@@ -7,9 +7,10 @@ of docs/fairseq.md.
 
 With --fairseq-python, this script runs itself under fairseq's interpreter (`--dump`) and reads fairseq's own
 parsers: fairseq-train's with the translation task, the bart_base arch and each criterion, optimizer and lr
-scheduler that seqtrain also has; fairseq-generate's with the translation task. Each flag is stored with the tools
-that take it, whether it takes a value and its default. Then seqtrain's parsers (the same components) are built
-and each fairseq flag is classed: same (same kind and default), different (how), or absent.
+scheduler that seqtrain also has, and with the denoising task; fairseq-generate's with the translation task. Each
+flag is stored with the tools that take it, whether it takes a value and its default. Then seqtrain's parsers (the
+same components) are built and each fairseq flag is classed: same (same kind and default), different (how), or
+absent.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-LIST_FILE = REPO / "seqtrain" / "fairseq_flag_list.py"
+LIST_FILE = REPO / "seqtrain" / "flags" / "fairseq_flag_list.py"
 DOC = REPO / "docs" / "fairseq.md"
 BEGIN, END = "<!-- flag table: scripts/dev/fairseq_flags.py -->", "<!-- end of flag table -->"
 CRITERIONS = ("cross_entropy", "label_smoothed_cross_entropy")
@@ -46,6 +47,11 @@ NOTES = {
     "--distributed-backend": "unset means nccl on CUDA, gloo on the CPU",
     "--momentum": "the default depends on --optimizer in both: nag 0.99, sgd 0.0",
     "--num-workers": "DataLoader workers",
+    "--permute": "--task denoising applies it (after masking, before insertion); fairseq 0.12 accepts it and never "
+    "applies it",
+    "--permute-sentences": "a share (fairseq's is an int, so its `1.0` is refused there); sentences end at GPT-2's '.' "
+    "(id 13) as in fairseq, else at the symbol '.' (fairseq: at </s>, which its task strips, so nothing moves)",
+    "--mask-length": "word starts come from the data-bin's tokenizer (fairseq: from --bpe)",
 }
 
 
@@ -75,6 +81,11 @@ def dump() -> dict:
                 argv = ["data", "--arch", "bart_base", "--criterion", crit, "--optimizer", opt]
                 options.parse_args_and_arch(parser, argv + ["--lr-scheduler", sched], parse_known=True)
                 collect(parser, "fairseq-train")
+    parser = options.get_training_parser()  # the denoising task's flags (BART pretraining)
+    options.parse_args_and_arch(
+        parser, ["data", "--task", "denoising", "--arch", "bart_base"], parse_known=True
+    )
+    collect(parser, "fairseq-train")
     parser = options.get_generation_parser()
     options.parse_args_and_arch(parser, ["data", "--path", "x.pt"], parse_known=True)
     collect(parser, "fairseq-generate")
@@ -95,6 +106,10 @@ def seqtrain_actions(tool: str) -> dict:
                 parsers._add_choice_args(parser, "lr_scheduler", sched)
                 for flag, action in parser._option_string_actions.items():
                     actions.setdefault(flag, action)  # the defaults of the default components (adam, fixed)
+        parser = parsers.get_training_parser()
+        parsers._add_choice_args(parser, "task", "denoising")
+        for flag, action in parser._option_string_actions.items():
+            actions.setdefault(flag, action)
     else:
         parser = parsers.get_generation_parser()
         parsers._add_choice_args(parser, "task", "translation")

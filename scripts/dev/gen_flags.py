@@ -110,6 +110,12 @@ def main() -> None:
     parsers._add_choice_args(parser, "task", "translation")
     parsers._order_groups(parser)
     parser_tables(parser, out)
+    parser = (
+        parsers.get_training_parser()
+    )  # the denoising task's own flags (its DATA is a monolingual data-bin)
+    parsers._add_choice_args(parser, "task", "denoising")
+    group = next(g for g in parser._action_groups if g.title == "Task (denoising)")
+    table("Task `denoising` (`--task denoising`, BART pretraining)", group._group_actions, out)
     choice = [a for a in choice_group(optimizers.add_args, "adam") if a.dest in ("optimizer", "lr")]
     choice += [a for a in choice_group(lr_scheduler.add_args, "fixed") if a.dest == "lr_scheduler"]
     table("Optimizer and LR scheduler choice", choice, out)

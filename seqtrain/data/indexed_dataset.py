@@ -263,7 +263,8 @@ SAMPLE_BLOCKS, SAMPLE_BLOCK_ITEMS = 64, 1 << 15
 def recorded_max_id(prefix: str) -> int | None:
     """The largest token id preprocess.json (seqtrain-preprocess) recorded for the file `prefix`, if any."""
     folder, name = os.path.split(prefix)
-    split, lang = name.split(".")[0], name.split(".")[-1]
+    # {split}.{src}-{tgt}.{lang}, or {split} alone (seqtrain-preprocess --only-source without -s: side "source")
+    split, lang = name.split(".")[0], (name.split(".")[-1] if "." in name else "source")
     try:
         with open(os.path.join(folder, "preprocess.json"), encoding="utf-8") as f:
             value = json.load(f)["splits"][split][lang]["max_id"]

@@ -424,6 +424,12 @@ class EpochBatchIterator:
         self, epoch: int, shuffle: bool, fix_batches_to_gpus: bool, offset: int = 0
     ) -> CountingIterator:
         batches = self.epoch_batches(epoch, shuffle, fix_batches_to_gpus)[offset:]
+        if self._background is not None:  # nothing reads the previous epoch any more
+            self._background.close()
+            self._background = None
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if set_epoch is not None:  # a dataset whose items depend on the epoch (the denoising noise)
+            set_epoch(epoch)
         if self.num_workers > 0:
             if self._workers is None:
                 self._workers = DataWorkers(self.dataset, self.collate_fn, self.num_workers)
@@ -432,8 +438,6 @@ class EpochBatchIterator:
         else:
             itr = _CollatingIterable(self.dataset, self.collate_fn, batches)
         if self.buffer_size > 0:
-            if self._background is not None:
-                self._background.close()
             itr = self._background = _BackgroundIterator(itr, self.buffer_size)
         return CountingIterator(itr, start=offset, total=offset + len(batches))
 

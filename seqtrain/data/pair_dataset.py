@@ -106,6 +106,60 @@ def shift_eos_to_front(target: torch.Tensor, eos_idx: int) -> torch.Tensor:
     return out
 
 
+def collate_pairs(
+    samples: list[dict[str, Any]],
+    pad: int,
+    eos: int,
+    left_pad_source: bool = True,
+    left_pad_target: bool = False,
+    pad_to_multiple: int = 1,
+    pack_min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
+) -> dict[str, Any]:
+    """Items `{"id", "source", "target"}` padded into a batch, rows sorted by source length (longest first), as
+    fairseq does (LanguagePairDataset.collater; the denoising dataset pads its sources on the right).
+
+    With targets, the batch also carries what the model and the loss would otherwise find on the device,
+    at the cost of a host-device sync: `net_input["layout"]` (batch_layout) and `target_rows`, the flat
+    positions of the non-pad tokens of `target`.
+
+    An empty list gives `{}`: the filler batch of a rank that ran out of batches (see iterators.py).
+    """
+    if not samples:
+        return {}
+    src_lengths = torch.tensor([len(s["source"]) for s in samples], dtype=torch.long)
+    # Stable sort: ties keep their batch order, so a batch always collates to the same tensor.
+    src_lengths, order = src_lengths.sort(descending=True, stable=True)
+    ordered = [samples[i] for i in order.tolist()]
+    batch: dict[str, Any] = {
+        "id": torch.tensor([s["id"] for s in ordered], dtype=torch.long),
+        "nsentences": len(samples),
+        "net_input": {
+            "src_tokens": pad_sequences(
+                [s["source"] for s in ordered], pad, left_pad_source, pad_to_multiple
+            ),
+            "src_lengths": src_lengths,
+        },
+        "target": None,
+    }
+    if ordered[0]["target"] is None:
+        batch["ntokens"] = int(src_lengths.sum())
+        return batch
+    targets = [s["target"] for s in ordered]
+    batch["target"] = pad_sequences(targets, pad, left_pad_target, pad_to_multiple)
+    batch["net_input"]["prev_output_tokens"] = pad_sequences(
+        [shift_eos_to_front(t, eos) for t in targets], pad, left_pad_target, pad_to_multiple
+    )
+    batch["ntokens"] = sum(len(t) for t in targets)
+    batch["net_input"]["layout"] = batch_layout(
+        batch["net_input"]["src_tokens"],
+        batch["net_input"]["prev_output_tokens"],
+        pad,
+        pack_min_pad_fraction,
+    )
+    batch["target_rows"] = batch["target"].ne(pad).reshape(-1).nonzero().squeeze(1)
+    return batch
+
+
 class LanguagePairDataset(torch.utils.data.Dataset):
     """Pairs `src[i]` with `tgt[i]`; `src`/`tgt` are any indexables of 1-D integer tensors (e.g. MMapIndexedDataset).
 
@@ -191,49 +245,16 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         return {"id": int(index), "source": src, "target": tgt}
 
     def collater(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
-        """Pad a list of items into a batch, rows sorted by source length (longest first), as fairseq does.
-
-        With targets, the batch also carries what the model and the loss would otherwise find on the device,
-        at the cost of a host-device sync: `net_input["layout"]` (batch_layout) and `target_rows`, the flat
-        positions of the non-pad tokens of `target`.
-
-        An empty list gives `{}`: the filler batch of a rank that ran out of batches (see iterators.py).
-        """
-        if not samples:
-            return {}
-        pad, eos = self.src_dict.pad(), self.src_dict.eos()
-        src_lengths = torch.tensor([len(s["source"]) for s in samples], dtype=torch.long)
-        # Stable sort: ties keep their batch order, so a batch always collates to the same tensor.
-        src_lengths, order = src_lengths.sort(descending=True, stable=True)
-        ordered = [samples[i] for i in order.tolist()]
-        batch: dict[str, Any] = {
-            "id": torch.tensor([s["id"] for s in ordered], dtype=torch.long),
-            "nsentences": len(samples),
-            "net_input": {
-                "src_tokens": pad_sequences(
-                    [s["source"] for s in ordered], pad, self.left_pad_source, self.pad_to_multiple
-                ),
-                "src_lengths": src_lengths,
-            },
-            "target": None,
-        }
-        if ordered[0]["target"] is None:
-            batch["ntokens"] = int(src_lengths.sum())
-            return batch
-        targets = [s["target"] for s in ordered]
-        batch["target"] = pad_sequences(targets, pad, self.left_pad_target, self.pad_to_multiple)
-        batch["net_input"]["prev_output_tokens"] = pad_sequences(
-            [shift_eos_to_front(t, eos) for t in targets], pad, self.left_pad_target, self.pad_to_multiple
-        )
-        batch["ntokens"] = sum(len(t) for t in targets)
-        batch["net_input"]["layout"] = batch_layout(
-            batch["net_input"]["src_tokens"],
-            batch["net_input"]["prev_output_tokens"],
-            pad,
+        """Pad a list of items into a batch (collate_pairs: rows longest source first; `[]` gives `{}`)."""
+        return collate_pairs(
+            samples,
+            self.src_dict.pad(),
+            self.src_dict.eos(),
+            self.left_pad_source,
+            self.left_pad_target,
+            self.pad_to_multiple,
             self.pack_min_pad_fraction,
         )
-        batch["target_rows"] = batch["target"].ne(pad).reshape(-1).nonzero().squeeze(1)
-        return batch
 
     # -- sizes, for filtering and batching without reading the data ------------------------------------------
 

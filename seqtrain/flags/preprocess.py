@@ -14,14 +14,15 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument(
         "-s",
         "--source-lang",
-        default="source",
+        default=None,
         metavar="SRC",
-        help="source side: input files are PREFIX.SRC (default: source)",
+        help="source side: input files are PREFIX.SRC (default: source; with --only-source: none, so the input "
+        "is PREFIX itself and the output {split}.bin/.idx and dict.txt, as fairseq-preprocess names them)",
     )
     g.add_argument(
         "-t",
         "--target-lang",
-        default="target",
+        default=None,
         metavar="TGT",
         help="target side: input files are PREFIX.TGT (default: target)",
     )
@@ -37,7 +38,11 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     g.add_argument("--testpref", metavar="FP", help="comma separated test file prefixes (test, test1, ...)")
     g.add_argument("--destdir", metavar="DIR", default="data-bin", help="destination dir (default: data-bin)")
-    g.add_argument("--only-source", action="store_true", help="only process the source language")
+    g.add_argument(
+        "--only-source",
+        action="store_true",
+        help="monolingual text (denoising pretraining): only the source side, fairseq-preprocess's files",
+    )
     g.add_argument("--joined-dictionary", action="store_true", help="one dictionary for source and target")
     g.add_argument("--srcdict", metavar="FP", help="reuse this source dictionary (fairseq dict.txt)")
     g.add_argument("--tgtdict", metavar="FP", help="reuse this target dictionary (fairseq dict.txt)")

@@ -77,12 +77,42 @@ class SplitInput:
     )
 
 
+def resolve_languages(args: argparse.Namespace) -> None:
+    """fairseq-preprocess's names: a pair is source/target unless -s/-t say otherwise; --only-source without -s
+    has no language at all (input PREFIX, output {split}.bin/.idx and dict.txt, what fairseq's denoising and
+    language-model tasks read)."""
+    if not args.only_source:
+        args.source_lang = args.source_lang or "source"
+        args.target_lang = args.target_lang or "target"
+
+
+def dict_file(lang: str | None) -> str:
+    """fairseq-preprocess's dictionary name: dict.{lang}.txt, or dict.txt for a side without a language."""
+    return "dict.txt" if lang is None else f"dict.{lang}.txt"
+
+
+def side_name(lang: str | None) -> str:
+    """The side's key in preprocess.json and the printed table ('source' for --only-source without -s)."""
+    return "source" if lang is None else lang
+
+
+def data_prefix(args: argparse.Namespace, split: str, lang: str | None) -> str:
+    """fairseq-preprocess's dataset name (dataset_dest_prefix): {split}.{src}-{tgt}.{lang}, or {split} alone
+    for --only-source without a language. (With --only-source and -s X, fairseq writes {split}.X-None.X.)"""
+    if lang is None:
+        return split
+    return f"{split}.{args.source_lang}-{args.target_lang}.{lang}"
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations that cannot work, reported before any file is read."""
+    resolve_languages(args)
     if not (args.trainpref or args.validpref or args.testpref):
         raise SeqtrainError("nothing to preprocess: give --trainpref, --validpref and/or --testpref")
     if (args.source_key or args.target_key) and not args.jsonl:
         raise SeqtrainError("--source-key / --target-key need --jsonl (they name keys of JSON lines inputs)")
+    if args.jsonl and args.only_source and not (args.source_key or args.source_lang):
+        raise SeqtrainError("--jsonl --only-source: name the JSON key holding the text with --source-key")
     if args.workers < 1:
         raise SeqtrainError(f"--workers must be at least 1, got {args.workers}")
     if args.padding_factor < 1:
@@ -128,7 +158,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise SeqtrainError(f"{flag}: file not found: {path}")
 
 
-def languages(args: argparse.Namespace) -> list[str]:
+def languages(args: argparse.Namespace) -> list[str | None]:
     return [args.source_lang] if args.only_source else [args.source_lang, args.target_lang]
 
 
@@ -146,7 +176,7 @@ def collect_inputs(args: argparse.Namespace) -> list[SplitInput]:
                 splits.append(SplitInput(f"{base}{k}" if k else base, prefix, flag))
     for s in splits:
         for lang in languages(args):
-            s.paths[lang] = f"{s.prefix}.{lang}"
+            s.paths[lang] = s.prefix if lang is None else f"{s.prefix}.{lang}"
         if args.jsonl:
             s.jsonl_path = f"{s.prefix}.jsonl"
     return splits
@@ -165,7 +195,7 @@ def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
             if not os.path.isfile(path):
                 raise SeqtrainError(f"{s.flag} {s.prefix}: input file not found: {path}")
     for s in splits:
-        counts = {lang: scan_text_file(path) for lang, path in s.paths.items()}
+        counts = {lang: scan_text_file(path, args.only_source) for lang, path in s.paths.items()}
         if len(set(counts.values())) > 1:
             (a, na), (b, nb) = list(counts.items())
             raise SeqtrainError(
@@ -175,8 +205,9 @@ def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
         s.n_lines = next(iter(counts.values()))
 
 
-def scan_text_file(path: str) -> int:
-    """Stream one input file and return its number of lines; raise naming file:line on bad UTF-8 or an empty line."""
+def scan_text_file(path: str, allow_blank: bool = False) -> int:
+    """Stream one input file and return its number of lines; raise naming file:line on bad UTF-8 or an empty line
+    (unless `allow_blank`: monolingual text, where a blank line ends a document, as fairseq-preprocess keeps it)."""
     n = 0
     carry = b""
     with open(path, "rb") as f:
@@ -188,15 +219,15 @@ def scan_text_file(path: str) -> int:
             cut = buf.rfind(b"\n") + 1  # check whole lines only; a UTF-8 sequence never spans a newline byte
             carry = buf[cut:]
             if cut:
-                n = _check_lines(path, buf[:cut], n)
+                n = _check_lines(path, buf[:cut], n, allow_blank)
     if carry:
-        n = _check_lines(path, carry + b"\n", n)
+        n = _check_lines(path, carry + b"\n", n, allow_blank)
     if n == 0:
         raise SeqtrainError(f"{path}: file is empty")
     return n
 
 
-def _check_lines(path: str, buf: bytes, lines_before: int) -> int:
+def _check_lines(path: str, buf: bytes, lines_before: int, allow_blank: bool = False) -> int:
     try:
         text = buf.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -205,7 +236,7 @@ def _check_lines(path: str, buf: bytes, lines_before: int) -> int:
         raise SeqtrainError(
             f"{path}:{line}: invalid UTF-8 (byte 0x{buf[e.start]:02x} at byte {column} of the line)"
         ) from None
-    blank = _BLANK_LINE.search(text)
+    blank = None if allow_blank else _BLANK_LINE.search(text)
     if blank:
         line = lines_before + text.count("\n", 0, blank.start()) + 1
         raise SeqtrainError(
@@ -299,17 +330,19 @@ class ChunkWorker:
         lang: str,
         out_prefix: str,
         shown: tuple[str, str] | None = None,
+        allow_empty: bool = False,
     ) -> ChunkStats:
         """Tokenize and encode a range into the shard `out_prefix.{bin,idx}`. `shown`: the input file and the
         thing an error names (--jsonl: PREFIX.jsonl and its value, whose line numbers `path`'s are), when
-        `path` itself is no file of the user's."""
+        `path` itself is no file of the user's. `allow_empty`: a line that tokenizes to nothing becomes the item
+        `</s>`, fairseq's document break (--only-source), instead of an error."""
         d = self.dicts[lang]
         unk = d.unk()
         stats = ChunkStats()
         with MMapIndexedDatasetBuilder(out_prefix + ".bin", best_fitting_dtype(len(d))) as builder:
             for i, line in enumerate(read_chunk(path, start, end)):
                 ids = d.encode_line(self.tokenizer.encode(line), add_if_not_exist=False, append_eos=True)
-                if len(ids) <= 1:  # only </s>: the tokenizer kept nothing of this line
+                if len(ids) <= 1 and not allow_empty:  # only </s>: the tokenizer kept nothing of this line
                     name, what = shown or (path, "the line")
                     raise SeqtrainError(
                         f"{name}:{_line_number(path, start, i)}: {what} tokenizes to nothing (no token "
@@ -417,8 +450,8 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         spec = make_tokenizer(args, train, work).spec()
         dicts = make_dictionaries(args, spec, train)
         for lang, d in dicts.items():
-            d.save(os.path.join(work, f"dict.{lang}.txt"))
-            print(f"[{lang}] Dictionary: {len(d)} types")
+            d.save(os.path.join(work, dict_file(lang)))
+            print(f"[{side_name(lang)}] Dictionary: {len(d)} types")
         check_existing_dictionaries(destdir, work, list(dicts))
         summary = {
             "format": "seqtrain-preprocess",
@@ -426,7 +459,9 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
             "source_lang": args.source_lang,
             "target_lang": None if args.only_source else args.target_lang,
             "tokenizer": spec.get("kind", args.tokenizer),
-            "dictionaries": {lang: {"file": f"dict.{lang}.txt", "size": len(d)} for lang, d in dicts.items()},
+            "dictionaries": {
+                side_name(lang): {"file": dict_file(lang), "size": len(d)} for lang, d in dicts.items()
+            },
             "splits": {},
             "args": {k: v for k, v in sorted(vars(args).items())},
         }
@@ -465,13 +500,13 @@ def publish(work: str, destdir: str) -> None:
         fileio.publish(os.path.join(work, name), os.path.join(destdir, name))
 
 
-def check_existing_dictionaries(destdir: str, work: str, langs: list[str]) -> None:
+def check_existing_dictionaries(destdir: str, work: str, langs: list[str | None]) -> None:
     """Refuse to mix data-bins: an existing dict.{lang}.txt must equal the new one (identical is fine)."""
     for lang in langs:
-        old = os.path.join(destdir, f"dict.{lang}.txt")
+        old = os.path.join(destdir, dict_file(lang))
         if not os.path.exists(old):
             continue
-        with open(old, "rb") as f_old, open(os.path.join(work, f"dict.{lang}.txt"), "rb") as f_new:
+        with open(old, "rb") as f_old, open(os.path.join(work, dict_file(lang)), "rb") as f_new:
             if f_old.read() != f_new.read():
                 raise SeqtrainError(
                     f"{old} already exists and differs from the dictionary built now; "
@@ -564,7 +599,7 @@ def build_dictionary(
     args: argparse.Namespace,
     tokenizer_spec: dict[str, Any],
     train: SplitInput,
-    langs: list[str],
+    langs: list[str | None],
     threshold: int,
     nwords: int,
 ) -> Dictionary:
@@ -583,7 +618,7 @@ def build_dictionary(
         args.workers,
         tokenizer_spec,
         None,
-        f"count {'+'.join(langs)}",
+        f"count {'+'.join(map(side_name, langs))}",
         args.no_progress_bar,
     ):
         total.update(counts)
@@ -614,12 +649,16 @@ def binarize_splits(
     for s in splits:
         for lang, path in s.paths.items():
             chunks = line_chunks(path, _chunk_count(path, args.workers))
-            shards = [os.path.join(shard_dir, f"{s.name}.{lang}.{i:05d}") for i in range(len(chunks))]
+            shards = [
+                os.path.join(shard_dir, f"{s.name}.{side_name(lang)}.{i:05d}") for i in range(len(chunks))
+            ]
             # --jsonl: errors name PREFIX.jsonl (same line numbers), not the line file made from it in `work`
             shown = (s.jsonl_path, f"its {json_keys[lang]!r} value") if s.jsonl_path else None
-            tasks += [(path, a, b, lang, shard, shown) for (a, b), shard in zip(chunks, shards)]
+            tasks += [
+                (path, a, b, lang, shard, shown, args.only_source) for (a, b), shard in zip(chunks, shards)
+            ]
             line_counts += _line_counts_of(path, chunks, s.n_lines)
-            prefix = os.path.join(work, f"{s.name}.{args.source_lang}-{args.target_lang}.{lang}")
+            prefix = os.path.join(work, data_prefix(args, s.name, lang))
             jobs.append((s, lang, prefix, shards))
     dict_lists = {lang: d.to_list() for lang, d in dicts.items()}
     results = iter(
@@ -645,7 +684,7 @@ def binarize_splits(
                 os.unlink(shard + ".bin")
                 os.unlink(shard + ".idx")
             builder.finalize(prefix + ".idx")
-        report.setdefault(s.name, {})[lang] = split_report(s.jsonl_path or s.paths[lang], stats)
+        report.setdefault(s.name, {})[side_name(lang)] = split_report(s.jsonl_path or s.paths[lang], stats)
     os.rmdir(shard_dir)
     return report
 
@@ -683,9 +722,7 @@ def length_percentiles(hist: Counter, qs: Sequence[int] = PERCENTILES) -> dict[s
 
 
 def format_summary(summary: dict[str, Any], destdir: str) -> str:
-    dicts = ", ".join(
-        f"dict.{lang}.txt {info['size']} symbols" for lang, info in summary["dictionaries"].items()
-    )
+    dicts = ", ".join(f"{info['file']} {info['size']} symbols" for info in summary["dictionaries"].values())
     lines = [f"Wrote {destdir} (tokenizer {summary['tokenizer']}; {dicts})"]
     if summary["splits"]:
         head = ("split", "side", "examples", "tokens", "<unk>", "p50", "p90", "p95", "p99", "max")

@@ -23,8 +23,10 @@ _LINE_BREAKS = re.compile(r"\r\n|[\r\n]")
 
 def keys(args: argparse.Namespace, langs: list[str]) -> dict[str, str]:
     """lang -> the JSON key holding its text."""
-    given = {args.source_lang: args.source_key, args.target_lang: args.target_key}
-    return {lang: given.get(lang) or lang for lang in langs}
+    src, tgt = langs[0], langs[1:]  # the source side first (seqtrain.preprocess.databin.languages)
+    out = {src: args.source_key or src}
+    out.update({lang: args.target_key or lang for lang in tgt})
+    return out
 
 
 def _value(path: str, n: int, obj: Any, key: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TASKS
+from seqtrain.tasks.denoising import DenoisingTask
 from seqtrain.tasks.translation import TranslationTask
 
 
@@ -18,4 +19,4 @@ def setup_task(args: argparse.Namespace) -> Any:
     return TASKS.get(name).setup_task(args)
 
 
-__all__ = ["TranslationTask", "setup_task"]
+__all__ = ["DenoisingTask", "TranslationTask", "setup_task"]

@@ -135,6 +135,12 @@ def world(tmp_path_factory):
         with open(w["config_bad"], "w") as f:
             f.write("arch: bart_tiny\nmax-tokenz: 100\n")
         w["out"] = os.path.join(root, "out")  # outputs that must not appear
+        # a monolingual data-bin (--only-source) of the train sources, for --task denoising
+        from seqtrain_cli.preprocess import preprocess_main
+
+        w["bin_mono"] = os.path.join(root, "bin_mono")
+        preprocess_main(["--only-source", "--trainpref", f"{raw}/train.src", "--validpref", f"{raw}/valid.src"]
+                        + ["--destdir", w["bin_mono"], "--tokenizer", "none", "--no-progress-bar"])  # fmt: skip
         add_round_two_inputs(w, variant)
         add_round_three_inputs(w)
         w["home"] = str(
@@ -624,6 +630,32 @@ CASES += [
         "train",
         train(data="bin_bad_token"),
         "{bin_bad_token}/train.src-tgt.tgt.bin: token id 300 is out of range",
+    ),
+    (
+        "train-denoising-pair-data-bin",
+        "train",
+        train("--task", "denoising"),
+        "{bin}/dict.txt: dictionary not found (--task denoising reads a monolingual data-bin: run "
+        "seqtrain-preprocess --only-source)",
+    ),
+    (
+        "train-denoising-mask-above-one",
+        "train",
+        train("--task", "denoising", "--mask", "1.5", data="bin_mono"),
+        "argument --mask: must be between 0 and 1, got 1.5",
+    ),
+    (
+        "train-denoising-subword-replace-every-token",
+        "train",
+        train("--task", "denoising", "--mask", "0.3", "--replace-length", "-1", data="bin_mono"),
+        "--mask-length subword needs --replace-length 0 or 1 (as in fairseq)",
+    ),
+    (
+        "train-denoising-missing-split",
+        "train",
+        train("--task", "denoising", "--valid-subset", "test", data="bin_mono"),
+        "{bin_mono}: split 'test' not found (expected test.bin and test.idx, as seqtrain-preprocess --only-source "
+        "writes them)",
     ),
     # ---- seqtrain-generate
     ("generate-lenpen-nan", "generate", gen("--lenpen", "nan"), "argument --lenpen: must be a finite number"),

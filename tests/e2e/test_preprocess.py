@@ -9,7 +9,7 @@ import pytest
 
 import seqtrain.preprocess.databin as P
 from seqtrain.data.dictionary import Dictionary
-from seqtrain.data.indexed_dataset import MMapIndexedDataset
+from seqtrain.data.indexed_dataset import MMapIndexedDataset, recorded_max_id
 from seqtrain.data.tokenizer import load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain_cli.preprocess import preprocess_main as main
@@ -524,11 +524,12 @@ def test_gpt2_tokenizer_with_bart_style_given_dictionaries_and_only_source(tmp_p
     assert {"encoder.json", "vocab.bpe", "tokenizer.json"} <= set(os.listdir(dest))
     assert load_databin_tokenizer(str(dest)).encode("hehe!") == "256 256 33"
 
+    # --only-source without -s, as fairseq-preprocess: the input is PREFIX itself, the outputs have no language
     only = tmp_path / "only"
     main(
         [
             "--trainpref",
-            str(raw / "train"),
+            str(raw / "train.source"),
             "--destdir",
             str(only),
             "--only-source",
@@ -536,9 +537,31 @@ def test_gpt2_tokenizer_with_bart_style_given_dictionaries_and_only_source(tmp_p
             *gpt2,
         ]
     )
-    assert (only / "dict.source.txt").read_text() == "256 3\n257 1\n33 1\nmadeupword0000 0\n"
-    assert sorted(n for n in os.listdir(only) if n.endswith((".bin", ".idx"))) == [
-        "train.source-target.source.bin",
-        "train.source-target.source.idx",
+    assert (only / "dict.txt").read_text() == "256 3\n257 1\n33 1\nmadeupword0000 0\n"
+    assert sorted(n for n in os.listdir(only) if n.endswith((".bin", ".idx"))) == ["train.bin", "train.idx"]
+    assert sorted(n for n in os.listdir(only) if n.startswith("dict")) == ["dict.txt"]
+    assert MMapIndexedDataset(str(only / "train"))[1].tolist() == [4, 4, 6, 2]
+    # with -s, fairseq's {split}.{src}-None.{src} names
+    named = tmp_path / "named"
+    main(
+        ["--trainpref", str(raw / "train"), "--destdir", str(named), "--only-source", "-s", "source"]
+        + ["--no-progress-bar", *gpt2]
+    )
+    assert sorted(n for n in os.listdir(named) if n.endswith((".idx", ".txt"))) == [
+        "dict.source.txt",
+        "train.source-None.source.idx",
     ]
-    assert sorted(n for n in os.listdir(only) if n.startswith("dict")) == ["dict.source.txt"]
+
+
+def test_only_source_keeps_blank_lines_as_document_breaks(tmp_path):
+    # monolingual text for --task denoising: a blank line ends a document and is the item `</s>`, as in
+    # fairseq-preprocess; the preprocess.json side is "source", and the token-id check finds it
+    (tmp_path / "text").write_text("a b c\nb c\n\nc a\n", encoding="utf-8")
+    dest = tmp_path / "bin"
+    summary = main(["--only-source", "--trainpref", str(tmp_path / "text"), "--destdir", str(dest)]
+                   + ["--tokenizer", "none", "--no-progress-bar"])  # fmt: skip
+    ds = MMapIndexedDataset(str(dest / "train"))
+    assert [ds[i].tolist() for i in range(len(ds))] == [[5, 6, 4, 2], [6, 4, 2], [2], [4, 5, 2]]
+    assert (dest / "dict.txt").read_text() == "c 3\na 2\nb 2\nmadeupword0000 0\n"
+    assert summary["splits"]["train"]["source"]["examples"] == 4
+    assert recorded_max_id(str(dest / "train")) == 6

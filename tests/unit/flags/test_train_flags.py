@@ -206,6 +206,8 @@ def test_help_groups_in_order():
         "Optimization",
         "Optimizer (adam)",
         "LR scheduler (fixed)",
+        "Fine-tuning: frozen weights",
+        "EMA of the weights",
         "Checkpoint",
         "Distributed training",
         "fairseq compatibility",
