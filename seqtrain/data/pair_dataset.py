@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqtrain.data.iterators import pinned
 from seqtrain.errors import SeqtrainError
 
 
@@ -62,6 +63,32 @@ def batch_layout(
             layout[f"{side}_index"] = keep.nonzero().squeeze(1)
             layout[f"{side}_pad_index"] = (~keep).nonzero().squeeze(1)
     return layout
+
+
+def padded_shape(batch: dict[str, Any]) -> tuple[int, int]:
+    """(rows, width) of a collated batch: width is its longer side's padded length, so rows x width is what
+    --max-tokens bounds (an example costs its longer side; a batch is padded to its longest row)."""
+    width = batch["net_input"]["src_tokens"].size(1)
+    if batch.get("target") is not None:
+        width = max(width, batch["target"].size(1))
+    return batch["net_input"]["src_tokens"].size(0), width
+
+
+def merge_plan(shapes: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Which of an update's batches (their padded_shape, in order) run as one pass: groups of consecutive
+    batches, each group as long as its merged batch (all rows, padded to the widest) holds at most `max_tokens`
+    token slots; a batch that fits with none forms its own group. A function of the shapes and the budget
+    alone (never of free memory), so a resumed run merges as the unbroken one."""
+    groups: list[list[int]] = []
+    rows = width = 0
+    for i, (r, w) in enumerate(shapes):
+        if groups and (rows + r) * max(width, w) <= max_tokens:
+            groups[-1].append(i)
+            rows, width = rows + r, max(width, w)
+        else:
+            groups.append([i])
+            rows, width = r, w
+    return groups
 
 
 def shift_eos_to_front(target: torch.Tensor, eos_idx: int) -> torch.Tensor:
@@ -156,6 +183,47 @@ class LanguagePairDataset(torch.utils.data.Dataset):
             if tgt is not None:
                 tgt = torch.cat([tgt.new_tensor([self.tgt_dict.bos()]), tgt])
         return {"id": int(index), "source": src, "target": tgt}
+
+    def batch_items(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        """The items a collated training batch was made of, in its row order: the inverse of `collater` (the
+        sources by `src_lengths`, the targets up to their last non-pad token, on this dataset's padding sides)."""
+        src_tokens = batch["net_input"]["src_tokens"]
+        lengths = batch["net_input"]["src_lengths"].tolist()
+        target, pad = batch["target"], self.src_dict.pad()
+        keep = target.ne(pad)
+        width = target.size(1)
+        if self.left_pad_target:  # first real position .. the end
+            starts = torch.where(keep.any(1), keep.int().argmax(1), width).tolist()
+            ends = [width] * len(starts)
+        else:  # the start .. one past the last real position
+            starts = [0] * target.size(0)
+            ends = torch.where(keep.any(1), width - keep.flip(1).int().argmax(1), 0).tolist()
+        items = []
+        for row, (n, i, a, b) in enumerate(zip(lengths, batch["id"].tolist(), starts, ends, strict=True)):
+            src = src_tokens[row, src_tokens.size(1) - n :] if self.left_pad_source else src_tokens[row, :n]
+            items.append({"id": i, "source": src, "target": target[row, a:b]})
+        return items
+
+    def merge_batches(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
+        """One collated batch of the examples of `batches` (collated training batches of this dataset): what
+        `collater` makes of all their items together, rows sorted by source length as always."""
+        return self.collater([item for b in batches if b for item in self.batch_items(b)])
+
+    def merge_update(self, batches: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
+        """An update's batches (--update-freq) as few forward/backward passes as `max_tokens` allows:
+        consecutive batches merge while the merged batch, padded, holds at most `max_tokens` token slots (see
+        merge_plan). Batches that merge with none stay as they are; empty ones (a short shard's) are left out
+        when a real one is there."""
+        real = [b for b in batches if b]
+        if len(real) < 2:
+            return real or batches
+        out = []
+        for group in merge_plan([padded_shape(b) for b in real], max_tokens):
+            merged = real[group[0]] if len(group) == 1 else self.merge_batches([real[i] for i in group])
+            if len(group) > 1 and real[group[0]]["net_input"]["src_tokens"].is_pinned():
+                merged = pinned(merged)  # as the iterator handed the batches over
+            out.append(merged)
+        return out
 
     def collater(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """Pad a list of items into a batch, rows sorted by source length (longest first), as fairseq does.

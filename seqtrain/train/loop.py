@@ -69,6 +69,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise SeqtrainError(f"--update-freq values must be at least 1, got {args.update_freq}")
     if args.profile < 0:
         raise SeqtrainError("--profile must be 0 (off) or a number of updates")
+    if args.merge_max_tokens and args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
+        # ranks would run different numbers of passes per update; FSDP's forward passes are collectives
+        raise SeqtrainError(
+            "--merge-max-tokens is not supported with --ddp-backend fully_sharded; use c10d, or drop it"
+        )
     metric = args.best_checkpoint_metric
     if metric.startswith("rouge") and not args.eval_rouge and not args.disable_validation:
         raise SeqtrainError(
@@ -251,7 +256,7 @@ class TrainLoop:
         itr = epoch_itr.next_epoch_itr(shuffle=True)
         epoch = epoch_itr.epoch
         update_freq = args.update_freq[min(epoch, len(args.update_freq)) - 1]
-        grouped = GroupedIterator(itr, update_freq)
+        grouped = GroupedIterator(itr, update_freq, merge=self.update_merge(epoch_itr, update_freq))
         progress = progress_lib.progress_bar(
             grouped,
             args.log_format,
@@ -292,6 +297,20 @@ class TrainLoop:
         trainer.meters["train"].reset()
         trainer.meters["train_inner"].reset()
         return should_stop
+
+    def update_merge(self, epoch_itr: Any, update_freq: int) -> Any:
+        """With --merge-max-tokens, what turns an update's batches into its passes (the dataset's
+        merge_update under that budget); None otherwise."""
+        budget = self.args.merge_max_tokens
+        if not budget or update_freq < 2:
+            return None
+        merge = getattr(epoch_itr.dataset, "merge_update", None)
+        if merge is None:
+            raise SeqtrainError(
+                f"--merge-max-tokens: the task's dataset ({type(epoch_itr.dataset).__name__}) cannot merge "
+                "batches; drop the flag"
+            )
+        return lambda batches: merge(batches, budget)
 
     def agreed_stops(self) -> dict[str, bool]:
         """After an update: should training stop for a signal, the time budget or --max-update? Decided by all
