@@ -306,3 +306,18 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         if self.tgt_sizes is not None:
             indices = indices[np.argsort(self.tgt_sizes[indices], kind="mergesort")]
         return indices[np.argsort(self.src_sizes[indices], kind="mergesort")]
+
+
+class UpdateMerge:
+    """--merge-max-tokens for one epoch: `dataset.merge_update(batches, max_tokens)` for each update's batches,
+    counting the real batches and the passes they ran as (the training loop logs them)."""
+
+    def __init__(self, dataset: LanguagePairDataset, max_tokens: int):
+        self.dataset, self.max_tokens = dataset, max_tokens
+        self.batches = self.passes = 0
+
+    def __call__(self, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        passes = self.dataset.merge_update(batches, self.max_tokens)
+        self.batches += sum(1 for b in batches if b)
+        self.passes += len(passes)
+        return passes

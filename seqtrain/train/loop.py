@@ -29,6 +29,7 @@ import torch
 from seqtrain import distributed
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
+from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.fairseq_compat import import_user_dir
@@ -256,7 +257,8 @@ class TrainLoop:
         itr = epoch_itr.next_epoch_itr(shuffle=True)
         epoch = epoch_itr.epoch
         update_freq = args.update_freq[min(epoch, len(args.update_freq)) - 1]
-        grouped = GroupedIterator(itr, update_freq, merge=self.update_merge(epoch_itr, update_freq))
+        merge = self.update_merge(epoch_itr, update_freq)
+        grouped = GroupedIterator(itr, update_freq, merge=merge)
         progress = progress_lib.progress_bar(
             grouped,
             args.log_format,
@@ -292,25 +294,26 @@ class TrainLoop:
                 should_stop = True
             if should_stop:
                 break
+        if merge is not None:
+            logger.info(
+                f"--merge-max-tokens: {merge.batches} batches of epoch {epoch} ran as {merge.passes} passes"
+            )
         logger.info(f"end of epoch {epoch} (average epoch stats below)")
         progress.print(self.training_stats("train"), tag="train", step=trainer.get_num_updates())
         trainer.meters["train"].reset()
         trainer.meters["train_inner"].reset()
         return should_stop
 
-    def update_merge(self, epoch_itr: Any, update_freq: int) -> Any:
-        """With --merge-max-tokens, what turns an update's batches into its passes (the dataset's
-        merge_update under that budget); None otherwise."""
-        budget = self.args.merge_max_tokens
-        if not budget or update_freq < 2:
+    def update_merge(self, epoch_itr: Any, update_freq: int) -> UpdateMerge | None:
+        """With --merge-max-tokens (and --update-freq > 1), what turns an update's batches into its passes."""
+        if not self.args.merge_max_tokens or update_freq < 2:
             return None
-        merge = getattr(epoch_itr.dataset, "merge_update", None)
-        if merge is None:
+        if not hasattr(epoch_itr.dataset, "merge_update"):
             raise SeqtrainError(
                 f"--merge-max-tokens: the task's dataset ({type(epoch_itr.dataset).__name__}) cannot merge "
                 "batches; drop the flag"
             )
-        return lambda batches: merge(batches, budget)
+        return UpdateMerge(epoch_itr.dataset, self.args.merge_max_tokens)
 
     def agreed_stops(self) -> dict[str, bool]:
         """After an update: should training stop for a signal, the time budget or --max-update? Decided by all

@@ -395,3 +395,36 @@ def test_spawned_ddp_matches_one_process_with_update_freq_2(databin, tmp_path):
     print(f"max parameter difference = {diff:.2e}")
     assert diff <= DDP_ATOL, diff
     assert figures(two) == figures(one)
+
+
+@pytest.mark.slow
+def test_spawned_ddp_with_merged_updates_matches_one_process(databin, reference, tmp_path):
+    """--merge-max-tokens under DDP: each rank runs its 2 micro-batches of an update as one pass (the rank with an
+    epoch's dummy step runs its real batch alone) and reduces in that pass's backward; the run trains as the single
+    process accumulating 4 batches does (float sums reordered)."""
+    save_dir = str(tmp_path / "merged")
+    os.makedirs(save_dir)
+    flags = ["--distributed-world-size", "2", "--ddp-backend", "c10d", "--update-freq", "2"]
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.train",
+            *train_args(databin, save_dir, *flags, "--merge-max-tokens", "100000"),
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    ref, merged = model_of(reference), model_of(save_dir)
+    assert merged["extra_state"]["num_updates"] == MAX_UPDATE
+    diff = max_diff(ref["model"], merged["model"])
+    print(f"max parameter difference = {diff:.2e}")
+    assert diff <= DDP_ATOL, diff
+    # rank 0 logs its own passes: an epoch (bsz 64 + 32 in the log: 6 batches of 16) gives each rank 2 updates,
+    # the second of one real batch and a filler, which the merge leaves out: 3 batches in 2 passes
+    log = open(os.path.join(save_dir, "train.log"), encoding="utf-8").read()
+    found = re.findall(r"--merge-max-tokens: (\d+) batches of epoch \d+ ran as (\d+) passes", log)
+    assert found == [("3", "2")] * 5
+    for got, want in zip(figures(save_dir), figures(reference), strict=True):
+        assert (got["wpb"], got["bsz"], got["num_updates"]) == (want["wpb"], want["bsz"], want["num_updates"])
+        assert got["loss"] == pytest.approx(want["loss"], abs=1.5e-3)

@@ -42,6 +42,10 @@ def test_training_with_merged_updates_equals_accumulation(databin, tmp_path):
             inner_stats(log),
         )
     (a, log_a), (b, log_b) = runs["accumulated"], runs["merged"]
+    merged_log = open(tmp_path / "merged.log", encoding="utf-8").read()
+    for epoch in (1, 2):  # 4 batches an epoch, 2 an update: one pass each
+        assert f"--merge-max-tokens: 4 batches of epoch {epoch} ran as 2 passes" in merged_log
+    assert "--merge-max-tokens" not in open(tmp_path / "accumulated.log", encoding="utf-8").read()
     assert b["extra_state"]["num_updates"] == a["extra_state"]["num_updates"] == 4
     assert len(log_a) == len(log_b) == 4
     for la, lb in zip(log_a, log_b, strict=True):
