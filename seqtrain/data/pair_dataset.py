@@ -184,30 +184,43 @@ class LanguagePairDataset(torch.utils.data.Dataset):
                 tgt = torch.cat([tgt.new_tensor([self.tgt_dict.bos()]), tgt])
         return {"id": int(index), "source": src, "target": tgt}
 
-    def batch_items(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
-        """The items a collated training batch was made of, in its row order: the inverse of `collater` (the
-        sources by `src_lengths`, the targets up to their last non-pad token, on this dataset's padding sides)."""
-        src_tokens = batch["net_input"]["src_tokens"]
-        lengths = batch["net_input"]["src_lengths"].tolist()
-        target, pad = batch["target"], self.src_dict.pad()
-        keep = target.ne(pad)
-        width = target.size(1)
-        if self.left_pad_target:  # first real position .. the end
-            starts = torch.where(keep.any(1), keep.int().argmax(1), width).tolist()
-            ends = [width] * len(starts)
-        else:  # the start .. one past the last real position
-            starts = [0] * target.size(0)
-            ends = torch.where(keep.any(1), width - keep.flip(1).int().argmax(1), 0).tolist()
-        items = []
-        for row, (n, i, a, b) in enumerate(zip(lengths, batch["id"].tolist(), starts, ends, strict=True)):
-            src = src_tokens[row, src_tokens.size(1) - n :] if self.left_pad_source else src_tokens[row, :n]
-            items.append({"id": i, "source": src, "target": target[row, a:b]})
-        return items
-
     def merge_batches(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
-        """One collated batch of the examples of `batches` (collated training batches of this dataset): what
-        `collater` makes of all their items together, rows sorted by source length as always."""
-        return self.collater([item for b in batches if b for item in self.batch_items(b)])
+        """One collated batch of the examples of `batches` (collated training batches of this dataset, empty
+        ones skipped): tensor for tensor what `collater` makes of all their items, in the batches' order.
+
+        Made from the batches' tensors, without a loop over rows (this runs on the training loop's thread):
+        each side is padded out to the widest batch on this dataset's padding side (a batch's width is its
+        longest row, rounded up to `pad_to_multiple`, so the widest is the merged batch's width), the rows are
+        concatenated and sorted by source length with the collater's stable sort. Each batch's rows are already
+        in that order, ties in item order, so the order is the collater's for the batches' items in turn."""
+        real = [b for b in batches if b]
+        pad = self.src_dict.pad()
+
+        def stacked(tensors: list[torch.Tensor], left: bool) -> torch.Tensor:
+            width = max(t.size(1) for t in tensors)
+            sides = [(width - t.size(1), 0) if left else (0, width - t.size(1)) for t in tensors]
+            return torch.cat([torch.nn.functional.pad(t, s, value=pad) for t, s in zip(tensors, sides)])
+
+        lengths, order = torch.cat([b["net_input"]["src_lengths"] for b in real]).sort(
+            descending=True, stable=True
+        )
+        src = stacked([b["net_input"]["src_tokens"] for b in real], self.left_pad_source)[order]
+        target = stacked([b["target"] for b in real], self.left_pad_target)[order]
+        prev = stacked([b["net_input"]["prev_output_tokens"] for b in real], self.left_pad_target)[order]
+        layout = batch_layout(src, prev, pad, self.pack_min_pad_fraction)
+        return {
+            "id": torch.cat([b["id"] for b in real])[order],
+            "nsentences": sum(b["nsentences"] for b in real),
+            "net_input": {
+                "src_tokens": src,
+                "src_lengths": lengths,
+                "prev_output_tokens": prev,
+                "layout": layout,
+            },
+            "target": target,
+            "ntokens": sum(b["ntokens"] for b in real),
+            "target_rows": target.ne(pad).reshape(-1).nonzero().squeeze(1),
+        }
 
     def merge_update(self, batches: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
         """An update's batches (--update-freq) as few forward/backward passes as `max_tokens` allows:
