@@ -285,3 +285,18 @@ def test_merge_update_leaves_single_and_empty_batches_alone():
     assert ds.merge_update([a, b], max_tokens=1) == [a, b]  # over the budget: accumulate
     assert ds.merge_update([{}, {}], max_tokens=10_000) == [{}, {}]  # only filler: run as before
     assert ds.merge_update([a], max_tokens=10_000) == [a]
+
+
+@pytest.mark.cuda
+def test_merged_batches_of_pinned_batches_are_pinned():
+    """The iterator pins batches when CUDA is there (copies to the device run asynchronously); a merged batch made
+    of them is pinned too, and holds the same values."""
+    from seqtrain.data.iterators import pinned
+
+    src, tgt = _random_pairs(12, seed=5)
+    ds = make(src, tgt)
+    a, b = (pinned(ds.collater([ds[i] for i in r])) for r in (range(6), range(6, 12)))
+    (merged,) = ds.merge_update([a, b], max_tokens=10_000)
+    for t in (merged["net_input"]["src_tokens"], merged["target"], merged["target_rows"]):
+        assert t.is_pinned()
+    _assert_same_batch(merged, ds.merge_batches([a, b]))
