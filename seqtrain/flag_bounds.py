@@ -82,6 +82,7 @@ BOUNDS: dict[str, Bounds] = {
     "activation_dropout": PROBABILITY,
     "relu_dropout": PROBABILITY,
     "label_smoothing": PROBABILITY,
+    "loss_chunk_mb": Bounds(0, 1 << 20, lo_open=True),
     # optimizers and schedulers
     "lr": Bounds(0, 1000),  # 0: weights stay as loaded (checks of loading and resuming)
     "max_lr": Bounds(0, 1000, lo_open=True),

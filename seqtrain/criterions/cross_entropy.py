@@ -54,6 +54,17 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
             ("--sentence-avg",),
             dict(action="store_true", help="normalize gradients by the number of sentences, not tokens"),
         ),
+        (
+            ("--loss-chunk-mb",),
+            dict(
+                type=float,
+                default=None,
+                metavar="MB",
+                help="memory for the loss's logits, per chunk of target rows (default: 256 on a CPU, 1024 on "
+                "CUDA); the chunking follows from the shapes and this budget only, so a resumed run sums as the "
+                "unbroken one",
+            ),
+        ),
     ]
     for flags, kw in specs:
         if not any(f in existing for f in flags):
@@ -179,12 +190,14 @@ class CrossEntropyCriterion:
         report_accuracy: bool = False,
         ignore_prefix_size: int = 0,
         label_smoothing: float = 0.0,
+        loss_chunk_mb: float | None = None,
     ):
         self.padding_idx = padding_idx
         self.sentence_avg = sentence_avg
         self.report_accuracy = report_accuracy
         self.ignore_prefix_size = ignore_prefix_size
         self.eps = label_smoothing
+        self.loss_chunk_mb = loss_chunk_mb  # the projected loss's chunk budget (None: the device's default)
         # The factor the trainer multiplies the loss by before backward (the fp16 loss scale; 1 otherwise):
         # the projected loss makes its gradients in the forward pass and applies it before their fp16 casts.
         self.loss_scale = 1.0
@@ -196,6 +209,7 @@ class CrossEntropyCriterion:
             sentence_avg=bool(getattr(args, "sentence_avg", False)),
             report_accuracy=bool(getattr(args, "report_accuracy", False)),
             ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
+            loss_chunk_mb=getattr(args, "loss_chunk_mb", None),
         )
 
     def __call__(
@@ -221,6 +235,7 @@ class CrossEntropyCriterion:
                 valid=valid,
                 accuracy=self.report_accuracy,
                 grad_scale=self.loss_scale,
+                budget_mb=self.loss_chunk_mb,
             )
         else:
             project = _output_layer(model)

@@ -25,6 +25,7 @@ class LabelSmoothedCrossEntropyCriterion(CrossEntropyCriterion):
         sentence_avg: bool = False,
         report_accuracy: bool = False,
         ignore_prefix_size: int = 0,
+        loss_chunk_mb: float | None = None,
     ):
         if not 0.0 <= label_smoothing < 1.0:
             raise SeqtrainError(f"--label-smoothing must be in [0, 1), got {label_smoothing}")
@@ -34,6 +35,7 @@ class LabelSmoothedCrossEntropyCriterion(CrossEntropyCriterion):
             report_accuracy=report_accuracy,
             ignore_prefix_size=ignore_prefix_size,
             label_smoothing=label_smoothing,
+            loss_chunk_mb=loss_chunk_mb,
         )
 
     @classmethod
@@ -44,4 +46,5 @@ class LabelSmoothedCrossEntropyCriterion(CrossEntropyCriterion):
             sentence_avg=bool(getattr(args, "sentence_avg", False)),
             report_accuracy=bool(getattr(args, "report_accuracy", False)),
             ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
+            loss_chunk_mb=getattr(args, "loss_chunk_mb", None),
         )

@@ -7,9 +7,12 @@ unless they fit the memory budget, and no N x V tensor is kept for the backward 
 
 Chunk size (`chunk_rows`): as many rows as fit a byte budget for the chunk's temporaries (the logits in the
 compute dtype, their fp32 copy that becomes the gradient, and its low-precision cast): all rows at once when
-they fit. The budget (`memory_budget`) is a quarter of the memory the device can still give (free in the
-driver plus cached and unused in torch's allocator) on CUDA, clamped to [512 MiB, 32 GiB], so thousands of
-rows at V = 50,265; 256 MiB on the CPU, where larger chunks buy no speed.
+they fit. The budget is fixed (`chunk_budget_bytes`): 256 MiB on the CPU, where larger chunks buy no speed,
+1 GiB on CUDA (2,624 bf16 rows at V = 50,265: matrix products of thousands of rows), or `--loss-chunk-mb`. So
+the chunk count, and with it the order in which the weight gradient sums over chunks, is a function of the
+shapes and the budget only, never of the memory the device has free at that moment: a resumed run chunks, and
+sums, exactly as the unbroken one (it asked cudaMemGetInfo on every call before, and on CUDA a quarter of the
+free memory decided).
 
 Precision, matching what autograd does for the model's own F.linear under autocast, without its losses:
 - the matrix products run in the autocast dtype (fp16/bf16) when autocast is on, the softmax and loss in fp32;
@@ -37,8 +40,7 @@ import torch
 from torch import Tensor
 
 CPU_BUDGET_BYTES = 256 << 20
-CUDA_BUDGET_BYTES_MIN = 512 << 20
-CUDA_BUDGET_BYTES_MAX = 32 << 30
+CUDA_BUDGET_BYTES = 1 << 30
 
 
 def bytes_per_logit(compute_dtype: torch.dtype) -> int:
@@ -60,14 +62,13 @@ def chunk_rows(n_rows: int, vocab: int, budget_bytes: int, per_logit: int) -> in
     return max(1, int(fit))
 
 
-def memory_budget(device: torch.device) -> int:
-    """Bytes the loss's chunk temporaries may take on `device` (see the module docstring). No host-device
-    sync: cudaMemGetInfo and the allocator's counters are host calls."""
-    if device.type != "cuda":
-        return CPU_BUDGET_BYTES
-    free, _total = torch.cuda.mem_get_info(device)
-    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    return int(min(CUDA_BUDGET_BYTES_MAX, max(CUDA_BUDGET_BYTES_MIN, free // 4)))
+def chunk_budget_bytes(device: torch.device, budget_mb: float | None = None) -> int:
+    """Bytes the loss's chunk temporaries may take on `device`: `budget_mb` MiB when given (--loss-chunk-mb),
+    else CPU_BUDGET_BYTES or CUDA_BUDGET_BYTES. A constant for a run: no free-memory query (see the module
+    docstring)."""
+    if budget_mb is not None:
+        return max(1, int(budget_mb * (1 << 20)))
+    return CUDA_BUDGET_BYTES if device.type == "cuda" else CPU_BUDGET_BYTES
 
 
 def compute_dtype(hidden: Tensor) -> torch.dtype:
@@ -198,16 +199,18 @@ def projected_nll_loss(
     rows: int | None = None,
     accuracy: bool = False,
     grad_scale: float = 1.0,
+    budget_mb: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Summed (loss, nll, n_correct) of the rows `hidden` (N x C) projected by `weight` (V x C, no bias), only
     rows where `valid` is true counted when it is given; n_correct (the argmax pass over the logits) only with
     `accuracy`, else 0. Equal to smoothed_nll_loss(hidden @ weight.T, target, epsilon) summed, computed `rows`
-    rows at a time (default: chosen by memory, see chunk_rows). `grad_scale`: the factor the loss will be
-    scaled
-    by before backward (the fp16 loss scale), applied to the low-precision gradient casts."""
+    rows at a time (default: from the shapes and the byte budget, see chunk_rows and chunk_budget_bytes;
+    `budget_mb` overrides the device's budget). `grad_scale`: the factor the loss will be scaled by before
+    backward (the fp16 loss scale), applied to the low-precision gradient casts."""
     if rows is None:
         per_logit = bytes_per_logit(compute_dtype(hidden))
-        rows = chunk_rows(hidden.size(0), weight.size(0), memory_budget(hidden.device), per_logit)
+        budget = chunk_budget_bytes(hidden.device, budget_mb)
+        rows = chunk_rows(hidden.size(0), weight.size(0), budget, per_logit)
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _ProjectedSmoothedNLL.apply(
         hidden,

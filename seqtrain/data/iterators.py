@@ -73,11 +73,19 @@ class CountingIterator:
 
 
 class GroupedIterator:
-    """Yields lists of `chunk_size` consecutive items (gradient accumulation, --update-freq)."""
+    """Yields lists of `chunk_size` consecutive items (gradient accumulation, --update-freq). `merge`, when
+    given, turns each list into the batches its update runs as passes (LanguagePairDataset.merge_update,
+    --merge-max-tokens); the count and the resume position stay the items'."""
 
-    def __init__(self, itr: CountingIterator, chunk_size: int):
+    def __init__(
+        self,
+        itr: CountingIterator,
+        chunk_size: int,
+        merge: Callable[[list[Any]], list[Any]] | None = None,
+    ):
         self.itr = itr
         self.chunk_size = chunk_size
+        self.merge = merge
         self.n = math.ceil(itr.n / chunk_size)
         self.total = math.ceil(len(itr) / chunk_size)
 
@@ -92,7 +100,7 @@ class GroupedIterator:
         if not chunk:
             raise StopIteration
         self.n += 1
-        return chunk
+        return chunk if self.merge is None else self.merge(chunk)
 
     def has_next(self) -> bool:
         return self.itr.has_next()

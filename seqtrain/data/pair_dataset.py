@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqtrain.data.iterators import pinned
 from seqtrain.errors import SeqtrainError
 
 
@@ -95,6 +96,32 @@ def split_batch(batch: dict[str, Any], pad_idx: int, min_pad_fraction: float = P
             }
         )
     return halves
+
+
+def padded_shape(batch: dict[str, Any]) -> tuple[int, int]:
+    """(rows, width) of a collated batch: width is its longer side's padded length, so rows x width is what
+    --max-tokens bounds (an example costs its longer side; a batch is padded to its longest row)."""
+    width = batch["net_input"]["src_tokens"].size(1)
+    if batch.get("target") is not None:
+        width = max(width, batch["target"].size(1))
+    return batch["net_input"]["src_tokens"].size(0), width
+
+
+def merge_plan(shapes: Sequence[tuple[int, int]], max_tokens: int) -> list[list[int]]:
+    """Which of an update's batches (their padded_shape, in order) run as one pass: groups of consecutive
+    batches, each group as long as its merged batch (all rows, padded to the widest) holds at most `max_tokens`
+    token slots; a batch that fits with none forms its own group. A function of the shapes and the budget
+    alone (never of free memory), so a resumed run merges as the unbroken one."""
+    groups: list[list[int]] = []
+    rows = width = 0
+    for i, (r, w) in enumerate(shapes):
+        if groups and (rows + r) * max(width, w) <= max_tokens:
+            groups[-1].append(i)
+            rows, width = rows + r, max(width, w)
+        else:
+            groups.append([i])
+            rows, width = r, w
+    return groups
 
 
 def shift_eos_to_front(target: torch.Tensor, eos_idx: int) -> torch.Tensor:
@@ -244,6 +271,60 @@ class LanguagePairDataset(torch.utils.data.Dataset):
                 tgt = torch.cat([tgt.new_tensor([self.tgt_dict.bos()]), tgt])
         return {"id": int(index), "source": src, "target": tgt}
 
+    def merge_batches(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
+        """One collated batch of the examples of `batches` (collated training batches of this dataset, empty
+        ones skipped): tensor for tensor what `collater` makes of all their items, in the batches' order.
+
+        Made from the batches' tensors, without a loop over rows (this runs on the training loop's thread):
+        each side is padded out to the widest batch on this dataset's padding side (a batch's width is its
+        longest row, rounded up to `pad_to_multiple`, so the widest is the merged batch's width), the rows are
+        concatenated and sorted by source length with the collater's stable sort. Each batch's rows are already
+        in that order, ties in item order, so the order is the collater's for the batches' items in turn."""
+        real = [b for b in batches if b]
+        pad = self.src_dict.pad()
+
+        def stacked(tensors: list[torch.Tensor], left: bool) -> torch.Tensor:
+            width = max(t.size(1) for t in tensors)
+            sides = [(width - t.size(1), 0) if left else (0, width - t.size(1)) for t in tensors]
+            return torch.cat([torch.nn.functional.pad(t, s, value=pad) for t, s in zip(tensors, sides)])
+
+        lengths, order = torch.cat([b["net_input"]["src_lengths"] for b in real]).sort(
+            descending=True, stable=True
+        )
+        src = stacked([b["net_input"]["src_tokens"] for b in real], self.left_pad_source)[order]
+        target = stacked([b["target"] for b in real], self.left_pad_target)[order]
+        prev = stacked([b["net_input"]["prev_output_tokens"] for b in real], self.left_pad_target)[order]
+        layout = batch_layout(src, prev, pad, self.pack_min_pad_fraction)
+        return {
+            "id": torch.cat([b["id"] for b in real])[order],
+            "nsentences": sum(b["nsentences"] for b in real),
+            "net_input": {
+                "src_tokens": src,
+                "src_lengths": lengths,
+                "prev_output_tokens": prev,
+                "layout": layout,
+            },
+            "target": target,
+            "ntokens": sum(b["ntokens"] for b in real),
+            "target_rows": target.ne(pad).reshape(-1).nonzero().squeeze(1),
+        }
+
+    def merge_update(self, batches: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
+        """An update's batches (--update-freq) as few forward/backward passes as `max_tokens` allows:
+        consecutive batches merge while the merged batch, padded, holds at most `max_tokens` token slots (see
+        merge_plan). Batches that merge with none stay as they are; empty ones (a short shard's) are left out
+        when a real one is there."""
+        real = [b for b in batches if b]
+        if len(real) < 2:
+            return real or batches
+        out = []
+        for group in merge_plan([padded_shape(b) for b in real], max_tokens):
+            merged = real[group[0]] if len(group) == 1 else self.merge_batches([real[i] for i in group])
+            if len(group) > 1 and real[group[0]]["net_input"]["src_tokens"].is_pinned():
+                merged = pinned(merged)  # as the iterator handed the batches over
+            out.append(merged)
+        return out
+
     def collater(self, samples: list[dict[str, Any]]) -> dict[str, Any]:
         """Pad a list of items into a batch (collate_pairs: rows longest source first; `[]` gives `{}`)."""
         return collate_pairs(
@@ -292,3 +373,18 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         if self.tgt_sizes is not None:
             indices = indices[np.argsort(self.tgt_sizes[indices], kind="mergesort")]
         return indices[np.argsort(self.src_sizes[indices], kind="mergesort")]
+
+
+class UpdateMerge:
+    """--merge-max-tokens for one epoch: `dataset.merge_update(batches, max_tokens)` for each update's batches,
+    counting the real batches and the passes they ran as (the training loop logs them)."""
+
+    def __init__(self, dataset: LanguagePairDataset, max_tokens: int):
+        self.dataset, self.max_tokens = dataset, max_tokens
+        self.batches = self.passes = 0
+
+    def __call__(self, batches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        passes = self.dataset.merge_update(batches, self.max_tokens)
+        self.batches += sum(1 for b in batches if b)
+        self.passes += len(passes)
+        return passes

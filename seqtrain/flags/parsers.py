@@ -371,6 +371,18 @@ def add_optimization_args(parser: argparse.ArgumentParser) -> None:
     _add(
         g,
         parser,
+        "--merge-max-tokens",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run consecutive --update-freq batches of an update as one forward/backward pass while the merged "
+        "batch, padded, holds at most N token slots (rows x longer side, as --max-tokens counts): the same "
+        "update up to summation order and dropout masks; decided from the batches' shapes only, so resume "
+        "stays exact. 0 (default): one pass per batch",
+    )
+    _add(
+        g,
+        parser,
         "--stop-min-lr",
         type=float,
         default=-1.0,

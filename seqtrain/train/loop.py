@@ -9,6 +9,10 @@ Every stop decision is agreed by all ranks (seqtrain.distributed.agree: one all-
 where the decision is made): a signal, the time budget or --max-update after each update, --patience after each
 validation, --stop-min-lr at each epoch start. A rank whose clock runs ahead, or that alone got a SIGTERM,
 cannot leave the others waiting in a collective: all of them stop after the same update and save once.
+
+Why one module: the loop is fairseq_cli/train.py's one flow, read top to bottom (set up, resume, epochs, validate,
+save, stop); its parts only make sense in that order, and the pieces that stand alone already live beside it
+(checkpoint policy, stop signals, ROUGE validation, the save-dir lock).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from seqtrain import distributed
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
+from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.fairseq_compat import import_user_dir
@@ -70,6 +75,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise SeqtrainError(f"--update-freq values must be at least 1, got {args.update_freq}")
     if args.profile < 0:
         raise SeqtrainError("--profile must be 0 (off) or a number of updates")
+    if args.merge_max_tokens and args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
+        # ranks would run different numbers of passes per update; FSDP's forward passes are collectives
+        raise SeqtrainError(
+            "--merge-max-tokens is not supported with --ddp-backend fully_sharded; use c10d, or drop it"
+        )
     metric = args.best_checkpoint_metric
     if metric.startswith("rouge") and not args.eval_rouge and not args.disable_validation:
         raise SeqtrainError(
@@ -257,7 +267,8 @@ class TrainLoop:
         itr = epoch_itr.next_epoch_itr(shuffle=True)
         epoch = epoch_itr.epoch
         update_freq = args.update_freq[min(epoch, len(args.update_freq)) - 1]
-        grouped = GroupedIterator(itr, update_freq)
+        merge = self.update_merge(epoch_itr, update_freq)
+        grouped = GroupedIterator(itr, update_freq, merge=merge)
         progress = progress_lib.progress_bar(
             grouped,
             args.log_format,
@@ -293,11 +304,26 @@ class TrainLoop:
                 should_stop = True
             if should_stop:
                 break
+        if merge is not None:
+            logger.info(
+                f"--merge-max-tokens: {merge.batches} batches of epoch {epoch} ran as {merge.passes} passes"
+            )
         logger.info(f"end of epoch {epoch} (average epoch stats below)")
         progress.print(self.training_stats("train"), tag="train", step=trainer.get_num_updates())
         trainer.meters["train"].reset()
         trainer.meters["train_inner"].reset()
         return should_stop
+
+    def update_merge(self, epoch_itr: Any, update_freq: int) -> UpdateMerge | None:
+        """With --merge-max-tokens (and --update-freq > 1), what turns an update's batches into its passes."""
+        if not self.args.merge_max_tokens or update_freq < 2:
+            return None
+        if not hasattr(epoch_itr.dataset, "merge_update"):
+            raise SeqtrainError(
+                f"--merge-max-tokens: the task's dataset ({type(epoch_itr.dataset).__name__}) cannot merge "
+                "batches; drop the flag"
+            )
+        return UpdateMerge(epoch_itr.dataset, self.args.merge_max_tokens)
 
     def agreed_stops(self) -> dict[str, bool]:
         """After an update: should training stop for a signal, the time budget or --max-update? Decided by all

@@ -403,3 +403,92 @@ def test_spawned_ddp_matches_one_process_with_update_freq_2(databin, tmp_path):
     print(f"max parameter difference = {diff:.2e}")
     assert diff <= DDP_ATOL, diff
     assert figures(two) == figures(one)
+
+
+@pytest.mark.slow
+def test_spawned_ddp_with_merged_updates_matches_one_process(databin, reference, tmp_path):
+    """--merge-max-tokens under DDP: each rank runs its 2 micro-batches of an update as one pass (the rank with an
+    epoch's dummy step runs its real batch alone) and reduces in that pass's backward; the run trains as the single
+    process accumulating 4 batches does (float sums reordered)."""
+    save_dir = str(tmp_path / "merged")
+    os.makedirs(save_dir)
+    flags = ["--distributed-world-size", "2", "--ddp-backend", "c10d", "--update-freq", "2"]
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.train",
+            *train_args(databin, save_dir, *flags, "--merge-max-tokens", "100000"),
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    ref, merged = model_of(reference), model_of(save_dir)
+    assert merged["extra_state"]["num_updates"] == MAX_UPDATE
+    diff = max_diff(ref["model"], merged["model"])
+    print(f"max parameter difference = {diff:.2e}")
+    assert diff <= DDP_ATOL, diff
+    # rank 0 logs its own passes: an epoch (bsz 64 + 32 in the log: 6 batches of 16) gives each rank 2 updates,
+    # the second of one real batch and a filler, which the merge leaves out: 3 batches in 2 passes
+    log = open(os.path.join(save_dir, "train.log"), encoding="utf-8").read()
+    found = re.findall(r"--merge-max-tokens: (\d+) batches of epoch \d+ ran as (\d+) passes", log)
+    assert found == [("3", "2")] * 5
+    for got, want in zip(figures(save_dir), figures(reference), strict=True):
+        assert (got["wpb"], got["bsz"], got["num_updates"]) == (want["wpb"], want["bsz"], want["num_updates"])
+        assert got["loss"] == pytest.approx(want["loss"], abs=1.5e-3)
+
+
+def _rank_passes(databin: str, save_dir: str, budget: int) -> list[list[int]]:
+    """Passes per update of epoch 1 on each of 2 ranks under --merge-max-tokens `budget`, as the training loop
+    builds each rank's batches."""
+    from seqtrain.data.pair_dataset import merge_plan, padded_shape
+    from seqtrain.flags import parsers
+    from seqtrain.tasks import setup_task
+
+    out = []
+    for rank in (0, 1):
+        args = parsers.parse_args_and_arch(parsers.get_training_parser(), train_args(databin, save_dir))
+        task = setup_task(args)
+        task.load_dataset("train")
+        itr = task.get_batch_iterator(
+            task.dataset("train"),
+            max_sentences=args.batch_size,
+            required_batch_size_multiple=args.required_batch_size_multiple,
+            seed=args.seed,
+            num_shards=2,
+            shard_id=rank,
+        ).next_epoch_itr(shuffle=True)
+        batches = [b for b in itr]
+        updates = [[b for b in batches[i : i + 2] if b] for i in range(0, len(batches), 2)]
+        out.append([len(merge_plan([padded_shape(b) for b in u], budget)) for u in updates])
+    return out
+
+
+@pytest.mark.slow
+def test_spawned_ddp_ranks_running_different_pass_counts(databin, reference, tmp_path):
+    """A budget under which, in some update, one rank merges its 2 batches into one pass and the other runs 2
+    (their shapes differ): DDP reduces in each rank's last backward, so the ranks neither wait for each other
+    nor reduce twice, and the run still trains as the single process accumulating 4 batches does."""
+    slots = sorted({(16 + 16) * w for w in range(4, 16)})
+    budget = next(b for b in slots if len(set(map(tuple, _rank_passes(databin, str(tmp_path), b)))) > 1)
+    per_rank = _rank_passes(databin, str(tmp_path), budget)
+    assert any(a != b for a, b in zip(*per_rank, strict=True))
+    save_dir = str(tmp_path / "mixed")
+    os.makedirs(save_dir)
+    flags = ["--distributed-world-size", "2", "--ddp-backend", "c10d", "--update-freq", "2"]
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.train",
+            *train_args(databin, save_dir, *flags, "--merge-max-tokens", str(budget)),
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    ref, mixed = model_of(reference), model_of(save_dir)
+    assert mixed["extra_state"]["num_updates"] == MAX_UPDATE
+    assert max_diff(ref["model"], mixed["model"]) <= DDP_ATOL
+    log = open(os.path.join(save_dir, "train.log"), encoding="utf-8").read()
+    first = re.search(r"--merge-max-tokens: (\d+) batches of epoch 1 ran as (\d+) passes", log)
+    assert (int(first[1]), int(first[2])) == (3, sum(per_rank[0]))  # rank 0 ran the passes predicted for it

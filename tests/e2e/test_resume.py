@@ -69,6 +69,9 @@ SCHEDULES = {
         "2",
     ],
 }
+# the same with both batches of an update run as one pass (--merge-max-tokens): the merge is decided from the
+# batches' shapes, so a resumed run merges, and draws its dropout masks, as the unbroken one
+SCHEDULES["freq2-merged"] = [*SCHEDULES["freq2"], "--merge-max-tokens", "4096"]
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +94,9 @@ def full_runs(databin, tmp_path_factory):
         ("freq2", "checkpoint_2_3.pt", (2, 2), False),  # --update-freq 2, one update into epoch 2
         # without the saved RNG states: dropout is seeded from (seed, update number), so the run is still exact
         ("freq2", "checkpoint_2_3.pt", (2, 2), True),
+        ("freq2-merged", "checkpoint_2_3.pt", (2, 2), False),
     ],
-    ids=["mid-epoch", "epoch-end", "update-freq-2", "no-saved-rng"],
+    ids=["mid-epoch", "epoch-end", "update-freq-2", "no-saved-rng", "merged-update"],
 )
 @pytest.mark.slow
 def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_from, at, drop_rng):
@@ -117,6 +121,12 @@ def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_
         b["model"]["encoder.layers.0.fc1.weight"], start["model"]["encoder.layers.0.fc1.weight"]
     )
     assert_same_state(a, b)
+    if schedule == "freq2-merged":  # the merge did change the run: one pass draws other dropout masks
+        plain = load_checkpoint_file(os.path.join(full_runs["freq2"], "checkpoint_last.pt"))
+        assert plain["extra_state"]["num_updates"] == b["extra_state"]["num_updates"]
+        assert not torch.equal(
+            plain["model"]["encoder.layers.0.fc1.weight"], b["model"]["encoder.layers.0.fc1.weight"]
+        )
 
 
 def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:

@@ -21,10 +21,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from seqtrain.criterions import LabelSmoothedCrossEntropyCriterion
 from seqtrain.criterions.projected_loss import (
     CPU_BUDGET_BYTES,
-    CUDA_BUDGET_BYTES_MIN,
+    CUDA_BUDGET_BYTES,
     bytes_per_logit,
+    chunk_budget_bytes,
     chunk_rows,
-    memory_budget,
     projected_nll_loss,
 )
 
@@ -149,21 +149,89 @@ def test_weight_gradient_accumulates_in_fp32_for_a_low_precision_weight():
     assert _rel(acc, exact_gw[7]) > 1e-2
 
 
-def test_chunk_rows_is_chosen_by_memory():
+def test_chunk_rows_is_chosen_by_the_budget():
     assert bytes_per_logit(torch.float32) == 4
     assert bytes_per_logit(torch.float16) == bytes_per_logit(torch.bfloat16) == 8
     # all rows when their logits fit: 1,000 rows x 50,265 x 8 B = 402 MB < 512 MiB
     assert chunk_rows(1000, V, 512 << 20, 8) == 1000
     # else as many as fit, in multiples of 64: 512 MiB / (50,265 x 8 B) = 1,335 -> 1,280
     assert chunk_rows(16_384, V, 512 << 20, 8) == 1280
-    assert chunk_rows(16_384, V, CUDA_BUDGET_BYTES_MIN, 8) >= 1000  # thousands of rows on CUDA
     assert chunk_rows(16_384, V, 40 * V * 8, 8) == 40  # below 64 rows: exact
     assert chunk_rows(10, V, 1, 8) == 1
     assert chunk_rows(0, V, 1 << 30, 8) == 1
     # the CPU's budget: 256 MiB, 667 bf16 rows -> 640, 1,335 fp32 rows -> 1,280
-    assert memory_budget(torch.device("cpu")) == CPU_BUDGET_BYTES == 256 << 20
+    assert chunk_budget_bytes(torch.device("cpu")) == CPU_BUDGET_BYTES == 256 << 20
     assert chunk_rows(16_384, V, CPU_BUDGET_BYTES, 8) == 640
     assert chunk_rows(16_384, V, CPU_BUDGET_BYTES, 4) == 1280
+    # CUDA's: 1 GiB, 2,670 bf16 rows -> 2,624 (thousands of rows a chunk)
+    assert chunk_budget_bytes(torch.device("cuda", 0)) == CUDA_BUDGET_BYTES == 1 << 30
+    assert chunk_rows(16_384, V, CUDA_BUDGET_BYTES, 8) == 2624
+    # --loss-chunk-mb replaces either
+    assert (
+        chunk_budget_bytes(torch.device("cpu"), 64)
+        == chunk_budget_bytes(torch.device("cuda"), 64)
+        == 64 << 20
+    )
+    assert chunk_rows(16_384, V, chunk_budget_bytes(torch.device("cpu"), 64), 4) == 320
+
+
+class _Rows(TorchDispatchMode):
+    """Counts the output projection's matrix products (one per chunk: N_chunk x C times C x V) and their rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func._schema.name in ("aten::mm", "aten::addmm") and out.dim() == 2 and out.size(-1) == V:
+            self.rows.append(out.size(0))
+        return out
+
+
+def test_chunking_is_a_function_of_shapes_not_of_free_memory(monkeypatch):
+    """No free-memory query decides the chunks (a resumed run, with other memory free, must chunk and sum as the
+    unbroken one): the device's memory counters are never read, and whatever they would say, the chunk sizes
+    follow from the row count, the vocabulary, the dtype and the budget alone."""
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the loss asked how much memory is free")
+
+    for name in ("mem_get_info", "memory_reserved", "memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, refuse)
+    hidden, weight, target = _inputs(n=700)
+    budget_mb = 100 * V * 4 / (1 << 20)  # 100 fp32 rows -> 64 a chunk
+    seen = []
+    for _ in range(2):
+        with _Rows() as mode:
+            projected_nll_loss(hidden.detach(), weight.detach(), target, EPS, budget_mb=budget_mb)
+        seen.append(mode.rows)
+    assert seen[0] == seen[1] == [64] * 10 + [60]
+    with _Rows() as mode:  # bf16 rows take twice the bytes: half the rows a chunk (the first multiple of 64)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            projected_nll_loss(hidden.detach(), weight.detach(), target, EPS, budget_mb=2 * budget_mb)
+    assert mode.rows == [64] * 10 + [60]
+
+
+def test_repeated_calls_are_bitwise_equal_in_several_chunks():
+    """The same inputs give the same loss and gradients bit for bit, call after call, also when the rows are
+    split into chunks (the weight gradient summed over 11 of them)."""
+    hidden, weight, target = _inputs(n=700)
+    budget_mb = 100 * V * 4 / (1 << 20)
+    results = []
+    for _ in range(3):
+        hidden.grad = weight.grad = None
+        loss, nll, _ = projected_nll_loss(hidden, weight, target, EPS, budget_mb=budget_mb)
+        loss.backward()
+        results.append((loss.detach(), nll, hidden.grad.clone(), weight.grad.clone()))
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            assert torch.equal(a, b)
+    # why it matters: all rows in one chunk sum the weight gradient in another order, and its bits differ
+    hidden.grad = weight.grad = None
+    projected_nll_loss(hidden, weight, target, EPS, rows=700)[0].backward()
+    assert not torch.equal(weight.grad, results[0][3])
+    assert _rel(weight.grad, results[0][3]) < 1e-5
 
 
 class _TiedToy(nn.Module):
@@ -247,3 +315,24 @@ def test_criterion_forward_backward_forces_no_sync_and_target_rows_agree(with_ro
     assert int(log["n_correct"]) == int(ref_log["n_correct"])
     for got, p in zip(grads, model.parameters(), strict=True):
         torch.testing.assert_close(got / SCALE, p.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_loss_chunk_mb_reaches_the_projected_loss(monkeypatch):
+    """--loss-chunk-mb (args.loss_chunk_mb) is the budget the criterion's projected loss chunks by."""
+    import argparse
+
+    import seqtrain.criterions.cross_entropy as ce
+
+    budgets = []
+    real = ce.projected_nll_loss
+
+    def spy(*args, **kwargs):
+        budgets.append(kwargs["budget_mb"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ce, "projected_nll_loss", spy)
+    for name in ("cross_entropy", "label_smoothed_cross_entropy"):
+        args = argparse.Namespace(criterion=name, label_smoothing=0.1, loss_chunk_mb=8.0)
+        crit = ce.CRITERIONS.get(name).from_args(args, 1)
+        crit(_TiedToy(), _toy_sample(True))
+    assert budgets == [8.0, 8.0]

@@ -210,3 +210,93 @@ def test_matches_fairseq_batch_on_fairseq_data(fairseq_tiny):
     assert torch.equal(b["net_input"]["src_lengths"], ref["src_lengths"])
     assert torch.equal(b["net_input"]["prev_output_tokens"], ref["prev_output_tokens"])
     assert torch.equal(b["target"], ref["target"])
+
+
+# -- merging an update's batches into one pass (--merge-max-tokens) -------------------------------------------
+
+
+def _random_pairs(n, seed):
+    """n pairs of random lengths (sources 2-12 tokens, targets 1-7), so batches differ in width."""
+    g = torch.Generator().manual_seed(seed)
+    src = [
+        torch.cat([torch.randint(4, 50, (int(k),), generator=g), T(EOS)]) for k in torch.randint(1, 12, (n,))
+    ]
+    tgt = [
+        torch.cat([torch.randint(4, 50, (int(k),), generator=g), T(EOS)]) for k in torch.randint(0, 7, (n,))
+    ]
+    return src, tgt
+
+
+def _assert_same_batch(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            _assert_same_batch(a[k], b[k])
+        elif torch.is_tensor(a[k]):
+            assert torch.equal(a[k], b[k]), k
+        else:
+            assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"left_pad_source": False, "left_pad_target": True},
+        {"prepend_bos": True, "pad_to_multiple": 8},
+        {"truncate_source": True, "max_source_positions": 6},
+    ],
+    ids=["fairseq", "other-sides", "bos-multiple-8", "truncated"],
+)
+def test_merged_batches_are_the_collater_of_all_their_examples(kw):
+    """Merging collated batches gives, tensor for tensor, what the collater makes of all their examples at
+    once: tokens on the dataset's padding sides, lengths, ids, ntokens, the packing layout, the target rows."""
+    src, tgt = _random_pairs(24, seed=3)
+    ds = make(src, tgt, **kw)
+    parts = [[0, 5, 9], list(range(10, 18)), [1, 2, 3, 4, 21]]
+    batches = [ds.collater([ds[i] for i in p]) for p in parts]
+    merged = ds.merge_batches(batches)
+    _assert_same_batch(merged, ds.collater([ds[i] for p in parts for i in p]))
+    assert merged["ntokens"] == sum(b["ntokens"] for b in batches)
+    assert merged["nsentences"] == 16
+    assert list(merged) == list(batches[0]) and list(merged["net_input"]) == list(batches[0]["net_input"])
+    _assert_same_batch(ds.merge_batches([batches[1], {}]), batches[1])  # one batch: itself
+
+
+def test_merge_plan_groups_consecutive_batches_within_the_token_budget():
+    from seqtrain.data.pair_dataset import merge_plan
+
+    # (rows, width): merged slots are all rows x the widest
+    shapes = [(10, 20), (10, 30), (4, 100), (2, 100), (40, 10)]
+    assert merge_plan(shapes, 600) == [[0, 1], [2, 3], [4]]  # 20 x 30; 6 x 100; 40 x 10
+    assert merge_plan(shapes, 599) == [[0], [1], [2], [3], [4]]  # one slot short of both pairs
+    assert merge_plan(shapes[1:], 4 * 100 + 10 * 100) == [[0, 1], [2], [3]]  # the narrow one pads up
+    assert merge_plan(shapes, 66 * 100) == [[0, 1, 2, 3, 4]]
+    assert merge_plan(shapes, 0) == [[0], [1], [2], [3], [4]]  # nothing fits: accumulation as before
+    assert merge_plan([], 100) == []
+
+
+def test_merge_update_leaves_single_and_empty_batches_alone():
+    src, tgt = _random_pairs(12, seed=4)
+    ds = make(src, tgt)
+    a, b = ds.collater([ds[i] for i in range(6)]), ds.collater([ds[i] for i in range(6, 12)])
+    merged = ds.merge_update([a, {}, b], max_tokens=10_000)
+    assert len(merged) == 1 and merged[0]["nsentences"] == 12  # the short shard's empty batch is left out
+    assert ds.merge_update([a, b], max_tokens=1) == [a, b]  # over the budget: accumulate
+    assert ds.merge_update([{}, {}], max_tokens=10_000) == [{}, {}]  # only filler: run as before
+    assert ds.merge_update([a], max_tokens=10_000) == [a]
+
+
+@pytest.mark.cuda
+def test_merged_batches_of_pinned_batches_are_pinned():
+    """The iterator pins batches when CUDA is there (copies to the device run asynchronously); a merged batch made
+    of them is pinned too, and holds the same values."""
+    from seqtrain.data.iterators import pinned
+
+    src, tgt = _random_pairs(12, seed=5)
+    ds = make(src, tgt)
+    a, b = (pinned(ds.collater([ds[i] for i in r])) for r in (range(6), range(6, 12)))
+    (merged,) = ds.merge_update([a, b], max_tokens=10_000)
+    for t in (merged["net_input"]["src_tokens"], merged["target"], merged["target_rows"]):
+        assert t.is_pinned()
+    _assert_same_batch(merged, ds.merge_batches([a, b]))

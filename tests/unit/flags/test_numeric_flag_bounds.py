@@ -44,6 +44,7 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
             "--validate-interval-updates",
             "--warmup-updates",
             "--ignore-prefix-size",
+            "--merge-max-tokens",
             "--stop-time-hours",
             "--keep-best-checkpoints",
             "--keep-interval-updates",
