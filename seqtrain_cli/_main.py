@@ -39,14 +39,25 @@ def os_error_line(e: OSError) -> str:
     return f"{text}; {remedy}" if remedy else text
 
 
+def _interrupt_main_soon() -> None:
+    # From another thread, a moment later: interrupt_main() called on the main thread itself would raise the
+    # KeyboardInterrupt inside this very hook, where Python prints it as "Exception ignored" and drops it.
+    timer = threading.Timer(0.01, _thread.interrupt_main)
+    timer.daemon = True
+    timer.start()
+
+
 def _interrupt_later(unraisable: object, hook: Callable[[object], None]) -> None:
     """sys.unraisablehook: a Ctrl-C that lands in a __del__ method or a dying thread cannot be raised there, and
     Python would print a traceback and drop it; deliver it to the main thread again instead (nothing happens
     once SIGINT is ignored, i.e. when the run is already ending after a signal)."""
-    if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
-        _thread.interrupt_main()
-    else:
-        hook(unraisable)
+    try:
+        if isinstance(getattr(unraisable, "exc_value", None), KeyboardInterrupt):
+            _interrupt_main_soon()
+        else:
+            hook(unraisable)
+    except KeyboardInterrupt:  # a further Ctrl-C landed inside this hook: deliver it the same way
+        _interrupt_main_soon()
 
 
 def _stopped_before_work(signum: int, frame: object) -> None:
