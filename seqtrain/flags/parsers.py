@@ -975,6 +975,21 @@ def get_score_parser() -> argparse.ArgumentParser:
     p.add_argument("--sys", required=True, metavar="HYP", help="hypotheses, one per line")
     p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
     p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print 95%% percentile-bootstrap confidence intervals of each ROUGE figure from N resamples "
+        "of the examples (0: off; 1000 is usual)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="OTHER",
+        help="paired bootstrap test of --sys against the hypotheses OTHER on the same --ref: the fraction of "
+        "resamples where --sys scores higher and a two-sided p-value (N from --bootstrap, else 1000)",
+    )
+    p.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the resampling (default: 1)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return add_negations(p)
 

@@ -33,6 +33,8 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
             ("--fp16-scale-tolerance", "no tolerance: halve the scale at the first overflow"),
         ]
     },
+    ("score", "--seed"): {"0": "seed 0 is a seed like any other"},
+    ("score", "--bootstrap"): {"0": "0 resamples: no intervals"},
     **{
         ("train", flag): _ZERO_OFF
         for flag in (
@@ -164,6 +166,8 @@ def test_legal_values_parse(tmp_path):
                 parsers.parse_train_args(argv)
             elif cli == "generate":
                 parsers.parse_generation_args(argv)
+            elif cli == "score":
+                parsers.get_score_parser().parse_args(argv)
             else:
                 parsers.get_preprocessing_parser().parse_args(argv)
 
