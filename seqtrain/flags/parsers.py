@@ -919,6 +919,22 @@ def get_convert_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow arbitrary unpickling of the input (may run code; only for trusted files)",
     )
+    g = p.add_argument_group(
+        "generation_config.json (--to hf)",
+        "the search transformers' generate() runs by default; each flag not given comes from the input (a "
+        "run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's "
+        "default",
+    )
+    g.add_argument("--beam", type=int, metavar="N", help="num_beams (default: 5)")
+    g.add_argument("--lenpen", type=float, metavar="X", help="length_penalty (default: 1.0)")
+    g.add_argument(
+        "--max-len-b",
+        type=int,
+        metavar="N",
+        help="at most N tokens before </s>: max_length N + 2, capped at the model's positions (default: 200)",
+    )
+    g.add_argument("--min-len", type=int, metavar="N", help="min_length N + 1 (default: 1)")
+    g.add_argument("--no-repeat-ngram-size", type=int, metavar="N", help="no_repeat_ngram_size (default: 0)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return add_negations(p)
 

@@ -133,6 +133,10 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 GRID = _grid()
+# seqtrain-convert's generation_config.json flags take what seqtrain-generate's take
+for _flag in ("--beam", "--lenpen", "--max-len-b", "--min-len", "--no-repeat-ngram-size"):
+    if ("generate", _flag) in LEGAL:
+        LEGAL[("convert", _flag)] = LEGAL[("generate", _flag)]
 # training-only flags that seqtrain-generate refuses by name have no values to check there
 LEGAL = {k: v for k, v in LEGAL.items() if not (k[0] == "generate" and k[1] in parsers.GENERATION_REFUSED)}
 
@@ -168,6 +172,8 @@ def test_legal_values_parse(tmp_path):
                 parsers.parse_generation_args(argv)
             elif cli == "score":
                 parsers.get_score_parser().parse_args(argv)
+            elif cli == "convert":
+                parsers.get_convert_parser().parse_args(argv)
             else:
                 parsers.get_preprocessing_parser().parse_args(argv)
 
