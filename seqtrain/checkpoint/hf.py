@@ -383,7 +383,7 @@ def export_hf(
         json.dump(gen, f, indent=2, sort_keys=True)
         f.write("\n")
     card = model_card(
-        lm, config, gen, tok, sources or dict.fromkeys(settings, "seqtrain-generate's defaults")
+        lm, config, gen, tok, sources or dict.fromkeys(settings, "seqtrain-generate's defaults"), folder
     )
     with atomic_write(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
         f.write(card)

@@ -274,7 +274,9 @@ def hf_generation_config(args: argparse.Namespace, d: Any, settings: dict[str, A
     }
 
 
-def model_card(lm: Any, config: dict, gen: dict, tok: dict, sources: dict[str, str]) -> str:
+def model_card(
+    lm: Any, config: dict, gen: dict, tok: dict, sources: dict[str, str], folder: str = "."
+) -> str:
     a = lm.args
     name = f"{config['encoder_layers']}+{config['decoder_layers']} layers, d_model {config['d_model']}"
     source = ("<s> " if getattr(a, "prepend_bos", False) else "") + "text </s>"
@@ -288,6 +290,8 @@ def model_card(lm: Any, config: dict, gen: dict, tok: dict, sources: dict[str, s
     settings = ", ".join(f"{k} {gen[k]}" for k in ("num_beams", "length_penalty", "max_length", "min_length"))
     settings += f", no_repeat_ngram_size {gen['no_repeat_ngram_size']}"
     where = sorted(set(sources.values()))
+    forced_bos = ", `<s>` first" if gen["forced_bos_token_id"] is not None else ""
+    here = os.path.basename(os.path.normpath(folder)) or "."
     return f"""---
 library_name: transformers
 pipeline_tag: summarization
@@ -302,18 +306,17 @@ trained or converted with seqtrain and written by `seqtrain-convert --to hf`.
 
 - Tokenizer: {tok_line}. Ids are the model's dictionary indices; a source is `{source}`.
 - Generation defaults (`generation_config.json`, from {", ".join(where)}): {settings}; the decoder starts with
-  `</s>`, `</s>` is forced last{", `<s>` first" if gen["forced_bos_token_id"] is not None else ""}, `<pad>` is
-  never generated.
+  `</s>`, `</s>` is forced last{forced_bos}, `<pad>` is never generated.
 
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")
-model = AutoModelForSeq2SeqLM.from_pretrained("THIS_FOLDER")
+tokenizer = AutoTokenizer.from_pretrained("{here}")
+model = AutoModelForSeq2SeqLM.from_pretrained("{here}")
 batch = tokenizer(["A text to summarize."], return_tensors="pt", padding=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
-With seqtrain: `seqtrain-generate --path THIS_FOLDER --input texts.txt` (the same defaults), or
-`seqtrain-convert THIS_FOLDER model.pt --to seqtrain`.
+With seqtrain: `seqtrain-generate --path {here} --input texts.txt` (the same defaults), or
+`seqtrain-convert {here} model.pt --to seqtrain`.
 """

@@ -5,9 +5,11 @@ tokenizer files."""
 
 import argparse
 import collections
+import contextlib
 import io
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -83,10 +85,10 @@ def tiny_checkpoint(path, d, tok, prepend_bos=False, seed=0):
     save_checkpoint_file(state, str(path))
 
 
-def seqtrain_summaries(path, tmp, *flags):
+def seqtrain_summaries(path, tmp, *flags, text=None):
     from seqtrain_cli.generate import generate_main
 
-    (tmp / "in.txt").write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    (tmp / "in.txt").write_text("\n".join([text] if text else TEXTS) + "\n", encoding="utf-8")
     out = io.StringIO()
     generate_main(["--path", str(path), "--input", str(tmp / "in.txt"), "--cpu", *flags], out=out)
     return out.getvalue().split("\n")[:-1]
@@ -174,6 +176,21 @@ def test_transformers_tokenizes_and_generates_as_seqtrain(exports, kind):
     )
     assert gen["forced_bos_token_id"] == (0 if bos else None) and gen["suppress_tokens"] == [1]
     hf_tok, hf = hf_summaries(folder)
+    # the model card names the settings, and its snippet runs as written next to the folder
+    card = (folder / "README.md").read_text(encoding="utf-8")
+    assert "num_beams 4, length_penalty 1.5, max_length 26, min_length 4, no_repeat_ngram_size 2" in card
+    code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    assert f'from_pretrained("{folder.name}")' in code
+    cwd = os.getcwd()
+    os.chdir(folder.parent)
+    try:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, "README.md", "exec"), {})
+    finally:
+        os.chdir(cwd)
+    summary = seqtrain_summaries(ckpt, tmp, *GEN, text="A text to summarize.")
+    assert printed.getvalue().startswith("['") and (bos or printed.getvalue() == repr(summary) + "\n")
     # token ids: the dictionary's indices, <s> first only for the --prepend-bos model, </s> last
     want = seqtrain_ids(ckpt, TEXTS)
     assert [hf_tok(t)["input_ids"] for t in TEXTS] == want
