@@ -31,6 +31,7 @@ OFF_OR_COUNT = Bounds(0, INT_MAX, off=-1)
 BOUNDS: dict[str, Bounds] = {
     # common, logging, distributed
     "seed": Bounds(0, 2**32 - 1),
+    "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
     "log_interval": POSITIVE_INT,
     "peak_flops": Bounds(0, 1e21, lo_open=True),
     "distributed_world_size": Bounds(1, 65536),

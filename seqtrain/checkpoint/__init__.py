@@ -3,6 +3,7 @@
     native.py    seqtrain's own format (what training saves; resumes bitwise)
     fairseq.py   fairseq's model.pt / checkpoint*.pt, with the dict.txt beside it
     hf.py        Hugging Face BART folders (config.json + safetensors or pytorch_model.bin)
+    hf_files.py  the rest of an export transformers loads whole: tokenizer files, generation_config.json, README.md
     files.py     the file itself: atomic save, the safe reader (weights_only + allowlist, CRC, mmap)
     checks.py    what a checkpoint claims, checked against what it holds, before a model is built
     formats.py   which format a path is, `read_checkpoint` for any of them, `EXPORTERS` for each

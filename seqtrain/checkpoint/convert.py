@@ -8,14 +8,19 @@ seqtrain-convert checkpoints/checkpoint_best.pt export/model.pt --to fairseq
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import shlex
+from typing import Any
 
 from seqtrain.checkpoint.fairseq import export_fairseq
 from seqtrain.checkpoint.formats import EXPORTERS, read_checkpoint
+from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
 from seqtrain.checkpoint.load import LoadedModel, build_from_contents
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import check_value
 from seqtrain.logging import setup_logging
 from seqtrain.models.lora import merge_lora
 
@@ -57,6 +62,27 @@ def convert(args: argparse.Namespace) -> None:
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
     if args.to == "fairseq":  # carries the update count and data position over into optimizer_history
         export_fairseq(lm, args.output, source=ck.state)
+    elif args.to == "hf":
+        settings, sources = export_generation_settings(args, ck)
+        if settings.get("max_len_a"):
+            logger.warning(
+                f"max_len_a {settings['max_len_a']} has no transformers equivalent: generation_config.json's "
+                "max_length comes from max_len_b alone"
+            )
+        tok = export_hf(lm, args.output, settings, sources)
+        logger.info(
+            f"{args.output}: generation_config.json from "
+            + "; ".join(f"{k} {settings[k]} ({sources[k]})" for k in GENERATION_DEFAULTS)
+        )
+        if not tok:
+            logger.warning(
+                f"{args.input}: no gpt2 or sentencepiece tokenizer with it: no tokenizer files written"
+            )
+        elif tok["missing"]:
+            logger.warning(
+                f"{args.input}: {tok['missing']} tokens of the {tok['kind']} tokenizer are not in the dictionary; "
+                "text using them tokenizes differently in transformers (seqtrain: <unk>)"
+            )
     else:
         EXPORTERS[args.to](lm, args.output)
     n = sum(p.numel() for p in model.parameters())
@@ -64,3 +90,53 @@ def convert(args: argparse.Namespace) -> None:
         f"wrote {args.output} ({args.to}, from {ck.format}; arch {ck.args.arch}, {n:,} parameters, "
         f"vocabulary {len(ck.tgt_dict)})"
     )
+
+
+def _run_generation_args(text: Any, where: str) -> dict[str, Any]:
+    """The export's settings among a training run's --eval-rouge-args (JSON object or flags)."""
+    if not isinstance(text, str) or not text.strip():
+        return {}
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict):
+        return {k: v for k, v in obj.items() if k in GENERATION_DEFAULTS}
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for k, v in GENERATION_DEFAULTS.items():
+        p.add_argument("--" + k.replace("_", "-"), type=type(v), default=None)
+    try:
+        known, _ = p.parse_known_args(shlex.split(text))
+    except (ValueError, SystemExit):
+        raise SeqtrainError(f"{where}: eval_rouge_args {text!r} cannot be read") from None
+    return {k: v for k, v in vars(known).items() if v is not None}
+
+
+def export_generation_settings(args: argparse.Namespace, ck: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The generation settings a Hugging Face export records, and where each came from: the convert flag given
+    (--beam, --lenpen, --max-len-b, --min-len, --no-repeat-ngram-size), else the input's own (a seqtrain or
+    fairseq run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's
+    defaults."""
+    own: dict[str, Any] = {}
+    origin = ""
+    if ck.format == "hf":
+        found, _, path = read_generation_config(ck.path)
+        own = {k: v for k, v in found.items() if k in GENERATION_DEFAULTS}
+        origin = os.path.basename(path)
+    elif getattr(ck.args, "eval_rouge", False) or getattr(ck.args, "eval_rouge_args", None):
+        own = _run_generation_args(getattr(ck.args, "eval_rouge_args", None), ck.path)
+        origin = "the run's --eval-rouge-args"
+    settings, sources = {}, {}
+    for k, default in GENERATION_DEFAULTS.items():
+        given = getattr(args, k, None)
+        if given is not None:
+            settings[k], sources[k] = given, "--" + k.replace("_", "-")
+        elif k in own:
+            try:
+                check_value(k, own[k])
+            except argparse.ArgumentTypeError as e:
+                raise SeqtrainError(f"{ck.path}: {origin}: {k} {own[k]!r} ({e})") from None
+            settings[k], sources[k] = type(default)(own[k]), origin
+        else:
+            settings[k], sources[k] = default, "seqtrain-generate's defaults"
+    return settings, sources

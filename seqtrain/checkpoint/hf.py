@@ -16,6 +16,14 @@ from safetensors.torch import save as st_save
 
 import seqtrain.models.bart  # noqa: F401  (registers the bart_* archs in ARCHS)
 from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file, verify_checksums
+from seqtrain.checkpoint.hf_files import (
+    GENERATION_DEFAULTS,
+    export_tokenizer,
+    hf_generation_config,
+    model_card,
+    read_spm_tokenizer,
+    tokenizer_prepends_bos,
+)
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.data.tokenizer import GPT2BPETokenizer
 from seqtrain.errors import SeqtrainError
@@ -298,6 +306,9 @@ def read_hf(folder: str) -> CheckpointContents:
     ck.model = hf_state_to_seqtrain(state, weights_path, ck.notes)
     ck.src_dict, ck.tokenizer = _hf_dictionary(folder, ck.model["encoder.embed_tokens.weight"].shape[0])
     ck.tgt_dict = ck.src_dict
+    bos_first = tokenizer_prepends_bos(folder)
+    if bos_first is not None:  # a tokenizer.json says what a source looks like (seqtrain's exports do)
+        ck.args.prepend_bos = bos_first
     return ck
 
 
@@ -330,6 +341,9 @@ def _hf_dictionary(folder: str, rows: int) -> tuple[Any, dict | None]:
     the BPE files its symbols are the ids as decimal strings (fairseq's GPT-2 convention, with HF's vocab.json
     as the id table), so seqtrain's gpt2 tokenizer built from vocab.json + merges.txt encodes text to these
     indices."""
+    names, spm_spec = read_spm_tokenizer(folder)  # a sentencepiece export of seqtrain's: spm.model beside it
+    if names is not None:
+        return placeholder_dictionary(rows, names), spm_spec
     vocab, merges = _hf_bpe_files(folder)
     if not vocab:
         return placeholder_dictionary(rows), None
@@ -346,9 +360,14 @@ def _hf_dictionary(folder: str, rows: int) -> tuple[Any, dict | None]:
     return placeholder_dictionary(rows, names), spec
 
 
-def export_hf(lm: Any, folder: str) -> None:
-    """A Hugging Face folder (config.json + model.safetensors) of a `seqtrain.checkpoint.load.LoadedModel`, that
-    transformers.BartForConditionalGeneration.from_pretrained loads."""
+def export_hf(
+    lm: Any, folder: str, generation: dict[str, Any] | None = None, sources: dict | None = None
+) -> dict:
+    """A Hugging Face folder of a `seqtrain.checkpoint.load.LoadedModel` that transformers loads whole:
+    config.json + model.safetensors (BartForConditionalGeneration), the tokenizer files (AutoTokenizer, for
+    gpt2 and sentencepiece models), generation_config.json from `generation` (seqtrain generation settings,
+    GENERATION_DEFAULTS where absent; `sources` names where each came from, for the model card) and README.md.
+    Returns what export_tokenizer did."""
     if not getattr(lm.args, "share_all_embeddings", True):
         raise SeqtrainError(
             "Hugging Face BART shares one embedding; this model has --no-share-all-embeddings"
@@ -358,6 +377,8 @@ def export_hf(lm: Any, folder: str) -> None:
     d = lm.src_dict
     ids = dict(pad=d.pad(), bos=d.bos(), eos=d.eos()) if d is not None else {}
     config = args_to_hf_config(lm.args, vocab, **ids)
+    settings = {**GENERATION_DEFAULTS, **(generation or {})}
+    gen = hf_generation_config(lm.args, d, settings)
     os.makedirs(folder, exist_ok=True)
     blob = st_save(seqtrain_state_to_hf(state), metadata={"format": "pt"})
     with atomic_write(os.path.join(folder, "model.safetensors"), "wb") as f:
@@ -365,6 +386,25 @@ def export_hf(lm: Any, folder: str) -> None:
     with atomic_write(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
+    spec = lm.tokenizer_spec or (lm.tokenizer.spec() if lm.tokenizer is not None else None)
+    tok = {}
+    if d is not None and len(d) == vocab:
+        tok = export_tokenizer(
+            folder,
+            spec,
+            d,
+            bool(getattr(lm.args, "prepend_bos", False)),
+            int(getattr(lm.args, "max_source_positions", 1024)),
+        )
+    with atomic_write(os.path.join(folder, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump(gen, f, indent=2, sort_keys=True)
+        f.write("\n")
+    card = model_card(
+        lm, config, gen, tok, sources or dict.fromkeys(settings, "seqtrain-generate's defaults"), folder
+    )
+    with atomic_write(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+        f.write(card)
+    return tok
 
 
 # generation_config.json key -> (seqtrain generation flag, value conversion). HF lengths count the decoder start

@@ -957,6 +957,22 @@ def get_convert_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=_RESIZE_VOCAB_HELP,
     )
+    g = p.add_argument_group(
+        "generation_config.json (--to hf)",
+        "the search transformers' generate() runs by default; each flag not given comes from the input (a "
+        "run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's "
+        "default",
+    )
+    g.add_argument("--beam", type=int, metavar="N", help="num_beams (default: 5)")
+    g.add_argument("--lenpen", type=float, metavar="X", help="length_penalty (default: 1.0)")
+    g.add_argument(
+        "--max-len-b",
+        type=int,
+        metavar="N",
+        help="at most N tokens before </s>: max_length N + 2, capped at the model's positions (default: 200)",
+    )
+    g.add_argument("--min-len", type=int, metavar="N", help="min_length N + 1 (default: 1)")
+    g.add_argument("--no-repeat-ngram-size", type=int, metavar="N", help="no_repeat_ngram_size (default: 0)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     return add_negations(p)
 
@@ -1013,6 +1029,21 @@ def get_score_parser() -> argparse.ArgumentParser:
     p.add_argument("--sys", required=True, metavar="HYP", help="hypotheses, one per line")
     p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
     p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also print 95%% percentile-bootstrap confidence intervals of each ROUGE figure from N resamples "
+        "of the examples (0: off; 1000 is usual)",
+    )
+    p.add_argument(
+        "--compare",
+        metavar="OTHER",
+        help="paired bootstrap test of --sys against the hypotheses OTHER on the same --ref: the fraction of "
+        "resamples where --sys scores higher and a two-sided p-value (N from --bootstrap, else 1000)",
+    )
+    p.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the resampling (default: 1)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return add_negations(p)
 

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from rouge_score import rouge_scorer
 
 from seqtrain.errors import SeqtrainError, Stopped
@@ -68,9 +69,9 @@ def check_lengths(lines: Sequence[str], name: str, line_names: bool = True) -> N
                 )
 
 
-def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """Mean F1 x 100 of each ROUGE type over aligned (hypothesis, reference) pairs; also "n" = pair count.
-    A line of more than MAX_WORDS words is refused before any is scored."""
+def example_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, list[float]]:
+    """F1 x 100 of each ROUGE type for each aligned (hypothesis, reference) pair, in order. A line of more than
+    MAX_WORDS words is refused before any is scored."""
     if len(hypotheses) != len(references):
         raise SeqtrainError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
@@ -78,15 +79,25 @@ def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> dict[st
     check_lengths(hypotheses, "hypothesis", line_names=False)
     check_lengths(references, "reference", line_names=False)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
-    totals = dict.fromkeys(ROUGE_TYPES, 0.0)
+    out: dict[str, list[float]] = {key: [] for key in ROUGE_TYPES}
     for hyp, ref in zip(hypotheses, references):
         scores = scorer.score(_prepare(ref), _prepare(hyp))  # rouge-score's order: (target, prediction)
         for key in ROUGE_TYPES:
-            totals[key] += scores[key].fmeasure
-    n = len(hypotheses)
-    out: dict[str, float] = {key: 100.0 * totals[key] / n for key in ROUGE_TYPES}
+            out[key].append(100.0 * scores[key].fmeasure)
+    return out
+
+
+def _means(per: dict[str, list[float]]) -> dict[str, float]:
+    n = len(per[ROUGE_TYPES[0]])
+    out: dict[str, float] = {key: sum(per[key]) / n for key in ROUGE_TYPES}
     out["n"] = n
     return out
+
+
+def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
+    """Mean F1 x 100 of each ROUGE type over aligned (hypothesis, reference) pairs; also "n" = pair count.
+    A line of more than MAX_WORDS words is refused before any is scored."""
+    return _means(example_scores(hypotheses, references))
 
 
 def _read_lines(path: str) -> list[str]:
@@ -103,8 +114,7 @@ def _read_lines(path: str) -> list[str]:
     return [line.rstrip("\r") for line in text.split("\n")] if text else []
 
 
-def score_files(sys_path: str, ref_path: str) -> dict[str, float]:
-    """Score a hypothesis file against a reference file, line by line."""
+def _read_pair(sys_path: str, ref_path: str) -> tuple[list[str], list[str]]:
     hyps, refs = _read_lines(sys_path), _read_lines(ref_path)
     if len(hyps) != len(refs):
         raise SeqtrainError(
@@ -114,7 +124,69 @@ def score_files(sys_path: str, ref_path: str) -> dict[str, float]:
         raise SeqtrainError(f"nothing to score: {sys_path} is empty")
     check_lengths(hyps, sys_path)
     check_lengths(refs, ref_path)
-    return score_pairs(hyps, refs)
+    return hyps, refs
+
+
+def score_files(sys_path: str, ref_path: str) -> dict[str, float]:
+    """Score a hypothesis file against a reference file, line by line."""
+    return score_pairs(*_read_pair(sys_path, ref_path))
+
+
+# Bootstrap resampling over examples (Efron's percentile bootstrap; Koehn 2004's paired test). Every resample
+# draws n example indices with replacement from numpy's default_rng(seed), so a seed gives the same figures.
+CONFIDENCE = 0.95
+
+
+def _resamples(n: int, n_resamples: int, seed: int) -> Iterator[Any]:
+    rng = np.random.default_rng(seed)
+    for _ in range(n_resamples):
+        yield rng.integers(0, n, size=n)
+
+
+def bootstrap_intervals(
+    per: dict[str, list[float]], n_resamples: int, seed: int = 1
+) -> dict[str, tuple[float, float]]:
+    """95% percentile-bootstrap interval of each ROUGE mean: the 2.5th and 97.5th percentiles (numpy's linear
+    interpolation) of the means of `n_resamples` resamples of the examples, drawn with replacement."""
+    if n_resamples < 1:
+        raise SeqtrainError(f"--bootstrap {n_resamples}: needs at least 1 resample")
+    table = np.array([per[key] for key in ROUGE_TYPES], dtype=np.float64)  # types x examples
+    means = np.array([table[:, idx].mean(axis=1) for idx in _resamples(table.shape[1], n_resamples, seed)])
+    tail = 100.0 * (1.0 - CONFIDENCE) / 2.0
+    lo, hi = np.percentile(means, [tail, 100.0 - tail], axis=0)
+    return {key: (float(lo[i]), float(hi[i])) for i, key in enumerate(ROUGE_TYPES)}
+
+
+def paired_bootstrap(
+    per_a: dict[str, list[float]], per_b: dict[str, list[float]], n_resamples: int, seed: int = 1
+) -> dict[str, dict[str, float]]:
+    """Paired bootstrap test of system A against system B on the same references (Koehn 2004): each resample
+    draws the same example indices for both systems. Per ROUGE type: delta (A's mean - B's, on all examples),
+    a_wins (the fraction of resamples where A's mean is above B's), ties (equal), and the two-sided p-value
+    2 * min(fraction delta* <= 0, fraction delta* >= 0), at most 1 (identical systems: p = 1; A above B in
+    every resample: p = 0, that is below 1 / n_resamples)."""
+    if n_resamples < 1:
+        raise SeqtrainError(f"--bootstrap {n_resamples}: needs at least 1 resample")
+    a = np.array([per_a[key] for key in ROUGE_TYPES], dtype=np.float64)
+    b = np.array([per_b[key] for key in ROUGE_TYPES], dtype=np.float64)
+    if a.shape != b.shape:
+        raise SeqtrainError(f"{a.shape[1]} examples in system A but {b.shape[1]} in system B")
+    diff = a - b
+    deltas = np.array([diff[:, idx].mean(axis=1) for idx in _resamples(diff.shape[1], n_resamples, seed)])
+    # differences of a few ulps are rounding, not a win: identical per-example scores give exactly 0 here
+    wins = (deltas > 0).mean(axis=0)
+    ties = (deltas == 0).mean(axis=0)
+    losses = (deltas < 0).mean(axis=0)
+    out: dict[str, dict[str, float]] = {}
+    for i, key in enumerate(ROUGE_TYPES):
+        p = min(1.0, 2.0 * min(wins[i] + ties[i], losses[i] + ties[i]))
+        out[key] = {
+            "delta": float(diff[i].mean()),
+            "a_wins": float(wins[i]),
+            "ties": float(ties[i]),
+            "p_value": float(p),
+        }
+    return out
 
 
 def format_summary(scores: dict[str, float]) -> str:
@@ -125,7 +197,24 @@ def format_summary(scores: dict[str, float]) -> str:
     return " | ".join(parts)
 
 
-def write_json(scores: dict[str, float], path: str, **extra: object) -> None:
+def format_intervals(intervals: dict[str, tuple[float, float]], n_resamples: int, seed: int) -> str:
+    """One line, e.g. '95% CI (bootstrap 1000, seed 1): ROUGE-1 43.10-45.02 | ROUGE-2 ...'."""
+    parts = [f"{_LABELS[k]} {lo:.2f}-{hi:.2f}" for k, (lo, hi) in intervals.items()]
+    return f"{100 * CONFIDENCE:.0f}% CI (bootstrap {n_resamples}, seed {seed}): " + " | ".join(parts)
+
+
+def format_comparison(test: dict[str, dict[str, float]], other: str, n_resamples: int, seed: int) -> str:
+    """One line per ROUGE type: A - B, the fraction of resamples A wins, the two-sided p-value."""
+    lines = [f"paired bootstrap against {other} ({n_resamples} resamples, seed {seed}):"]
+    for k, t in test.items():
+        lines.append(
+            f"  {_LABELS[k]}: A-B {t['delta']:+.2f} | A better in {t['a_wins']:.3f} of resamples | "
+            f"p {t['p_value']:.4f}"
+        )
+    return "\n".join(lines)
+
+
+def write_json(scores: dict[str, Any], path: str, **extra: object) -> None:
     """Write the scores (plus any extra fields, e.g. file names) as JSON, atomically."""
     with atomic_write(path, "w", encoding="utf-8") as f:
         json.dump({**extra, **scores}, f, indent=2, sort_keys=True)
@@ -135,7 +224,13 @@ def write_json(scores: dict[str, float], path: str, **extra: object) -> None:
 __all__ = [
     "MAX_WORDS",
     "ROUGE_TYPES",
+    "CONFIDENCE",
+    "bootstrap_intervals",
     "check_lengths",
+    "example_scores",
+    "format_comparison",
+    "format_intervals",
+    "paired_bootstrap",
     "split_sentences",
     "score_pairs",
     "score_files",
@@ -163,12 +258,33 @@ def _stoppable() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def score(args: Any) -> dict[str, float]:
-    """seqtrain-score: print ROUGE of --sys against --ref (and write --json); returns the scores. SIGTERM while
-    scoring: seqtrain.errors.Stopped (143), nothing written."""
+def score(args: Any) -> dict[str, Any]:
+    """seqtrain-score: print ROUGE of --sys against --ref (and write --json); with --bootstrap N the 95%
+    intervals, with --compare OTHER the paired bootstrap test of --sys against OTHER; returns what --json
+    holds. SIGTERM while scoring: seqtrain.errors.Stopped (143), nothing written."""
+    n_boot = getattr(args, "bootstrap", 0) or 0
+    other = getattr(args, "compare", None)
+    seed = getattr(args, "seed", 1)
+    if other and not n_boot:
+        n_boot = 1000
     with _stoppable():
-        scores = score_files(args.sys, args.ref)
-    print(format_summary(scores))
+        hyps, refs = _read_pair(args.sys, args.ref)
+        per = example_scores(hyps, refs)
+        out: dict[str, Any] = _means(per)
+        if n_boot:
+            intervals = bootstrap_intervals(per, n_boot, seed)
+            out.update(bootstrap=n_boot, seed=seed, ci={k: list(v) for k, v in intervals.items()})
+        if other:
+            hyps_b, _ = _read_pair(other, args.ref)
+            per_b = example_scores(hyps_b, refs)
+            test = paired_bootstrap(per, per_b, n_boot, seed)
+            out["compare"] = {"sys": other, "scores": _means(per_b), "test": test}
+    print(format_summary(out))
+    if n_boot:
+        print(format_intervals(intervals, n_boot, seed))
+    if other:
+        print(f"{other}: {format_summary(out['compare']['scores'])}")
+        print(format_comparison(test, other, n_boot, seed))
     if args.json:
-        write_json(scores, args.json, sys=args.sys, ref=args.ref)
-    return scores
+        write_json(out, args.json, sys=args.sys, ref=args.ref)
+    return out

@@ -61,7 +61,21 @@ def test_to_hf_loads_in_transformers_with_same_logits(tmp_path, fairseq_ckpt):
     # no --dict and none needed: a folder without dict.txt
     os.rename(ckpt.parent / "dict.txt", tmp_path / "elsewhere.txt")
     assert convert(str(ckpt), str(out), "--to", "hf") == 0
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    # no tokenizer with this checkpoint (its symbols are w0, w1, ...): no tokenizer files
+    assert sorted(os.listdir(out)) == [
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    gen = json.loads((out / "generation_config.json").read_text())  # seqtrain-generate's defaults
+    assert (gen["num_beams"], gen["length_penalty"], gen["min_length"], gen["no_repeat_ngram_size"]) == (
+        5,
+        1.0,
+        2,
+        0,
+    )
+    assert gen["max_length"] == min(200, model.decoder.max_target_positions - 1) + 2
     config = json.loads((out / "config.json").read_text())
     assert (
         config["model_type"],
@@ -167,3 +181,53 @@ def test_unsafe_load_flag(tmp_path, fairseq_ckpt, capsys):
     assert "--unsafe-load" in capsys.readouterr().err and not os.path.exists(marker)
     assert convert(str(ckpt), str(tmp_path / "x.pt"), "--to", "seqtrain", "--unsafe-load") == 0
     assert os.path.isdir(marker) and load_checkpoint_file(str(tmp_path / "x.pt"))["format"] == "seqtrain"
+
+
+def test_to_hf_generation_settings_from_flags_the_run_or_defaults(tmp_path, fairseq_ckpt, caplog, capsys):
+    """generation_config.json: a convert flag given wins, then the run's --eval-rouge-args (JSON or flags), then
+    seqtrain-generate's defaults; a Hugging Face input passes its own on; the log says where each came from."""
+    ckpt, model, d = fairseq_ckpt
+    st = tmp_path / "st.pt"
+    assert convert(str(ckpt), str(st), "--to", "seqtrain") == 0
+    raw = load_checkpoint_file(str(st))
+
+    def export(run_args, *flags):
+        raw["args"]["eval_rouge"] = True
+        raw["args"]["eval_rouge_args"] = run_args
+        save_checkpoint_file(raw, str(st))
+        out = tmp_path / f"hf{len(os.listdir(tmp_path))}"
+        with caplog.at_level("INFO"):
+            assert convert(str(st), str(out), "--to", "hf", *flags) == 0
+        return out, json.loads((out / "generation_config.json").read_text())
+
+    def key(g):
+        return (
+            g["num_beams"],
+            g["length_penalty"],
+            g["max_length"],
+            g["min_length"],
+            g["no_repeat_ngram_size"],
+        )
+
+    out, gen = export('{"beam": 3, "max_len_b": 30, "no_repeat_ngram_size": 3, "sampling": false}')
+    assert key(gen) == (3, 1.0, 32, 2, 3)
+    line = next(r.getMessage() for r in caplog.records if "generation_config.json from" in r.getMessage())
+    assert (
+        "beam 3 (the run's --eval-rouge-args)" in line and "lenpen 1.0 (seqtrain-generate's defaults)" in line
+    )
+    cap = min(200, model.decoder.max_target_positions - 1) + 2  # max-len-b 200, capped at the positions
+    assert key(export("--beam 2 --lenpen 2.0 --min-len 4", "--beam", "6")[1]) == (6, 2.0, cap, 5, 0)
+    # a Hugging Face input's generation_config.json carries over (read back as seqtrain flags, written again)
+    again = tmp_path / "again"
+    assert convert(str(out), str(again), "--to", "hf") == 0
+    assert key(json.loads((again / "generation_config.json").read_text())) == (3, 1.0, 32, 2, 3)
+    # a value out of the command line's range is one line naming the run's setting
+    raw["args"]["eval_rouge_args"] = '{"beam": 0}'
+    save_checkpoint_file(raw, str(st))
+    with pytest.raises(SystemExit) as e:
+        cli_main([str(st), str(tmp_path / "bad"), "--to", "hf"])
+    assert e.value.code == 1 and not (tmp_path / "bad").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"seqtrain-convert: error: {st}: the run's --eval-rouge-args: beam 0"
+    )

@@ -33,6 +33,8 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
             ("--fp16-scale-tolerance", "no tolerance: halve the scale at the first overflow"),
         ]
     },
+    ("score", "--seed"): {"0": "seed 0 is a seed like any other"},
+    ("score", "--bootstrap"): {"0": "0 resamples: no intervals"},
     **{
         ("train", flag): _ZERO_OFF
         for flag in (
@@ -132,6 +134,10 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
 
 
 GRID = _grid()
+# seqtrain-convert's generation_config.json flags take what seqtrain-generate's take
+for _flag in ("--beam", "--lenpen", "--max-len-b", "--min-len", "--no-repeat-ngram-size"):
+    if ("generate", _flag) in LEGAL:
+        LEGAL[("convert", _flag)] = LEGAL[("generate", _flag)]
 # training-only flags that seqtrain-generate refuses by name have no values to check there
 LEGAL = {k: v for k, v in LEGAL.items() if not (k[0] == "generate" and k[1] in parsers.GENERATION_REFUSED)}
 
@@ -165,6 +171,10 @@ def test_legal_values_parse(tmp_path):
                 parsers.parse_train_args(argv)
             elif cli == "generate":
                 parsers.parse_generation_args(argv)
+            elif cli == "score":
+                parsers.get_score_parser().parse_args(argv)
+            elif cli == "convert":
+                parsers.get_convert_parser().parse_args(argv)
             else:
                 parsers.get_preprocessing_parser().parse_args(argv)
 

@@ -146,7 +146,7 @@ def test_sigterm_while_scoring_is_one_line_and_143(tmp_path, monkeypatch, capsys
         raise AssertionError("SIGTERM did not stop scoring")
 
     (tmp_path / "h.txt").write_text("a b\n")
-    monkeypatch.setattr(rouge, "score_pairs", terminated)
+    monkeypatch.setattr(rouge, "example_scores", terminated)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(SystemExit) as e:
         score_cli.cli_main(["--sys", str(tmp_path / "h.txt"), "--ref", str(tmp_path / "h.txt"), "--json",
