@@ -21,42 +21,17 @@ from __future__ import annotations
 
 import argparse
 import platform
-import subprocess
 import time
 
 import numpy as np
 import torch
+from bench_packing import (  # (scripts/bench/bench_packing.py, beside this one)
+    git_commit,
+    make_dataset,
+    small_bart,
+)
 
-from seqtrain.criterions import LabelSmoothedCrossEntropyCriterion
 from seqtrain.data.pair_dataset import LanguagePairDataset, padded_shape
-from seqtrain.models.bart import BartConfig, BARTModel
-
-
-class _Dict:
-    def __init__(self, size: int):
-        self.size = size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def bos(self) -> int:
-        return 0
-
-    def pad(self) -> int:
-        return 1
-
-    def eos(self) -> int:
-        return 2
-
-
-def make_dataset(n: int, vocab: int, seed: int) -> LanguagePairDataset:
-    r = np.random.RandomState(seed)
-    src_len = np.clip(r.lognormal(5.0, 0.6, n), 40, 400).astype(int)
-    tgt_len = np.clip((src_len / 8 * r.uniform(0.5, 1.5, n)), 8, 64).astype(int)
-    src = [torch.from_numpy(np.append(r.randint(4, vocab, k - 1), 2)) for k in src_len]
-    tgt = [torch.from_numpy(np.append(r.randint(4, vocab, k - 1), 2)) for k in tgt_len]
-    d = _Dict(vocab)
-    return LanguagePairDataset(src, src_len, d, tgt, tgt_len, d, shuffle=True)
 
 
 def bucketed_batches(ds: LanguagePairDataset, max_tokens: int, seed: int) -> list[list[int]]:
@@ -113,30 +88,12 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    cfg = BartConfig(
-        vocab_size=a.vocab,
-        encoder_layers=a.layers,
-        decoder_layers=a.layers,
-        encoder_embed_dim=a.dim,
-        decoder_embed_dim=a.dim,
-        encoder_ffn_embed_dim=a.ffn,
-        decoder_ffn_embed_dim=a.ffn,
-        encoder_attention_heads=a.heads,
-        decoder_attention_heads=a.heads,
-        dropout=0.0,
-    )
-    model = BARTModel(cfg).train()
-    criterion = LabelSmoothedCrossEntropyCriterion(1, label_smoothing=0.1)
-    ds = make_dataset(4000, a.vocab, a.seed)
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout
-    except OSError:
-        commit = "?"
+    model, criterion = small_bart(a)
+    ds = make_dataset(4000, a.vocab, a.seed, shuffle=True)
+    commit = git_commit()
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')} | {platform.processor() or platform.machine()}, {a.threads} threads"
-        f" | torch {torch.__version__} | commit {commit.strip()} | d={a.dim} ffn={a.ffn} heads={a.heads}"
+        f" | torch {torch.__version__} | commit {commit} | d={a.dim} ffn={a.ffn} heads={a.heads}"
         f" layers={a.layers}+{a.layers} V={a.vocab} | {a.updates} updates x {a.repeats} rounds"
     )
     print(

@@ -49,14 +49,15 @@ class _Dict:
         return 2
 
 
-def make_dataset(n: int, vocab: int, seed: int) -> LanguagePairDataset:
+def make_dataset(n: int, vocab: int, seed: int, shuffle: bool = False) -> LanguagePairDataset:
+    """`n` random pairs of lognormal source lengths (40-400) and targets about an eighth as long."""
     r = np.random.RandomState(seed)
     src_len = np.clip(r.lognormal(5.0, 0.6, n), 40, 400).astype(int)
     tgt_len = np.clip((src_len / 8 * r.uniform(0.5, 1.5, n)), 8, 64).astype(int)
     src = [torch.from_numpy(np.append(r.randint(4, vocab, k - 1), 2)) for k in src_len]
     tgt = [torch.from_numpy(np.append(r.randint(4, vocab, k - 1), 2)) for k in tgt_len]
     d = _Dict(vocab)
-    return LanguagePairDataset(src, src_len, d, tgt, tgt_len, d, shuffle=False)
+    return LanguagePairDataset(src, src_len, d, tgt, tgt_len, d, shuffle=shuffle)
 
 
 def make_batches(ds: LanguagePairDataset, order: np.ndarray, max_tokens: int) -> list[list[int]]:
@@ -102,6 +103,33 @@ def time_step(model, criterion, sample: dict) -> float:
     return time.perf_counter() - start
 
 
+def small_bart(a: argparse.Namespace) -> tuple[BARTModel, LabelSmoothedCrossEntropyCriterion]:
+    """A BART of the flags' width and depth (--vocab --layers --dim --ffn --heads), dropout off, in training
+    mode, and label-smoothed cross-entropy; also used by bench_merge_update.py."""
+    cfg = BartConfig(
+        vocab_size=a.vocab,
+        encoder_layers=a.layers,
+        decoder_layers=a.layers,
+        encoder_embed_dim=a.dim,
+        decoder_embed_dim=a.dim,
+        encoder_ffn_embed_dim=a.ffn,
+        decoder_ffn_embed_dim=a.ffn,
+        encoder_attention_heads=a.heads,
+        decoder_attention_heads=a.heads,
+        dropout=0.0,
+    )
+    return BARTModel(cfg).train(), LabelSmoothedCrossEntropyCriterion(1, label_smoothing=0.1)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return "?"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dim", type=int, default=768)
@@ -127,30 +155,12 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    cfg = BartConfig(
-        vocab_size=a.vocab,
-        encoder_layers=a.layers,
-        decoder_layers=a.layers,
-        encoder_embed_dim=a.dim,
-        decoder_embed_dim=a.dim,
-        encoder_ffn_embed_dim=a.ffn,
-        decoder_ffn_embed_dim=a.ffn,
-        encoder_attention_heads=a.heads,
-        decoder_attention_heads=a.heads,
-        dropout=0.0,
-    )
-    model = BARTModel(cfg).train()
-    criterion = LabelSmoothedCrossEntropyCriterion(1, label_smoothing=0.1)
+    model, criterion = small_bart(a)
     ds = make_dataset(4000, a.vocab, a.seed)
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout
-    except OSError:
-        commit = "?"
+    commit = git_commit()
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')} | {platform.processor() or platform.machine()}, {a.threads} threads"
-        f" | torch {torch.__version__} | commit {commit.strip()} | d={a.dim} ffn={a.ffn} heads={a.heads}"
+        f" | torch {torch.__version__} | commit {commit} | d={a.dim} ffn={a.ffn} heads={a.heads}"
         f" layers={a.layers}+{a.layers} V={a.vocab} max-tokens={a.max_tokens} auto: pads > {a.threshold:.0%}"
     )
     print("| batches | pads src / tgt | padded tok/s | packed tok/s | packed / padded | auto (chooses) |")
