@@ -56,8 +56,7 @@ def convert(args: argparse.Namespace) -> None:
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
     # checks the weights fit the architecture before anything is written
     model = build_from_contents(ck, resize_vocab=args.resize_vocab)
-    if merge_lora(model):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
-        ck.args.lora_rank = 0
+    if merge_lora(model, ck.args):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
         logger.info(f"{args.input}: LoRA adapters merged into their weights")
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
     if args.to == "fairseq":  # carries the update count and data position over into optimizer_history

@@ -153,8 +153,8 @@ def model_from_contents(
     for note in ck.notes:
         logger.info(f"{ck.path}: {note}")
     model = build_from_contents(ck, arch_overrides, resize_vocab=resize_vocab)
-    if merge_lora(model):  # generation and inference: adapters folded into their weights, one matrix each
-        ck.args.lora_rank = 0
+    # generation and inference: adapters folded into their weights, one matrix each
+    merge_lora(model, ck.args)
     model = model.to(device).eval()
     tokenizer = None
     if ck.tokenizer:

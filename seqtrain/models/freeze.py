@@ -16,6 +16,7 @@ import re
 import torch
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.models.lora import is_lora_key
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ def freeze(
 ) -> list[str]:
     """Turn requires_grad off for the chosen parameters (with `lora`, every one but the LoRA adapters); returns
     their names (every name of a tied tensor)."""
-    patterns = [r"^(?!.*\.lora_[AB]$)"] if lora else []
+    patterns = []
     if encoder:
         patterns.append(r"^encoder\.")
     if embeddings:
@@ -42,19 +43,19 @@ def freeze(
         except re.error as e:
             raise SeqtrainError(f"--freeze-params '{params}': not a valid regular expression ({e})") from None
         patterns.append(params)
-    if not patterns:
+    if not patterns and not lora:
         return []
-    chosen = re.compile("|".join(f"(?:{p})" for p in patterns))
-    names = [n for n, _ in model.named_parameters(remove_duplicate=False) if chosen.search(n)]
-    if params and not any(re.search(params, n) for n, _ in model.named_parameters(remove_duplicate=False)):
+    named = list(model.named_parameters(remove_duplicate=False))
+    if params and not any(re.search(params, n) for n, _ in named):
         raise SeqtrainError(
             f"--freeze-params '{params}' matches no parameter (names look like encoder.layers.0.fc1.weight)"
         )
-    frozen = {id(p) for n, p in model.named_parameters(remove_duplicate=False) if n in set(names)}
+    chosen = re.compile("|".join(f"(?:{p})" for p in patterns)) if patterns else None
+    frozen = {id(p) for n, p in named if (lora and not is_lora_key(n)) or (chosen and chosen.search(n))}
     for p in model.parameters():
         if id(p) in frozen:
             p.requires_grad_(False)
-    tied = sorted(n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in frozen)
+    tied = sorted(n for n, p in named if id(p) in frozen)
     total = sum(p.numel() for p in model.parameters())
     kept = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if not kept:

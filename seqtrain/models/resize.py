@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.models.lora import is_lora_key
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ def fill_adapters(
     """LoRA adapters (NAME.lora_A / NAME.lora_B) the model has and `state` lacks (a pretrained model being
     fine-tuned with --lora-rank) start as the model initialised them: B is zero, so the model computes exactly
     what the pretrained one does. Logs one line."""
-    missing = [k for k in model.state_dict() if k.endswith((".lora_A", ".lora_B")) and k not in state]
+    missing = [k for k in model.state_dict() if is_lora_key(k) and k not in state]
     if not missing:
         return state
     out = dict(state)
