@@ -114,6 +114,8 @@ BOUNDS: dict[str, Bounds] = {
     "temperature": Bounds(0, 1000, lo_open=True),
     "sampling_topk": Bounds(1, INT_MAX, off=-1),
     "sampling_topp": Bounds(0, 1, lo_open=True, off=-1),
+    "diverse_beam_groups": Bounds(1, 10000, off=-1),
+    "diverse_beam_strength": Bounds(-1000, 1000),
     # the denoising task (BART pretraining)
     "tokens_per_sample": Bounds(3, 1 << 20),  # <s>, one token, </s>
     "mask": PROBABILITY,

@@ -91,6 +91,20 @@ def add_generation_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
         help="sample from the smallest set of words whose cumulative probability mass exceeds p (-1: off)",
     )
     add(
+        "--diverse-beam-groups",
+        default=-1,
+        type=int,
+        metavar="N",
+        help="number of groups for diverse beam search (Hamming diversity; -1: plain beam search)",
+    )
+    add(
+        "--diverse-beam-strength",
+        default=0.5,
+        type=float,
+        metavar="N",
+        help="diverse beam search: how much a token proposed by an earlier group costs in a later one",
+    )
+    add(
         "--temperature",
         default=1.0,
         type=float,
@@ -174,5 +188,12 @@ def check_generation_args(args: argparse.Namespace, name: Callable[[str], str] =
         raise SeqtrainError(f"{name('sampling')} requires {name('nbest')} to be equal to {name('beam')}")
     if args.sampling_topp != -1.0 and not 0 < args.sampling_topp <= 1:
         raise SeqtrainError(f"{name('sampling_topp')} must be in (0, 1], got {args.sampling_topp}")
+    groups = getattr(args, "diverse_beam_groups", -1)
+    if groups > 0 and args.sampling:
+        raise SeqtrainError(f"{name('diverse_beam_groups')} and {name('sampling')} cannot be used together")
+    if groups > 0 and args.beam % groups:
+        raise SeqtrainError(
+            f"{name('beam')} {args.beam} must be a multiple of {name('diverse_beam_groups')} {groups}"
+        )
     if (args.sampling_topk > 0 or args.sampling_topp > 0) and not args.sampling:
         raise SeqtrainError(f"{name('sampling_topk')}/{name('sampling_topp')} need {name('sampling')}")

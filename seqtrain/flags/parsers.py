@@ -823,6 +823,12 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
         "'@@ '); D- lines and the hypothesis file are always detokenized",
     )
     g.add_argument("--quiet", action="store_true", help="print only the summary lines, not S-/T-/H-/D-/P-")
+    g.add_argument(
+        "--score-reference",
+        action="store_true",
+        help="score the references instead of generating: H-/P- lines give the model's log-probabilities of "
+        "the target (fairseq's SequenceScorer)",
+    )
     # fairseq-generate's task flags: sources (and targets) are cut or filtered at the smaller of these and the
     # model's own maximum, as fairseq's resolve_max_positions does
     for side in ("source", "target"):
@@ -879,6 +885,7 @@ INTERACTIVE_REFUSED = (
     "--num-shards",
     "--shard-id",
     "--prefix-size",
+    "--score-reference",
 )
 
 

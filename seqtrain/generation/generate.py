@@ -1,10 +1,11 @@
 """`seqtrain-generate`: summaries from a checkpoint, for raw text (--input) or a data-bin split.
 
 Flow: check every output path -> load the checkpoint (seqtrain, fairseq or Hugging Face; its own arch,
-dictionaries, tokenizer, sequence convention and, for Hugging Face, generation defaults) -> tokenize `--input` or
-open the split -> this shard's / this rank's examples -> length-sorted batches (never dropped: every example is
-generated exactly once) -> SequenceGenerator -> rank 0 gathers, then writes either one detokenized summary per
-input line in input order (`--output-format text`, the default with --input) or fairseq's S-/T-/H-/D-/P- lines in
+dictionaries, tokenizer, sequence convention and, for Hugging Face, generation defaults; several joined by ':' make
+an ensemble) -> tokenize `--input` or open the split -> this shard's / this rank's examples -> length-sorted
+batches (never dropped: every example is generated exactly once) -> SequenceGenerator (with --score-reference:
+SequenceScorer, the references scored) -> rank 0 gathers, then writes either one detokenized summary per input
+line in input order (`--output-format text`, the default with --input) or fairseq's S-/T-/H-/D-/P- lines in
 fairseq-generate's batch order (`--output-format fairseq`, the default for a data-bin split); with
 --results-path also the result files (hypotheses in input order, references, ROUGE), all published together.
 """
@@ -35,6 +36,7 @@ from seqtrain.generation.output import (
     write_files,
     write_out,
 )
+from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import format_summary, score_pairs
@@ -215,7 +217,14 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
         raise SeqtrainError(
             f"--min-len {args.min_len} is above the model's maximum target length {max_tgt - 1}"
         )
-    generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
+    if args.score_reference:
+        if args.input is not None:
+            raise SeqtrainError(
+                "--score-reference scores a data-bin split's references; --input text has none"
+            )
+        generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict)
+    else:
+        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
     ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)
     if world > 1:

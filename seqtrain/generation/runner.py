@@ -30,6 +30,8 @@ from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
 from seqtrain.flags.generation import add_generation_args, check_generation_args
+from seqtrain.generation.ensemble import EnsembleModel
+from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.sequence_generator import generate_batch
 from seqtrain.tasks.translation import infer_language_pair
 
@@ -69,8 +71,6 @@ def load_for_generation(
 ) -> GenerationModel:
     """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
     to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode."""
-    if ":" in path and not os.path.exists(path):
-        raise SeqtrainError(f"--path {path}: ensembles are not supported; give one checkpoint")
     if not os.path.exists(path):
         raise SeqtrainError(f"--path {path}: no such file or folder")
     if data is not None and not os.path.isdir(data):
@@ -180,19 +180,58 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
             dest in given and dest not in overrides
         ):  # longer inputs than the checkpoint's: positions are extended
             overrides[dest] = getattr(args, dest)
-    loaded = load_for_generation(
-        args.path,
-        args.data,
-        args.source_lang,
-        args.target_lang,
-        overrides,
-        args.unsafe_load,
-        resize_vocab=getattr(args, "resize_vocab", False),
-    )
+    paths = split_paths(args.path)
+    members = [
+        load_for_generation(
+            path,
+            args.data,
+            args.source_lang,
+            args.target_lang,
+            overrides,
+            args.unsafe_load,
+            resize_vocab=getattr(args, "resize_vocab", False),
+        )
+        for path in paths
+    ]
+    loaded = ensemble(members, paths)
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
     cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
     apply_model_defaults(loaded, args, given)
     return loaded
+
+
+def split_paths(path: str) -> list[str]:
+    """--path's checkpoints: one, or several separated by ':' (an ensemble, as fairseq's --path a.pt:b.pt); a
+    path that exists as given is one checkpoint, even with a ':' in its name."""
+    if os.path.exists(path) or ":" not in path:
+        return [path]
+    paths = path.split(":")
+    if "" in paths:
+        raise SeqtrainError(f"--path {path}: an empty checkpoint name; separate checkpoints with one ':'")
+    return paths
+
+
+def ensemble(members: list[GenerationModel], paths: list[str]) -> GenerationModel:
+    """One model of several loaded checkpoints (seqtrain.generation.ensemble.EnsembleModel), which must share the
+    first one's dictionaries and forced first token; its tokenizer and settings are the first one's."""
+    first = members[0]
+    if len(members) == 1:
+        return first
+    for path, m in zip(paths[1:], members[1:]):
+        for side in ("src_dict", "tgt_dict"):
+            have, want = getattr(m.lm, side), getattr(first.lm, side)
+            if have != want:
+                raise SeqtrainError(
+                    f"--path {path}: its {side[:3]} dictionary differs from {paths[0]}'s ({have.difference(want)}); "
+                    "an ensemble's checkpoints must share their dictionaries"
+                )
+        if m.force_bos != first.force_bos:
+            raise SeqtrainError(
+                f"--path {path}: starts its outputs with token {m.force_bos}, {paths[0]} with {first.force_bos}; "
+                "an ensemble's checkpoints must share their sequence convention (--prepend-bos)"
+            )
+    first.lm.model = EnsembleModel([m.model for m in members])
+    return first
 
 
 def default_generation_args() -> argparse.Namespace:
@@ -265,13 +304,19 @@ def run_batches(
     prefix_size: int = 0,
     on_batch: Callable[[int], None] | None = None,
 ) -> Iterator[tuple[int, dict[str, Any], int, list[dict[str, Any]]]]:
-    """Generate batch by batch; yields (example id, collated sample, row in it, hypotheses best first)."""
+    """Generate (or, with a SequenceScorer, score the references) batch by batch; yields (example id, collated
+    sample, row in it, hypotheses best first)."""
     device = loaded.device
     for batch in batches:
         sample = ds.collater([ds[int(i)] for i in batch])
         sample["net_input"] = _to_device(sample["net_input"], device)
         with torch.no_grad():
-            results = generate_batch(generator, sample, prefix_size=prefix_size, force_bos=loaded.force_bos)
+            if isinstance(generator, SequenceScorer):  # --score-reference
+                results = generator.score_batch(sample)
+            else:
+                results = generate_batch(
+                    generator, sample, prefix_size=prefix_size, force_bos=loaded.force_bos
+                )
         for row, (sid, hypos) in enumerate(results):
             yield sid, sample, row, hypos
         if on_batch is not None:

@@ -6,8 +6,9 @@ where only hypothesis 0 of each sentence is real). It returns three bsz x C tens
 cumulative candidate scores, candidate tokens, and the hypothesis (0..beam-1) each candidate extends.
 
 Beam search returns C = 2 * beam candidates so that `beam` of them remain to continue even when the best half all
-end in EOS. Sampling returns C = beam: candidate i always extends hypothesis i (the generator keeps finished
-slots aside with its `cands_to_ignore` mask, as fairseq does).
+end in EOS; diverse beam search returns 2 * beam too, the groups' candidates interleaved. Sampling returns
+C = beam: candidate i always extends hypothesis i (the generator keeps finished slots aside with its
+`cands_to_ignore` mask, as fairseq does).
 """
 
 from __future__ import annotations
@@ -32,6 +33,49 @@ class BeamSearch:
         k = min(2 * beam, flat.size(1) - 1)
         scores, index = torch.topk(flat, k, dim=1)
         return scores, index % vocab, torch.div(index, vocab, rounding_mode="floor")
+
+
+class DiverseBeamSearch:
+    """Diverse beam search with Hamming diversity (Vijayakumar et al., 2016, "Diverse Beam Search"), as fairseq
+    0.12.2's DiverseBeamSearch.
+
+    The beam is split into `num_groups` groups; hypothesis h belongs to group h % num_groups. The groups take
+    their beam-search step one after the other, and each token a group proposes this step lowers that token's
+    log-probability by `strength` in every later group (once per proposing candidate), which pushes the groups
+    apart. Each group proposes 2 x (beam / num_groups) candidates; they are interleaved (slot 0 of every group,
+    then slot 1, ...), and the generator finalizes and continues from them as from beam search's.
+
+    fairseq's later main branch (packaged as fairseq 0.12.3) made the penalty cumulative over steps by default
+    and keeps that state in a table indexed by example id, which fails once an id exceeds the batch size; the
+    penalty here has no state across steps, so no table exists and every batch works (that fix, and the
+    Hamming rule, are its diversity_discount=0, candidate_multiple=2 setting, which this equals).
+    """
+
+    def __init__(self, num_groups: int, strength: float):
+        self.num_groups = num_groups
+        self.strength = strength
+        self.beam = BeamSearch()
+
+    def step(self, step: int, lprobs: Tensor, prev_scores: Tensor | None) -> Candidates:
+        bsz, beam, vocab = lprobs.shape
+        groups = self.num_groups
+        penalty = torch.zeros(bsz, vocab, dtype=lprobs.dtype, device=lprobs.device)
+        scores_g, tokens_g, beams_g = [], [], []
+        for g in range(groups):
+            lprobs_g = lprobs[:, g::groups, :]
+            if g > 0:  # the same float operation as fairseq's torch.add(..., alpha=-strength)
+                lprobs_g = torch.add(lprobs_g, penalty.unsqueeze(1), alpha=-self.strength)
+            prev_g = prev_scores[:, g::groups] if prev_scores is not None else None
+            scores, tokens, beams = self.beam.step(step, lprobs_g, prev_g)
+            scores_g.append(scores)
+            tokens_g.append(tokens)
+            beams_g.append(beams * groups + g)
+            penalty.scatter_add_(1, tokens, torch.ones_like(tokens, dtype=penalty.dtype))
+        return (
+            torch.stack(scores_g, dim=2).view(bsz, -1),
+            torch.stack(tokens_g, dim=2).view(bsz, -1),
+            torch.stack(beams_g, dim=2).view(bsz, -1),
+        )
 
 
 class Sampling:

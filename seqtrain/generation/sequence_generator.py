@@ -6,8 +6,10 @@ called once per step on all live hypotheses with an incremental key/value cache;
 
 1. log_softmax of the last position (float32, logits divided by the temperature), then masks: pad never, unk
    penalty, EOS forced at a sentence's max length, prefix tokens forced, EOS forbidden below min length,
-   repeated n-grams blocked (on the device, no host sync).
-2. The search strategy proposes candidates (beam search: top 2*beam over beam x vocab, cumulative scores).
+   repeated n-grams blocked (on the device, no host sync). A model with a `next_token_log_probs(logits,
+   temperature)` method supplies the log-probabilities itself (an ensemble of checkpoints, ensemble.py).
+2. The search strategy (search.py) proposes candidates (beam search: top 2*beam over beam x vocab, cumulative
+   scores; diverse beam search: the same per group of hypotheses, with a penalty between groups; sampling).
 3. EOS candidates among the top `beam` are finalized: score = cumulative log-prob / len**lenpen, where len counts
    the EOS (fairseq's rule). A sentence is done when it has `beam` finalized hypotheses (fairseq's early stop) or
    reaches its max length; done sentences leave the batch (encoder output and cache follow).
@@ -42,7 +44,7 @@ from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation.ngram import NGramRepeatBlocker
-from seqtrain.generation.search import BeamSearch, Sampling
+from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling
 
 Hypothesis = dict[str, Any]
 
@@ -90,6 +92,8 @@ class SequenceGenerator:
         self.match_source_len = match_source_len
         self.ngram_blocker = NGramRepeatBlocker(no_repeat_ngram_size) if no_repeat_ngram_size > 0 else None
         self.search = search_strategy if search_strategy is not None else BeamSearch()
+        # a model may bring its own next-token distribution: an ensemble (ensemble.py) averages its members'
+        self._log_probs = getattr(model, "next_token_log_probs", None) or _last_log_probs
         if self.max_len_a == 0 and not match_source_len and min_len > min(max_len_b, self.max_len - 1):
             raise SeqtrainError(
                 f"--min-len {min_len} is larger than the max length {min(max_len_b, self.max_len - 1)}"
@@ -171,8 +175,7 @@ class SequenceGenerator:
                 logits = logits.repeat_interleave(beam, dim=0)
             else:
                 logits, _ = model.decoder(tokens[:, : step + 1], encoder_out, incremental_state=state)
-            last = logits[:, -1, :].float()
-            lprobs = F.log_softmax(last if self.temperature == 1.0 else last / self.temperature, dim=-1)
+            lprobs = self._log_probs(logits, self.temperature)
             lprobs = self._mask(step, lprobs, max_lens, prefix_tokens, step >= min(max_lens_host))
             if prefix_tokens is not None and step < prefix_tokens.size(1):
                 tokens, scores, lprobs = self._replicate_first_beam_at_forced_eos(
@@ -341,6 +344,12 @@ class SequenceGenerator:
         return out
 
 
+def _last_log_probs(logits: Tensor, temperature: float) -> Tensor:
+    """The next token's log-probabilities (float32) from the decoder's logits at the last position."""
+    last = logits[:, -1, :].float()
+    return F.log_softmax(last if temperature == 1.0 else last / temperature, dim=-1)
+
+
 # ---------------------------------------------------------------------- builders and the batch helper
 
 
@@ -353,6 +362,8 @@ def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namesp
         seed = getattr(args, "seed", None)
         gen.manual_seed(1 if seed is None else seed)
         search: Any = Sampling(args.sampling_topk, args.sampling_topp, gen)
+    elif getattr(args, "diverse_beam_groups", -1) > 0:
+        search = DiverseBeamSearch(args.diverse_beam_groups, args.diverse_beam_strength)
     else:
         search = BeamSearch()
     return SequenceGenerator(

@@ -89,6 +89,10 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
         "-5": "a negative penalty favours <unk> (fairseq allows it)",
     },
     ("generate", "--min-len"): {"0": "no minimum length"},
+    ("generate", "--diverse-beam-strength"): {
+        "0": "strength 0: the groups search independently",
+        "-5": "a negative strength pulls the groups together (fairseq allows it)",
+    },
     ("generate", "--shard-id"): {"0": "the first shard"},
     **{
         ("preprocess", flag): _ZERO_OFF
