@@ -73,10 +73,11 @@ from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 logger = logging.getLogger("seqtrain.trainer")  # the name log lines have always shown
 
 
-def _is_oom(e: BaseException, device: torch.device) -> bool:
+def is_oom(e: BaseException, device: torch.device) -> bool:
     return device.type == "cuda" and (isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e))
 
 
+AUTO = "auto"  # --max-tokens auto (seqtrain.train.auto_tokens)
 _SPLIT = object()  # Trainer._train_step's answer when it split a batch after an OOM: run the update again
 
 
@@ -165,6 +166,7 @@ class Trainer:
             )
         # the base model an adapters-only checkpoint names: set by whatever loaded the starting weights
         self.lora_base: dict[str, str] | None = None
+        self.auto_max_tokens: int | None = None  # the budget --max-tokens auto chose (kept in checkpoints)
         self.num_updates = 0
         self.lr_step_update()
         # meters: the epoch ("train"), the current log interval ("train_inner"), the last validation ("valid")
@@ -318,7 +320,7 @@ class Trainer:
                         ignore_grad=is_dummy,
                     )
             except RuntimeError as e:
-                if not _is_oom(e, self.device):
+                if not is_oom(e, self.device):
                     raise
                 if self.world_size > 1:  # one rank cannot skip an update the others are reducing
                     raise SeqtrainError(
@@ -505,6 +507,8 @@ class Trainer:
         )
         if self.ema is not None:  # fairseq's keys: extra_state["ema"] (and "ema_fp32_params")
             extra.update(self.ema.state_dict())
+        if self.auto_max_tokens is not None:
+            extra["auto_max_tokens"] = self.auto_max_tokens
         model_state = distributed.model_state_dict(self.model)
         if self.save_adapters_only:  # the frozen base stays in its own file (seqtrain.checkpoint.adapters)
             if self.lora_base is None:
@@ -626,6 +630,9 @@ class Trainer:
             self._start_time = time.time()
         if extra.get("rng") is not None:
             set_rng_state(extra["rng"])
+        if getattr(self.args, "max_tokens", None) == AUTO and isinstance(extra.get("auto_max_tokens"), int):
+            logger.info(f"--max-tokens auto: {extra['auto_max_tokens']}, as the first launch chose ({where})")
+            self.use_auto_max_tokens(extra["auto_max_tokens"])
         if self.ema is not None:
             if "ema" in extra:
                 self.ema.load_state_dict(extra, where)
@@ -639,6 +646,13 @@ class Trainer:
                     self.cfg.ema_fp32,
                 )
         return extra
+
+    def use_auto_max_tokens(self, max_tokens: int) -> None:
+        """Run with `max_tokens` for --max-tokens auto (and --max-tokens-valid left unset), and keep it in the
+        checkpoints, so a resumed run batches as the first launch did."""
+        self.args.max_tokens = self.auto_max_tokens = max_tokens
+        if getattr(self.args, "max_tokens_valid", None) in (None, AUTO):
+            self.args.max_tokens_valid = max_tokens
 
     def seed_ema(self, contents: Any, where: str) -> None:
         """--ema-seed-model: the EMA starts from that checkpoint's EMA (or, without one, its weights)."""
