@@ -37,6 +37,8 @@ NOTES = {
     "--memory-efficient-fp16": "implies --fp16; fp32 master weights and optimizer state are kept",
     "--memory-efficient-bf16": "implies --bf16; fp32 master weights and optimizer state are kept",
     "--dataset-impl": "only mmap (others: an error naming the flag)",
+    "--max-tokens": "seqtrain-train also takes auto: the largest budget that fits in CUDA memory, probed before "
+    "training (docs/training.md)",
     "--user-dir": "the package registers into seqtrain.registry (archs are seqtrain presets)",
     "--profile": "records a torch.profiler trace of N updates (bare: 10) instead of fairseq's nvtx ranges",
     "--ddp-backend": "pytorch_ddp, c10d, legacy_ddp, no_c10d are one DDP; fully_sharded is FSDP2",

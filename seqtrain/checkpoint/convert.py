@@ -40,6 +40,7 @@ def convert(args: argparse.Namespace) -> None:
         dict_path=args.dict_path,
         unsafe=args.unsafe_load,
         require_dict=args.to != "hf",
+        lora_base=getattr(args, "lora_base", None),
     )
     if getattr(args, "ema", False):
         ema = ((ck.state or {}).get("extra_state") or {}).get("ema")

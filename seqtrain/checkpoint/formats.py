@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from seqtrain.checkpoint.adapters import BASE_KEY, check_base, read_base_record
 from seqtrain.checkpoint.checks import check_contents
 from seqtrain.checkpoint.fairseq import export_fairseq, find_dictionaries, read_fairseq
 from seqtrain.checkpoint.files import (
@@ -22,6 +23,7 @@ from seqtrain.checkpoint.files import (
 from seqtrain.checkpoint.hf import export_hf, read_hf
 from seqtrain.checkpoint.native import export_seqtrain, read_seqtrain
 from seqtrain.errors import SeqtrainError
+from seqtrain.models.resize import keep_layers
 
 FORMATS = ("seqtrain", "fairseq", "hf")
 EXPORTERS = {"seqtrain": export_seqtrain, "fairseq": export_fairseq, "hf": export_hf}
@@ -48,12 +50,45 @@ def detect_format(path: str, obj: Any = None) -> str:
     raise SeqtrainError(f"{path} is not a seqtrain, fairseq or Hugging Face BART checkpoint")
 
 
-def read_loaded(path: str, obj: Any, fmt: str = "auto") -> CheckpointContents:
-    """The contents of checkpoint file `path`, already loaded as `obj` (seqtrain or fairseq)."""
+def read_loaded(
+    path: str,
+    obj: Any,
+    fmt: str = "auto",
+    lora_base: str | None = None,
+    unsafe: bool = False,
+    base_flag: str = "--lora-base",
+) -> CheckpointContents:
+    """The contents of checkpoint file `path`, already loaded as `obj` (seqtrain or fairseq). An adapters-only
+    LoRA checkpoint comes back whole: its adapters over the base model it names (or `lora_base`, the path
+    `base_flag` gave), which must be the one they were trained on (seqtrain.checkpoint.adapters)."""
     found = detect_format(path, obj)
     if fmt != "auto" and fmt != found:
         raise SeqtrainError(f"{path} is a {found} checkpoint, not {fmt} (--from {fmt})")
-    return read_seqtrain(path, obj) if found == "seqtrain" else read_fairseq(path, obj)
+    if found != "seqtrain":
+        return read_fairseq(path, obj)
+    ck = read_seqtrain(path, obj)
+    if obj.get(BASE_KEY) is not None:
+        ck = with_base(ck, lora_base, unsafe, base_flag)
+    return ck
+
+
+def with_base(ck: CheckpointContents, lora_base: str | None, unsafe: bool, flag: str) -> CheckpointContents:
+    """`ck` (adapters only) with the weights of its base model under the adapters; `ck.state` too, so a
+    resume loads the whole model, and its lora_base names the base file actually read."""
+    record = read_base_record(ck.path, ck.state[BASE_KEY])
+    base_path = lora_base or record["path"]
+    if not os.path.exists(base_path):
+        raise SeqtrainError(
+            f"{ck.path} holds LoRA adapters only and its base model {base_path} is not found: give the base "
+            f"({os.path.basename(record['path'])}, sha256 {record['sha256'][:16]}...) with {flag} PATH"
+        )
+    base = read_checkpoint(base_path, unsafe=unsafe, require_dict=False)
+    check_base(ck.path, record, base_path, base.model, flag)
+    # the base as this model's layers (--*-layers-to-keep), then the adapters, which already are
+    ck.model = {**keep_layers(base.model, ck.args, base_path), **ck.model}
+    ck.state = {**ck.state, "model": ck.model, BASE_KEY: {**record, "path": os.path.abspath(base_path)}}
+    ck.notes.append(f"LoRA adapters over the base model {base_path} (sha256 matches)")
+    return ck
 
 
 def read_checkpoint(
@@ -62,9 +97,11 @@ def read_checkpoint(
     dict_path: str | None = None,
     unsafe: bool = False,
     require_dict: bool = True,
+    lora_base: str | None = None,
 ) -> CheckpointContents:
     """Read any supported checkpoint. `fmt` overrides detection; `dict_path` gives fairseq's dict.txt (a file,
-    or a folder holding dict.txt or dict.{src,tgt}.txt) and replaces the dictionaries of other formats."""
+    or a folder holding dict.txt or dict.{src,tgt}.txt) and replaces the dictionaries of other formats;
+    `lora_base` is the base model of an adapters-only LoRA checkpoint (default: the path stored in it)."""
     if fmt not in ("auto",) + FORMATS:
         raise SeqtrainError(f"--from must be one of auto, {', '.join(FORMATS)}; got {fmt!r}")
     if not os.path.exists(path):
@@ -82,7 +119,7 @@ def read_checkpoint(
         obj = load_checkpoint_file(path, unsafe=unsafe, mmap=True)
         weights = obj.get("model") if isinstance(obj, dict) and isinstance(obj.get("model"), dict) else obj
         verify_checksums(path, weights, mapped)
-        ck = read_loaded(path, obj, fmt)
+        ck = read_loaded(path, obj, fmt, lora_base=lora_base, unsafe=unsafe)
         ck.mapped = mapped
     if dict_path is not None or (ck.format == "fairseq" and require_dict):
         ck.src_dict, ck.tgt_dict, spec = find_dictionaries(path, ck.args, dict_path)

@@ -127,19 +127,21 @@ def load_model(
     device: str | torch.device = "cpu",
     fmt: str = "auto",
     resize_vocab: bool = False,
+    lora_base: str | None = None,
 ) -> LoadedModel:
     """Load a seqtrain checkpoint, a fairseq checkpoint (dictionary from `dict_path` or dict.txt next to it)
     or a Hugging Face BART folder, as an eval-mode model on `device`.
 
     `arch_overrides` (e.g. {"dropout": 0.2}) replaces the checkpoint's model args; `unsafe=True` allows
     arbitrary unpickling for trusted files that need it (fairseq checkpoints with custom classes);
-    `resize_vocab=True` fits the embedding to a dictionary of any size (--resize-vocab).
+    `resize_vocab=True` fits the embedding to a dictionary of any size (--resize-vocab); `lora_base` is the
+    base model of an adapters-only LoRA checkpoint (default: the path stored in it).
 
     Example:
         >>> lm = load_model("checkpoint_last.pt", dict_path="data-bin/dict.src.txt")
         >>> lm.model(src_tokens, src_lengths, prev_output_tokens)[0].shape   # B x T x len(lm.tgt_dict)
     """
-    ck = read_checkpoint(path, fmt=fmt, dict_path=dict_path, unsafe=unsafe)
+    ck = read_checkpoint(path, fmt=fmt, dict_path=dict_path, unsafe=unsafe, lora_base=lora_base)
     return model_from_contents(ck, arch_overrides, device, resize_vocab)
 
 

@@ -53,10 +53,16 @@ def add_dataset_args(
     )
     group.add_argument(
         "--max-tokens",
-        type=int,
+        type=max_tokens_value if train else int,
         default=None,
         metavar="N",
-        help="max tokens per batch, padding included: batch size x longest example",
+        help="max tokens per batch, padding included: batch size x longest example"
+        + (
+            "; auto: the largest that fits in CUDA memory, probed before training with the longest batch "
+            "(kept in the checkpoints: a resume uses the same)"
+            if train
+            else ""
+        ),
     )
     group.add_argument(
         "--batch-size",
@@ -130,13 +136,23 @@ def add_dataset_args(
     return group
 
 
+def max_tokens_value(value: Any) -> int | str:
+    """seqtrain-train's --max-tokens: a number, or "auto" (seqtrain.train.auto_tokens)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number of tokens or auto, got {value!r}") from None
+
+
 def check_dataset_args(args: argparse.Namespace) -> argparse.Namespace:
     """Validate the batching flags and fill the validation defaults from the training ones (as fairseq)."""
     if getattr(args, "max_tokens", None) is None and getattr(args, "batch_size", None) is None:
         raise SeqtrainError("give the batch size with --max-tokens or --batch-size")
     for flag in ("max_tokens", "batch_size", "max_tokens_valid", "batch_size_valid"):
         value = getattr(args, flag, None)
-        if value is not None and value <= 0:
+        if value is not None and value != "auto" and value <= 0:
             raise SeqtrainError(f"--{flag.replace('_', '-')} must be positive, got {value}")
     if getattr(args, "required_batch_size_multiple", 1) < 1:
         raise SeqtrainError("--required-batch-size-multiple must be at least 1")

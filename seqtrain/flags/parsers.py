@@ -608,6 +608,14 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     _add(
         g,
         parser,
+        "--save-adapters-only",
+        action="store_true",
+        help="LoRA runs (--lora-rank): checkpoints hold only the adapters (with their optimizer state, so a "
+        "resume stays exact) and the base model's path and sha256; loading re-reads the base",
+    )
+    _add(
+        g,
+        parser,
         "--best-checkpoint-metric",
         default="loss",
         metavar="METRIC",
@@ -643,6 +651,12 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=_RESIZE_VOCAB_HELP,
     )
+
+
+_LORA_BASE_HELP = (
+    "the base model of an adapters-only LoRA checkpoint (--save-adapters-only), when it is no longer at the "
+    "path stored in it; its weights must be the ones the adapters were trained on (checked by sha256)"
+)
 
 
 _RESIZE_VOCAB_HELP = (
@@ -774,6 +788,7 @@ def _generation_base_parser(default_task: str = "translation") -> argparse.Argum
         action="store_true",
         help=_RESIZE_VOCAB_HELP,
     )
+    g.add_argument("--lora-base", metavar="PATH", help=_LORA_BASE_HELP)
     add_distributed_args(parser)
     fairseq_compat.add_args(parser)
     parser.set_defaults(_stage="generate")
@@ -964,6 +979,7 @@ def get_convert_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=_RESIZE_VOCAB_HELP,
     )
+    p.add_argument("--lora-base", metavar="PATH", help=_LORA_BASE_HELP)
     g = p.add_argument_group(
         "generation_config.json (--to hf)",
         "the search transformers' generate() runs by default; each flag not given comes from the input (a "

@@ -68,6 +68,7 @@ def load_for_generation(
     unsafe: bool = False,
     dict_path: str | None = None,
     resize_vocab: bool = False,
+    lora_base: str | None = None,
 ) -> GenerationModel:
     """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
     to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode."""
@@ -84,7 +85,7 @@ def load_for_generation(
         dict_path = os.path.join(data, f"dict.{src_lang}.txt")
     # A seqtrain checkpoint carries the dictionaries it was trained with: keep them, so the check below can
     # catch a data-bin with other ones (load_model's dict_path would replace them and hide the mismatch).
-    ck = read_checkpoint(path, unsafe=unsafe, require_dict=False)
+    ck = read_checkpoint(path, unsafe=unsafe, require_dict=False, lora_base=lora_base)
     if ck.format != "seqtrain" and (dict_path is not None or ck.format == "fairseq"):
         ck.src_dict, ck.tgt_dict, ck.tokenizer = find_dictionaries(path, ck.args, dict_path)
     if ck.src_dict is None:
@@ -190,6 +191,7 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
             overrides,
             args.unsafe_load,
             resize_vocab=getattr(args, "resize_vocab", False),
+            lora_base=getattr(args, "lora_base", None),
         )
         for path in paths
     ]

@@ -40,14 +40,16 @@ class Summarizer:
         dtype: torch.dtype | None = None,
         unsafe: bool = False,
         model_overrides: dict[str, Any] | None = None,
+        lora_base: str | None = None,
     ) -> Summarizer:
         """Load a seqtrain checkpoint (it carries its dictionary and tokenizer), a fairseq checkpoint (dict.txt,
         and GPT-2 BPE files encoder.json + vocab.bpe, from `dict_path` or next to it) or a Hugging Face BART
         folder (its generation_config.json gives the generation defaults) on `device`, in `dtype`
         (torch.float16 / torch.bfloat16; default: as stored, fp32). `unsafe=True` allows arbitrary unpickling
-        (only for files you trust)."""
+        (only for files you trust). `lora_base`: the base model of an adapters-only LoRA checkpoint
+        (--save-adapters-only), when it is no longer where the checkpoint says."""
         loaded = runner.load_for_generation(
-            str(path), overrides=model_overrides, unsafe=unsafe, dict_path=dict_path
+            str(path), overrides=model_overrides, unsafe=unsafe, dict_path=dict_path, lora_base=lora_base
         )
         runner.cast(loaded, device, dtype)
         return cls(loaded)

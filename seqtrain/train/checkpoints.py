@@ -420,7 +420,14 @@ class CheckpointManager:
 
         # one pass: the file's integrity, one load, then checks on the loaded contents
         check_resumable(path)
-        ck = read_loaded(path, load_checkpoint_file(path, unsafe=a.unsafe_load))
+        # (an adapters-only LoRA checkpoint comes back over its base: the one --finetune-from-model names, if given)
+        ck = read_loaded(
+            path,
+            load_checkpoint_file(path, unsafe=a.unsafe_load),
+            lora_base=a.finetune_from_model,
+            unsafe=a.unsafe_load,
+            base_flag="--finetune-from-model",
+        )
         if ck.format != "seqtrain":
             # A fairseq model (e.g. BART fine-tuning's --restore-file model.pt): weights only.
             trainer.load_model_weights(ck, path)

@@ -32,6 +32,7 @@ import torch
 
 from seqtrain import distributed
 from seqtrain.checkpoint.formats import read_checkpoint
+from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
 from seqtrain.data.pair_dataset import UpdateMerge
@@ -43,6 +44,7 @@ from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.trackers import Tracker, make_trackers
 from seqtrain.tasks import setup_task
+from seqtrain.train.auto_tokens import resolve_max_tokens
 from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain.train.savedir_lock import save_dir_lock
@@ -79,6 +81,11 @@ def check_args(args: argparse.Namespace) -> None:
         # ranks would run different numbers of passes per update; FSDP's forward passes are collectives
         raise SeqtrainError(
             "--merge-max-tokens is not supported with --ddp-backend fully_sharded; use c10d, or drop it"
+        )
+    if args.max_tokens == "auto" and args.distributed_world_size > 1:
+        raise SeqtrainError(
+            "--max-tokens auto probes one device; with several ranks run it on one first and give the number "
+            "it logs (--max-tokens N)"
         )
     metric = args.best_checkpoint_metric
     if metric.startswith("rouge") and not args.eval_rouge and not args.disable_validation:
@@ -159,6 +166,9 @@ def _train(args: argparse.Namespace) -> int:
         if split not in task.datasets or ":" in str(args.data):
             logger.info(f"loading train data for epoch {epoch}")
             task.load_dataset(split, epoch=epoch)
+        # --max-tokens auto: probed once, on the first launch (a resume took the stored budget)
+        limits = resolve_max_positions(trainer.model.max_positions(), task.max_positions())
+        resolve_max_tokens(args, trainer, task.dataset(split), limits)
         return task.get_batch_iterator(
             task.dataset(split),
             max_tokens=args.max_tokens,
@@ -176,6 +186,11 @@ def _train(args: argparse.Namespace) -> int:
 
     manager = CheckpointManager(args, config)
     extra_state, epoch_itr = manager.restore(trainer, get_train_iterator)
+    if trainer.save_adapters_only and trainer.lora_base is None:
+        raise SeqtrainError(
+            "--save-adapters-only: adapters need a base model file to be saved against; start from one with "
+            "--finetune-from-model PATH"
+        )
     seed = getattr(args, "ema_seed_model", None)
     if seed and extra_state is None:  # a first launch: the EMA starts from --ema-seed-model's
         if not os.path.exists(seed):

@@ -42,7 +42,8 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
-from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file
+from seqtrain.checkpoint.adapters import BASE_KEY, adapter_state, base_record
+from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file, strip_wrapper_prefix
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.config import from_args
 from seqtrain.cuda import set_cuda_kernels
@@ -72,10 +73,11 @@ from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 logger = logging.getLogger("seqtrain.trainer")  # the name log lines have always shown
 
 
-def _is_oom(e: BaseException, device: torch.device) -> bool:
+def is_oom(e: BaseException, device: torch.device) -> bool:
     return device.type == "cuda" and (isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e))
 
 
+AUTO = "auto"  # --max-tokens auto (seqtrain.train.auto_tokens)
 _SPLIT = object()  # Trainer._train_step's answer when it split a batch after an OOM: run the update again
 
 
@@ -153,6 +155,18 @@ class Trainer:
                     f"--{flag.replace('_', '-')} needs --store-ema (there is no EMA without it)"
                 )
         self.ema = self._new_ema() if cfg.store_ema else None
+        self.save_adapters_only = bool(getattr(args, "save_adapters_only", False))
+        if self.save_adapters_only and not getattr(args, "lora_rank", None):
+            raise SeqtrainError(
+                "--save-adapters-only needs --lora-rank R (a run without adapters saves it all)"
+            )
+        if self.save_adapters_only and cfg.store_ema:
+            raise SeqtrainError(
+                "--save-adapters-only and --store-ema exclude each other (the EMA holds every weight)"
+            )
+        # the base model an adapters-only checkpoint names: set by whatever loaded the starting weights
+        self.lora_base: dict[str, str] | None = None
+        self.auto_max_tokens: int | None = None  # the budget --max-tokens auto chose (kept in checkpoints)
         self.num_updates = 0
         self.lr_step_update()
         # meters: the epoch ("train"), the current log interval ("train_inner"), the last validation ("valid")
@@ -306,7 +320,7 @@ class Trainer:
                         ignore_grad=is_dummy,
                     )
             except RuntimeError as e:
-                if not _is_oom(e, self.device):
+                if not is_oom(e, self.device):
                     raise
                 if self.world_size > 1:  # one rank cannot skip an update the others are reducing
                     raise SeqtrainError(
@@ -493,9 +507,19 @@ class Trainer:
         )
         if self.ema is not None:  # fairseq's keys: extra_state["ema"] (and "ema_fp32_params")
             extra.update(self.ema.state_dict())
-        return make_checkpoint_state(
+        if self.auto_max_tokens is not None:
+            extra["auto_max_tokens"] = self.auto_max_tokens
+        model_state = distributed.model_state_dict(self.model)
+        if self.save_adapters_only:  # the frozen base stays in its own file (seqtrain.checkpoint.adapters)
+            if self.lora_base is None:
+                raise SeqtrainError(
+                    "--save-adapters-only: the run started from no base model file; give it with "
+                    "--finetune-from-model (or --restore-file)"
+                )
+            model_state = adapter_state(model_state)
+        state = make_checkpoint_state(
             self.args,
-            distributed.model_state_dict(self.model),
+            model_state,
             self.task.src_dict,
             self.task.tgt_dict,
             getattr(self.task, "tokenizer_spec", None),
@@ -506,6 +530,9 @@ class Trainer:
             loss_scaler=self.scaler.state_dict() if self.scaler is not None and with_optimizer else None,
             extra_state=extra,
         )
+        if self.save_adapters_only:
+            state[BASE_KEY] = dict(self.lora_base)
+        return state
 
     def save_checkpoint(self, path: str, extra_state: dict[str, Any], with_optimizer: bool = True) -> None:
         """Rank 0 writes; under FSDP every rank must call this (gathering the full state is a collective)."""
@@ -534,8 +561,15 @@ class Trainer:
         if getattr(contents, "mapped", None) is not None:  # the copy into the model reads the mapping
             check_still_mapped(*contents.mapped)
         self._load_model_state(contents.model, where)
+        self._note_base((getattr(contents, "state", None) or {}).get(BASE_KEY), where, contents.model)
         if self.ema is not None:  # the EMA follows the weights training starts from
             self.ema = self._new_ema()
+
+    def _note_base(self, record: dict[str, str] | None, where: str, model_state: dict[str, Any]) -> None:
+        """With --save-adapters-only, remember the base model the checkpoints will name: the one an
+        adapters-only file was laid over, else the file the weights came from."""
+        if self.save_adapters_only:
+            self.lora_base = record or base_record(where, strip_wrapper_prefix(dict(model_state)))
 
     def load_state_dict(
         self,
@@ -548,6 +582,7 @@ class Trainer:
     ) -> dict[str, Any]:
         """Restore a seqtrain checkpoint dict; returns its extra_state."""
         self._load_model_state(state["model"], where)
+        self._note_base(state.get(BASE_KEY), where, state["model"])
         extra = dict(state.get("extra_state") or {})
         saved_args = state.get("args") or {}
         if not reset_optimizer and state.get("optimizer") is None:
@@ -595,6 +630,9 @@ class Trainer:
             self._start_time = time.time()
         if extra.get("rng") is not None:
             set_rng_state(extra["rng"])
+        if getattr(self.args, "max_tokens", None) == AUTO and isinstance(extra.get("auto_max_tokens"), int):
+            logger.info(f"--max-tokens auto: {extra['auto_max_tokens']}, as the first launch chose ({where})")
+            self.use_auto_max_tokens(extra["auto_max_tokens"])
         if self.ema is not None:
             if "ema" in extra:
                 self.ema.load_state_dict(extra, where)
@@ -608,6 +646,13 @@ class Trainer:
                     self.cfg.ema_fp32,
                 )
         return extra
+
+    def use_auto_max_tokens(self, max_tokens: int) -> None:
+        """Run with `max_tokens` for --max-tokens auto (and --max-tokens-valid left unset), and keep it in the
+        checkpoints, so a resumed run batches as the first launch did."""
+        self.args.max_tokens = self.auto_max_tokens = max_tokens
+        if getattr(self.args, "max_tokens_valid", None) in (None, AUTO):
+            self.args.max_tokens_valid = max_tokens
 
     def seed_ema(self, contents: Any, where: str) -> None:
         """--ema-seed-model: the EMA starts from that checkpoint's EMA (or, without one, its weights)."""
