@@ -32,6 +32,7 @@ BOUNDS: dict[str, Bounds] = {
     # common, logging, distributed
     "seed": Bounds(0, 2**32 - 1),
     "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
+    "eval_rouge_bootstrap": Bounds(0, 1_000_000),  # --eval-rouge's resamples (0: off)
     "log_interval": POSITIVE_INT,
     "peak_flops": Bounds(0, 1e21, lo_open=True),
     "distributed_world_size": Bounds(1, 65536),

@@ -17,6 +17,7 @@ from typing import Any
 from seqtrain.checkpoint.fairseq import export_fairseq
 from seqtrain.checkpoint.formats import EXPORTERS, read_checkpoint
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
+from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.checkpoint.load import LoadedModel, build_from_contents
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
@@ -30,6 +31,7 @@ logger = logging.getLogger("seqtrain.convert")
 def convert(args: argparse.Namespace) -> None:
     """Convert with the parsed flags of seqtrain.flags.parsers.get_convert_parser."""
     setup_logging()
+    args.input = resolve_model_path(args.input, "input")  # a hub name: its cached snapshot
     # (an output that is a link to the input would be written through the link, over the input)
     if os.path.realpath(args.input) == os.path.realpath(args.output):
         raise SeqtrainError("output must differ from input")

@@ -16,7 +16,7 @@ from seqtrain.checkpoint.files import (
     save_checkpoint_file,
     strip_wrapper_prefix,
 )
-from seqtrain.data.dictionary import Dictionary
+from seqtrain.data.dictionary import Dictionary, add_language_symbols
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import ARCHS
 
@@ -60,6 +60,7 @@ MODEL_ARG_NAMES = (
     "left_pad_target",
     "truncate_source",
     "prepend_bos",
+    "langs",  # mBART's language codes (translation_from_pretrained_bart): [lang] symbols in the dictionary
 )
 
 # (field, value seqtrain's BART implements): a checkpoint with another value would load but compute
@@ -122,9 +123,9 @@ def fairseq_args(path: str, obj: dict) -> argparse.Namespace:
     arch = raw.get("arch") or raw.get("_name")
     if not arch:
         raise SeqtrainError(f"{path}: fairseq checkpoint args name no architecture ('arch')")
-    if not str(arch).startswith("bart"):
+    if not str(arch).startswith(("bart", "mbart")):
         raise SeqtrainError(
-            f"{path}: fairseq architecture {arch!r} is not BART; seqtrain loads bart_* models"
+            f"{path}: fairseq architecture {arch!r} is not BART; seqtrain loads bart_* and mbart_* models"
         )
     raw["arch"] = arch
     for name, want in FAIRSEQ_REQUIRED:
@@ -137,7 +138,7 @@ def fairseq_args(path: str, obj: dict) -> argparse.Namespace:
     args = argparse.Namespace(**{k: v for k, v in raw.items() if k in keep})
 
     if arch not in ARCHS:  # e.g. a fairseq-only bart_* variant: its explicit fields still describe it fully
-        args.arch = "bart_large"
+        args.arch = "mbart_large" if str(arch).startswith("mbart") else "bart_large"
     return args
 
 
@@ -201,8 +202,10 @@ def find_dictionaries(
                 f"{ckpt_path}: fairseq checkpoints hold no dictionary and none was found ({where}: looked for "
                 f"{', '.join(os.path.basename(c[0]) for c in candidates)}); pass --dict PATH/dict.txt"
             )
-    src_dict = Dictionary.load(files[0])
-    tgt_dict = src_dict if files[1] == files[0] else Dictionary.load(files[1])
+    # an mBART model's task added [lang] symbols and <mask> to dict.txt when it loaded it: so do we
+    langs = getattr(args, "langs", None)
+    src_dict = add_language_symbols(Dictionary.load(files[0]), langs)
+    tgt_dict = src_dict if files[1] == files[0] else add_language_symbols(Dictionary.load(files[1]), langs)
     spec = None
     tok_file = os.path.join(folder, "tokenizer.json")
     if os.path.isfile(tok_file):
@@ -227,6 +230,7 @@ EXPORT_TASK_ARGS = {
     "left_pad_source": bool,
     "left_pad_target": bool,
     "truncate_source": bool,
+    "langs": str,
     "max_source_positions": int,
     "max_target_positions": int,
 }

@@ -21,6 +21,7 @@ from seqtrain.checkpoint.files import (
     verify_checksums,
 )
 from seqtrain.checkpoint.hf import export_hf, read_hf
+from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.checkpoint.native import export_seqtrain, read_seqtrain
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.resize import keep_layers
@@ -101,7 +102,9 @@ def read_checkpoint(
 ) -> CheckpointContents:
     """Read any supported checkpoint. `fmt` overrides detection; `dict_path` gives fairseq's dict.txt (a file,
     or a folder holding dict.txt or dict.{src,tgt}.txt) and replaces the dictionaries of other formats;
-    `lora_base` is the base model of an adapters-only LoRA checkpoint (default: the path stored in it)."""
+    `lora_base` is the base model of an adapters-only LoRA checkpoint (default: the path stored in it). A hub
+    name (`org/name[@revision]`, seqtrain.checkpoint.hub) that is no local path reads the cached snapshot."""
+    path = resolve_model_path(path, "checkpoint")
     if fmt not in ("auto",) + FORMATS:
         raise SeqtrainError(f"--from must be one of auto, {', '.join(FORMATS)}; got {fmt!r}")
     if not os.path.exists(path):

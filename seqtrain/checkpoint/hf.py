@@ -18,6 +18,7 @@ import seqtrain.models.bart  # noqa: F401  (registers the bart_* archs in ARCHS)
 from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file, verify_checksums
 from seqtrain.checkpoint.hf_files import (
     GENERATION_DEFAULTS,
+    decoder_start,
     export_tokenizer,
     hf_generation_config,
     model_card,
@@ -33,6 +34,7 @@ from seqtrain.models.resize import EMBEDDING_KEYS
 from seqtrain.registry import ARCHS
 
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
+HF_MODEL_TYPES = ("bart", "mbart")
 # Old (transformers < 4) BART configs describe mBART-style variants with these switches.
 HF_REQUIRED = (
     ("normalize_before", False),
@@ -46,12 +48,16 @@ HF_REQUIRED = (
 
 
 def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
-    """A Hugging Face BartConfig (as a dict) -> seqtrain model args with fairseq's names."""
-    if config.get("model_type") != "bart":
+    """A Hugging Face BartConfig or MBartConfig (as a dict) -> seqtrain model args with fairseq's names. mBART is
+    BART with pre-norm layers and a final layer norm after each stack (fairseq's --encoder-normalize-before
+    --decoder-normalize-before); its tokenizer puts no <s> first."""
+    mbart = config.get("model_type") == "mbart"
+    if config.get("model_type") not in HF_MODEL_TYPES:
         raise SeqtrainError(
-            f"{where}: not a BART config (model_type {config.get('model_type')!r}, expected 'bart')"
+            f"{where}: not a BART or mBART config (model_type {config.get('model_type')!r}, expected "
+            "'bart' or 'mbart')"
         )
-    for name, want in HF_REQUIRED:
+    for name, want in HF_REQUIRED if not mbart else HF_REQUIRED[-1:]:  # mBART: the pad id only
         if name in config and config[name] != want:
             raise SeqtrainError(
                 f"{where}: {name}={config[name]!r} is not supported (seqtrain's BART needs {want!r})"
@@ -88,31 +94,39 @@ def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
         share_all_embeddings=True,
         share_decoder_input_output_embed=True,
         layernorm_embedding=True,
-        encoder_normalize_before=False,
-        decoder_normalize_before=False,
+        encoder_normalize_before=mbart,
+        decoder_normalize_before=mbart,
         encoder_layerdrop=float(config.get("encoder_layerdrop", 0.0)),
         decoder_layerdrop=float(config.get("decoder_layerdrop", 0.0)),
-        # HF BART tokenizers put <s> first in both sequences; seqtrain's --prepend-bos does the same
-        prepend_bos=True,
+        # HF BART tokenizers put <s> first in both sequences; seqtrain's --prepend-bos does the same. mBART's
+        # put none (tokens </s> [lang_code]).
+        prepend_bos=not mbart,
     )
     return argparse.Namespace(arch=_closest_arch(fields), **fields)
 
 
 def _closest_arch(fields: dict) -> str:
-    """The preset whose sizes match (only a label: every size is also set explicitly)."""
+    """The preset whose sizes and layout match (only a label: every size is also set explicitly)."""
     keys = ("encoder_embed_dim", "encoder_layers", "encoder_ffn_embed_dim", "encoder_attention_heads")
+    keys += ("encoder_normalize_before", "no_scale_embedding")
     for arch in ARCHS.names():
         ns = argparse.Namespace()
         ARCHS.get(arch)(ns)
         if all(getattr(ns, k, None) == fields[k] for k in keys):
             return arch
-    return "bart_large"
+    return "mbart_large" if fields["encoder_normalize_before"] else "bart_large"
 
 
 def args_to_hf_config(
-    args: argparse.Namespace, vocab_size: int, pad: int = 1, bos: int = 0, eos: int = 2
+    args: argparse.Namespace,
+    vocab_size: int,
+    pad: int = 1,
+    bos: int = 0,
+    eos: int = 2,
+    start: int | None = None,
 ) -> dict:
-    """seqtrain model args -> a Hugging Face BartConfig dict (for BartForConditionalGeneration)."""
+    """seqtrain model args -> a Hugging Face BartConfig dict (for BartForConditionalGeneration), or an
+    MBartConfig dict for pre-norm models (mBART's layout)."""
     g = lambda k, d=None: getattr(args, k, d)  # noqa: E731
     if g("encoder_embed_dim") != g("decoder_embed_dim"):
         raise SeqtrainError("Hugging Face BART needs encoder_embed_dim == decoder_embed_dim")
@@ -121,16 +135,19 @@ def args_to_hf_config(
     act = g("activation_fn", "gelu")
     if act not in HF_ACTIVATIONS.values():
         raise SeqtrainError(f"activation_fn {act!r} has no Hugging Face BART equivalent here (gelu or relu)")
-    for name, want in (
-        ("encoder_normalize_before", False),
-        ("decoder_normalize_before", False),
-        ("layernorm_embedding", True),
-    ):
-        if g(name, want) != want:
-            raise SeqtrainError(f"{name}={g(name)!r} has no Hugging Face BART equivalent")
+    if g("layernorm_embedding", True) is not True:
+        raise SeqtrainError(
+            f"layernorm_embedding={g('layernorm_embedding')!r} has no Hugging Face BART equivalent"
+        )
+    mbart = bool(g("encoder_normalize_before", False))
+    if bool(g("decoder_normalize_before", False)) != mbart:
+        raise SeqtrainError(
+            "Hugging Face BART and mBART need encoder_normalize_before == decoder_normalize_before (post-norm "
+            "BART or pre-norm mBART)"
+        )
     return {
-        "model_type": "bart",
-        "architectures": ["BartForConditionalGeneration"],
+        "model_type": "mbart" if mbart else "bart",
+        "architectures": ["MBartForConditionalGeneration" if mbart else "BartForConditionalGeneration"],
         "vocab_size": int(vocab_size),
         "d_model": int(g("encoder_embed_dim")),
         "max_position_embeddings": int(g("max_source_positions", 1024)),
@@ -151,7 +168,7 @@ def args_to_hf_config(
         "pad_token_id": pad,
         "bos_token_id": bos,
         "eos_token_id": eos,
-        "decoder_start_token_id": eos,
+        "decoder_start_token_id": eos if start is None else start,
         "forced_eos_token_id": eos,
         "is_encoder_decoder": True,
         "tie_word_embeddings": True,
@@ -160,10 +177,11 @@ def args_to_hf_config(
 
 
 def hf_state_to_seqtrain(
-    state: dict[str, torch.Tensor], where: str, notes: list[str]
+    state: dict[str, torch.Tensor], where: str, notes: list[str], mbart: bool = False
 ) -> dict[str, torch.Tensor]:
     """Hugging Face BART names -> fairseq / seqtrain names. Below `model.` the layer names are already
-    fairseq's; the embedding (model.shared, tied to lm_head) becomes the three tied fairseq embeddings."""
+    fairseq's (mBART's final encoder.layer_norm / decoder.layer_norm too); the embedding (model.shared, tied to
+    lm_head) becomes the three tied fairseq embeddings."""
     out: dict[str, torch.Tensor] = {}
     embeds: dict[str, torch.Tensor] = {}
     dropped = []
@@ -184,7 +202,7 @@ def hf_state_to_seqtrain(
             "lm_head.weight",
         ):
             embeds[name] = v
-        elif name.startswith(("encoder.layer_norm.", "decoder.layer_norm.")):
+        elif name.startswith(("encoder.layer_norm.", "decoder.layer_norm.")) and not mbart:
             raise SeqtrainError(
                 f"{where}: has a final {name.split('.')[0]} layer_norm (mBART-style); not a BART model"
             )
@@ -303,7 +321,7 @@ def read_hf(folder: str) -> CheckpointContents:
         raise SeqtrainError(f"{cfg_path}: malformed value ({e})") from None
     state, weights_path = _load_hf_weights(folder)
     ck = CheckpointContents(path=folder, format="hf", args=args, model={})
-    ck.model = hf_state_to_seqtrain(state, weights_path, ck.notes)
+    ck.model = hf_state_to_seqtrain(state, weights_path, ck.notes, mbart=args.encoder_normalize_before)
     ck.src_dict, ck.tokenizer = _hf_dictionary(folder, ck.model["encoder.embed_tokens.weight"].shape[0])
     ck.tgt_dict = ck.src_dict
     bos_first = tokenizer_prepends_bos(folder)
@@ -375,7 +393,9 @@ def export_hf(
     state = cpu_state(lm.model)
     vocab = state["encoder.embed_tokens.weight"].shape[0]
     d = lm.src_dict
-    ids = dict(pad=d.pad(), bos=d.bos(), eos=d.eos()) if d is not None else {}
+    ids = (
+        dict(pad=d.pad(), bos=d.bos(), eos=d.eos(), start=decoder_start(lm.args, d)) if d is not None else {}
+    )
     config = args_to_hf_config(lm.args, vocab, **ids)
     settings = {**GENERATION_DEFAULTS, **(generation or {})}
     gen = hf_generation_config(lm.args, d, settings)

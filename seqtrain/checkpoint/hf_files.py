@@ -249,6 +249,16 @@ GENERATION_DEFAULTS: dict[str, Any] = dict(
 )
 
 
+def decoder_start(args: argparse.Namespace, d: Any) -> int:
+    """The token decoding begins with: the target language's `[lang]` for an mBART model with --langs (fairseq's
+    translation_from_pretrained_bart, transformers' mBART decoder_start_token_id), else </s>."""
+    eos = d.eos() if d is not None else 2
+    tgt = getattr(args, "target_lang", None)
+    if getattr(args, "langs", None) and tgt and d is not None and f"[{tgt}]" in d:
+        return d.index(f"[{tgt}]")
+    return eos
+
+
 def hf_generation_config(args: argparse.Namespace, d: Any, settings: dict[str, Any]) -> dict:
     """generation_config.json for seqtrain generation `settings` (GENERATION_DEFAULTS' keys): the search
     seqtrain-generate runs, in transformers' terms (docs/generate.md, "Coming from Hugging Face transformers"):
@@ -261,7 +271,7 @@ def hf_generation_config(args: argparse.Namespace, d: Any, settings: dict[str, A
         "bos_token_id": bos,
         "pad_token_id": pad,
         "eos_token_id": eos,
-        "decoder_start_token_id": eos,
+        "decoder_start_token_id": decoder_start(args, d),
         "forced_eos_token_id": eos,
         "forced_bos_token_id": bos if getattr(args, "prepend_bos", False) else None,
         "num_beams": int(settings["beam"]),

@@ -266,6 +266,30 @@ class Dictionary:
         return d
 
 
+def parse_langs(langs: str | None, flag: str = "--langs") -> list[str]:
+    """The language codes of mBART's --langs ("en_XX,ro_RO"), in order; [] when not given."""
+    if not langs:
+        return []
+    codes = [c.strip() for c in str(langs).split(",")]
+    bad = [c for c in codes if not c or any(ch.isspace() for ch in c)]
+    if bad or len(set(codes)) != len(codes):
+        raise SeqtrainError(
+            f"{flag} {langs!r}: expected distinct comma-separated language codes, e.g. en_XX,ro_RO"
+        )
+    return codes
+
+
+def add_language_symbols(d: Dictionary, langs: str | None) -> Dictionary:
+    """fairseq's translation_from_pretrained_bart: `[lang]` for each --langs code, then `<mask>`, appended to the
+    dictionary in that order (mBART's pretraining put them there, so the embedding rows line up). Symbols already
+    present (a dictionary stored with them) are not added again. Returns `d`, changed in place."""
+    codes = parse_langs(langs)
+    for sym in [f"[{c}]" for c in codes] + (["<mask>"] if codes else []):
+        if sym not in d:
+            d.add_symbol(sym)
+    return d
+
+
 def placeholder_dictionary(rows: int, tokens: list[str | None] | None = None) -> Dictionary:
     """A Dictionary of `rows` symbols: the four specials, then `tokens[i]` where given, else madeupwordNNNN (the
     names fairseq pads dictionaries with). Used where a checkpoint carries no dictionary and none is needed."""

@@ -512,7 +512,8 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir); another path "
         "(e.g. pretrained weights) initialises only a first launch: once --save-dir has a checkpoint_last.pt, "
-        "a relaunch resumes from that (see --restore-file-always)",
+        "a relaunch resumes from that (see --restore-file-always); a Hugging Face hub name org/name[@revision] "
+        "that is no local path is read from the hub cache's snapshot",
     )
     _add(
         g,
@@ -530,7 +531,7 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="start from this model's weights (optimizer, lr scheduler, meters and data position reset) when "
-        "--save-dir has no checkpoint_last.pt yet",
+        "--save-dir has no checkpoint_last.pt yet; FILE may be a Hugging Face hub name org/name[@revision]",
     )
     _add(g, parser, "--reset-dataloader", action="store_true", help="do not restore the data position")
     _add(g, parser, "--reset-lr-scheduler", action="store_true", help="do not restore the lr scheduler")
@@ -772,7 +773,11 @@ def _generation_base_parser(default_task: str = "translation") -> argparse.Argum
     parser = get_parser("Generate with a trained model (fairseq-compatible flags).", default_task)
     _retitle(data_options.add_dataset_args(parser, train=False, gen=True), "Dataset and batching")
     g = parser.add_argument_group("Checkpoint")
-    g.add_argument("--path", metavar="FILE", help="checkpoint(s) to generate with, colon-separated")
+    g.add_argument(
+        "--path",
+        metavar="FILE",
+        help="checkpoint to generate with: a file, a Hugging Face folder, or a hub name org/name[@revision]",
+    )
     g.add_argument("--results-path", default=None, metavar="DIR", help="write generate-{split}.txt here")
     _add(
         g,
@@ -948,7 +953,10 @@ def get_convert_parser() -> argparse.ArgumentParser:
         prog="seqtrain-convert",
         description="Convert a BART checkpoint between seqtrain, fairseq and Hugging Face formats.",
     )
-    p.add_argument("input", help="checkpoint file (seqtrain / fairseq) or Hugging Face model folder")
+    p.add_argument(
+        "input",
+        help="checkpoint file (seqtrain / fairseq), Hugging Face model folder, or hub name org/name[@revision]",
+    )
     p.add_argument("output", help="output file (--to seqtrain / fairseq) or folder (--to hf)")
     p.add_argument("--to", required=True, choices=FORMATS, help="output format")
     p.add_argument(

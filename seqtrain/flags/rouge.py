@@ -34,6 +34,15 @@ def add_args(parser: argparse.ArgumentParser, group: Any = None) -> Any:
         "seqtrain-generate flags ('--beam 4 --max-len-b 30') (default: generate's defaults)",
     )
     group.add_argument(
+        "--eval-rouge-bootstrap",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also log 95%% percentile-bootstrap confidence intervals of each ROUGE figure from N resamples of "
+        "the validation examples, seeded with --seed (rouge_l_lo, rouge_l_hi, ...; the figures seqtrain-score "
+        "--bootstrap N --seed S gives on the same hypotheses; 0: off)",
+    )
+    group.add_argument(
         "--eval-rouge-print-samples",
         action="store_true",
         help="log the first hypothesis and reference of every validation batch",

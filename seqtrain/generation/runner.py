@@ -21,6 +21,7 @@ import torch
 from seqtrain.checkpoint.fairseq import find_dictionaries
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import generation_key, read_generation_config
+from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.checkpoint.load import model_from_contents
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.batching import batch_by_size
@@ -71,7 +72,9 @@ def load_for_generation(
     lora_base: str | None = None,
 ) -> GenerationModel:
     """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
-    to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode."""
+    to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode. `path` may be a
+    hub name (`org/name[@revision]`, seqtrain.checkpoint.hub)."""
+    path = resolve_model_path(path, "--path")
     if not os.path.exists(path):
         raise SeqtrainError(f"--path {path}: no such file or folder")
     if data is not None and not os.path.isdir(data):

@@ -44,7 +44,8 @@ class Summarizer:
     ) -> Summarizer:
         """Load a seqtrain checkpoint (it carries its dictionary and tokenizer), a fairseq checkpoint (dict.txt,
         and GPT-2 BPE files encoder.json + vocab.bpe, from `dict_path` or next to it) or a Hugging Face BART
-        folder (its generation_config.json gives the generation defaults) on `device`, in `dtype`
+        folder (its generation_config.json gives the generation defaults), or a hub name `org/name[@revision]`
+        read from the Hugging Face cache (seqtrain.checkpoint.hub), on `device`, in `dtype`
         (torch.float16 / torch.bfloat16; default: as stored, fp32). `unsafe=True` allows arbitrary unpickling
         (only for files you trust). `lora_base`: the base model of an adapters-only LoRA checkpoint
         (--save-adapters-only), when it is no longer where the checkpoint says."""

@@ -472,6 +472,26 @@ def bart_tiny(args: argparse.Namespace) -> None:
     _fill_common(args, 64, 128, 2, 4)
 
 
+def _fill_mbart(args: argparse.Namespace) -> None:
+    """mBART's layout over BART's sizes: fairseq's mbart_*_architecture scales the embeddings by sqrt(dim), and
+    mBART is pre-norm (each stack ends with a layer norm), which fairseq's recipes (examples/mbart) ask for with
+    --encoder-normalize-before --decoder-normalize-before; here the preset sets it, as the released models
+    have it."""
+    _fill(args, no_scale_embedding=False, encoder_normalize_before=True, decoder_normalize_before=True)
+
+
+@ARCHS.register("mbart_large")
+def mbart_large(args: argparse.Namespace) -> None:
+    _fill_mbart(args)
+    bart_large(args)
+
+
+@ARCHS.register("mbart_base")
+def mbart_base(args: argparse.Namespace) -> None:
+    _fill_mbart(args)
+    bart_base(args)
+
+
 def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """Model flags (fairseq's names). All default to None so the --arch preset fills what is not given.
 

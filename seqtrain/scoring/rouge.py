@@ -87,7 +87,8 @@ def example_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict
     return out
 
 
-def _means(per: dict[str, list[float]]) -> dict[str, float]:
+def mean_scores(per: dict[str, list[float]]) -> dict[str, float]:
+    """The mean of each ROUGE type over `per` (example_scores' lists), and "n" = the example count."""
     n = len(per[ROUGE_TYPES[0]])
     out: dict[str, float] = {key: sum(per[key]) / n for key in ROUGE_TYPES}
     out["n"] = n
@@ -97,7 +98,7 @@ def _means(per: dict[str, list[float]]) -> dict[str, float]:
 def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Mean F1 x 100 of each ROUGE type over aligned (hypothesis, reference) pairs; also "n" = pair count.
     A line of more than MAX_WORDS words is refused before any is scored."""
-    return _means(example_scores(hypotheses, references))
+    return mean_scores(example_scores(hypotheses, references))
 
 
 def _read_lines(path: str) -> list[str]:
@@ -230,6 +231,7 @@ __all__ = [
     "example_scores",
     "format_comparison",
     "format_intervals",
+    "mean_scores",
     "paired_bootstrap",
     "split_sentences",
     "score_pairs",
@@ -270,7 +272,7 @@ def score(args: Any) -> dict[str, Any]:
     with _stoppable():
         hyps, refs = _read_pair(args.sys, args.ref)
         per = example_scores(hyps, refs)
-        out: dict[str, Any] = _means(per)
+        out: dict[str, Any] = mean_scores(per)
         if n_boot:
             intervals = bootstrap_intervals(per, n_boot, seed)
             out.update(bootstrap=n_boot, seed=seed, ci={k: list(v) for k, v in intervals.items()})
@@ -278,7 +280,7 @@ def score(args: Any) -> dict[str, Any]:
             hyps_b, _ = _read_pair(other, args.ref)
             per_b = example_scores(hyps_b, refs)
             test = paired_bootstrap(per, per_b, n_boot, seed)
-            out["compare"] = {"sys": other, "scores": _means(per_b), "test": test}
+            out["compare"] = {"sys": other, "scores": mean_scores(per_b), "test": test}
     print(format_summary(out))
     if n_boot:
         print(format_intervals(intervals, n_boot, seed))

@@ -31,6 +31,7 @@ from typing import Any
 from seqtrain import distributed
 from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
+from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, file_kind, link_or_copy, loads_bounded
@@ -360,15 +361,16 @@ class CheckpointManager:
         if default_restore:
             path = own_last
             if not os.path.exists(path) and a.finetune_from_model is not None:
-                if not os.path.exists(a.finetune_from_model):
+                # a hub name (org/name[@revision]) is resolved here, by the first launch only
+                pretrained = resolve_model_path(a.finetune_from_model, "--finetune-from-model")
+                if not os.path.exists(pretrained):
                     raise SeqtrainError(f"--finetune-from-model {a.finetune_from_model}: file not found")
                 logger.info(
                     f"first launch ({self.save_dir} has no checkpoint_last.pt): loading pretrained model from "
-                    f"{a.finetune_from_model}; optimizer, lr scheduler, meters, dataloader start fresh"
+                    f"{pretrained}; optimizer, lr scheduler, meters, dataloader start fresh"
                 )
                 trainer.load_model_weights(
-                    read_checkpoint(a.finetune_from_model, unsafe=a.unsafe_load, require_dict=False),
-                    a.finetune_from_model,
+                    read_checkpoint(pretrained, unsafe=a.unsafe_load, require_dict=False), pretrained
                 )
                 return None, get_train_iterator(1)
             if os.path.exists(path) and a.finetune_from_model is not None:
@@ -389,7 +391,7 @@ class CheckpointManager:
             path = own_last
             reset_optimizer = reset_lr_scheduler = reset_meters = reset_dataloader = False
         else:
-            path = a.restore_file
+            path = resolve_model_path(a.restore_file, "--restore-file")  # a hub name: its cached snapshot
             if not os.path.exists(path):
                 raise SeqtrainError(f"--restore-file {path}: file not found")
             resets = [
@@ -418,6 +420,10 @@ class CheckpointManager:
             logger.info(f"No existing checkpoint found {path}")
             return None, get_train_iterator(1)
 
+        if os.path.isdir(path):  # a Hugging Face folder (a hub model's snapshot): weights only
+            trainer.load_model_weights(read_checkpoint(path, unsafe=a.unsafe_load, require_dict=False), path)
+            logger.info(f"{path} is a Hugging Face model: loaded its weights only")
+            return None, get_train_iterator(1)
         # one pass: the file's integrity, one load, then checks on the loaded contents
         check_resumable(path)
         # (an adapters-only LoRA checkpoint comes back over its base: the one --finetune-from-model names, if given)

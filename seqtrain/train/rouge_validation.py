@@ -6,7 +6,9 @@ names as keys ('{"beam": 4, "max_len_b": 30, "lenpen": 1.0, "no_repeat_ngram_siz
 ('--beam 4 --max-len-b 30'); unset ones keep seqtrain-generate's defaults. Hypotheses and references are
 detokenized with the data-bin's tokenizer and scored with seqtrain.scoring.rouge; the scores (F1 x 100) are
 logged as rouge1, rouge2, rouge_l, rouge_lsum, so `--best-checkpoint-metric rouge_l
---maximize-best-checkpoint-metric` keeps the checkpoint that summarizes best.
+--maximize-best-checkpoint-metric` keeps the checkpoint that summarizes best. With --eval-rouge-bootstrap N each
+figure also gets its 95% percentile-bootstrap interval (rouge_l_lo, rouge_l_hi, ...), computed by seqtrain-score's
+own code with --seed, so `seqtrain-score --bootstrap N --seed S` on the same hypotheses gives the same interval.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.flags.rouge import generation_args
 from seqtrain.generation.sequence_generator import build_generator, generate_batch
-from seqtrain.scoring.rouge import score_pairs
+from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, format_intervals, mean_scores
 
 logger = logging.getLogger("seqtrain.eval_rouge")  # the name log lines have always shown
 
@@ -35,6 +37,8 @@ class RougeValidator:
     def __init__(self, args: argparse.Namespace, task: Any):
         self.gen_args = generation_args(getattr(args, "eval_rouge_args", "{}"), getattr(args, "seed", 1))
         self.print_samples = bool(getattr(args, "eval_rouge_print_samples", False))
+        self.bootstrap = int(getattr(args, "eval_rouge_bootstrap", 0) or 0)
+        self.seed = int(getattr(args, "seed", 1))
         self.tgt_dict = task.target_dictionary
         spec = getattr(task, "tokenizer_spec", None)
         self.tokenizer = build_tokenizer(spec if spec else {"kind": "none"})
@@ -76,8 +80,19 @@ class RougeValidator:
             self.references.append(ref)
 
     def scores(self) -> dict[str, float]:
-        """{rouge1, rouge2, rouge_l, rouge_lsum} (F1 x 100) over the pairs collected since reset()."""
+        """{rouge1, rouge2, rouge_l, rouge_lsum} (F1 x 100) over the pairs collected since reset(); with
+        --eval-rouge-bootstrap also each one's interval as {name}_lo and {name}_hi, the interval also logged as
+        the line seqtrain-score prints."""
+        names = ROUGE_LOG_NAMES.values()
         if not self.hypotheses:
-            return {name: 0.0 for name in ROUGE_LOG_NAMES.values()}
-        raw = score_pairs(self.hypotheses, self.references)
-        return {ROUGE_LOG_NAMES[k]: raw[k] for k in ROUGE_LOG_NAMES}
+            empty = [f"{n}{end}" for n in names for end in ("", "_lo", "_hi")] if self.bootstrap else names
+            return dict.fromkeys(empty, 0.0)
+        per = example_scores(self.hypotheses, self.references)
+        raw = mean_scores(per)
+        out = {ROUGE_LOG_NAMES[k]: raw[k] for k in ROUGE_LOG_NAMES}
+        if self.bootstrap:
+            intervals = bootstrap_intervals(per, self.bootstrap, self.seed)
+            logger.info(f"validation ROUGE {format_intervals(intervals, self.bootstrap, self.seed)}")
+            for k, (lo, hi) in intervals.items():
+                out[f"{ROUGE_LOG_NAMES[k]}_lo"], out[f"{ROUGE_LOG_NAMES[k]}_hi"] = lo, hi
+        return out

@@ -103,6 +103,72 @@ def test_rouge_validator_scores_what_it_generates(databin):
     assert model.training  # restored after generating
 
 
+def test_eval_rouge_bootstrap_interval_is_seqtrain_scores(databin, tmp_path, caplog, capsys):
+    """--eval-rouge-bootstrap N logs, and returns as rouge*_lo / rouge*_hi, the interval seqtrain-score
+    --bootstrap N --seed S prints and writes for the same hypotheses and references."""
+    import json
+    import logging
+
+    from seqtrain.tasks import setup_task
+    from seqtrain_cli.score import main as score_main
+
+    parser = parsers.get_training_parser()
+    flags = ("--eval-rouge-args", "--beam 2 --max-len-b 5", "--eval-rouge-bootstrap", "300", "--seed", "7")
+    args = parsers.parse_args_and_arch(parser, base_args(databin, "unused", *flags))
+    task = setup_task(args)
+    task.load_dataset("valid")
+    torch.manual_seed(0)
+    model = task.build_model(args)
+    rv = RougeValidator(args, task)
+    for sample in task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(
+        shuffle=False
+    ):
+        rv.add_batch(model, sample)
+    with caplog.at_level(logging.INFO, logger="seqtrain.eval_rouge"):
+        got = rv.scores()
+    logged = [r.getMessage() for r in caplog.records if "95% CI" in r.getMessage()]
+    sys_file, ref_file, out = tmp_path / "hyp.txt", tmp_path / "ref.txt", tmp_path / "score.json"
+    sys_file.write_text("\n".join(rv.hypotheses) + "\n", encoding="utf-8")
+    ref_file.write_text("\n".join(rv.references) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    score_main(
+        [
+            "--sys",
+            str(sys_file),
+            "--ref",
+            str(ref_file),
+            "--bootstrap",
+            "300",
+            "--seed",
+            "7",
+            "--json",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out.splitlines()
+    assert logged == ["validation ROUGE " + printed[1]] and printed[1].startswith(
+        "95% CI (bootstrap 300, seed 7)"
+    )
+    ci = json.loads(out.read_text())["ci"]
+    names = {"rouge1": "rouge1", "rouge2": "rouge2", "rougeL": "rouge_l", "rougeLsum": "rouge_lsum"}
+    for key, name in names.items():
+        assert [got[f"{name}_lo"], got[f"{name}_hi"]] == ci[key]
+        assert got[f"{name}_lo"] <= got[name] <= got[f"{name}_hi"]
+    assert got["rouge1_lo"] < got["rouge1_hi"]  # a real spread: the hypotheses differ from example to example
+
+
+@pytest.mark.slow
+def test_eval_rouge_bootstrap_in_the_valid_line(databin, tmp_path):
+    log = str(tmp_path / "log")
+    flags = ("--max-update", "4", "--no-epoch-checkpoints", "--log-format", "simple", "--log-file", log)
+    rouge = ("--eval-rouge", "--eval-rouge-args", "--beam 2 --max-len-b 5", "--eval-rouge-bootstrap", "100")
+    assert train_main(base_args(databin, str(tmp_path / "ck"), *flags, *rouge)) == 0
+    (valid,) = parse_log(log, "valid")
+    for name in ("rouge1", "rouge2", "rouge_l", "rouge_lsum"):
+        assert valid[f"{name}_lo"] <= valid[name] <= valid[f"{name}_hi"]
+    assert "validation ROUGE 95% CI (bootstrap 100, seed 3): ROUGE-1 " in open(log, encoding="utf-8").read()
+
+
 def test_eval_rouge_args_json_or_flags():
     a = generation_args('{"beam": 4, "max_len_b": 30, "lenpen": 1.0, "no_repeat_ngram_size": 3}')
     b = generation_args("--beam 4 --max-len-b 30 --lenpen 1.0 --no-repeat-ngram-size 3")

@@ -140,8 +140,10 @@ def test_every_preset_exports_fairseq_args(tmp_path, arch, pre_norm):
     args = parse_train_args([str(tmp_path), "--arch", arch, "--max-tokens", "64", *extra])
     out = export_args(args)
     check_args(out)
-    want = "bart_large" if arch == "bart_large" else "bart_base"  # bart_small/bart_tiny: seqtrain's sizes
+    # fairseq has these names; bart_small/bart_tiny are seqtrain's sizes
+    want = arch if arch in ("bart_large", "mbart_large", "mbart_base") else "bart_base"
     assert out.arch == want
+    pre_norm = pre_norm or arch.startswith("mbart")  # mBART's presets are pre-norm
     for name in ARCH_FILLED:
         if getattr(args, name, None) is not None:
             assert getattr(out, name) == getattr(args, name), name

@@ -379,7 +379,7 @@ def test_hf_config_translation_and_refusals():
         args.no_scale_embedding,
         args.dropout,
     ) == (64, 3, 96, 2, 100, False, 0.2)
-    with pytest.raises(SeqtrainError, match="not a BART config"):
+    with pytest.raises(SeqtrainError, match="not a BART or mBART config"):
         hf_config_to_args({"model_type": "t5"}, "config.json")
     with pytest.raises(SeqtrainError, match="activation_function 'silu'"):
         hf_config_to_args({"model_type": "bart", "activation_function": "silu"}, "config.json")
@@ -450,8 +450,8 @@ def test_hf_nonzero_logits_bias_and_untied_head_refused(tmp_path, transformers):
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(SeqtrainError, match="lm_head.weight differs"):
         load_model(str(tmp_path))
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mbart", "d_model": 32}))
-    with pytest.raises(SeqtrainError, match="not a BART config"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "marian", "d_model": 32}))
+    with pytest.raises(SeqtrainError, match="not a BART or mBART config"):
         load_model(str(tmp_path))
 
 
@@ -540,9 +540,10 @@ def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
         check_state_fits(big, small.state_dict(), "small.pt")
 
 
-def test_prenorm_model_round_trips_and_hf_export_refuses(tmp_path):
+def test_prenorm_model_round_trips_and_exports_as_mbart(tmp_path):
     """A pre-norm model (--encoder/--decoder-normalize-before) loads back from a seqtrain checkpoint and from a
-    fairseq one with its final layer norms; Hugging Face BART has no pre-norm layout, so export says so."""
+    fairseq one with its final layer norms; its Hugging Face export is an mBART folder (pre-norm both sides;
+    one side only has no Hugging Face equivalent, and export says so)."""
     from seqtrain.checkpoint.hf import export_hf
 
     d = make_dict(20)
@@ -576,10 +577,16 @@ def test_prenorm_model_round_trips_and_hf_export_refuses(tmp_path):
     lm = load_model(str(tmp_path / "fs" / "model.pt"))
     torch.testing.assert_close(logits(lm.model, src, lengths, prev), want, rtol=0, atol=0)
 
-    with pytest.raises(
-        SeqtrainError, match="encoder_normalize_before=True has no Hugging Face BART equivalent"
-    ):
-        export_hf(lm, str(tmp_path / "hf"))
+    # pre-norm both sides: an mBART export, read back to the same logits
+    export_hf(lm, str(tmp_path / "hf"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["model_type"], config["architectures"]) == ("mbart", ["MBartForConditionalGeneration"])
+    back = load_model(str(tmp_path / "hf"))
+    assert not back.args.prepend_bos and back.model.decoder.layer_norm is not None
+    torch.testing.assert_close(logits(back.model, src, lengths, prev), want, rtol=0, atol=0)
+    lm.args.decoder_normalize_before = False
+    with pytest.raises(SeqtrainError, match="need encoder_normalize_before == decoder_normalize_before"):
+        export_hf(lm, str(tmp_path / "hf2"))
 
 
 def _tied(rows: int) -> dict:

@@ -74,6 +74,7 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
     },
     ("train", "--ema-start-update"): {"0": "the EMA decays from the first update (the default)"},
     ("train", "--lora-rank"): {"0": "rank 0: no LoRA adapters (the default)"},
+    ("train", "--eval-rouge-bootstrap"): {"0": "0 resamples: no intervals (the default)"},
     ("train", "--lora-dropout"): {"0": "no dropout on the adapters' input (the default)"},
     **{
         ("generate", flag): _ZERO_OFF
