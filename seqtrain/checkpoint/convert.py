@@ -14,6 +14,8 @@ import os
 import shlex
 from typing import Any
 
+import torch
+
 from seqtrain.checkpoint.fairseq import export_fairseq
 from seqtrain.checkpoint.formats import EXPORTERS, read_checkpoint
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
@@ -61,6 +63,8 @@ def convert(args: argparse.Namespace) -> None:
     model = build_from_contents(ck, resize_vocab=args.resize_vocab)
     if merge_lora(model, ck.args):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
         logger.info(f"{args.input}: LoRA adapters merged into their weights")
+    if getattr(args, "dtype", None):  # after the merge, so adapters fold in at full precision
+        model.to(getattr(torch, args.dtype))
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
     if args.to == "fairseq":  # carries the update count and data position over into optimizer_history
         export_fairseq(lm, args.output, source=ck.state)

@@ -397,6 +397,7 @@ def export_hf(
         dict(pad=d.pad(), bos=d.bos(), eos=d.eos(), start=decoder_start(lm.args, d)) if d is not None else {}
     )
     config = args_to_hf_config(lm.args, vocab, **ids)
+    config["torch_dtype"] = str(state["encoder.embed_tokens.weight"].dtype).removeprefix("torch.")
     settings = {**GENERATION_DEFAULTS, **(generation or {})}
     gen = hf_generation_config(lm.args, d, settings)
     os.makedirs(folder, exist_ok=True)

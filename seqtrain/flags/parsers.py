@@ -988,6 +988,13 @@ def get_convert_parser() -> argparse.ArgumentParser:
         help=_RESIZE_VOCAB_HELP,
     )
     p.add_argument("--lora-base", metavar="PATH", help=_LORA_BASE_HELP)
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float16", "bfloat16"),
+        default=None,
+        help="store the weights in this type (default: as they are; float16 halves the file, as the released "
+        "models ship; seqtrain, fairseq and transformers load them into float32 models)",
+    )
     g = p.add_argument_group(
         "generation_config.json (--to hf)",
         "the search transformers' generate() runs by default; each flag not given comes from the input (a "

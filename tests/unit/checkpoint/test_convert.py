@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.load import load_model
@@ -231,3 +232,25 @@ def test_to_hf_generation_settings_from_flags_the_run_or_defaults(tmp_path, fair
     assert len(err) == 1 and err[0].startswith(
         f"seqtrain-convert: error: {st}: the run's --eval-rouge-args: beam 0"
     )
+
+
+def test_dtype_float16_halves_the_weights_and_loads_back_rounded(tmp_path, fairseq_ckpt):
+    """--dtype float16: the file holds float16 tensors (half the bytes), and loading gives a float32 model whose
+    weights are the original ones rounded to float16."""
+    ckpt, model, d = fairseq_ckpt
+    full, half = tmp_path / "hf32", tmp_path / "hf16"
+    assert convert(str(ckpt), str(full), "--to", "hf") == 0
+    assert convert(str(ckpt), str(half), "--to", "hf", "--dtype", "float16") == 0
+    tensors = load_file(str(half / "model.safetensors"))
+    assert {t.dtype for t in tensors.values()} == {torch.float16}
+    assert json.loads((half / "config.json").read_text())["torch_dtype"] == "float16"
+    assert json.loads((full / "config.json").read_text())["torch_dtype"] == "float32"
+    size32, size16 = (os.path.getsize(f / "model.safetensors") for f in (full, half))
+    assert 0.49 < size16 / size32 < 0.51
+    st = tmp_path / "st16.pt"
+    assert convert(str(ckpt), str(st), "--to", "seqtrain", "--dtype", "float16") == 0
+    for path in (str(half), str(st)):
+        back = load_model(path).model.state_dict()
+        for k, v in model.state_dict().items():
+            assert back[k].dtype == torch.float32, k
+            assert torch.equal(back[k], v.half().float()), (path, k)
