@@ -91,6 +91,13 @@ def add_generation_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
         help="sample from the smallest set of words whose cumulative probability mass exceeds p (-1: off)",
     )
     add(
+        "--static-decoding",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode with fixed-shape steps (CUDA graphs on CUDA) and finish hypotheses on the device; the same "
+        "hypotheses as the eager loop (default: on for CUDA, off on the CPU)",
+    )
+    add(
         "--temperature",
         default=1.0,
         type=float,

@@ -43,6 +43,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation.ngram import NGramRepeatBlocker
 from seqtrain.generation.search import BeamSearch, Sampling
+from seqtrain.generation.static_search import StaticSteps, static_generate
 
 Hypothesis = dict[str, Any]
 
@@ -66,10 +67,13 @@ class SequenceGenerator:
         no_repeat_ngram_size: int = 0,
         search_strategy: Any = None,
         bos: int | None = None,
+        static_decoding: bool = False,
     ):
         """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
         max_positions()[1] - 1, as fairseq). `bos` is the decoder start token (default: EOS). `nbest` hypotheses are
-        returned per sentence (default: all `beam_size` finalized ones, as fairseq's generate() does)."""
+        returned per sentence (default: all `beam_size` finalized ones, as fairseq's generate() does).
+        `static_decoding`: decode with seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA,
+        finished on the device); the same hypotheses."""
         if beam_size < 1:
             raise SeqtrainError(f"--beam must be >= 1, got {beam_size}")
         if temperature <= 0:
@@ -90,6 +94,8 @@ class SequenceGenerator:
         self.match_source_len = match_source_len
         self.ngram_blocker = NGramRepeatBlocker(no_repeat_ngram_size) if no_repeat_ngram_size > 0 else None
         self.search = search_strategy if search_strategy is not None else BeamSearch()
+        self.static_decoding = static_decoding
+        self._static_steps: StaticSteps | None = None  # kept across batches: its buffers and CUDA graphs
         if self.max_len_a == 0 and not match_source_len and min_len > min(max_len_b, self.max_len - 1):
             raise SeqtrainError(
                 f"--min-len {min_len} is larger than the max length {min(max_len_b, self.max_len - 1)}"
@@ -130,6 +136,10 @@ class SequenceGenerator:
     def _generate(
         self, src_tokens: Tensor, src_lengths: Tensor | None, prefix_tokens: Tensor | None, bos: int
     ) -> list[list[Hypothesis]]:
+        if self.static_decoding:
+            if self._static_steps is None:
+                self._static_steps = StaticSteps(self.model, self.beam_size)
+            return static_generate(self, src_tokens, src_lengths, prefix_tokens, bos, self._static_steps)
         model, beam, device = self.model, self.beam_size, src_tokens.device
         bsz = src_tokens.size(0)
         if bsz == 0:
@@ -355,6 +365,9 @@ def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namesp
         search: Any = Sampling(args.sampling_topk, args.sampling_topp, gen)
     else:
         search = BeamSearch()
+    static = getattr(args, "static_decoding", None)
+    if static is None:  # the default: static where the host is the bottleneck
+        static = next(model.parameters()).device.type == "cuda"
     return SequenceGenerator(
         model,
         tgt_dict,
@@ -370,6 +383,7 @@ def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namesp
         match_source_len=args.match_source_len,
         no_repeat_ngram_size=args.no_repeat_ngram_size,
         search_strategy=search,
+        static_decoding=static,
     )
 
 
