@@ -182,14 +182,20 @@ class StaticDecoder:
         key = (slots, src_cap, tgt_cap)
         if key not in self.buffers:
             buf = self.buffers[key] = StepBuffers(self.step_fn.decoder, slots, self.beam, src_cap, tgt_cap)
-            if self.graphs:
+            # Under autocast the casts of the weights are cached per forward pass, outside the graph's pool:
+            # a graph would read them after they are freed (torch's CUDA graph notes), so that step runs eagerly.
+            if self.graphs and not torch.is_autocast_enabled("cuda"):
                 self._capture(key, buf)
         return self.buffers[key]
 
     def _capture(self, key: tuple[int, int, int], buf: StepBuffers) -> None:
         """Capture buf's step: warm-up runs on a side stream (cuBLAS handles, lazy inits, allocator state),
         then one capture into the pool every graph of this run shares. It runs on the fresh buffers (zeros,
-        identity order) before any batch is loaded, so what the warm-up writes is overwritten."""
+        identity order) before any batch is loaded, so what the warm-up writes is overwritten.
+
+        Sharing one pool is safe because graphs never run concurrently and only the graph just replayed has its
+        output read: the live tensors across replays (every StepBuffers tensor) sit outside the pool, and each
+        graph's output (buf.logits) stays referenced, so no later capture is given its memory."""
         torch.cuda.synchronize()
         begin = time.perf_counter()
         side = torch.cuda.Stream()
