@@ -20,12 +20,15 @@ timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figur
   generate     beam search against transformers' generate, same weights: sentences/s, identical best
                hypotheses (fp32), and the same in bf16 (under autocast, and with bf16 weights as
                seqtrain-generate --bf16 runs)
+  generate_static  the static decoding path (CUDA graphs, finished on the device) in bf16 weights against the
+               eager loop and transformers' bf16 generate: sentences/s, capture seconds, agreement with the eager
+               loop; fp32 best hypotheses identical to transformers' and the eager loop's on 64 sentences
   compile      the training step under torch.compile: graph breaks, ms/step against eager
 
 --dry-run runs every stage on the CPU with tiny shapes (bf16 for fp16, which needs CUDA; the OOM stage needs
 CUDA and is skipped), so CI tests the plumbing (tests/repo/test_gpu_check.py).
 Targets (one H100/H200, bf16): bart_large training >= 40% MFU and >= 1.5x transformers' tokens/s;
-generation >= 2x transformers' generate.
+generation >= 2x transformers' generate (the static path against transformers' bf16 generate).
 """
 
 from __future__ import annotations
@@ -432,13 +435,13 @@ def stage_oom(check: Check) -> dict[str, Any]:
     return out
 
 
-def stage_generate(check: Check) -> dict[str, Any]:
+def _generate_setup(check: Check, n: int) -> tuple[Any, Any, Any, Dictionary, list[list[int]]]:
+    """The generate stages' settings, model pair (transformers', seqtrain's; same random weights), dictionary
+    and `n` CNN/DM-like sources."""
     import bench_generate as bg
 
-    from seqtrain.generation.sequence_generator import SequenceGenerator
-
     vocab = 1000 if check.dry else lib.BART_VOCAB
-    n, bsz, src_len = (4, 2, (20, 30)) if check.dry else (256, 32, (400, 700))
+    src_len = (20, 30) if check.dry else (400, 700)
     s = bg.Settings(beam=4, lenpen=2.0, no_repeat_ngram_size=3, min_len=5, max_len_b=10 if check.dry else 60)
     shape = "small" if check.dry else "base"
     hf, ours = bg.load_pair(bg.peaked_random_state(vocab, seed=0, eos_scale=4.0, shape=shape), vocab, shape)
@@ -447,24 +450,43 @@ def stage_generate(check: Check) -> dict[str, Any]:
     for i in range(vocab - len(d)):
         d.add_symbol(f"w{i}")
     sources = [s_.tolist() for s_, _ in lib.make_pairs(n, src_len, (2, 3), vocab, seed=11)]
-    batches = [sources[i : i + bsz] for i in range(0, n, bsz)]
+    return s, hf, ours, d, sources
 
-    def ours_decode(batch: list[list[int]]) -> list[list[int]]:
-        gen = SequenceGenerator(
-            ours,
-            d,
-            beam_size=s.beam,
-            nbest=1,
-            max_len_b=s.max_len_b,
-            min_len=s.min_len,
-            len_penalty=s.lenpen,
-            no_repeat_ngram_size=s.no_repeat_ngram_size,
-        )
+
+def _ours_decoder(
+    check: Check, ours: Any, d: Dictionary, s: Any, static: bool = False
+) -> tuple[Callable[[list[list[int]]], list[list[int]]], Any]:
+    """A best-hypothesis decoder on seqtrain's generator (one generator, so the static path keeps its buffers
+    and graphs across batches), and the generator."""
+    import bench_generate as bg
+
+    from seqtrain.generation.sequence_generator import SequenceGenerator
+
+    gen = SequenceGenerator(
+        ours,
+        d,
+        beam_size=s.beam,
+        nbest=1,
+        max_len_b=s.max_len_b,
+        min_len=s.min_len,
+        len_penalty=s.lenpen,
+        no_repeat_ngram_size=s.no_repeat_ngram_size,
+        static_decoding=static,
+    )
+
+    def decode(batch: list[list[int]]) -> list[list[int]]:
         return [
             h[0]["tokens"].tolist() for h in gen.generate(bg.pad_batch(batch, left=True).to(check.device))
         ]
 
-    def hf_decode(batch: list[list[int]]) -> list[list[int]]:
+    return decode, gen
+
+
+def _hf_decoder(check: Check, hf: Any, s: Any) -> Callable[[list[list[int]]], list[list[int]]]:
+    """The same search with transformers' generate (fairseq's forced EOS at the max length)."""
+    import bench_generate as bg
+
+    def decode(batch: list[list[int]]) -> list[list[int]]:
         import transformers
 
         src = bg.pad_batch(batch, left=False).to(check.device)
@@ -488,6 +510,16 @@ def stage_generate(check: Check) -> dict[str, Any]:
         )
         rows = [r[1:] for r in gen.tolist()]
         return [r[: r.index(lib.EOS) + 1] if lib.EOS in r else r for r in rows]
+
+    return decode
+
+
+def stage_generate(check: Check) -> dict[str, Any]:
+    n, bsz = (4, 2) if check.dry else (256, 32)
+    s, hf, ours, d, sources = _generate_setup(check, n)
+    batches = [sources[i : i + bsz] for i in range(0, n, bsz)]
+    ours_decode, _ = _ours_decoder(check, ours, d, s)
+    hf_decode = _hf_decoder(check, hf, s)
 
     out: dict[str, Any] = {"sentences": n, "batch_size": bsz, "beam": s.beam}
     tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -526,6 +558,63 @@ def stage_generate(check: Check) -> dict[str, Any]:
     torch.backends.cuda.enable_cudnn_sdp(default_cudnn)
     if out["fp32_identical"] < n:
         raise RuntimeError(f"fp32 best hypotheses differ: {out['fp32_identical']}/{n} identical")
+    return out
+
+
+def stage_generate_static(check: Check) -> dict[str, Any]:
+    """The static decoding path (CUDA graphs, finished on the device; issue 27) against the eager loop and
+    transformers: fp32 best hypotheses identical to transformers' and the eager loop's on `n_fp32` sentences;
+    in bf16 weights (seqtrain-generate --bf16) sentences/s of the eager loop, the graphed path (its first pass,
+    which captures, timed apart) and transformers' generate, the capture seconds, and the agreement of the
+    graphed path's best hypotheses with the eager loop's (bf16 may differ by rounding)."""
+    n, bsz, n_fp32 = (2, 2, 2) if check.dry else (128, 32, 64)  # dry: bf16 on a CPU is slow
+    s, hf, ours, d, sources = _generate_setup(check, n)
+    batches = [sources[i : i + bsz] for i in range(0, n, bsz)]
+    fp32_batches = [sources[i : i + bsz] for i in range(0, n_fp32, bsz)]
+    hf_decode = _hf_decoder(check, hf, s)
+    eager_decode, _ = _ours_decoder(check, ours, d, s)
+    out: dict[str, Any] = {"sentences": n, "batch_size": bsz, "beam": s.beam, "fp32_sentences": n_fp32}
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32: the hypotheses must be identical
+    try:
+        with torch.no_grad():
+            static_decode, _ = _ours_decoder(check, ours, d, s, static=True)
+            got = {name: [h for b in fp32_batches for h in fn(b)] for name, fn in
+                   (("static", static_decode), ("eager", eager_decode), ("transformers", hf_decode))}  # fmt: skip
+            out["fp32_identical_transformers"] = sum(
+                a == b for a, b in zip(got["static"], got["transformers"])
+            )
+            out["fp32_identical_eager"] = sum(a == b for a, b in zip(got["static"], got["eager"]))
+
+            hf, ours = hf.to(torch.bfloat16), ours.to(torch.bfloat16)
+            static_decode, static_gen = _ours_decoder(check, ours, d, s, static=True)
+            eager_decode(batches[0][:2])  # warm-up
+            hf_decode(batches[0][:2])
+            seconds, eager = timed(check, lambda: [h for b in batches for h in eager_decode(b)])
+            out["bf16_eager_sentences_per_s"] = n / seconds
+            first, _ = timed(check, lambda: [h for b in batches for h in static_decode(b)])  # captures
+            seconds, static = timed(check, lambda: [h for b in batches for h in static_decode(b)])
+            out["bf16_static_first_pass_s"] = first
+            out["bf16_static_sentences_per_s"] = n / seconds
+            decoder = static_gen._static_steps.decoder
+            out["graphs"] = len(decoder.cuda_graphs)
+            out["capture_s"] = decoder.capture_seconds
+            out["bf16_static_agree_eager"] = sum(a == b for a, b in zip(static, eager))
+            seconds, _ = timed(check, lambda: [h for b in batches for h in hf_decode(b)])
+            out["bf16_transformers_sentences_per_s"] = n / seconds
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    out["bf16_static_vs_eager"] = out["bf16_static_sentences_per_s"] / out["bf16_eager_sentences_per_s"]
+    out["bf16_static_vs_transformers"] = (
+        out["bf16_static_sentences_per_s"] / out["bf16_transformers_sentences_per_s"]
+    )
+    if out["fp32_identical_eager"] < n_fp32 or out["fp32_identical_transformers"] < n_fp32:
+        raise RuntimeError(
+            f"fp32 static best hypotheses differ: {out['fp32_identical_eager']}/{n_fp32} as the eager loop's, "
+            f"{out['fp32_identical_transformers']}/{n_fp32} as transformers'"
+        )
+    if not check.dry and out["graphs"] == 0:
+        raise RuntimeError("the static path captured no CUDA graph")
     return out
 
 
@@ -634,6 +723,7 @@ STAGES: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("fp16_resume", stage_fp16_resume),
     ("oom", stage_oom),
     ("generate", stage_generate),
+    ("generate_static", stage_generate_static),
     ("compile", stage_compile),
     ("profile", stage_profile),
 ]

@@ -105,6 +105,13 @@ def add_generation_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
         help="diverse beam search: how much a token proposed by an earlier group costs in a later one",
     )
     add(
+        "--static-decoding",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="decode with fixed-shape steps (CUDA graphs on CUDA) and finish hypotheses on the device; the same "
+        "hypotheses as the eager loop (default: on for CUDA, off on the CPU)",
+    )
+    add(
         "--temperature",
         default=1.0,
         type=float,

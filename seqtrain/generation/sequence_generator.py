@@ -45,6 +45,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation.ngram import NGramRepeatBlocker
 from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling
+from seqtrain.generation.static_search import StaticSteps, static_generate
 
 Hypothesis = dict[str, Any]
 
@@ -68,10 +69,13 @@ class SequenceGenerator:
         no_repeat_ngram_size: int = 0,
         search_strategy: Any = None,
         bos: int | None = None,
+        static_decoding: bool = False,
     ):
         """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
         max_positions()[1] - 1, as fairseq). `bos` is the decoder start token (default: EOS). `nbest` hypotheses are
-        returned per sentence (default: all `beam_size` finalized ones, as fairseq's generate() does)."""
+        returned per sentence (default: all `beam_size` finalized ones, as fairseq's generate() does).
+        `static_decoding`: decode with seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA,
+        finished on the device); the same hypotheses."""
         if beam_size < 1:
             raise SeqtrainError(f"--beam must be >= 1, got {beam_size}")
         if temperature <= 0:
@@ -94,6 +98,8 @@ class SequenceGenerator:
         self.search = search_strategy if search_strategy is not None else BeamSearch()
         # a model may bring its own next-token distribution: an ensemble (ensemble.py) averages its members'
         self._log_probs = getattr(model, "next_token_log_probs", None) or _last_log_probs
+        self.static_decoding = static_decoding
+        self._static_steps: StaticSteps | None = None  # kept across batches: its buffers and CUDA graphs
         if self.max_len_a == 0 and not match_source_len and min_len > min(max_len_b, self.max_len - 1):
             raise SeqtrainError(
                 f"--min-len {min_len} is larger than the max length {min(max_len_b, self.max_len - 1)}"
@@ -134,6 +140,10 @@ class SequenceGenerator:
     def _generate(
         self, src_tokens: Tensor, src_lengths: Tensor | None, prefix_tokens: Tensor | None, bos: int
     ) -> list[list[Hypothesis]]:
+        if self.static_decoding:
+            if self._static_steps is None:
+                self._static_steps = StaticSteps(self.model, self.beam_size)
+            return static_generate(self, src_tokens, src_lengths, prefix_tokens, bos, self._static_steps)
         model, beam, device = self.model, self.beam_size, src_tokens.device
         bsz = src_tokens.size(0)
         if bsz == 0:
@@ -366,6 +376,14 @@ def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namesp
         search = DiverseBeamSearch(args.diverse_beam_groups, args.diverse_beam_strength)
     else:
         search = BeamSearch()
+    static = getattr(args, "static_decoding", None)
+    ensemble = hasattr(model, "next_token_log_probs")  # the static step is one model's decoder (ensemble.py)
+    if static and ensemble:
+        raise SeqtrainError(
+            "--static-decoding decodes one model; an ensemble (--path a.pt:b.pt) runs eagerly"
+        )
+    if static is None:  # the default: static where the host is the bottleneck
+        static = not ensemble and next(model.parameters()).device.type == "cuda"
     return SequenceGenerator(
         model,
         tgt_dict,
@@ -381,6 +399,7 @@ def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namesp
         match_source_len=args.match_source_len,
         no_repeat_ngram_size=args.no_repeat_ngram_size,
         search_strategy=search,
+        static_decoding=static,
     )
 
 

@@ -19,6 +19,7 @@ STAGES = [
     "fp16_resume",
     "oom",
     "generate",
+    "generate_static",
     "compile",
     "profile",
 ]
@@ -68,6 +69,12 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
     assert gen["fp32_identical"] == gen["sentences"] and gen["fp32_seqtrain_sentences_per_s"] > 0
     for precision in ("bf16", "bf16_weights"):  # under autocast, and with the weights converted
         assert gen[f"{precision}_seqtrain_sentences_per_s"] > 0 and gen[f"{precision}_speedup"] > 0
+    static = stages["generate_static"]  # on the CPU the static path runs without graphs
+    assert static["fp32_identical_eager"] == static["fp32_identical_transformers"] == static["fp32_sentences"]
+    assert static["bf16_static_sentences_per_s"] > 0 and static["bf16_eager_sentences_per_s"] > 0
+    assert static["bf16_transformers_sentences_per_s"] > 0 and static["bf16_static_vs_transformers"] > 0
+    assert static["graphs"] == 0 and static["capture_s"] == 0
+    assert 0 <= static["bf16_static_agree_eager"] <= static["sentences"]
     # the check's batches carry the collater's layout, so the compiled step is one graph: no sync breaks it
     assert stages["compile"]["graph_breaks"] == 0, stages["compile"]["graph_break_reasons"]
     assert stages["compile"]["compiled_ms_per_step"] > 0

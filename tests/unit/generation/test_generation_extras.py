@@ -129,6 +129,16 @@ def test_ensemble_of_one_model_twice_is_the_model(models):
         assert [float(h["score"]) for h in a] == pytest.approx([float(h["score"]) for h in b], abs=1e-5)
 
 
+def test_ensembles_decode_eagerly(models):
+    """The static step is one model's decoder: an ensemble decodes with the eager loop by default, and asking
+    for --static-decoding with one is an error naming both."""
+    ens = EnsembleModel(list(models))
+    assert not build_generator(ens, Dict4(), gen_args(beam=2)).static_decoding
+    assert build_generator(models[0], Dict4(), gen_args(beam=2, static_decoding=True)).static_decoding
+    with pytest.raises(SeqtrainError, match=r"--static-decoding decodes one model; an ensemble"):
+        build_generator(ens, Dict4(), gen_args(beam=2, static_decoding=True))
+
+
 def test_split_paths(tmp_path):
     odd = tmp_path / "a:b.pt"
     odd.write_bytes(b"")
