@@ -102,7 +102,7 @@ def assert_values(args, expected):
 
 def test_every_config_is_covered():
     assert sorted(f[:-5] for f in os.listdir(CONFIGS) if f.endswith(".yaml")) == sorted(
-        [*RECIPES, "debdesc_small"]
+        [*RECIPES, "debdesc_small", "debdesc_pretrain"]
     )
 
 
@@ -163,6 +163,48 @@ def test_debdesc_small_parses_and_builds_its_model():
     g = generate_args("bin", "--config", cfg("debdesc_small"))
     assert_values(
         g, dict(beam=4, lenpen=1.0, max_len_b=30, min_len=1, no_repeat_ngram_size=3, max_tokens=2048)
+    )
+
+
+def test_debdesc_pretrain_is_the_denoising_task_on_debdesc_smalls_model():
+    """configs/debdesc_pretrain.yaml (scripts/quality/pretrain.sh): BART's text infilling and sentence
+    permutation on 48-position blocks, with the model debdesc_small.yaml fine-tunes (130 position rows on both
+    sides, so it exports to Hugging Face)."""
+    args = train_args("bin", "--config", cfg("debdesc_pretrain"))
+    small = train_args("bin", "--config", cfg("debdesc_small"))
+    model_keys = (
+        "arch",
+        "encoder_layers",
+        "decoder_layers",
+        "encoder_embed_dim",
+        "encoder_ffn_embed_dim",
+        "share_all_embeddings",
+        "encoder_normalize_before",
+        "decoder_normalize_before",
+        "weight_init",
+        "dropout",
+        "max_target_positions",
+    )
+    assert_values(args, {k: getattr(small, k) for k in model_keys})
+    assert_values(
+        args,
+        dict(
+            task="denoising",
+            tokens_per_sample=48,
+            sample_break_mode="complete",
+            mask=0.3,
+            mask_random=0.1,
+            mask_length="span-poisson",
+            poisson_lambda=3.5,
+            replace_length=1,
+            permute_sentences=1.0,
+            rotate=0.0,
+            insert=0.0,
+            criterion="cross_entropy",
+            max_source_positions=128,
+            max_target_positions=128,
+            max_update=3000,
+        ),
     )
 
 
