@@ -7,7 +7,8 @@ of docs/fairseq.md.
 
 With --fairseq-python, this script runs itself under fairseq's interpreter (`--dump`) and reads fairseq's own
 parsers: fairseq-train's with the translation task, the bart_base arch and each criterion, optimizer and lr
-scheduler that seqtrain also has, and with the denoising task; fairseq-generate's with the translation task. Each
+scheduler that seqtrain also has, with the denoising task and with translation_from_pretrained_bart (mBART);
+fairseq-generate's with the translation task and translation_from_pretrained_bart. Each
 flag is stored with the tools that take it, whether it takes a value and its default. Then seqtrain's parsers (the
 same components) are built and each fairseq flag is classed: same (same kind and default), different (how), or
 absent.
@@ -29,6 +30,7 @@ DOC = REPO / "docs" / "fairseq.md"
 BEGIN, END = "<!-- flag table: scripts/dev/fairseq_flags.py -->", "<!-- end of flag table -->"
 CRITERIONS = ("cross_entropy", "label_smoothed_cross_entropy")
 OPTIMIZERS = ("adam", "nag", "sgd", "adafactor")
+MBART_TASK = "translation_from_pretrained_bart"
 SCHEDULERS = ("fixed", "inverse_sqrt", "polynomial_decay", "reduce_lr_on_plateau", "cosine")
 
 # Where a flag seqtrain has means something else than fairseq's, beyond kind and default (written by hand).
@@ -88,8 +90,14 @@ def dump() -> dict:
         parser, ["data", "--task", "denoising", "--arch", "bart_base"], parse_known=True
     )
     collect(parser, "fairseq-train")
+    parser = options.get_training_parser()  # mBART fine-tuning's task (--langs)
+    options.parse_args_and_arch(parser, ["data", "--task", MBART_TASK, "--arch", "mbart_large"], parse_known=True)
+    collect(parser, "fairseq-train")
     parser = options.get_generation_parser()
     options.parse_args_and_arch(parser, ["data", "--path", "x.pt"], parse_known=True)
+    collect(parser, "fairseq-generate")
+    parser = options.get_generation_parser()
+    options.parse_args_and_arch(parser, ["data", "--path", "x.pt", "--task", MBART_TASK], parse_known=True)
     collect(parser, "fairseq-generate")
     return dict(sorted(flags.items()))
 
@@ -108,14 +116,17 @@ def seqtrain_actions(tool: str) -> dict:
                 parsers._add_choice_args(parser, "lr_scheduler", sched)
                 for flag, action in parser._option_string_actions.items():
                     actions.setdefault(flag, action)  # the defaults of the default components (adam, fixed)
-        parser = parsers.get_training_parser()
-        parsers._add_choice_args(parser, "task", "denoising")
-        for flag, action in parser._option_string_actions.items():
-            actions.setdefault(flag, action)
+        for task in ("denoising", MBART_TASK):
+            parser = parsers.get_training_parser()
+            parsers._add_choice_args(parser, "task", task)
+            for flag, action in parser._option_string_actions.items():
+                actions.setdefault(flag, action)
     else:
-        parser = parsers.get_generation_parser()
-        parsers._add_choice_args(parser, "task", "translation")
-        actions.update(parser._option_string_actions)
+        for task in ("translation", MBART_TASK):
+            parser = parsers.get_generation_parser()
+            parsers._add_choice_args(parser, "task", task)
+            for flag, action in parser._option_string_actions.items():
+                actions.setdefault(flag, action)
     return actions
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from seqtrain.data.tokenizer import parse_vocab_bpe
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write
+from seqtrain.fileio import atomic_write, loads_bounded
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
 MASK = "<mask>"
@@ -257,6 +257,28 @@ def decoder_start(args: argparse.Namespace, d: Any) -> int:
     if getattr(args, "langs", None) and tgt and d is not None and f"[{tgt}]" in d:
         return d.index(f"[{tgt}]")
     return eos
+
+
+def read_decoder_start(folder: str) -> int | None:
+    """The decoder start token a Hugging Face folder names (decoder_start_token_id of generation_config.json,
+    else of config.json; transformers' mBART: the target language's code), or None when neither says."""
+    for name in ("generation_config.json", "config.json"):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = loads_bounded(f.read()).get("decoder_start_token_id")
+        except (OSError, ValueError, AttributeError) as e:
+            raise SeqtrainError(f"{path}: cannot read decoder_start_token_id ({e})") from None
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise SeqtrainError(
+                f"{path}: decoder_start_token_id={value!r} is not a token id (an integer >= 0)"
+            )
+        return value
+    return None
 
 
 def hf_generation_config(args: argparse.Namespace, d: Any, settings: dict[str, Any]) -> dict:

@@ -290,6 +290,16 @@ def add_language_symbols(d: Dictionary, langs: str | None) -> Dictionary:
     return d
 
 
+def language_id(d: Dictionary, lang: str | None, flag: str, langs: str | None = None) -> int:
+    """The index of `[lang]` in `d` (mBART's language token). fairseq's index() would give <unk> for a code
+    missing from --langs and train on it silently; here that is an error naming `flag`."""
+    sym = f"[{lang}]"
+    if lang is None or sym not in d:
+        known = f" (--langs {langs})" if langs else ""
+        raise SeqtrainError(f"{flag} {lang!r}: the dictionary has no language token {sym}{known}")
+    return d.index(sym)
+
+
 def placeholder_dictionary(rows: int, tokens: list[str | None] | None = None) -> Dictionary:
     """A Dictionary of `rows` symbols: the four specials, then `tokens[i]` where given, else madeupwordNNNN (the
     names fairseq pads dictionaries with). Used where a checkpoint carries no dictionary and none is needed."""

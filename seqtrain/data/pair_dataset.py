@@ -4,6 +4,9 @@ One convention for training and generation alike (docs/data.md, "Sequence conven
 source = `tokens </s>`, left-padded by default; target = `tokens </s>`, right-padded; the decoder input
 `prev_output_tokens` is the target with its final `</s>` moved to the front. `prepend_bos` puts `<s>` first on
 both sides (as Hugging Face BART does). `truncate_source` cuts long sources to fit `max_source_positions`.
+mBART's language tokens (fairseq's `append_source_id`, translation_from_pretrained_bart): `append_source` and
+`append_target` go last on their side (`tokens </s> [lang]`), and `eos` (the target's `[lang]`) is the token moved
+to the front of the decoder input (`[lang] tokens </s>`).
 """
 
 from __future__ import annotations
@@ -214,6 +217,9 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         max_target_positions: int = 1024,
         pad_to_multiple: int = 1,
         pack_min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
+        append_source: int | None = None,
+        append_target: int | None = None,
+        eos: int | None = None,
     ):
         if len(src) != len(src_sizes):
             raise ValueError(f"source has {len(src)} items but {len(src_sizes)} sizes")
@@ -240,19 +246,22 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         self.max_target_positions = max_target_positions
         self.pad_to_multiple = pad_to_multiple
         self.pack_min_pad_fraction = pack_min_pad_fraction
+        self.append_source, self.append_target = append_source, append_target
+        self.eos = src_dict.eos() if eos is None else eos
+        src_extra = int(prepend_bos) + int(append_source is not None)
 
-        # Sources are cut so that the final item, <s> included, fits max_source_positions (fairseq cuts before
-        # prepending <s>, which makes such items one too long for the model; we keep them valid instead).
-        self._src_limit = max_source_positions - (1 if prepend_bos else 0)
+        # Sources are cut so that the final item, <s> and a language token included, fits max_source_positions
+        # (fairseq cuts before prepending <s>, which makes such items one too long for the model; we keep them
+        # valid instead).
+        self._src_limit = max_source_positions - src_extra
         if truncate_source and self._src_limit < 2:
-            raise SeqtrainError(
-                f"--truncate-source needs --max-source-positions of at least {2 + int(prepend_bos)}"
-            )
+            raise SeqtrainError(f"--truncate-source needs --max-source-positions of at least {2 + src_extra}")
         src_sizes = np.asarray(src_sizes, dtype=np.int64)
         if truncate_source:  # fairseq's recorded sizes: see the class docstring
             src_sizes = np.minimum(src_sizes + 1, self._src_limit)
-        self.src_sizes = src_sizes + int(prepend_bos)
-        self.tgt_sizes = None if tgt is None else np.asarray(tgt_sizes, dtype=np.int64) + int(prepend_bos)
+        self.src_sizes = src_sizes + src_extra
+        tgt_extra = int(prepend_bos) + int(append_target is not None)
+        self.tgt_sizes = None if tgt is None else np.asarray(tgt_sizes, dtype=np.int64) + tgt_extra
         self._sizes = (
             self.src_sizes if self.tgt_sizes is None else np.stack([self.src_sizes, self.tgt_sizes], axis=1)
         )
@@ -269,6 +278,10 @@ class LanguagePairDataset(torch.utils.data.Dataset):
             src = torch.cat([src.new_tensor([self.src_dict.bos()]), src])
             if tgt is not None:
                 tgt = torch.cat([tgt.new_tensor([self.tgt_dict.bos()]), tgt])
+        if self.append_source is not None:
+            src = torch.cat([src, src.new_tensor([self.append_source])])
+        if tgt is not None and self.append_target is not None:
+            tgt = torch.cat([tgt, tgt.new_tensor([self.append_target])])
         return {"id": int(index), "source": src, "target": tgt}
 
     def merge_batches(self, batches: list[dict[str, Any]]) -> dict[str, Any]:
@@ -330,7 +343,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         return collate_pairs(
             samples,
             self.src_dict.pad(),
-            self.src_dict.eos(),
+            self.eos,
             self.left_pad_source,
             self.left_pad_target,
             self.pad_to_multiple,

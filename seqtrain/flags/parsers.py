@@ -1108,6 +1108,8 @@ def _add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> N
         # a CLI that declared DATA itself (seqtrain-generate: optional with --input) keeps its own
         if hasattr(cls, "add_args") and not any(a.dest == "data" for a in parser._actions):
             cls.add_args(parser)
+        if hasattr(cls, "add_task_flags"):  # the task's own flags, beside DATA: every CLI takes them
+            cls.add_task_flags(parser)
     elif dest == "optimizer":
         _retitle(optimizers.add_args(parser, name), f"Optimizer ({name})")
     else:

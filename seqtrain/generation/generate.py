@@ -224,7 +224,7 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             )
         generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict)
     else:
-        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
+        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
     ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)
     if world > 1:

@@ -56,7 +56,7 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
     where = "stdin" if args.input == "-" else args.input
     try:
         loaded = runner.load_from_flags(args)
-        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args)
+        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
         if inp.isatty():
             logger.info(
                 f"type a text and press Enter; answers come every {args.buffer_size} line(s); Ctrl-D ends"

@@ -98,8 +98,9 @@ def fairseq_lines(
     target = None
     if sample.get("target") is not None:
         tgt_row = sample["target"][row]
-        target = loaded.tokenizer.decode(tgt_dict.string(tgt_row))
-        lines.append(f"T-{sid}\t{tgt_dict.string(tgt_row, post)}")
+        strip = loaded.strip  # fairseq strips the generator's eos (mBART's [tgt_lang]) from T- and H- lines
+        target = loaded.tokenizer.decode(tgt_dict.string(tgt_row, extra_symbols_to_ignore=strip))
+        lines.append(f"T-{sid}\t{tgt_dict.string(tgt_row, post, extra_symbols_to_ignore=strip)}")
     texts, ntok = [], 0
     for h in hypos[:nbest]:
         tokens = h["tokens"].cpu()
@@ -107,7 +108,7 @@ def fairseq_lines(
         texts.append(detok)
         ntok += len(tokens)
         score = repr(float(h["score"]) / math.log(2))  # fairseq prints base-2 scores as Python floats
-        lines.append(f"H-{sid}\t{score}\t{tgt_dict.string(tokens, post)}")
+        lines.append(f"H-{sid}\t{score}\t{tgt_dict.string(tokens, post, loaded.strip)}")
         lines.append(f"D-{sid}\t{score}\t{detok}")
         pos = (h["positional_scores"].float().cpu() / math.log(2)).tolist()
         lines.append(f"P-{sid}\t" + " ".join(f"{x:.4f}" for x in pos))

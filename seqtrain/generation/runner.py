@@ -21,11 +21,12 @@ import torch
 from seqtrain.checkpoint.fairseq import find_dictionaries
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import generation_key, read_generation_config
+from seqtrain.checkpoint.hf_files import read_decoder_start
 from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.checkpoint.load import model_from_contents
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.batching import batch_by_size
-from seqtrain.data.dictionary import Dictionary
+from seqtrain.data.dictionary import Dictionary, add_language_symbols, language_id
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
@@ -50,6 +51,16 @@ class GenerationModel:
     force_bos: int | None  # token forced first in every hypothesis (<s> for --prepend-bos models)
     defaults: dict[str, Any] = field(default_factory=dict)  # generation flag defaults the model ships
     defaults_from: str | None = None  # the file they came from (a Hugging Face generation_config.json)
+    src_append: int | None = None  # token after every source's </s> (mBART's [src_lang])
+    tgt_append: int | None = None  # token after every reference's </s> (mBART's [tgt_lang])
+    start: int | None = None  # decoder start token (None: the generator's end token)
+    end: int | None = None  # the token that ends a hypothesis (None: </s>)
+
+    @property
+    def strip(self) -> tuple[int, ...]:
+        """Tokens dropped from hypothesis and reference text besides pad/bos/eos (fairseq strips the
+        generator's eos; the start token is never output but may be forced)."""
+        return tuple(t for t in (self.start, self.end) if t is not None)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -70,10 +81,13 @@ def load_for_generation(
     dict_path: str | None = None,
     resize_vocab: bool = False,
     lora_base: str | None = None,
+    task: str | None = None,
+    langs: str | None = None,
 ) -> GenerationModel:
     """Load a seqtrain checkpoint, a fairseq model.pt (dictionary from `dict_path`, the data-bin or dict.txt next
     to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode. `path` may be a
-    hub name (`org/name[@revision]`, seqtrain.checkpoint.hub)."""
+    hub name (`org/name[@revision]`, seqtrain.checkpoint.hub). `task` / `langs` (--task, --langs) turn on
+    mBART's language tokens (language_tokens) when the checkpoint does not already say so."""
     path = resolve_model_path(path, "--path")
     if not os.path.exists(path):
         raise SeqtrainError(f"--path {path}: no such file or folder")
@@ -83,12 +97,17 @@ def load_for_generation(
     if data is not None and (src_lang is None or tgt_lang is None):
         s, t = infer_language_pair(data)
         src_lang, tgt_lang = src_lang or s, tgt_lang or t
+    given_langs = (src_lang, tgt_lang)
     src_lang, tgt_lang = src_lang or "source", tgt_lang or "target"
     if dict_path is None and data is not None and os.path.exists(os.path.join(data, f"dict.{src_lang}.txt")):
         dict_path = os.path.join(data, f"dict.{src_lang}.txt")
     # A seqtrain checkpoint carries the dictionaries it was trained with: keep them, so the check below can
     # catch a data-bin with other ones (load_model's dict_path would replace them and hide the mismatch).
     ck = read_checkpoint(path, unsafe=unsafe, require_dict=False, lora_base=lora_base)
+    if langs:  # as fairseq-generate's --langs: the task adds the [lang] symbols to the dictionaries it loads
+        ck.args.langs = langs
+    if task == PRETRAINED_BART_TASK:
+        ck.args.task = task
     if ck.format != "seqtrain" and (dict_path is not None or ck.format == "fairseq"):
         ck.src_dict, ck.tgt_dict, ck.tokenizer = find_dictionaries(path, ck.args, dict_path)
     if ck.src_dict is None:
@@ -102,10 +121,16 @@ def load_for_generation(
     if data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
         for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
             p = os.path.join(data, f"dict.{lang}.txt")
-            if os.path.exists(p) and Dictionary.load(p) != have:
+            # mBART's task adds its [lang] symbols and <mask> to the data-bin's dictionaries as it loads them
+            want = (
+                add_language_symbols(Dictionary.load(p), getattr(lm.args, "langs", None))
+                if os.path.exists(p)
+                else None
+            )
+            if want is not None and want != have:
                 raise SeqtrainError(
                     f"{p}: the {side} dictionary differs from the one in {path} "
-                    f"({Dictionary.load(p).difference(have)}); generate with the data-bin the model was trained on"
+                    f"({want.difference(have)}); generate with the data-bin the model was trained on"
                 )
     tokenizer = lm.tokenizer
     if tokenizer is None and data is not None:
@@ -113,12 +138,33 @@ def load_for_generation(
     if tokenizer is None:
         tokenizer = build_tokenizer({"kind": "none"})
     force_bos = lm.tgt_dict.bos() if getattr(lm.args, "prepend_bos", False) else None
+    tokens = language_tokens(lm, given_langs, read_decoder_start(path) if ck.format == "hf" else None)
     if ck.format != "hf":
-        return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos)
+        return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, **tokens)
 
     if forced_bos is not False:  # the folder says which token (if any) transformers forces first
         force_bos = forced_bos
-    return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, defaults, source)
+    tokens.pop("end", None)  # transformers ends at eos_token_id (</s>), whatever the start token
+    return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, defaults, source, **tokens)
+
+
+PRETRAINED_BART_TASK = "translation_from_pretrained_bart"
+
+
+def language_tokens(lm: Any, given: tuple[str | None, str | None], hf_start: int | None) -> dict[str, int]:
+    """GenerationModel's language-token fields. A model trained (or generating) with --task
+    translation_from_pretrained_bart follows fairseq's task: `[src]` after every source, `[tgt]` after every
+    reference, decoding starting from and ending at `[tgt]`; the languages are --source-lang / --target-lang
+    (`given`), else the checkpoint's. Otherwise a Hugging Face folder's decoder_start_token_id (`hf_start`) is
+    where decoding starts (transformers' mBART: the target language's code), and </s> ends it."""
+    a = lm.args
+    if getattr(a, "task", None) != PRETRAINED_BART_TASK:
+        eos = lm.tgt_dict.eos()
+        return {"start": hf_start} if hf_start is not None and hf_start != eos else {}
+    langs = getattr(a, "langs", None)
+    src = language_id(lm.src_dict, given[0] or getattr(a, "source_lang", None), "--source-lang", langs)
+    tgt = language_id(lm.tgt_dict, given[1] or getattr(a, "target_lang", None), "--target-lang", langs)
+    return dict(src_append=src, tgt_append=tgt, start=tgt, end=tgt)
 
 
 def check_model_defaults(defaults: dict[str, Any], forced_bos: Any, source: str, vocab: int) -> None:
@@ -195,6 +241,8 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
             args.unsafe_load,
             resize_vocab=getattr(args, "resize_vocab", False),
             lora_base=getattr(args, "lora_base", None),
+            task=getattr(args, "task", None),
+            langs=getattr(args, "langs", None),
         )
         for path in paths
     ]
@@ -234,6 +282,11 @@ def ensemble(members: list[GenerationModel], paths: list[str]) -> GenerationMode
             raise SeqtrainError(
                 f"--path {path}: starts its outputs with token {m.force_bos}, {paths[0]} with {first.force_bos}; "
                 "an ensemble's checkpoints must share their sequence convention (--prepend-bos)"
+            )
+        if (m.src_append, m.start, m.end) != (first.src_append, first.start, first.end):
+            raise SeqtrainError(
+                f"--path {path}: its language tokens (mBART's --langs, --source-lang, --target-lang) differ from "
+                f"{paths[0]}'s; an ensemble's checkpoints must share their sequence convention"
             )
     first.lm.model = EnsembleModel([m.model for m in members])
     return first
@@ -277,6 +330,9 @@ def text_dataset(
         max_target_positions=max_tgt,
         shuffle=True,  # only orders ties in ordered_indices (seeded), as fairseq-generate does
         truncate_source=truncate,
+        append_source=loaded.src_append,
+        append_target=loaded.tgt_append if targets is not None else None,
+        eos=loaded.end,
     )
 
 
@@ -339,7 +395,9 @@ def _to_device(x: Any, device: torch.device) -> Any:
 
 def decode(loaded: GenerationModel, tokens: torch.Tensor) -> str:
     """Detokenized text of hypothesis tokens."""
-    return loaded.tokenizer.decode(loaded.lm.tgt_dict.string(tokens.cpu()))
+    return loaded.tokenizer.decode(
+        loaded.lm.tgt_dict.string(tokens.cpu(), extra_symbols_to_ignore=loaded.strip)
+    )
 
 
 def parse_overrides(text: str) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Batched beam search (and sampling) for encoder-decoder models, with fairseq's SequenceGenerator behaviour.
 
-The encoder runs once. The decoder starts every hypothesis from the start token (EOS, fairseq's convention) and is
-called once per step on all live hypotheses with an incremental key/value cache; the decoder batch is
-`beam` x the encoder batch and the encoder's keys/values stay once per sentence. Each step:
+The encoder runs once. The decoder starts every hypothesis from the start token (EOS, fairseq's convention; mBART:
+a language token) and is called once per step on all live hypotheses with an incremental key/value cache; the
+decoder batch is `beam` x the encoder batch and the encoder's keys/values stay once per sentence. Each step:
 
 1. log_softmax of the last position (float32, logits divided by the temperature), then masks: pad never, unk
    penalty, EOS forced at a sentence's max length, prefix tokens forced, EOS forbidden below min length,
@@ -69,19 +69,23 @@ class SequenceGenerator:
         no_repeat_ngram_size: int = 0,
         search_strategy: Any = None,
         bos: int | None = None,
+        eos: int | None = None,
         static_decoding: bool = False,
     ):
         """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
-        max_positions()[1] - 1, as fairseq). `bos` is the decoder start token (default: EOS). `nbest` hypotheses are
-        returned per sentence (default: all `beam_size` finalized ones, as fairseq's generate() does).
-        `static_decoding`: decode with seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA,
-        finished on the device); the same hypotheses."""
+        max_positions()[1] - 1, as fairseq). `eos` is the token that ends a hypothesis (default: the dictionary's
+        </s>; mBART's translation task: the target's `[lang]`, as fairseq's `eos=`), `bos` the decoder start token
+        (default: `eos`, fairseq's convention). `nbest` hypotheses are returned per sentence (default: all
+        `beam_size` finalized ones, as fairseq's generate() does). `static_decoding`: decode with
+        seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA, finished on the device); the
+        same hypotheses."""
         if beam_size < 1:
             raise SeqtrainError(f"--beam must be >= 1, got {beam_size}")
         if temperature <= 0:
             raise SeqtrainError(f"--temperature must be > 0, got {temperature}")
         self.model = model
-        self.pad, self.eos, self.unk = tgt_dict.pad(), tgt_dict.eos(), tgt_dict.unk()
+        self.pad, self.unk = tgt_dict.pad(), tgt_dict.unk()
+        self.eos = tgt_dict.eos() if eos is None else eos
         self.bos = self.eos if bos is None else bos
         self.beam_size = beam_size
         self.nbest = beam_size if nbest is None else nbest
@@ -363,8 +367,15 @@ def _last_log_probs(logits: Tensor, temperature: float) -> Tensor:
 # ---------------------------------------------------------------------- builders and the batch helper
 
 
-def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namespace) -> SequenceGenerator:
-    """A generator configured from the flags of `add_generation_args` (fairseq's names and defaults)."""
+def build_generator(
+    model: torch.nn.Module,
+    tgt_dict: Any,
+    args: argparse.Namespace,
+    bos: int | None = None,
+    eos: int | None = None,
+) -> SequenceGenerator:
+    """A generator configured from the flags of `add_generation_args` (fairseq's names and defaults); `bos` and
+    `eos` as SequenceGenerator's (a task's or a model's start and end tokens)."""
     check_generation_args(args)
     if getattr(args, "sampling", False):
         device = next(model.parameters()).device
@@ -400,6 +411,8 @@ def build_generator(model: torch.nn.Module, tgt_dict: Any, args: argparse.Namesp
         no_repeat_ngram_size=args.no_repeat_ngram_size,
         search_strategy=search,
         static_decoding=static,
+        bos=bos,
+        eos=eos,
     )
 
 

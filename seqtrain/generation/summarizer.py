@@ -131,7 +131,8 @@ class Summarizer:
         check_generation_args(args, lambda dest: f"Summarizer.summarize({dest}=...)")
         if not texts:
             return []
-        generator = build_generator(self._loaded.model, self._loaded.lm.tgt_dict, args)
+        loaded = self._loaded
+        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
         ds = runner.text_dataset(self._loaded, runner.encode(self._loaded, texts))
         order = runner.order_examples(ds, None, seed)
         batches = runner.plan_batches(ds, order, max_tokens, batch_size)

@@ -9,6 +9,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TASKS
 from seqtrain.tasks.denoising import DenoisingTask
 from seqtrain.tasks.translation import TranslationTask
+from seqtrain.tasks.translation_from_pretrained_bart import TranslationFromPretrainedBARTTask
 
 
 def setup_task(args: argparse.Namespace) -> Any:
@@ -19,4 +20,4 @@ def setup_task(args: argparse.Namespace) -> Any:
     return TASKS.get(name).setup_task(args)
 
 
-__all__ = ["DenoisingTask", "TranslationTask", "setup_task"]
+__all__ = ["DenoisingTask", "TranslationFromPretrainedBARTTask", "TranslationTask", "setup_task"]

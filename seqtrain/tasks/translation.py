@@ -171,10 +171,19 @@ class TranslationTask:
             truncate_source=bool(getattr(a, "truncate_source", False)),
             max_source_positions=int(getattr(a, "max_source_positions", None) or 1024),
             max_target_positions=int(getattr(a, "max_target_positions", None) or 1024),
+            **self.sequence_tokens(),
         )
         logger.info(f"{folder} {split} {a.source_lang}-{a.target_lang} {len(dataset)} examples")
         self.datasets[split] = dataset
         return dataset
+
+    def sequence_tokens(self) -> dict[str, int]:
+        """Tokens this task adds around each pair, as LanguagePairDataset keywords: none (plain `tokens </s>`)."""
+        return {}
+
+    def generator_tokens(self) -> dict[str, int]:
+        """The decoder's start and end tokens (SequenceGenerator's `bos`, `eos`): </s> for both, its default."""
+        return {}
 
     def dataset(self, split: str) -> LanguagePairDataset:
         if split not in self.datasets:

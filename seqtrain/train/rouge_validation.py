@@ -43,6 +43,8 @@ class RougeValidator:
         spec = getattr(task, "tokenizer_spec", None)
         self.tokenizer = build_tokenizer(spec if spec else {"kind": "none"})
         self.force_bos = self.tgt_dict.bos() if getattr(args, "prepend_bos", False) else None
+        # the task's decoder start and end tokens (mBART's translation task: the target's [lang] for both)
+        self.gen_tokens = task.generator_tokens() if hasattr(task, "generator_tokens") else {}
         self.hypotheses: list[str] = []
         self.references: list[str] = []
         self._generator: Any = None
@@ -52,14 +54,18 @@ class RougeValidator:
         self.hypotheses, self.references = [], []
 
     def _decode(self, tokens: torch.Tensor) -> str:
-        return self.tokenizer.decode(self.tgt_dict.string(tokens.cpu()))
+        strip = set(self.gen_tokens.values())  # as generation strips them (runner.GenerationModel.strip)
+        return self.tokenizer.decode(self.tgt_dict.string(tokens.cpu(), extra_symbols_to_ignore=strip))
 
     def add_batch(self, model: torch.nn.Module, sample: dict[str, Any], autocast: Any = None) -> None:
         """Generate for one (device-resident) validation batch and keep its detokenized pairs."""
         if not sample or sample.get("target") is None:
             return
         if self._generator is None or self._model is not model:
-            self._generator, self._model = build_generator(model, self.tgt_dict, self.gen_args), model
+            self._generator, self._model = (
+                build_generator(model, self.tgt_dict, self.gen_args, **self.gen_tokens),
+                model,
+            )
         was_training = model.training
         model.eval()
         try:

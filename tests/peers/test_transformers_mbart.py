@@ -215,3 +215,40 @@ def test_fairseq_mbart_checkpoint_imports(tmp_path):
     written = load_checkpoint_file(str(tmp_path / "out" / "model.pt"))
     assert written["args"].arch == "mbart_large" and written["args"].langs == "en_XX,ro_RO"
     assert "encoder.layer_norm.weight" in written["model"]
+
+
+def test_generation_from_hf_mbart_starts_at_its_decoder_start_token_as_transformers(tmp_path):
+    """An HF mBART folder whose decoder_start_token_id is a language code: seqtrain's beam search starts there
+    (and ends at </s>, as transformers does) and gives transformers' generate() tokens, same beam and length."""
+    from seqtrain.generation import runner
+    from seqtrain.generation.sequence_generator import build_generator
+
+    vocab = 48
+    lang = vocab - 2
+    torch.manual_seed(0)
+    cfg = transformers.MBartConfig(
+        vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64,
+        scale_embedding=True, dropout=0.0, decoder_start_token_id=lang, forced_eos_token_id=EOS,
+    )  # fmt: skip
+    hf = transformers.MBartForConditionalGeneration(cfg).eval()
+    perturb(hf)
+    hf.save_pretrained(tmp_path / "hf")
+    make_dict(vocab - 4).save(str(tmp_path / "dict.txt"))
+    loaded = runner.load_for_generation(str(tmp_path / "hf"), dict_path=str(tmp_path / "dict.txt"))
+    assert (loaded.start, loaded.end, loaded.force_bos) == (lang, None, None)
+    args = runner.default_generation_args()
+    args.beam, args.max_len_b, args.min_len = 3, 8, 1
+    generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
+    src, _ = batch(vocab)
+    for row in src:
+        row = row[row.ne(PAD)].unsqueeze(0)
+        ours = generator.generate(row)[0][0]["tokens"].tolist()
+        with torch.no_grad():
+            theirs = hf.generate(
+                input_ids=row, num_beams=3, max_length=8 + 2, min_length=2, early_stopping=True,
+                length_penalty=1.0, do_sample=False, suppress_tokens=[PAD], no_repeat_ngram_size=0,
+            )[0].tolist()  # fmt: skip
+        assert theirs[0] == lang  # transformers starts from the config's decoder_start_token_id
+        theirs = [t for t in theirs[1:] if t != PAD]
+        assert ours == theirs and ours[-1] == EOS
