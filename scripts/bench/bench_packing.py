@@ -1,19 +1,18 @@
 """Packed against padded training steps, side by side in one run.
 
-The packed path (seqtrain.models.transformer.Packing) runs a side's position-wise work (projections,
-feed-forward blocks, layer norms) on its real tokens only, and pays a gather/scatter around every attention.
-Whether that pays depends on how much of the batch is padding, so this script trains the same model on the same
-batches both ways, at several padding levels: length-bucketed batches (fairseq's: examples sorted by length,
-little padding), batches sorted only within windows, and unsorted batches (much padding). It reports non-pad
-tokens per second of forward + backward (the real criterion) and the padding fraction of each batch set, and
-the collater's rule (models pack a side whose pads exceed pair_dataset.PACK_MIN_PAD_FRACTION) is checked
-against the result: the "auto" column is what training does.
+The packed path (the collater's layout: seqtrain.models.bart, seqtrain.models.varlen) runs every layer on the
+real tokens only and attends segment by segment (torch's varlen flash kernel on CUDA, the per-segment reference
+on the CPU); the padded path (the same batch without its layout) runs B x T with masked SDPA. This script trains
+the same model on the same batches both ways, at several padding levels: length-bucketed batches (fairseq's:
+examples sorted by length, little padding), batches sorted only within windows, and unsorted batches (much
+padding). It reports non-pad tokens per second of forward + backward (the real criterion) and the padding
+fraction of each batch set. The issue's target: packed never slower than padded, bucketed batches included.
 
     python scripts/bench/bench_packing.py                      # bart_base-wide layers, 2 + 2 of them, CPU
     python scripts/bench/bench_packing.py --layers 6 --batches 30 --threads 2
 
-Runs alternate batch by batch (padded, packed, auto on the same batch, then the next batch), --repeats rounds;
-each batch's best time per mode is kept, so a busy machine slows all modes alike. Synthetic data:
+Runs alternate batch by batch (padded, then packed on the same batch, then the next batch), --repeats rounds;
+each batch's best time per mode is kept, so a busy machine slows both alike. Synthetic data:
 summarization-like lengths (sources 40-400 tokens, targets 8-64).
 """
 
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 
 from seqtrain.criterions import LabelSmoothedCrossEntropyCriterion
-from seqtrain.data.pair_dataset import PACK_MIN_PAD_FRACTION, LanguagePairDataset
+from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.models.bart import BartConfig, BARTModel
 
 
@@ -95,6 +94,12 @@ def pad_fraction(samples: list[dict]) -> tuple[float, float]:
     return float(src.eq(1).float().mean()), float(tgt.eq(1).float().mean())
 
 
+def without_layout(sample: dict) -> dict:
+    """The batch without the collater's layout: the model runs it padded."""
+    net = {k: v for k, v in sample["net_input"].items() if k != "layout"}
+    return {**sample, "net_input": net}
+
+
 def time_step(model, criterion, sample: dict) -> float:
     start = time.perf_counter()
     loss, _, _ = criterion(model, sample)
@@ -144,12 +149,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
-        "--threshold",
-        type=float,
-        default=PACK_MIN_PAD_FRACTION,
-        help="the auto column's pad fraction above which a side is packed (default: the collater's)",
-    )
-    p.add_argument(
         "--sets", default="length-bucketed,sorted in windows of 64,unsorted", help="batch sets to run"
     )
     a = p.parse_args()
@@ -161,20 +160,18 @@ def main() -> None:
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')} | {platform.processor() or platform.machine()}, {a.threads} threads"
         f" | torch {torch.__version__} | commit {commit} | d={a.dim} ffn={a.ffn} heads={a.heads}"
-        f" layers={a.layers}+{a.layers} V={a.vocab} max-tokens={a.max_tokens} auto: pads > {a.threshold:.0%}"
+        f" layers={a.layers}+{a.layers} V={a.vocab} max-tokens={a.max_tokens}"
     )
-    print("| batches | pads src / tgt | padded tok/s | packed tok/s | packed / padded | auto (chooses) |")
-    print("|---|---|---|---|---|---|")
+    print("| batches | pads src / tgt | padded tok/s | packed tok/s | packed / padded |")
+    print("|---|---|---|---|---|")
     for name, order in orders(ds, a.seed).items():
         if name not in a.sets.split(","):
             continue
         batches = make_batches(ds, order, a.max_tokens)
         mid = len(batches) // 2
         chosen = batches[mid : mid + a.batches]
-        sets = {}
-        for mode, threshold in (("padded", 1.0), ("packed", 0.0), ("auto", a.threshold)):
-            ds.pack_min_pad_fraction = threshold
-            sets[mode] = [ds.collater([ds[i] for i in b]) for b in chosen]
+        packed = [ds.collater([ds[i] for i in b]) for b in chosen]
+        sets = {"padded": [without_layout(x) for x in packed], "packed": packed}
         tokens = sum(s["ntokens"] + int(s["net_input"]["src_lengths"].sum()) for s in sets["padded"])
         best = {mode: [float("inf")] * len(chosen) for mode in sets}
         time_step(model, criterion, sets["padded"][0])  # warm-up
@@ -183,15 +180,10 @@ def main() -> None:
                 for mode, samples in sets.items():
                     best[mode][i] = min(best[mode][i], time_step(model, criterion, samples[i]))
         src_pad, tgt_pad = pad_fraction(sets["padded"])
-        packed_sides = sum(
-            ("src_index" in s["net_input"]["layout"]) + ("tgt_index" in s["net_input"]["layout"])
-            for s in sets["auto"]
-        )
         speed = {mode: tokens / sum(t) for mode, t in best.items()}
         print(
             f"| {name} | {src_pad:.1%} / {tgt_pad:.1%} | {speed['padded']:,.0f} | {speed['packed']:,.0f} | "
-            f"{speed['packed'] / speed['padded']:.2f}x | {speed['auto']:,.0f} ({packed_sides} of "
-            f"{2 * len(chosen)} sides packed) |"
+            f"{speed['packed'] / speed['padded']:.2f}x |"
         )
 
 

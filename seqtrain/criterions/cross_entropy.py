@@ -2,14 +2,16 @@
 
 Speed: the output projection to the vocabulary is the largest matrix product of a BART step, and most target
 positions of a padded batch are padding. So the criterion asks the model for hidden states
-(`model(**net_input, features_only=True)`) and scores only the rows whose target is not padding: the rows
-listed in `sample["target_rows"]` when the collater gives them, else every row with the pads weighted 0
-(selecting them by a boolean mask would force a host-device sync on CUDA). For BART (a bias-free output
-projection) projection and loss run together over chunks of rows (projected_loss.py): each chunk's logits,
-loss and gradient are computed and folded into the gradients of the hidden states and the projection at once,
-so no N x V tensor is kept for the backward pass. Otherwise (reduce=False, other output layers) the logits are
-made whole and the loss is a custom autograd function working from logsumexp that builds the gradient
-(softmax - smoothing - one-hot) in a single vocabulary-sized buffer. Models without `output_layer` fall back to
+(`model(**net_input, features_only=True)`) and scores only the rows whose target is not padding: a model that
+ran packed (the collater's layout) returns just those rows; else the rows listed in `sample["target_rows"]`
+when the collater gives them, else every row with the pads weighted 0 (selecting them by a boolean mask would
+force a host-device sync on CUDA). For BART (a bias-free output projection) projection and loss run together
+over chunks of rows (projected_loss.py): each chunk's logits, loss and gradient are computed and folded into
+the gradients of the hidden states and the projection at once, so no N x V tensor is kept for the backward
+pass. Otherwise (reduce=False, other output layers) the logits are made whole and the loss is a custom
+autograd function working from logsumexp that builds the gradient (softmax - smoothing - one-hot) in a single
+vocabulary-sized buffer; with reduce=False on a packed batch the losses are per real target token (N), not
+per position. Models without `output_layer` fall back to
 full logits from `model(**net_input)`. Nothing here forces a host-device sync.
 """
 
@@ -142,15 +144,27 @@ def _target_rows(
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """The rows the loss scores, without a host-device sync: (rows N x C, targets N, valid N or None).
 
-    With `use_rows` and `sample["target_rows"]` (the collater's flat indices of the non-pad positions of
+    A model that ran packed (the collater's layout; extra["packed"]) returns exactly the rows of the real
+    target positions, in the order of `sample["target_rows"]`, so they are the rows, and the targets are
+    gathered by those indices (with --ignore-prefix-size, `valid` marks the rows past the prefix). Otherwise,
+    with `use_rows` and `sample["target_rows"]` (the collater's flat indices of the non-pad positions of
     `sample["target"]`) only those rows are gathered and `valid` is None. Without it (or with
     --ignore-prefix-size) every position is kept and `valid` marks the non-pad ones: a boolean-mask selection
     would wait for the device to count them.
     """
     target = sample["target"]
     net_input = sample["net_input"]
-    out = model(**net_input, features_only=True)[0] if features_only else model(**net_input)[0]
-    rows = sample.get("target_rows") if use_rows and ignore_prefix_size == 0 else None
+    out, extra = model(**net_input, features_only=True) if features_only else model(**net_input)
+    rows = sample.get("target_rows")
+    if isinstance(extra, dict) and extra.get("packed"):
+        assert rows is not None, "a packed batch needs the collater's target_rows"
+        picked = target.reshape(-1).index_select(0, rows)
+        if ignore_prefix_size == 0:
+            return out, picked, None
+        # position ids count from padding_idx + 1 (make_positions): index in the sequence = id - pad - 1
+        index = net_input["layout"]["tgt_positions"] - (padding_idx + 1)
+        return out, picked, index.ge(ignore_prefix_size)
+    rows = rows if use_rows and ignore_prefix_size == 0 else None
     if ignore_prefix_size > 0:
         out = out[:, ignore_prefix_size:]
         target = target[:, ignore_prefix_size:]

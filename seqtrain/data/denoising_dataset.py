@@ -18,7 +18,7 @@ import torch
 
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.noise import Noise, example_generator
-from seqtrain.data.pair_dataset import PACK_MIN_PAD_FRACTION, collate_pairs
+from seqtrain.data.pair_dataset import collate_pairs
 from seqtrain.data.token_blocks import TokenBlockDataset
 from seqtrain.data.tokenizer import Tokenizer
 
@@ -72,14 +72,12 @@ class DenoisingDataset(torch.utils.data.Dataset):
         seed: int = 1,
         shuffle: bool = False,
         fixed_epoch: int | None = None,
-        pack_min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
     ):
         self.blocks = blocks
         self.dictionary = dictionary
         self.noise = noise
         self.seed = int(seed)
         self.shuffle = shuffle
-        self.pack_min_pad_fraction = pack_min_pad_fraction
         self.sizes = (
             np.asarray(blocks.sizes, dtype=np.int64) + 2
         )  # fairseq's recorded sizes, <s> and </s> added
@@ -117,7 +115,6 @@ class DenoisingDataset(torch.utils.data.Dataset):
             d.eos(),
             left_pad_source=False,
             left_pad_target=False,
-            pack_min_pad_fraction=self.pack_min_pad_fraction,
         )
 
     # -- sizes, for filtering and batching without reading the data ------------------------------------------

@@ -41,34 +41,39 @@ def pad_sequences(
     return out
 
 
-# The packed path (models/transformer.py, Packing) runs a side's position-wise work on its real tokens only, at
-# the price of a gather/scatter around every attention. It pays once pads are more than this fraction of the
-# side's positions (scripts/bench/bench_packing.py; docs/benchmarks.md, "Packed or padded").
-PACK_MIN_PAD_FRACTION = 0.25
+# Max lengths are rounded up to a multiple of this, so the ints a run's kernels and compiled layers see repeat
+# (models/varlen.py: the varlen kernel only sizes its grid by them).
+LENGTH_BUCKET = 64
 
 
-def batch_layout(
-    src_tokens: torch.Tensor,
-    prev_output_tokens: torch.Tensor,
-    pad_idx: int,
-    min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
-) -> dict[str, Any]:
-    """What the model needs to know about a batch's padding, found here on the CPU so the forward pass never
-    waits for the device: `src_pads`/`tgt_pads` (bools: any pad on that side) and, for each side whose pads
-    exceed `min_pad_fraction` of its positions, `{side}_index` / `{side}_pad_index`: the flat positions
-    (into B*T) of its real tokens and of its pads (see models/bart.py)."""
+def bucketed(length: int, bucket: int = LENGTH_BUCKET) -> int:
+    """`length` rounded up to a multiple of `bucket` (at least one bucket)."""
+    return max(bucket, -(-length // bucket) * bucket)
+
+
+def batch_layout(src_tokens: torch.Tensor, prev_output_tokens: torch.Tensor, pad_idx: int) -> dict[str, Any]:
+    """The packed form of a batch, found here on the CPU so the model runs packed end to end and never waits
+    for the device (models/bart.py). For each side ("src": src_tokens, "tgt": prev_output_tokens):
+    `{side}_tokens` (the N real tokens, row by row), `{side}_positions` (their position ids, as
+    models.transformer.make_positions gives them), `{side}_cu_seqlens` (int32, B + 1 cumulative lengths),
+    `{side}_cu_seqlens_host` (a copy of it that stays on the host: Trainer.prepare_sample leaves keys ending in
+    `_host` where they are; the CPU reference attention reads its bounds there) and `{side}_max_len` (a host
+    int: the longest row rounded up by `bucketed`)."""
     layout: dict[str, Any] = {}
     for side, tokens in (("src", src_tokens), ("tgt", prev_output_tokens)):
-        keep = tokens.ne(pad_idx).reshape(-1)
-        n_pads = keep.numel() - int(keep.sum())
-        layout[f"{side}_pads"] = n_pads > 0
-        if n_pads > 0 and n_pads > min_pad_fraction * keep.numel():
-            layout[f"{side}_index"] = keep.nonzero().squeeze(1)
-            layout[f"{side}_pad_index"] = (~keep).nonzero().squeeze(1)
+        keep = tokens.ne(pad_idx)
+        lengths = keep.sum(1)
+        cu = torch.zeros(tokens.size(0) + 1, dtype=torch.int32)
+        torch.cumsum(lengths, 0, out=cu[1:])
+        layout[f"{side}_tokens"] = tokens[keep]
+        layout[f"{side}_positions"] = keep.cumsum(1)[keep] + pad_idx
+        layout[f"{side}_cu_seqlens"] = cu
+        layout[f"{side}_cu_seqlens_host"] = cu.clone()
+        layout[f"{side}_max_len"] = bucketed(int(lengths.max()) if len(lengths) else 0)
     return layout
 
 
-def split_batch(batch: dict[str, Any], pad_idx: int, min_pad_fraction: float = PACK_MIN_PAD_FRACTION) -> list:
+def split_batch(batch: dict[str, Any], pad_idx: int) -> list:
     """A collated training batch as two: the first half of its rows and the rest, each with the columns that
     are padding in all its rows dropped and its layout, target rows and token count made again (on the CPU, as
     the collater makes them). The two hold the same examples, so their sample sizes add up to the batch's."""
@@ -92,7 +97,7 @@ def split_batch(batch: dict[str, Any], pad_idx: int, min_pad_fraction: float = P
                     "src_tokens": src,
                     "src_lengths": net["src_lengths"][rows],
                     "prev_output_tokens": prev,
-                    "layout": batch_layout(src, prev, pad_idx, min_pad_fraction),
+                    "layout": batch_layout(src, prev, pad_idx),
                 },
                 "target": target,
                 "target_rows": target.ne(pad_idx).reshape(-1).nonzero().squeeze(1),
@@ -143,7 +148,6 @@ def collate_pairs(
     left_pad_source: bool = True,
     left_pad_target: bool = False,
     pad_to_multiple: int = 1,
-    pack_min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
 ) -> dict[str, Any]:
     """Items `{"id", "source", "target"}` padded into a batch, rows sorted by source length (longest first), as
     fairseq does (LanguagePairDataset.collater; the denoising dataset pads its sources on the right).
@@ -181,10 +185,7 @@ def collate_pairs(
     )
     batch["ntokens"] = sum(len(t) for t in targets)
     batch["net_input"]["layout"] = batch_layout(
-        batch["net_input"]["src_tokens"],
-        batch["net_input"]["prev_output_tokens"],
-        pad,
-        pack_min_pad_fraction,
+        batch["net_input"]["src_tokens"], batch["net_input"]["prev_output_tokens"], pad
     )
     batch["target_rows"] = batch["target"].ne(pad).reshape(-1).nonzero().squeeze(1)
     return batch
@@ -216,7 +217,6 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         max_source_positions: int = 1024,
         max_target_positions: int = 1024,
         pad_to_multiple: int = 1,
-        pack_min_pad_fraction: float = PACK_MIN_PAD_FRACTION,
         append_source: int | None = None,
         append_target: int | None = None,
         eos: int | None = None,
@@ -245,7 +245,6 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         self.max_source_positions = max_source_positions
         self.max_target_positions = max_target_positions
         self.pad_to_multiple = pad_to_multiple
-        self.pack_min_pad_fraction = pack_min_pad_fraction
         self.append_source, self.append_target = append_source, append_target
         self.eos = src_dict.eos() if eos is None else eos
         src_extra = int(prepend_bos) + int(append_source is not None)
@@ -307,7 +306,7 @@ class LanguagePairDataset(torch.utils.data.Dataset):
         src = stacked([b["net_input"]["src_tokens"] for b in real], self.left_pad_source)[order]
         target = stacked([b["target"] for b in real], self.left_pad_target)[order]
         prev = stacked([b["net_input"]["prev_output_tokens"] for b in real], self.left_pad_target)[order]
-        layout = batch_layout(src, prev, pad, self.pack_min_pad_fraction)
+        layout = batch_layout(src, prev, pad)
         return {
             "id": torch.cat([b["id"] for b in real])[order],
             "nsentences": sum(b["nsentences"] for b in real),
@@ -347,7 +346,6 @@ class LanguagePairDataset(torch.utils.data.Dataset):
             self.left_pad_source,
             self.left_pad_target,
             self.pad_to_multiple,
-            self.pack_min_pad_fraction,
         )
 
     # -- sizes, for filtering and batching without reading the data ------------------------------------------

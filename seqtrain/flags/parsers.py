@@ -150,7 +150,14 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accepted for fairseq command lines; implies --bf16",
     )
-    _add(g, parser, "--compile", action="store_true", help="torch.compile the model (CUDA recommended)")
+    _add(
+        g,
+        parser,
+        "--compile",
+        action="store_true",
+        help="torch.compile each encoder and decoder layer of the packed training path (CPU or CUDA; "
+        "the criterion, the optimizer and generation stay eager)",
+    )
     _add(
         g,
         parser,

@@ -7,11 +7,13 @@ Parameter names are fairseq's, so fairseq checkpoints load with no renaming (fai
     x, extra = model(src_tokens, src_lengths, prev_output_tokens, features_only=True)
     logits = model.output_layer(x[target.ne(pad)])        # project only the rows a criterion needs
 
-Host-device syncs: a training batch from the collater carries `net_input["layout"]` (pair_dataset.batch_layout:
-whether each side has pads, and for the sides worth packing the flat positions of their real tokens and pads,
-computed on the CPU), and with it a forward pass never waits for the device. Without it (a caller's own batch)
-the pads are found on the device: a sync for each stack's attention mask, and two for each of the three
-packings (encoder, decoder, encoder output).
+Packed training: a batch from the collater carries `net_input["layout"]` (pair_dataset.batch_layout, made on
+the CPU: each side's real tokens, their positions, cu_seqlens and a bucketed max length). With it the model
+runs packed end to end: embeddings of the real tokens only, every layer on N x C, varlen attention
+(models/varlen.py), and the output is packed too: the N rows of the real target positions in row-major order,
+the rows `sample["target_rows"]` selects from a padded output, with `extra["packed"]` True. No mask, no
+scatter, no gather, and no host-device sync. Without a layout (generation, a caller's own batch) the model runs
+padded (B x T x C, SDPA with masks), finding the pads on the device: a sync for each stack's attention mask.
 
 Incremental decoding (beam search): the caller creates `state = {}` and calls
 `model.decoder(prev_output_tokens, encoder_out, incremental_state=state)` with the whole prefix each step; only
@@ -40,7 +42,7 @@ from seqtrain.models.transformer import (
     ACTIVATIONS,
     INITS,
     LearnedPositionalEmbedding,
-    Packing,
+    Segments,
     TransformerDecoderLayer,
     TransformerEncoderLayer,
     embed_scale,
@@ -153,36 +155,39 @@ class BartEncoder(nn.Module):
     ) -> EncoderOut:
         """src_tokens: B x S (left or right padded). Returns {"encoder_out": B x S x C,
         "encoder_padding_mask": B x S bool (True at pads)}. src_lengths is accepted for fairseq's signature;
-        the padding mask is read from the tokens. `layout`: the collater's (see the module docstring)."""
+        the padding mask is read from the tokens. With `layout` (the collater's, see the module docstring):
+        {"encoder_out": M x C}, the M real tokens packed."""
         if src_tokens.size(1) > self.max_source_positions:
             raise SeqtrainError(
                 f"source of {src_tokens.size(1)} tokens exceeds --max-source-positions {self.max_source_positions}"
             )
+        if layout is not None:
+            return {"encoder_out": self.forward_packed(layout)}
         padding_mask = src_tokens.eq(self.padding_idx)
-        x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
-        x = self.layernorm_embedding(x)
-        if self.training and self.dropout:  # (F.dropout would return x itself: one operator less a step)
-            x = F.dropout(x, self.dropout, True)
-        if layout is None:
-            attn_mask = _attn_mask(padding_mask)
-            packing = None if attn_mask is None else Packing.from_mask(~padding_mask)
-        else:
-            attn_mask = _attn_mask(padding_mask, layout["src_pads"])
-            packing = Packing.from_layout(layout, "src", src_tokens)
+        x = self._embed(src_tokens, self.embed_positions(src_tokens))
+        attn_mask = _attn_mask(padding_mask)
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
-        if packing is not None:
-            # Padded batch: the layers' position-wise work runs on the real tokens only (zeros at pads after).
-            x = packing.pack(x)
-            for layer in self.layers:
-                x = _run_layer(layer, use_ckpt, x, attn_mask, packing)
-            if self.layer_norm is not None:
-                x = self.layer_norm(x)
-            return {"encoder_out": packing.unpack(x), "encoder_padding_mask": padding_mask}
         for layer in self.layers:
             x = _run_layer(layer, use_ckpt, x, attn_mask)
         if self.layer_norm is not None:
             x = self.layer_norm(x)
         return {"encoder_out": x, "encoder_padding_mask": padding_mask}
+
+    def _embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        x = self.embed_scale * self.embed_tokens(tokens) + positions
+        x = self.layernorm_embedding(x)
+        if self.training and self.dropout:  # (F.dropout would return x itself: one operator less a step)
+            x = F.dropout(x, self.dropout, True)
+        return x
+
+    def forward_packed(self, layout: Layout) -> Tensor:
+        """The real source tokens of a collated batch through the stack, packed: M x C."""
+        x = self._embed(layout["src_tokens"], _positions(self.embed_positions, layout["src_positions"]))
+        segments = _segments(layout, "src")
+        use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
+        for layer in self.layers:
+            x = _run_layer(layer, use_ckpt, x, None, segments)
+        return x if self.layer_norm is None else self.layer_norm(x)
 
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:
@@ -234,12 +239,16 @@ class BartDecoder(nn.Module):
     ) -> tuple[Tensor, dict[str, Any]]:
         """prev_output_tokens: (B*beam) x T, right-padded. With `incremental_state`, the first T-1 positions must
         already be cached by earlier calls and only position T is computed (output (B*beam) x 1 x V).
-        `layout`: the collater's (see the module docstring)."""
+        With `layout` (the collater's, see the module docstring; `encoder_out` then packed too) the output is
+        packed: forward_packed."""
         t = prev_output_tokens.size(1)
         if t > self.max_target_positions:
             raise SeqtrainError(
                 f"target of {t} tokens exceeds --max-target-positions {self.max_target_positions}"
             )
+        if layout is not None:
+            assert encoder_out is not None and incremental_state is None
+            return self.forward_packed(layout, encoder_out["encoder_out"], features_only)
         state = incremental_state
         if state is not None:
             cached = state.get("steps", 0)
@@ -252,26 +261,16 @@ class BartDecoder(nn.Module):
         else:
             tokens = prev_output_tokens
             positions = self.embed_positions(tokens)
-        x = self.embed_scale * self.embed_tokens(tokens) + positions
-        x = self.layernorm_embedding(x)
-        if self.training and self.dropout:  # (F.dropout would return x itself: one operator less a step)
-            x = F.dropout(x, self.dropout, True)
-
+        x = self._embed(tokens, positions)
         memory = memory_mask = None
-        src_pads = None if layout is None else layout["src_pads"]
         if encoder_out is not None:
             memory = encoder_out["encoder_out"]
             if state is not None:
                 if "encoder_attn_mask" not in state:
-                    state["encoder_attn_mask"] = _attn_mask(encoder_out["encoder_padding_mask"], src_pads)
+                    state["encoder_attn_mask"] = _attn_mask(encoder_out["encoder_padding_mask"])
                 memory_mask = state["encoder_attn_mask"]
             else:
-                memory_mask = _attn_mask(encoder_out["encoder_padding_mask"], src_pads)
-
-        if state is None and memory is not None and x.size(0) % memory.size(0) == 0:
-            packings = self._packings(prev_output_tokens, encoder_out, memory_mask, layout)
-            if packings is not None:
-                return self._forward_packed(x, encoder_out, memory_mask, features_only, *packings)
+                memory_mask = _attn_mask(encoder_out["encoder_padding_mask"])
         inner_states: list[Tensor] = [x]
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled() and state is None
         for i, layer in enumerate(self.layers):
@@ -289,45 +288,24 @@ class BartDecoder(nn.Module):
         extra = {"attn": [None], "inner_states": inner_states}
         return (x if features_only else self.output_layer(x)), extra
 
-    def _packings(
-        self,
-        prev_output_tokens: Tensor,
-        encoder_out: EncoderOut,
-        memory_mask: Tensor | None,
-        layout: Layout | None,
-    ) -> tuple[Packing, Packing | None] | None:
-        """(decoder packing, encoder-output packing or None) when the decoder should run packed, else None.
-        With the collater's layout: as it chose, no sync. Without: whenever either side has pads (syncs)."""
-        pad_mask = encoder_out["encoder_padding_mask"]
-        if layout is not None:
-            packing = Packing.from_layout(layout, "tgt", prev_output_tokens)
-            return None if packing is None else (packing, Packing.from_layout(layout, "src", pad_mask))
-        if memory_mask is None and not bool(prev_output_tokens.eq(self.padding_idx).any()):
-            return None
-        return Packing.from_mask(prev_output_tokens.ne(self.padding_idx)), Packing.from_mask(~pad_mask)
+    _embed = BartEncoder._embed
 
-    def _forward_packed(
-        self,
-        x: Tensor,
-        encoder_out: EncoderOut,
-        memory_mask: Tensor | None,
-        features_only: bool,
-        packing: Packing,
-        memory_packing: Packing | None,
+    def forward_packed(
+        self, layout: Layout, memory: Tensor, features_only: bool = False
     ) -> tuple[Tensor, dict[str, Any]]:
-        """The full-sequence forward of a padded batch with position-wise work on real tokens only (Packing);
-        the encoder output is packed too when `memory_packing` is given."""
-        memory = encoder_out["encoder_out"]
-        if memory_packing is not None:
-            memory = memory_packing.pack(memory)
+        """The real decoder-input tokens of a collated batch through the stack, attending to the packed
+        encoder output `memory` (M x C): N x C features (N x V logits), packed, extra["packed"] True."""
+        x = self._embed(layout["tgt_tokens"], _positions(self.embed_positions, layout["tgt_positions"]))
+        segments, memory_segments = _segments(layout, "tgt"), _segments(layout, "src")
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
         inner_states: list[Tensor] = [x]
-        x = packing.pack(x)
         for layer in self.layers:
-            x = _run_layer(layer, use_ckpt, x, memory, memory_mask, None, None, packing, memory_packing)
-            inner_states.append(packing.unpack(x))
-        x = inner_states[-1] if self.layer_norm is None else packing.unpack(self.layer_norm(x))
-        return (x if features_only else self.output_layer(x)), {"attn": [None], "inner_states": inner_states}
+            x = _run_layer(layer, use_ckpt, x, memory, None, None, None, segments, memory_segments)
+            inner_states.append(x)
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        extra = {"attn": [None], "inner_states": inner_states, "packed": True}
+        return (x if features_only else self.output_layer(x)), extra
 
     def reorder_incremental_state(
         self, incremental_state: dict[str, Any], new_order: Tensor, encoder_order: Tensor | None = None
@@ -344,13 +322,21 @@ class BartDecoder(nn.Module):
             incremental_state["encoder_attn_mask"] = mask.index_select(0, encoder_order)
 
 
-def _attn_mask(padding_mask: Tensor, has_pads: bool | None = None) -> Tensor | None:
+def _attn_mask(padding_mask: Tensor) -> Tensor | None:
     """B x S pad mask (True at pads) -> B x 1 x 1 x S attend mask (True = attend), or None without pads
-    (no mask lets CUDA pick the flash kernel). `has_pads` from the host (the collater's layout) spares the
-    device sync that finding it out costs."""
-    if has_pads is None:
-        has_pads = bool(padding_mask.any())
-    return (~padding_mask)[:, None, None, :] if has_pads else None
+    (no mask lets CUDA pick the flash kernel; finding out is a device sync)."""
+    return (~padding_mask)[:, None, None, :] if bool(padding_mask.any()) else None
+
+
+def _segments(layout: Layout, side: str) -> Segments:
+    return Segments(
+        layout[f"{side}_cu_seqlens"], layout[f"{side}_max_len"], layout.get(f"{side}_cu_seqlens_host")
+    )
+
+
+def _positions(table: LearnedPositionalEmbedding, positions: Tensor) -> Tensor:
+    """The learned position embeddings of packed tokens, `positions` as make_positions gives them."""
+    return F.embedding(positions, table.weight, table.padding_idx)
 
 
 class BARTModel(nn.Module):
@@ -394,7 +380,8 @@ class BARTModel(nn.Module):
         features_only: bool = False,
         layout: Layout | None = None,
     ) -> tuple[Tensor, dict[str, Any]]:
-        """`layout`: the collater's net_input["layout"] (see the module docstring); optional."""
+        """`layout`: the collater's net_input["layout"] (see the module docstring); optional. With it the
+        output is packed (the real target positions' rows) and extra["packed"] is True."""
         encoder_out = self.encoder(src_tokens, src_lengths, layout)
         return self.decoder(prev_output_tokens, encoder_out, features_only=features_only, layout=layout)
 

@@ -1,35 +1,54 @@
 """Transformer building blocks for BART: attention with a key/value cache, post-norm (or pre-norm) layers,
 positions.
 
-Tensors are batch-first (B x T x C) everywhere. Attention runs through
-`torch.nn.functional.scaled_dot_product_attention` so PyTorch picks the fastest kernel (flash / memory-efficient
-on CUDA). Masks are boolean and broadcast (True = may attend), never large float tensors.
+Two layouts. Packed (training, from the collater's layout): a batch's N real tokens as N x C, the sequences told
+apart by `Segments` (cu_seqlens and a host max length); every layer works on the real tokens alone, and
+attention is seqtrain.models.varlen's (torch's varlen flash kernel on CUDA, the exact per-segment reference
+elsewhere): no mask, no pads, no scatter or gather anywhere. Padded (generation with its key/value cache, and
+callers without a layout): batch-first B x T x C through `torch.nn.functional.scaled_dot_product_attention` with
+boolean broadcast masks (True = may attend), never large float tensors.
 
 Module and parameter names mirror fairseq's (`self_attn.k_proj`, `encoder_attn_layer_norm`, `fc1`, ...) so a
 fairseq state dict loads without renaming; definition order follows fairseq too, so `state_dict()` lists keys in
 the same order as a fairseq checkpoint.
 
-Why one module: attention, the layers and the packing helpers share the key/value cache and mask
-conventions; split apart, each piece would need the others' invariants restated.
+`compile_layers(model)` (--compile) compiles each layer's packed forward as its own region (torchtitan
+compiles per block): identical layers share one graph, the token count is dynamic and the max lengths are
+bucketed, so a run compiles once; the criterion and the optimizer stay outside.
+
+Why one module: attention, the layers and their two layouts share the key/value cache and mask conventions;
+split apart, each piece would need the others' invariants restated.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqtrain.models.lora import LoRALinear
+from seqtrain.models.varlen import varlen_attention
 
 # One cache entry per attention module. Cross-attention: {"k": B x H x S x d, "v": the same}, computed once from
 # the encoder output. Self-attention (decoding): {"kv": T x B x 2 x H x d}, the keys and values of every decoded
 # position together, a view of the flat buffer "kv_buf"; "kv_spare" is the buffer reorder_cache gathers into,
 # "qkv_weight"/"qkv_bias" the fused projection (see append_to_cache).
 Cache = dict[str, Tensor]
+
+
+class Segments(NamedTuple):
+    """The sequences of a packed batch: `cu` (int32, B + 1 cumulative lengths, on the activations' device),
+    `max_len` (a host int at least the longest; pair_dataset.batch_layout rounds it up so shapes repeat) and
+    `bounds` (cu's values on the host, for the reference attention; None: read from cu)."""
+
+    cu: Tensor
+    max_len: int
+    bounds: Tensor | None = None
 
 
 def _time_major(buf: Tensor, t: int, b: int, h: int, d: int) -> Tensor:
@@ -188,6 +207,31 @@ class MultiheadAttention(nn.Module):
         else:
             q, k, v = self._heads(self.q_proj(x)), self._heads(self.k_proj(x)), self._heads(self.v_proj(x))
         return self.out_proj(self._merge(self._sdpa(q, k, v, mask, is_causal)))
+
+    def _varlen(
+        self, q: Tensor, k: Tensor, v: Tensor, seg_q: Segments, seg_k: Segments, causal: bool
+    ) -> Tensor:
+        p = self.dropout if self.training else 0.0
+        o = varlen_attention(
+            q, k, v, seg_q.cu, seg_k.cu, seg_q.max_len, seg_k.max_len, causal, p, seg_q.bounds, seg_k.bounds
+        )
+        return self.out_proj(o.reshape(o.size(0), self.embed_dim))
+
+    def packed_self_attention(self, x: Tensor, segments: Segments, causal: bool) -> Tensor:
+        """Self-attention of packed tokens (N x C) within each of their sequences; N x C. q, k and v come
+        from one matrix product (their weights concatenated)."""
+        qkv = _fused_linear(x, self.q_proj, self.k_proj, self.v_proj).view(x.size(0), 3, self.num_heads, -1)
+        q, k, v = qkv.unbind(1)
+        return self._varlen(q, k, v, segments, segments, causal)
+
+    def packed_cross_attention(
+        self, x: Tensor, segments: Segments, memory: Tensor, memory_segments: Segments
+    ) -> Tensor:
+        """Attention of packed queries (N x C) to the packed memory (M x kdim) of the same sequences; N x C."""
+        q = self.q_proj(x).view(x.size(0), self.num_heads, self.head_dim)
+        kv = _fused_linear(memory, self.k_proj, self.v_proj).view(memory.size(0), 2, self.num_heads, -1)
+        k, v = kv.unbind(1)
+        return self._varlen(q, k, v, segments, memory_segments, False)
 
     def cross_attention(
         self, x: Tensor, memory: Tensor | None, mask: Tensor | None, cache: Cache | None = None
@@ -368,10 +412,19 @@ class TransformerEncoderLayer(_FeedForward):
         self.self_attn_layer_norm = nn.LayerNorm(embed_dim)
         self._init_ffn(embed_dim, ffn_dim, dropout, activation_dropout, activation_fn, normalize_before)
 
-    def forward(self, x: Tensor, mask: Tensor | None, packing: Packing | None = None) -> Tensor:
-        if packing is not None:  # x is packed (N x C); dispatched here so module hooks (FSDP's) run around it
-            return encoder_layer_packed(self, x, packing, mask)
+    def forward(self, x: Tensor, mask: Tensor | None, segments: Segments | None = None) -> Tensor:
+        """Padded x (B x T x C, `mask` its attend mask) or, with `segments`, packed x (N x C); dispatched here
+        so module hooks (FSDP's) run around both."""
+        if segments is not None:
+            return _packed_forward(self)(self, x, segments)
         x = self._residual(x, self.self_attn_layer_norm, lambda h: self.self_attn.self_attention(h, mask))
+        return self._ffn_block(x)
+
+    def forward_packed(self, x: Tensor, segments: Segments) -> Tensor:
+        """The layer on packed tokens (N x C): the region --compile compiles."""
+        x = self._residual(
+            x, self.self_attn_layer_norm, lambda h: self.self_attn.packed_self_attention(h, segments, False)
+        )
         return self._ffn_block(x)
 
 
@@ -407,13 +460,15 @@ class TransformerDecoderLayer(_FeedForward):
         memory_mask: Tensor | None,
         self_cache: Cache | None = None,
         cross_cache: Cache | None = None,
-        packing: Packing | None = None,
-        memory_packing: Packing | None = None,
+        segments: Segments | None = None,
+        memory_segments: Segments | None = None,
     ) -> Tensor:
-        if (
-            packing is not None
-        ):  # x and memory are packed; dispatched here so module hooks (FSDP's) run around it
-            return decoder_layer_packed(self, x, packing, memory, memory_packing, memory_mask)
+        """Padded x (B x T x C; with caches, incremental decoding) or, with `segments` and
+        `memory_segments`, packed x (N x C) and packed memory (M x C); dispatched here so module hooks (FSDP's)
+        run around both."""
+        if segments is not None:
+            assert memory is not None and memory_segments is not None
+            return _packed_forward(self)(self, x, segments, memory, memory_segments)
         # Decoder inputs are right-padded, so the causal mask alone is exact for real positions, and pad
         # positions always see at least position 0 (no all-masked rows, hence no NaN).
         causal = x.size(1) > 1
@@ -428,6 +483,62 @@ class TransformerDecoderLayer(_FeedForward):
             lambda h: self.encoder_attn.cross_attention(h, memory, memory_mask, cache=cross_cache),
         )
         return self._ffn_block(x)
+
+    def forward_packed(
+        self, x: Tensor, segments: Segments, memory: Tensor, memory_segments: Segments
+    ) -> Tensor:
+        """The layer on packed tokens (N x C) and packed memory (M x C): the region --compile compiles."""
+        x = self._residual(
+            x, self.self_attn_layer_norm, lambda h: self.self_attn.packed_self_attention(h, segments, True)
+        )
+        x = self._residual(
+            x,
+            self.encoder_attn_layer_norm,
+            lambda h: self.encoder_attn.packed_cross_attention(h, segments, memory, memory_segments),
+        )
+        return self._ffn_block(x)
+
+
+# --------------------------------------------------------------------------------------------- --compile
+def compile_layers(model: nn.Module, backend: str = "inductor") -> int:
+    """Mark every encoder and decoder layer of `model` to run its packed forward compiled by `backend`
+    (torch.compile's default mode: no autotuning that picks kernels by timing); returns how many. The
+    incremental (generation) and padded paths stay eager. One compiled function per layer class and backend:
+    dynamo treats a layer's parameters as inputs, so every layer of a stack reuses one graph."""
+    layers = [m for m in model.modules() if isinstance(m, (TransformerEncoderLayer, TransformerDecoderLayer))]
+    for layer in layers:
+        layer.compile_backend = backend
+    return len(layers)
+
+
+@functools.cache
+def _compiled(cls: type, backend: str) -> Callable[..., Tensor]:
+    return torch.compile(cls.forward_packed, backend=backend)
+
+
+def _packed_forward(layer: _FeedForward) -> Callable[..., Tensor]:
+    """The layer's forward_packed, compiled when compile_layers marked it; the inputs' token counts and the
+    segment counts are marked dynamic, so new batch shapes reuse the graph (the max lengths, host ints, become
+    dynamic at their first change: one recompile at most)."""
+    backend = getattr(layer, "compile_backend", None)
+    if backend is None or torch.compiler.is_compiling():
+        return type(layer).forward_packed
+    return _DynamicTokens(_compiled(type(layer), backend))
+
+
+class _DynamicTokens:
+    """Calls `fn(layer, *inputs)` after marking the first dimension of every tensor input (and the tensors of
+    Segments) dynamic."""
+
+    def __init__(self, fn: Callable[..., Tensor]):
+        self.fn = fn
+
+    def __call__(self, layer: nn.Module, *inputs: Any) -> Tensor:
+        for item in inputs:
+            for t in item if isinstance(item, Segments) else (item,):
+                if torch.is_tensor(t):
+                    torch._dynamo.mark_dynamic(t, 0)
+        return self.fn(layer, *inputs)
 
 
 def init_bert_params(module: nn.Module) -> None:
@@ -471,85 +582,6 @@ def embed_scale(dim: int, no_scale_embedding: bool) -> float:
     return 1.0 if no_scale_embedding else math.sqrt(dim)
 
 
-# ------------------------------------------------------------------------------------------------ packed layers
-class Packing:
-    """The real (non-pad) tokens of a padded B x T batch, to run position-wise work on them alone.
-
-    Projections, feed-forward blocks, layer norms and dropout treat every position alike, so on a padded batch
-    they can run on the N real tokens (packed, N x C) and skip the padding, which is often half of a batch. Only
-    attention needs the B x T layout: its projected inputs are scattered into zeros and its output gathered back.
-    Results at real positions are those of the padded computation (pads never reach a real token: keys at pads
-    are masked, or lie after every real query under the causal mask of a right-padded decoder)."""
-
-    def __init__(self, index: Tensor, pad_index: Tensor, batch: int, length: int):
-        """`index`/`pad_index`: the flat positions (into B*T) of the real tokens and of the pads, on the device
-        of the activations. The collater computes them on the CPU (seqtrain.data.pair_dataset.batch_layout), so
-        building a Packing costs no host-device sync; `from_mask` finds them on the device (two syncs)."""
-        self.batch, self.length = batch, length
-        self.index, self.pad_index = index, pad_index
-
-    @classmethod
-    def from_mask(cls, keep: Tensor) -> Packing:
-        """The Packing of a B x T bool mask (True = real token). `nonzero` waits for the device: a caller that
-        has the layout on the host (the collater's) builds the Packing from indices instead."""
-        flat = keep.reshape(-1)
-        return cls(flat.nonzero().squeeze(1), (~flat).nonzero().squeeze(1), *keep.shape)
-
-    @classmethod
-    def from_layout(cls, layout: dict[str, Any], side: str, like: Tensor) -> Packing | None:
-        """The Packing of `side` ("src" or "tgt") from a collated batch's layout (batch_layout), or None when the
-        collater chose the padded path for this batch; `like` is the B x T token tensor of that side."""
-        index = layout.get(f"{side}_index")
-        if index is None:
-            return None
-        return cls(index, layout[f"{side}_pad_index"], *like.shape)
-
-    def pack(self, x: Tensor) -> Tensor:
-        """B x T x C -> N x C."""
-        return _Pack.apply(x.reshape(self.batch * self.length, x.size(-1)), self.index, self.pad_index)
-
-    def unpack(self, x: Tensor) -> Tensor:
-        """N x C -> B x T x C, zeros at pads."""
-        out = _Unpack.apply(x, self.index, self.pad_index, self.batch * self.length)
-        return out.view(self.batch, self.length, x.size(-1))
-
-
-def _scatter_rows(x: Tensor, index: Tensor, pad_index: Tensor, rows: int) -> Tensor:
-    """rows x C with x's rows at `index` and zeros at `pad_index` (only the pad rows are zero-filled: filling the
-    whole buffer first was a tenth of a CPU training step)."""
-    out = x.new_empty(rows, x.size(-1))
-    out.index_copy_(0, index, x)
-    out.index_fill_(0, pad_index, 0)
-    return out
-
-
-class _Pack(torch.autograd.Function):
-    """Row gather whose backward scatters into a buffer zeroed at the pad rows only (see _scatter_rows)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, index: Tensor, pad_index: Tensor) -> Tensor:
-        ctx.save_for_backward(index, pad_index)
-        ctx.rows = x.size(0)
-        return x.index_select(0, index)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        index, pad_index = ctx.saved_tensors
-        return _scatter_rows(grad, index, pad_index, ctx.rows), None, None
-
-
-class _Unpack(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, index: Tensor, pad_index: Tensor, rows: int) -> Tensor:
-        ctx.save_for_backward(index)
-        return _scatter_rows(x, index, pad_index, rows)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
-        (index,) = ctx.saved_tensors
-        return grad.index_select(0, index), None, None, None
-
-
 def _fused_params(*layers: nn.Linear) -> tuple[Tensor, Tensor | None]:
     """The weight and bias of several projections of the same input, stacked into one projection's (a LoRA
     projection's weight with its adapter folded in: seqtrain.models.lora)."""
@@ -571,73 +603,3 @@ def _fused_linear(x: Tensor, *layers: nn.Linear) -> Tensor:
         for m in layers
     ]
     return out + torch.cat(terms, dim=-1)
-
-
-def packed_self_attention(
-    attn: MultiheadAttention, x: Tensor, packing: Packing, mask: Tensor | None, is_causal: bool
-) -> Tensor:
-    """Self-attention of packed x (N x C) over the padded layout `packing` describes; returns N x C."""
-    q, k, v = packing.unpack(_fused_linear(x, attn.q_proj, attn.k_proj, attn.v_proj)).chunk(3, dim=-1)
-    o = attn._sdpa(attn._heads(q), attn._heads(k), attn._heads(v), mask, is_causal)
-    return attn.out_proj(packing.pack(attn._merge(o)))
-
-
-def packed_cross_attention(
-    attn: MultiheadAttention,
-    x: Tensor,
-    packing: Packing,
-    memory: Tensor,
-    memory_packing: Packing | None,
-    memory_mask: Tensor | None,
-) -> Tensor:
-    """Cross-attention of packed queries (N x C) to packed memory (M x kdim; B x S x kdim without
-    `memory_packing`); returns N x C. The query batch may be `beam` times the memory batch (folded into the
-    query axis, as MultiheadAttention.cross_attention does)."""
-    q = packing.unpack(attn.q_proj(x))
-    kv = _fused_linear(memory, attn.k_proj, attn.v_proj)
-    k, v = (kv if memory_packing is None else memory_packing.unpack(kv)).chunk(2, dim=-1)
-    k, v = attn._heads(k), attn._heads(v)
-    bq, t, _ = q.shape
-    bk = k.size(0)
-    if bq == bk:
-        o = attn._merge(attn._sdpa(attn._heads(q), k, v, memory_mask))
-    else:
-        beam, h, d = bq // bk, attn.num_heads, attn.head_dim
-        q = q.view(bk, beam, t, h, d).permute(0, 3, 1, 2, 4).reshape(bk, h, beam * t, d)
-        o = attn._sdpa(q, k, v, memory_mask).view(bk, h, beam, t, d).permute(0, 2, 3, 1, 4).reshape(bq, t, -1)
-    return attn.out_proj(packing.pack(o))
-
-
-def encoder_layer_packed(
-    layer: TransformerEncoderLayer, x: Tensor, packing: Packing, mask: Tensor | None
-) -> Tensor:
-    """TransformerEncoderLayer.forward on packed tokens."""
-    x = layer._residual(
-        x,
-        layer.self_attn_layer_norm,
-        lambda h: packed_self_attention(layer.self_attn, h, packing, mask, False),
-    )
-    return layer._ffn_block(x)
-
-
-def decoder_layer_packed(
-    layer: TransformerDecoderLayer,
-    x: Tensor,
-    packing: Packing,
-    memory: Tensor,
-    memory_packing: Packing | None,
-    memory_mask: Tensor | None,
-) -> Tensor:
-    """TransformerDecoderLayer.forward (no cache) on packed tokens; `memory` is the encoder output, packed
-    when `memory_packing` is given."""
-    x = layer._residual(
-        x,
-        layer.self_attn_layer_norm,
-        lambda h: packed_self_attention(layer.self_attn, h, packing, None, packing.length > 1),
-    )
-    x = layer._residual(
-        x,
-        layer.encoder_attn_layer_norm,
-        lambda h: packed_cross_attention(layer.encoder_attn, h, packing, memory, memory_packing, memory_mask),
-    )
-    return layer._ffn_block(x)

@@ -59,6 +59,7 @@ from seqtrain.models.resize import (
     keep_layers,
     resize_embeddings,
 )
+from seqtrain.models.transformer import compile_layers
 from seqtrain.optim import (
     DynamicLossScaler,
     GradientOverflow,
@@ -145,7 +146,9 @@ class Trainer:
         self._forward_model = distributed.wrap_model(parallel, self.model, self.device, self.amp_dtype)
         self.is_fsdp = distributed.is_fsdp(self.model)
         if cfg.compile:
-            self._forward_model = torch.compile(self._forward_model)
+            # per layer, as torchtitan compiles per block: the packed path's layers, one graph per layer
+            # class, reused across batch shapes; the criterion, the optimizer and generation stay eager
+            compile_layers(self.model)
         self.optimizer = build_optimizer(args, self.model.parameters())
         self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
         self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
@@ -245,13 +248,14 @@ class Trainer:
             self._dummy_batch = self.prepare_sample(batch)
 
     def prepare_sample(self, sample: Any) -> Any:
-        """`sample` with every tensor moved to the training device."""
+        """`sample` with every tensor moved to the training device, but those under keys ending in `_host`
+        (the layout's host copies of its segment bounds, pair_dataset.batch_layout), which stay on the host."""
 
         def move(x: Any) -> Any:
             if torch.is_tensor(x):
                 return x.to(self.device, non_blocking=True)
             if isinstance(x, dict):
-                return {k: move(v) for k, v in x.items()}
+                return {k: v if k.endswith("_host") else move(v) for k, v in x.items()}
             if isinstance(x, list):
                 return [move(v) for v in x]
             return x

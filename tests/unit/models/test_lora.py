@@ -63,7 +63,7 @@ def test_every_path_sees_the_adapter_and_the_merged_model_computes_the_same(pack
     src, lengths, prev = batch()
     from seqtrain.data.pair_dataset import batch_layout
 
-    layout = batch_layout(src, prev, 1, min_pad_fraction=0.0 if packed else 1.0)
+    layout = batch_layout(src, prev, 1) if packed else None
     merged = build(lora_rank=2, lora_alpha=4.0, lora_modules="q_proj,k_proj,v_proj,out_proj,fc1,fc2")
     merged.load_state_dict(lora.state_dict())
     assert merge_lora(merged) == 2 * 6 + 2 * 6 + 2 * 4  # enc self 6 each, dec self 4 + cross 4 + ffn 2
@@ -71,7 +71,7 @@ def test_every_path_sees_the_adapter_and_the_merged_model_computes_the_same(pack
     with torch.no_grad():
         want = merged(src, lengths, prev, layout=layout)[0]
         got = lora(src, lengths, prev, layout=layout)[0]
-        plain = build()(src, lengths, prev)[0]
+        plain = build()(src, lengths, prev, layout=layout)[0]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert (got - plain).abs().max() > 1e-2  # the adapters change what the model computes
     # training mode takes the custom feed-forward and fused paths: the same values

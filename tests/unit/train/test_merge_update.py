@@ -78,7 +78,8 @@ def test_one_merged_pass_gives_the_accumulated_update(databin, tmp_path, dtype, 
     assert len(set(widths)) > 1  # batches of other lengths: the merged one pads the narrower ones up
     passes = dataset.merge_update(batches, max_tokens=10_000)
     assert len(passes) == 1 and passes[0]["nsentences"] == sum(b["nsentences"] for b in batches)
-    assert "src_index" in passes[0]["net_input"]["layout"]  # padded enough that the model packs it
+    layout = passes[0]["net_input"]["layout"]  # the model runs the merged batch packed, on its real tokens
+    assert layout["src_cu_seqlens"].numel() == passes[0]["nsentences"] + 1
 
     rows_a, rows_b = _passes(accumulated), _passes(merged)
     stats_a = accumulated.train_step(batches)

@@ -1,0 +1,205 @@
+"""Attention over packed variable-length sequences: one dispatcher, torch's FA2 varlen kernel where it serves.
+
+Training runs packed end to end (models/bart.py): every layer sees only the N real tokens of a batch (N x C),
+and a batch's sequences are told apart by `cu_seqlens` (int32, B + 1 cumulative lengths, sequence i holds rows
+cu[i]..cu[i+1]). Attention is the one place that needs the segments; `varlen_attention` gives it them:
+
+- on CUDA in fp16/bf16 without attention dropout, `torch.nn.attention.varlen.varlen_attn` (FA2's varlen kernel):
+  no mask, no padded FLOPs, no scatter into a padded layout. Its signature changed between torch versions
+  (causal masking as `is_causal=True` in some, `window_size=(-1, 0)` in others), so `varlen_kernel()` probes it
+  once and adapts;
+- elsewhere (the CPU, fp32/fp64, attention dropout > 0) the exact reference: SDPA on each segment. Without
+  dropout it runs as the custom op `seqtrain::varlen_attention` (with a fake implementation and its backward as
+  a second op), so torch.compile traces the CPU run as one opaque attention node per call, as it traces the GPU
+  run's varlen kernel, and a compiled layer has the same graph on both.
+
+Tensors: q N x H x d, k and v M x H x d (M = N for self-attention), cu_q / cu_k int32 B + 1 on q's device
+(the kernel reads them there), and `bounds_q` / `bounds_k` the same values kept on the host (the collater's
+`*_cu_seqlens_host`, which Trainer.prepare_sample leaves there): the reference reads its segment bounds from
+them, so it never waits for the device either. `max_q` / `max_k` are host ints at least the longest segment
+(the collater rounds them up, pair_dataset.LENGTH_BUCKET, so shapes repeat; the kernel only sizes its grid by
+them, the reference ignores them). Causal masking is within each segment (query j sees keys 0..j of its own
+sequence).
+
+Why a module of its own: the kernel choice, the version probe and the reference must agree on one contract
+(segments, causal alignment, scale), and tests/unit/models/test_varlen.py checks all three against it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+VarlenKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int, int, bool], Tensor]
+
+
+def _segments(cu: Tensor) -> list[tuple[int, int]]:
+    """(start, end) row ranges of the segments of `cu` (host bounds: no sync)."""
+    bounds = cu.tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool, dropout_p: float = 0.0
+) -> Tensor:
+    """The exact reference: SDPA on each (query segment, key segment) pair, N x H x d_v. Rows outside every
+    segment (none, from the collater) stay zero."""
+    out = q.new_zeros(q.size(0), q.size(1), v.size(-1))
+    for (qa, qb), (ka, kb) in zip(_segments(cu_q), _segments(cu_k)):
+        if qb == qa:
+            continue
+        o = F.scaled_dot_product_attention(
+            q[qa:qb].transpose(0, 1),
+            k[ka:kb].transpose(0, 1),
+            v[ka:kb].transpose(0, 1),
+            dropout_p=dropout_p,
+            is_causal=causal,
+        )
+        out[qa:qb] = o.transpose(0, 1)
+    return out
+
+
+@torch.library.custom_op("seqtrain::varlen_attention", mutates_args=())
+def varlen_attention_op(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool) -> Tensor:
+    """reference_attention without dropout, as one operator (see the module docstring)."""
+    return reference_attention(q, k, v, cu_q, cu_k, causal)
+
+
+@varlen_attention_op.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool) -> Tensor:
+    return q.new_empty(q.size(0), q.size(1), v.size(-1))
+
+
+@torch.library.custom_op("seqtrain::varlen_attention_backward", mutates_args=())
+def varlen_attention_backward_op(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Gradients of varlen_attention_op for q, k, v: each segment's attention probabilities recomputed (as
+    flash attention does: nothing of the forward pass is kept) and differentiated by hand, since an operator's
+    body runs below autograd."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    scale = q.size(-1) ** -0.5
+    acc = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype  # softmax's precision
+    for (qa, qb), (ka, kb) in zip(_segments(cu_q), _segments(cu_k)):
+        if qb == qa:
+            continue
+        qs, ks, vs, g = (t.transpose(0, 1).to(acc) for t in (q[qa:qb], k[ka:kb], v[ka:kb], grad[qa:qb]))
+        p = _probabilities(qs, ks, scale, causal)  # H x n x m
+        o = p @ vs
+        dv[ka:kb] = (p.transpose(1, 2) @ g).transpose(0, 1)
+        dp = g @ vs.transpose(1, 2)
+        ds = p * (dp - (g * o).sum(-1, keepdim=True))  # softmax's backward: rowsum(dP * P) = rowsum(dO * O)
+        dq[qa:qb] = (ds @ ks).mul_(scale).transpose(0, 1)
+        dk[ka:kb] = (ds.transpose(1, 2) @ qs).mul_(scale).transpose(0, 1)
+    return dq, dk, dv
+
+
+def _probabilities(q: Tensor, k: Tensor, scale: float, causal: bool) -> Tensor:
+    """softmax(q k^T * scale) of one segment (H x n x m), causal as SDPA's is_causal (top-left aligned)."""
+    scores = (q @ k.transpose(1, 2)).mul_(scale)
+    if causal:
+        n, m = scores.shape[-2:]
+        above = torch.ones(n, m, dtype=torch.bool, device=q.device).triu_(1)
+        scores.masked_fill_(above, float("-inf"))
+    return scores.softmax(-1)
+
+
+@varlen_attention_backward_op.register_fake
+def _(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool
+) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    q, k, v, cu_q, cu_k, causal = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k)
+    ctx.causal = causal
+
+
+def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+    q, k, v, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = varlen_attention_backward_op(grad.contiguous(), q, k, v, cu_q, cu_k, ctx.causal)
+    return dq, dk, dv, None, None, None
+
+
+varlen_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def adapt_varlen_attn(fn: Callable[..., Any]) -> VarlenKernel | None:
+    """`fn` (torch.nn.attention.varlen.varlen_attn, or a stand-in with its signature) as
+    kernel(q, k, v, cu_q, cu_k, max_q, max_k, causal), or None when its signature offers no causal switch we
+    know: `is_causal=` (some torch versions) or `window_size=(left, right)` ((-1, 0) is causal; others)."""
+    params = inspect.signature(fn).parameters
+    if "is_causal" in params:
+
+        def kernel(q, k, v, cu_q, cu_k, max_q, max_k, causal):  # type: ignore[no-untyped-def]
+            return fn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal)
+
+    elif "window_size" in params:
+
+        def kernel(q, k, v, cu_q, cu_k, max_q, max_k, causal):  # type: ignore[no-untyped-def]
+            return fn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0) if causal else (-1, -1))
+
+    else:
+        return None
+    return kernel
+
+
+_KERNEL: list[VarlenKernel | None] = []  # the probed kernel, once per process
+
+
+def varlen_kernel() -> VarlenKernel | None:
+    """torch's varlen kernel adapted to our call (adapt_varlen_attn), or None when this torch has none."""
+    if not _KERNEL:
+        try:
+            from torch.nn.attention.varlen import varlen_attn  # not in every torch: probed, not assumed
+        except ImportError:
+            _KERNEL.append(None)
+        else:
+            _KERNEL.append(adapt_varlen_attn(varlen_attn))
+    return _KERNEL[0]
+
+
+def kernel_serves(q: Tensor, dropout_p: float) -> bool:
+    """Whether the varlen kernel can run this call: CUDA, fp16/bf16, head size FA2 takes, no dropout."""
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and dropout_p == 0.0
+        and q.size(-1) % 8 == 0
+        and q.size(-1) <= 256
+        and varlen_kernel() is not None
+    )
+
+
+def varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_q: Tensor,
+    cu_k: Tensor,
+    max_q: int,
+    max_k: int,
+    causal: bool,
+    dropout_p: float = 0.0,
+    bounds_q: Tensor | None = None,
+    bounds_k: Tensor | None = None,
+) -> Tensor:
+    """Attention of packed queries to packed keys/values segment by segment (see the module docstring);
+    N x H x d_v. With dropout_p > 0 off the kernel, the reference runs under plain autograd (dropout draws
+    from torch's RNG, which an operator's recomputed backward could not repeat); under torch.compile that is a
+    graph break, which BART's settings (attention dropout 0) never meet."""
+    kernel = varlen_kernel() if kernel_serves(q, dropout_p) else None
+    if kernel is not None:
+        return kernel(q, k, v, cu_q, cu_k, max_q, max_k, causal)
+    bounds_q = cu_q if bounds_q is None else bounds_q  # (no host copy: reading the device's is a sync)
+    bounds_k = cu_k if bounds_k is None else bounds_k
+    if dropout_p > 0.0:
+        return reference_attention(q, k, v, bounds_q, bounds_k, causal, dropout_p)
+    return varlen_attention_op(q, k, v, bounds_q, bounds_k, causal)

@@ -1,0 +1,50 @@
+"""The one model the repository holds, models/debdesc-small-denoising (made by scripts/quality/pretrain.sh; the
+quickstart fine-tunes it): a float16 Hugging Face folder of a few MB with its sentencepiece model and dict.txt,
+that loads into seqtrain and rebuilds masked text, i.e. it is a denoising-pretrained BART."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from seqtrain.checkpoint.load import load_model
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.data.tokenizer import SentencePieceTokenizer
+from seqtrain.generation.sequence_generator import SequenceGenerator
+from tests.utils import REPO
+
+FOLDER = REPO / "models" / "debdesc-small-denoising"
+
+
+def test_folder_is_a_small_float16_mbart_export_with_its_tokenizer():
+    config = json.loads((FOLDER / "config.json").read_text())
+    assert (config["model_type"], config["torch_dtype"], config["d_model"]) == ("mbart", "float16", 256)
+    tensors = load_file(str(FOLDER / "model.safetensors"))
+    assert {t.dtype for t in tensors.values()} == {torch.float16}
+    assert (FOLDER / "model.safetensors").stat().st_size < 16_000_000
+    assert "scripts/quality/pretrain.sh" in (FOLDER / "README.md").read_text()
+    lm = load_model(str(FOLDER))
+    # dict.txt (what fine-tuning data-bins reuse) is the model's dictionary without the <mask> the task appended
+    d = Dictionary.load(str(FOLDER / "dict.txt"))
+    assert lm.src_dict.symbols[: len(d)] == d.symbols and lm.src_dict.symbols[len(d) :] == ["<mask>"]
+    assert lm.tokenizer == SentencePieceTokenizer.from_file(str(FOLDER / "spm.model"))
+
+
+@pytest.mark.slow
+def test_it_rebuilds_masked_descriptions():
+    """Descriptions it never saw (the sample's test split, from the corpus' valid split), their 5th-8th pieces
+    replaced by one <mask>: beam search gives back the text around the mask, as BART's pretraining teaches."""
+    lm = load_model(str(FOLDER))
+    d, mask = lm.src_dict, lm.src_dict.index("<mask>")
+    texts = (REPO / "data" / "debdesc-sample" / "test.source").read_text(encoding="utf-8").split("\n")[:16]
+    kept = 0
+    gen = SequenceGenerator(lm.model, d, beam_size=4, max_len_b=40)
+    for text in texts:
+        ids = [d.index(p) for p in lm.tokenizer.encode(text).split()[:24]]
+        src = torch.tensor([ids[:4] + [mask] + ids[8:] + [d.eos()]])
+        with torch.no_grad():
+            hyp = gen.generate(src, torch.tensor([src.shape[1]]))[0][0]
+        out = hyp["tokens"].tolist()
+        kept += out[:4] == ids[:4] and out[-len(ids[8:]) - 1 : -1] == ids[8:]
+    assert kept >= 12, f"{kept} of {len(texts)} rebuilt around the mask"

@@ -1,0 +1,86 @@
+"""--compile: each encoder/decoder layer's packed forward is one compiled region with no graph break, shared by
+the layers of a stack, compiled once for batches of any size; outputs and gradients equal eager's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from seqtrain.models import transformer
+from seqtrain.models.transformer import compile_layers
+from tests.unit.models.test_packed import loss_and_grads, model_of, sample_of
+
+
+def varied_batches(n: int = 20, seed: int = 0) -> list[dict]:
+    """`n` collated batches of 2-9 pairs, sources 1-200 and targets 1-100 tokens: several max-length buckets."""
+    r = random.Random(seed)
+    out = []
+    for i in range(n):
+        rows = r.randint(2, 9)
+        out.append(sample_of([(r.randint(1, 200), r.randint(1, 100)) for _ in range(rows)], seed=i))
+    return out
+
+
+def fresh_model() -> torch.nn.Module:
+    return model_of(torch.float32, max_source_positions=256, max_target_positions=256)
+
+
+@pytest.fixture
+def clean_dynamo():
+    torch._dynamo.reset()
+    transformer._compiled.cache_clear()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    transformer._compiled.cache_clear()
+
+
+@pytest.mark.slow  # (20 batches through dynamo: about a minute on 2 busy cores)
+def test_one_region_per_layer_no_graph_break_and_no_recompile_over_20_batches(clean_dynamo, monkeypatch):
+    model = fresh_model()
+    assert compile_layers(model, backend="aot_eager") == 4
+    calls = []
+    real = transformer._DynamicTokens.__call__
+    monkeypatch.setattr(
+        transformer._DynamicTokens, "__call__", lambda self, *a: calls.append(1) or real(self, *a)
+    )
+    batches = varied_batches()
+    assert len({b["net_input"]["layout"]["src_max_len"] for b in batches}) >= 3  # several buckets
+    for sample in batches:
+        loss_and_grads(model, sample)
+    assert len(calls) == 4 * len(batches)  # every layer ran as its compiled region, every batch
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    # one graph per layer class (the two encoder layers share one, the two decoder layers the other), each
+    # compiled once: frames that dynamo compiled, recompiles included
+    assert counters["stats"]["unique_graphs"] == 2
+    assert counters["frames"]["ok"] <= 2 + 1, dict(counters["frames"])  # at most one recompile
+
+
+@pytest.mark.slow
+def test_inductor_layers_equal_eager_outputs_and_gradients(clean_dynamo):
+    eager, compiled = fresh_model(), fresh_model()
+    compile_layers(compiled)  # inductor, as --compile
+    for sample in varied_batches(3, seed=1):
+        feats_e = eager(**sample["net_input"], features_only=True)[0]
+        feats_c = compiled(**sample["net_input"], features_only=True)[0]
+        torch.testing.assert_close(feats_c, feats_e, rtol=1e-6, atol=1e-6)
+        loss_e, grads_e = loss_and_grads(eager, sample)
+        loss_c, grads_c = loss_and_grads(compiled, sample)
+        torch.testing.assert_close(loss_c, loss_e, rtol=1e-6, atol=0)
+        for name, g in grads_e.items():
+            torch.testing.assert_close(grads_c[name], g, rtol=1e-6, atol=1e-6, msg=name)
+    assert sum(counters["graph_break"].values()) == 0
+
+
+def test_generation_and_padded_paths_stay_eager(clean_dynamo):
+    model = fresh_model().eval()
+    compile_layers(model, backend="aot_eager")
+    net = {k: v for k, v in sample_of().items() if k == "net_input"}["net_input"]
+    with torch.no_grad():
+        enc = model.encoder(net["src_tokens"], None)
+        state: dict = {}
+        model.decoder(net["prev_output_tokens"][:, :1], enc, incremental_state=state)
+    assert counters["frames"]["total"] == 0  # nothing was compiled
