@@ -91,7 +91,9 @@ def dump() -> dict:
     )
     collect(parser, "fairseq-train")
     parser = options.get_training_parser()  # mBART fine-tuning's task (--langs)
-    options.parse_args_and_arch(parser, ["data", "--task", MBART_TASK, "--arch", "mbart_large"], parse_known=True)
+    options.parse_args_and_arch(
+        parser, ["data", "--task", MBART_TASK, "--arch", "mbart_large"], parse_known=True
+    )
     collect(parser, "fairseq-train")
     parser = options.get_generation_parser()
     options.parse_args_and_arch(parser, ["data", "--path", "x.pt"], parse_known=True)
