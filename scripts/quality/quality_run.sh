@@ -10,6 +10,11 @@
 # come from a fixed random 500-pair subset of valid (valid1), and ROUGE is reported on all of valid.
 # Rerunning continues from checkpoints/$RUN/checkpoint_last.pt (fairseq's resume); the time budget is
 # cumulative, so a finished run stops at once and only generation and scoring run again. FRESH=1 starts over.
+#
+# Pretrain, then fine-tune (docs/quality.md): PRETRAINED=folder fine-tunes a model pretrained by
+# scripts/quality/pretrain.sh instead of training from scratch (its sentencepiece model and dictionary make the
+# data-bin, data-bin/debdesc-$RUN), at lr 5e-4; UPDATES=N gives a budget of N updates instead of MINUTES:
+#   RUN=pretrained PRETRAINED=models/debdesc-small-denoising UPDATES=1200 scripts/quality/quality_run.sh
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -17,8 +22,24 @@ py="${SEQTRAIN_VENV:-$root/.venv}/bin/python"
 bin="$(dirname "$py")"
 data="${DEBDESC:-$root/../shared/data/debdesc}"
 minutes="${MINUTES:-30}"
-databin="data-bin/debdesc"
 run="${RUN:-quality}"
+pretrained="${PRETRAINED:-}"
+databin="data-bin/debdesc"
+tokenizer=(--spm-vocab-size 8000 --spm-num-threads 2)
+init=()
+if [ -n "$pretrained" ]; then
+  [ -f "$pretrained/spm.model" ] && [ -f "$pretrained/dict.txt" ] || {
+    echo "quality_run.sh: error: PRETRAINED=$pretrained: no spm.model and dict.txt there (scripts/quality/pretrain.sh makes them)" >&2; exit 1; }
+  databin="data-bin/debdesc-$run"
+  tokenizer=(--spm-model "$pretrained/spm.model" --srcdict "$pretrained/dict.txt")
+  init=(--finetune-from-model "$pretrained" --lr 0.0005)
+fi
+budget=(--stop-time-hours "$("$py" -c "print($minutes / 60)")")
+what="${minutes}-minute budget"
+if [ -n "${UPDATES:-}" ]; then
+  budget=(--max-update "$UPDATES")
+  what="$UPDATES updates"
+fi
 save="checkpoints/$run"
 out="logs/$run"
 mkdir -p "$out"
@@ -29,7 +50,7 @@ for f in train.source train.target valid.source valid.target; do
   [ -f "$data/$f" ] || { echo "quality_run.sh: error: $data/$f not found (set DEBDESC=folder of the corpus)" >&2; exit 1; }
 done
 
-stage "1/5 preprocess $data -> $databin (sentencepiece 8000, joined dictionary)"
+stage "1/5 preprocess $data -> $databin (${pretrained:+the tokenizer and dictionary of $pretrained; }joined dictionary)"
 if [ -f "$databin/preprocess.json" ] && [ -f "$databin/valid1.source-target.source.idx" ]; then
   echo "reusing $databin"
 else
@@ -47,15 +68,14 @@ for side in ("source", "target"):
         f.writelines(lines[i] + "\n" for i in keep)
 EOF
   "$bin/seqtrain-preprocess" --trainpref "$data/train" --validpref "$data/valid,$raw/valid500" \
-    --destdir "$databin" --joined-dictionary --spm-vocab-size 8000 --workers 2 --spm-num-threads 2
+    --destdir "$databin" --joined-dictionary "${tokenizer[@]}" --workers 2
 fi
 
-stage "2/5 train bart_small from scratch, ${minutes}-minute budget (log: $out/train.log)"
+stage "2/5 train bart_small ${pretrained:+from $pretrained}${pretrained:-from scratch}, $what (log: $out/train.log)"
 [ "${FRESH:-0}" = 1 ] && rm -rf "$save" "$out/train.log"
-hours="$("$py" -c "print($minutes / 60)")"
 start=$(date +%s)
-"$bin/seqtrain-train" "$databin" --config configs/debdesc_small.yaml --bf16 \
-  --save-dir "$save" --stop-time-hours "$hours" \
+"$bin/seqtrain-train" "$databin" --config configs/debdesc_small.yaml --bf16 "${init[@]}" \
+  --save-dir "$save" "${budget[@]}" \
   --valid-subset valid1 --save-interval-updates 100 --keep-interval-updates 1 \
   --log-format json --log-interval 10 --log-file "$out/train.log" --tensorboard-logdir "$out/tb" \
   "$@" > "$out/train.stdout" 2>&1
@@ -75,7 +95,7 @@ stage "4/5 lead baseline on valid (first sentence, 12 words)"
 stage "5/5 training curves -> $out/curves.png"
 if "$py" -c "import matplotlib" 2>/dev/null; then
   "$py" scripts/quality/plot_curves.py "$out/train.log" -o "$out/curves.png" \
-    --title "debdesc: bart_small from scratch, ${minutes} min CPU (valid1 = 500 valid pairs)"
+    --title "debdesc: bart_small ${pretrained:+fine-tuned from $pretrained}${pretrained:-from scratch}, $what (valid1 = 500 valid pairs)"
 else
   echo "matplotlib is missing (pip install -e .[plot]); skipping the plot"
 fi

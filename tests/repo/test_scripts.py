@@ -108,7 +108,15 @@ def test_plot_curves_refuses_a_log_without_json_lines(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "script", ["quickstart.sh", "setup_env.sh", "test.sh", "quality/quality_run.sh", "gpu/gpu_check.sh"]
+    "script",
+    [
+        "quickstart.sh",
+        "setup_env.sh",
+        "test.sh",
+        "quality/quality_run.sh",
+        "quality/pretrain.sh",
+        "gpu/gpu_check.sh",
+    ],
 )
 def test_shell_scripts_parse(script):
     out = subprocess.run(
@@ -198,3 +206,49 @@ def test_scripts_readme_lists_every_script_and_no_script_imports_the_tests():
         "setup_env.sh",
         "test.sh",
     ]
+
+
+def test_pretrain_text_cuts_descriptions_into_sentences_of_at_most_max_words(tmp_path):
+    """scripts/quality/pretrain_text.py: one sentence per line, long ones cut at --max-words words; the last
+    --held-out descriptions are the valid split, every other one train (nothing lost, nothing added)."""
+    pretrain_text = load_script("quality/pretrain_text")
+    assert pretrain_text.lines_of("0ad is a game. It runs on Linux!  Version 2 (beta) too.", 20) == [
+        "0ad is a game.",
+        "It runs on Linux!",
+        "Version 2 (beta) too.",
+    ]
+    words = " ".join(f"w{i}" for i in range(45))
+    assert [len(x.split()) for x in pretrain_text.lines_of(words, 20)] == [20, 20, 5]
+    source = tmp_path / "train.source"
+    source.write_text("".join(f"Package {i} does things. It is free.\n" for i in range(10)), encoding="utf-8")
+    out = tmp_path / "raw"
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts/quality/pretrain_text.py"),
+            str(source),
+            str(out),
+            "--held-out",
+            "3",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    train = (out / "train").read_text(encoding="utf-8").splitlines()
+    valid = (out / "valid").read_text(encoding="utf-8").splitlines()
+    assert train[:2] == ["Package 0 does things.", "It is free."] and len(train) == 14
+    assert valid == [f"{s}" for i in (7, 8, 9) for s in (f"Package {i} does things.", "It is free.")]
+
+
+def test_pretrain_sh_names_a_missing_corpus(tmp_path):
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts/quality/pretrain.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DEBDESC": str(tmp_path / "nowhere")},
+        cwd=tmp_path,
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"pretrain.sh: error: {tmp_path / 'nowhere'}/train.source not found (set DEBDESC=folder of the corpus)"
+    )
