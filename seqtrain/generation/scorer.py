@@ -32,11 +32,9 @@ class SequenceScorer:
         self, member: torch.nn.Module, net_input: dict[str, Any], target: Tensor, log: bool
     ) -> Tensor:
         """B x T: the member's (log-)probability of each target token, in float32."""
+        # padded, without the collater's layout: a packed pass would return only the real target rows
         logits, _ = member(
-            net_input["src_tokens"],
-            net_input.get("src_lengths"),
-            net_input["prev_output_tokens"],
-            layout=net_input.get("layout"),
+            net_input["src_tokens"], net_input.get("src_lengths"), net_input["prev_output_tokens"]
         )
         norm = F.log_softmax if log else F.softmax
         return norm(logits.float(), dim=-1).gather(2, target.unsqueeze(-1)).squeeze(-1)

@@ -131,3 +131,29 @@ class Sampling:
             scores = scores + prev_scores
             beams = torch.arange(beam, device=tokens.device).expand(bsz, beam)
         return scores, tokens, beams
+
+
+def continue_beams(
+    step: int,
+    beam: int,
+    eos_mask: Tensor,
+    cands_to_ignore: Tensor,
+    cand_rows: Tensor,
+    cand_tokens: Tensor,
+    cand_scores: Tensor,
+    tokens: Tensor,
+    scores: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The beams of the next step (fairseq's rule, shared with the static path): per sentence the first `beam`
+    candidates that neither ended (EOS) nor sit in an ignored slot continue; their rows' tokens and scores are
+    gathered and extended. Returns (tokens, scores, cands_to_ignore, rows)."""
+    cand_size = cand_scores.size(1)
+    eos_mask[:, :beam] |= cands_to_ignore
+    rank = eos_mask.long() * cand_size + torch.arange(cand_size, device=eos_mask.device)
+    new_rank, chosen = torch.topk(rank, k=beam, dim=1, largest=False)
+    rows = cand_rows.gather(1, chosen).view(-1)
+    tokens = tokens.index_select(0, rows)
+    tokens[:, step + 1] = cand_tokens.gather(1, chosen).view(-1)
+    scores = scores.index_select(0, rows)
+    scores[:, step] = cand_scores.gather(1, chosen).view(-1)
+    return tokens, scores, new_rank.ge(cand_size), rows

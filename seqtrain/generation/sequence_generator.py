@@ -44,7 +44,7 @@ from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation.ngram import NGramRepeatBlocker
-from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling
+from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling, continue_beams
 from seqtrain.generation.static_search import StaticSteps, static_generate
 
 Hypothesis = dict[str, Any]
@@ -202,7 +202,6 @@ class SequenceGenerator:
 
             prev = scores.view(n_sent, beam, -1)[:, :, step - 1] if step > 0 else None
             cand_scores, cand_tokens, cand_beams = self.search.step(step, lprobs.view(n_sent, beam, -1), prev)
-            cand_size = cand_scores.size(1)
             cand_rows = cand_beams + torch.arange(n_sent, device=device).unsqueeze(1) * beam
 
             eos_mask = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
@@ -237,17 +236,10 @@ class SequenceGenerator:
                 max_lens_host = [max_lens_host[j] for j in keep]
                 encoder_order = keep_idx
 
-            # The first `beam` candidates that neither ended (EOS) nor sit in an ignored slot continue.
-            eos_mask[:, :beam] |= cands_to_ignore
-            rank = eos_mask.long() * cand_size + torch.arange(cand_size, device=device)
-            new_rank, chosen = torch.topk(rank, k=beam, dim=1, largest=False)
-            cands_to_ignore = new_rank.ge(cand_size)
             # Rows index the pre-removal batch, so one index_select both drops finished sentences and reorders beams.
-            rows = cand_rows.gather(1, chosen).view(-1)
-            tokens = tokens.index_select(0, rows)
-            tokens[:, step + 1] = cand_tokens.gather(1, chosen).view(-1)
-            scores = scores.index_select(0, rows)
-            scores[:, step] = cand_scores.gather(1, chosen).view(-1)
+            tokens, scores, cands_to_ignore, rows = continue_beams(
+                step, beam, eos_mask, cands_to_ignore, cand_rows, cand_tokens, cand_scores, tokens, scores
+            )
             reorder = (rows, encoder_order)
 
         return self._collect(pending, bsz)

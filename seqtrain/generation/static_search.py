@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqtrain.generation.device_finalize import DeviceFinalizer, Hypothesis
-from seqtrain.generation.search import Sampling
+from seqtrain.generation.search import Sampling, continue_beams
 from seqtrain.generation.static_decoding import StaticDecoder, bucket
 
 CHECK_EVERY = 4  # steps between the host's looks at the done mask (the k: 4-8)
@@ -143,7 +143,6 @@ def static_generate(
 
         prev = scores.view(n_slots, beam, -1)[:, :, step - 1] if step > 0 else None
         cand_scores, cand_tokens, cand_beams = gen.search.step(step, lprobs.view(n_slots, beam, -1), prev)
-        cand_size = cand_scores.size(1)
         cand_rows = cand_beams + torch.arange(n_slots, device=device).unsqueeze(1) * beam
 
         eos_mask = cand_tokens.eq(gen.eos) & cand_scores.ne(-math.inf)
@@ -173,16 +172,9 @@ def static_generate(
                     prefix_tokens = prefix_tokens[keep_idx]
                 n_slots = target
 
-        # The first `beam` candidates that neither ended (EOS) nor sit in an ignored slot continue.
-        eos_mask[:, :beam] |= cands_to_ignore
-        rank = eos_mask.long() * cand_size + torch.arange(cand_size, device=device)
-        new_rank, chosen = torch.topk(rank, k=beam, dim=1, largest=False)
-        cands_to_ignore = new_rank.ge(cand_size)
-        order = cand_rows.gather(1, chosen).view(-1)
-        tokens = tokens.index_select(0, order)
-        tokens[:, step + 1] = cand_tokens.gather(1, chosen).view(-1)
-        scores = scores.index_select(0, order)
-        scores[:, step] = cand_scores.gather(1, chosen).view(-1)
+        tokens, scores, cands_to_ignore, order = continue_beams(
+            step, beam, eos_mask, cands_to_ignore, cand_rows, cand_tokens, cand_scores, tokens, scores
+        )
         if keep_idx is not None:
             steps_impl.compact(order, keep_idx)
             order = None
