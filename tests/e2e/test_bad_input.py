@@ -608,7 +608,7 @@ CASES += [
         "train-max-tokens-inf",
         "train",
         train("--max-tokens", "inf"),
-        "argument --max-tokens: invalid int value",
+        "argument --max-tokens: expected a number of tokens or auto, got 'inf'",
     ),
     # ---- seqtrain-train: files
     (
