@@ -8,10 +8,11 @@ cu[i]..cu[i+1]). Attention is the one place that needs the segments; `varlen_att
   no mask, no padded FLOPs, no scatter into a padded layout. Its signature changed between torch versions
   (causal masking as `is_causal=True` in some, `window_size=(-1, 0)` in others), so `varlen_kernel()` probes it
   once and adapts;
-- elsewhere (the CPU, fp32/fp64, attention dropout > 0) the exact reference: SDPA on each segment. Without
-  dropout it runs as the custom op `seqtrain::varlen_attention` (with a fake implementation and its backward as
-  a second op), so torch.compile traces the CPU run as one opaque attention node per call, as it traces the GPU
-  run's varlen kernel, and a compiled layer has the same graph on both.
+- elsewhere (the CPU, fp32/fp64, attention dropout > 0) the exact reference: SDPA on each segment (eagerly on
+  the CPU: one masked SDPA over the segments laid out B x T, `padded_reference`, the same to rounding and
+  faster than a loop). Without dropout it runs as the custom op `seqtrain::varlen_attention` (with a fake
+  implementation and its backward as a second op), so torch.compile traces the CPU run as one opaque attention
+  node per call, as it traces the GPU run's varlen kernel, and a compiled layer has the same graph on both.
 
 Tensors: q N x H x d, k and v M x H x d (M = N for self-attention), cu_q / cu_k int32 B + 1 on q's device
 (the kernel reads them there), and `bounds_q` / `bounds_k` the same values kept on the host (the collater's
@@ -200,6 +201,46 @@ def varlen_attention(
         return kernel(q, k, v, cu_q, cu_k, max_q, max_k, causal)
     bounds_q = cu_q if bounds_q is None else bounds_q  # (no host copy: reading the device's is a sync)
     bounds_k = cu_k if bounds_k is None else bounds_k
+    if q.device.type == "cpu" and not torch.compiler.is_compiling():
+        return padded_reference(q, k, v, bounds_q, bounds_k, causal, dropout_p)
     if dropout_p > 0.0:
         return reference_attention(q, k, v, bounds_q, bounds_k, causal, dropout_p)
     return varlen_attention_op(q, k, v, bounds_q, bounds_k, causal)
+
+
+def _padded_rows(bounds: Tensor) -> tuple[Tensor, int, Tensor]:
+    """(for each packed row its row in a B x T padded layout, T, the B lengths) from host bounds."""
+    lengths = bounds[1:] - bounds[:-1]
+    longest = int(lengths.max()) if lengths.numel() else 0
+    starts = bounds[:-1].repeat_interleave(lengths)
+    segment = torch.arange(lengths.numel()).repeat_interleave(lengths)
+    rows = segment * longest + torch.arange(int(bounds[-1])) - starts
+    return rows, longest, lengths
+
+
+def padded_reference(
+    q: Tensor, k: Tensor, v: Tensor, bounds_q: Tensor, bounds_k: Tensor, causal: bool, dropout_p: float = 0.0
+) -> Tensor:
+    """reference_attention as one masked SDPA over the segments laid out B x T (under plain autograd): the same
+    attention to rounding, but one batched kernel instead of a Python loop over segments with a hand-written
+    backward, which made the packed path slower than padded on length-bucketed CPU batches (0.91x,
+    scripts/bench/bench_packing.py). The eager CPU path; torch.compile traces the operator instead."""
+    rows_q, tq, len_q = _padded_rows(bounds_q.cpu())
+    rows_k, tk, len_k = _padded_rows(bounds_k.cpu())
+    b, h = len_q.numel(), q.size(1)
+
+    def lay_out(x: Tensor, rows: Tensor, t: int) -> Tensor:
+        padded = x.new_zeros(b * t, h, x.size(-1)).index_copy(0, rows, x)
+        return padded.view(b, t, h, -1).transpose(1, 2)
+
+    mask = (torch.arange(tk) < len_k[:, None]).view(b, 1, 1, tk)
+    if causal:  # within each segment, top-left aligned (SDPA's is_causal)
+        mask = mask & torch.ones(tq, tk, dtype=torch.bool).tril_()
+    o = F.scaled_dot_product_attention(
+        lay_out(q, rows_q, tq),
+        lay_out(k, rows_k, tk),
+        lay_out(v, rows_k, tk),
+        attn_mask=mask,
+        dropout_p=dropout_p,
+    )
+    return o.transpose(1, 2).reshape(b * tq, h, -1).index_select(0, rows_q)
