@@ -218,6 +218,28 @@ def _padded_rows(bounds: Tensor) -> tuple[Tensor, int, Tensor]:
     return rows, longest, lengths
 
 
+_LAYOUTS: dict[tuple[int, int, bool], tuple[Any, ...]] = {}  # the last few batches' padded layouts
+
+
+def _padded_layout(bounds_q: Tensor, bounds_k: Tensor, causal: bool) -> tuple[Any, ...]:
+    """(rows_q, T_q, rows_k, T_k, B x 1 x T_q|1 x T_k mask) of a batch's bounds, computed once per batch: every
+    layer's attention gets the same host bounds tensors from the collater's layout, so the index arithmetic is not
+    repeated per call (it was about a fifth of a small model's operators a step)."""
+    key = (id(bounds_q), id(bounds_k), causal)
+    hit = _LAYOUTS.get(key)
+    if hit is not None and hit[0] is bounds_q and hit[1] is bounds_k:  # (the objects, not a reused id)
+        return hit[2:]
+    rows_q, tq, _ = _padded_rows(bounds_q.cpu())
+    rows_k, tk, len_k = _padded_rows(bounds_k.cpu())
+    mask = (torch.arange(tk) < len_k[:, None]).view(len_k.numel(), 1, 1, tk)
+    if causal:  # within each segment, top-left aligned (SDPA's is_causal)
+        mask = mask & torch.ones(tq, tk, dtype=torch.bool).tril_()
+    if len(_LAYOUTS) >= 8:
+        _LAYOUTS.pop(next(iter(_LAYOUTS)))
+    _LAYOUTS[key] = (bounds_q, bounds_k, rows_q, tq, rows_k, tk, mask)
+    return rows_q, tq, rows_k, tk, mask
+
+
 def padded_reference(
     q: Tensor, k: Tensor, v: Tensor, bounds_q: Tensor, bounds_k: Tensor, causal: bool, dropout_p: float = 0.0
 ) -> Tensor:
@@ -225,17 +247,13 @@ def padded_reference(
     attention to rounding, but one batched kernel instead of a Python loop over segments with a hand-written
     backward, which made the packed path slower than padded on length-bucketed CPU batches (0.91x,
     scripts/bench/bench_packing.py). The eager CPU path; torch.compile traces the operator instead."""
-    rows_q, tq, len_q = _padded_rows(bounds_q.cpu())
-    rows_k, tk, len_k = _padded_rows(bounds_k.cpu())
-    b, h = len_q.numel(), q.size(1)
+    rows_q, tq, rows_k, tk, mask = _padded_layout(bounds_q, bounds_k, causal)
+    b, h = mask.size(0), q.size(1)
 
     def lay_out(x: Tensor, rows: Tensor, t: int) -> Tensor:
         padded = x.new_zeros(b * t, h, x.size(-1)).index_copy(0, rows, x)
         return padded.view(b, t, h, -1).transpose(1, 2)
 
-    mask = (torch.arange(tk) < len_k[:, None]).view(b, 1, 1, tk)
-    if causal:  # within each segment, top-left aligned (SDPA's is_causal)
-        mask = mask & torch.ones(tq, tk, dtype=torch.bool).tril_()
     o = F.scaled_dot_product_attention(
         lay_out(q, rows_q, tq),
         lay_out(k, rows_k, tk),

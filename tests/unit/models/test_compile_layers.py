@@ -71,7 +71,11 @@ def test_inductor_layers_equal_eager_outputs_and_gradients(clean_dynamo):
         loss_c, grads_c = loss_and_grads(compiled, sample)
         torch.testing.assert_close(loss_c, loss_e, rtol=1e-6, atol=0)
         for name, g in grads_e.items():
-            torch.testing.assert_close(grads_c[name], g, rtol=1e-6, atol=1e-6, msg=name)
+            # 1e-6 of each gradient's largest entry: the loss is a sum over ~2,000 tokens (1,837 for the first
+            # batch), so the embeddings' gradients are sums of thousands of terms whose fp32 rounding differs
+            # between inductor's fused kernels and eager by ~2e-6 on entries of ~10 (2.4e-7 relative, measured)
+            diff = (grads_c[name] - g).abs().max().item()
+            assert diff <= 1e-6 * g.abs().max().item(), (name, diff)
     assert sum(counters["graph_break"].values()) == 0
 
 
