@@ -208,14 +208,14 @@ def varlen_attention(
     return varlen_attention_op(q, k, v, bounds_q, bounds_k, causal)
 
 
-def _padded_rows(bounds: Tensor) -> tuple[Tensor, int, Tensor]:
-    """(for each packed row its row in a B x T padded layout, T, the B lengths) from host bounds."""
-    lengths = bounds[1:] - bounds[:-1]
-    longest = int(lengths.max()) if lengths.numel() else 0
-    starts = bounds[:-1].repeat_interleave(lengths)
-    segment = torch.arange(lengths.numel()).repeat_interleave(lengths)
-    rows = segment * longest + torch.arange(int(bounds[-1])) - starts
-    return rows, longest, lengths
+def _padded_rows(bounds: list[int]) -> tuple[Tensor, int, list[int]]:
+    """(for each packed row its row in a B x T padded layout, T, the B lengths) from host bounds, in Python:
+    tensor arithmetic on them would read scalars back (`int(t.max())`, `repeat_interleave`), which the sync
+    checks (tests/unit/train/test_sync_free.py, the GPU check's sync_count) count as syncs."""
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    longest = max(lengths, default=0)
+    rows = [i * longest + j for i, n in enumerate(lengths) for j in range(n)]
+    return torch.tensor(rows, dtype=torch.long), longest, lengths
 
 
 _LAYOUTS: dict[tuple[int, int, bool], tuple[Any, ...]] = {}  # the last few batches' padded layouts
@@ -229,9 +229,9 @@ def _padded_layout(bounds_q: Tensor, bounds_k: Tensor, causal: bool) -> tuple[An
     hit = _LAYOUTS.get(key)
     if hit is not None and hit[0] is bounds_q and hit[1] is bounds_k:  # (the objects, not a reused id)
         return hit[2:]
-    rows_q, tq, _ = _padded_rows(bounds_q.cpu())
-    rows_k, tk, len_k = _padded_rows(bounds_k.cpu())
-    mask = (torch.arange(tk) < len_k[:, None]).view(len_k.numel(), 1, 1, tk)
+    rows_q, tq, _ = _padded_rows(bounds_q.tolist())
+    rows_k, tk, len_k = _padded_rows(bounds_k.tolist())
+    mask = (torch.arange(tk) < torch.tensor(len_k)[:, None]).view(len(len_k), 1, 1, tk)
     if causal:  # within each segment, top-left aligned (SDPA's is_causal)
         mask = mask & torch.ones(tq, tk, dtype=torch.bool).tril_()
     if len(_LAYOUTS) >= 8:

@@ -74,8 +74,10 @@ def test_inductor_layers_equal_eager_outputs_and_gradients(clean_dynamo):
             # 1e-6 of each gradient's largest entry: the loss is a sum over ~2,000 tokens (1,837 for the first
             # batch), so the embeddings' gradients are sums of thousands of terms whose fp32 rounding differs
             # between inductor's fused kernels and eager by ~2e-6 on entries of ~10 (2.4e-7 relative, measured)
+            # (and 1e-6 absolute for gradients that are zero in exact arithmetic, e.g. the key projections' bias,
+            # which softmax ignores: ~1e-13 of rounding)
             diff = (grads_c[name] - g).abs().max().item()
-            assert diff <= 1e-6 * g.abs().max().item(), (name, diff)
+            assert diff <= 1e-6 * max(1.0, g.abs().max().item()), (name, diff)
     assert sum(counters["graph_break"].values()) == 0
 
 
