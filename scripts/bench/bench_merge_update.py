@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from bench_packing import (  # (scripts/bench/bench_packing.py, beside this one)
     git_commit,
+    make_batches,
     make_dataset,
     small_bart,
 )
@@ -36,16 +37,7 @@ from seqtrain.data.pair_dataset import LanguagePairDataset, padded_shape
 
 def bucketed_batches(ds: LanguagePairDataset, max_tokens: int, seed: int) -> list[list[int]]:
     """fairseq's batches: examples by length, greedy under max_tokens (rows x longest side), then shuffled."""
-    batches, cur, longest = [], [], 0
-    for i in ds.ordered_indices(seed):
-        n = ds.num_tokens(int(i))
-        if cur and max(longest, n) * (len(cur) + 1) > max_tokens:
-            batches.append(cur)
-            cur, longest = [], 0
-        cur.append(int(i))
-        longest = max(longest, n)
-    if cur:
-        batches.append(cur)
+    batches = make_batches(ds, ds.ordered_indices(seed), max_tokens)
     order = np.random.RandomState(seed).permutation(len(batches))
     return [batches[i] for i in order]
 
