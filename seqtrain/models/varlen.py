@@ -208,57 +208,129 @@ def varlen_attention(
     return varlen_attention_op(q, k, v, bounds_q, bounds_k, causal)
 
 
-def _padded_rows(bounds: list[int]) -> tuple[Tensor, int, list[int]]:
-    """(for each packed row its row in a B x T padded layout, T, the B lengths) from host bounds, in Python:
-    tensor arithmetic on them would read scalars back (`int(t.max())`, `repeat_interleave`), which the sync
-    checks (tests/unit/train/test_sync_free.py, the GPU check's sync_count) count as syncs."""
-    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+def _padded_rows(lengths: list[int]) -> tuple[Tensor, int]:
+    """(for each packed row of segments of these lengths its row in a B x T padded layout, T), in Python from
+    host bounds: tensor arithmetic on them would read scalars back (`int(t.max())`, `repeat_interleave`), which
+    the sync checks (tests/unit/train/test_sync_free.py, the GPU check's sync_count) count as syncs."""
     longest = max(lengths, default=0)
     rows = [i * longest + j for i, n in enumerate(lengths) for j in range(n)]
-    return torch.tensor(rows, dtype=torch.long), longest, lengths
+    return torch.tensor(rows, dtype=torch.long), longest
 
 
-_LAYOUTS: dict[tuple[int, int, bool], tuple[Any, ...]] = {}  # the last few batches' padded layouts
+def _runs(lengths: list[int]) -> list[tuple[int, int]]:
+    """(first segment, segments) of each run of consecutive segments of equal length."""
+    runs: list[tuple[int, int]] = []
+    for i, n in enumerate(lengths):
+        if runs and lengths[runs[-1][0]] == n:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
 
 
-def _padded_layout(bounds_q: Tensor, bounds_k: Tensor, causal: bool) -> tuple[Any, ...]:
-    """(rows_q, T_q, rows_k, T_k, B x 1 x T_q|1 x T_k mask) of a batch's bounds, computed once per batch: every
-    layer's attention gets the same host bounds tensors from the collater's layout, so the index arithmetic is not
-    repeated per call (it was about a fifth of a small model's operators a step)."""
+# Up to this many runs of equal key lengths a batch attends run by run (views, no copies), else laid out padded.
+MAX_RUNS = 4
+
+
+class _Plan:
+    """How the eager CPU path lays out one batch's attention (computed once per batch: every layer gets the
+    same host bounds objects from the collater's layout, so the index arithmetic is not repeated per call).
+
+    Length-bucketed batches (fairseq's order, what training reads) have keys of one or a few lengths: runs of
+    equal-length segments are consecutive rows, so each run is a view (r x L x H x d) of the packed tensor and
+    attends without a mask or a copy (`groups`: per run its query rows, its key rows, r, the key length, and, when
+    its queries differ in length, their rows in an r x T_q zero-padded copy; padded queries attend the real keys,
+    and their outputs are dropped). Otherwise (`groups` None) the whole batch is laid out B x T (`rows_q`, `rows_k`)
+    with a key mask; causal self-attention needs no mask there, as a real query at position j sees keys 0..j of its
+    own row, all real."""
+
+    def __init__(self, bounds_q: list[int], bounds_k: list[int], causal: bool):
+        len_q = [b - a for a, b in zip(bounds_q[:-1], bounds_q[1:])]
+        len_k = [b - a for a, b in zip(bounds_k[:-1], bounds_k[1:])]
+        self.b = len(len_k)
+        runs = _runs(len_k)
+        self.groups: list[tuple[int, int, int, int, int, Tensor | None]] | None = None
+        if len(runs) <= MAX_RUNS:
+            self.groups = []
+            for first, r in runs:
+                lq = len_q[first : first + r]
+                if len(set(lq)) == 1:
+                    rows, tq = None, lq[0]
+                else:
+                    rows, tq = _padded_rows(lq)
+                n_q = bounds_q[first + r] - bounds_q[first]
+                n_k = bounds_k[first + r] - bounds_k[first]
+                self.groups.append((n_q, n_k, r, len_k[first], tq, rows))
+            return
+        self.rows_q, self.tq = _padded_rows(len_q)
+        self.rows_k, self.tk = _padded_rows(len_k)
+        self.mask: Tensor | None = None
+        if not causal:
+            self.mask = (torch.arange(self.tk) < torch.tensor(len_k)[:, None]).view(self.b, 1, 1, self.tk)
+
+
+_PLANS: dict[tuple[int, int, bool], tuple[Tensor, Tensor, _Plan]] = {}  # the last few batches' plans
+
+
+def _plan(bounds_q: Tensor, bounds_k: Tensor, causal: bool) -> _Plan:
     key = (id(bounds_q), id(bounds_k), causal)
-    hit = _LAYOUTS.get(key)
+    hit = _PLANS.get(key)
     if hit is not None and hit[0] is bounds_q and hit[1] is bounds_k:  # (the objects, not a reused id)
-        return hit[2:]
-    rows_q, tq, _ = _padded_rows(bounds_q.tolist())
-    rows_k, tk, len_k = _padded_rows(bounds_k.tolist())
-    mask = (torch.arange(tk) < torch.tensor(len_k)[:, None]).view(len(len_k), 1, 1, tk)
-    if causal:  # within each segment, top-left aligned (SDPA's is_causal)
-        mask = mask & torch.ones(tq, tk, dtype=torch.bool).tril_()
-    if len(_LAYOUTS) >= 8:
-        _LAYOUTS.pop(next(iter(_LAYOUTS)))
-    _LAYOUTS[key] = (bounds_q, bounds_k, rows_q, tq, rows_k, tk, mask)
-    return rows_q, tq, rows_k, tk, mask
+        return hit[2]
+    plan = _Plan(bounds_q.tolist(), bounds_k.tolist(), causal)
+    if len(_PLANS) >= 8:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[key] = (bounds_q, bounds_k, plan)
+    return plan
+
+
+def _laid_out(x: Tensor, rows: Tensor | None, b: int, t: int) -> Tensor:
+    """Packed rows (n x H x d) as b x H x t x d: a view when they fill it (`rows` None), else a zero-padded copy."""
+    if rows is not None:
+        x = x.new_zeros(b * t, *x.shape[1:]).index_copy(0, rows, x)
+    return x.view(b, t, *x.shape[1:]).transpose(1, 2)
+
+
+def _packed_rows(o: Tensor, rows: Tensor | None) -> Tensor:
+    """b x H x t x d back to the packed rows (n x H x d)."""
+    o = o.transpose(1, 2).reshape(-1, o.size(1), o.size(-1))
+    return o if rows is None else o.index_select(0, rows)
 
 
 def padded_reference(
     q: Tensor, k: Tensor, v: Tensor, bounds_q: Tensor, bounds_k: Tensor, causal: bool, dropout_p: float = 0.0
 ) -> Tensor:
-    """reference_attention as one masked SDPA over the segments laid out B x T (under plain autograd): the same
-    attention to rounding, but one batched kernel instead of a Python loop over segments with a hand-written
-    backward, which made the packed path slower than padded on length-bucketed CPU batches (0.91x,
-    scripts/bench/bench_packing.py). The eager CPU path; torch.compile traces the operator instead."""
-    rows_q, tq, rows_k, tk, mask = _padded_layout(bounds_q, bounds_k, causal)
-    b, h = mask.size(0), q.size(1)
-
-    def lay_out(x: Tensor, rows: Tensor, t: int) -> Tensor:
-        padded = x.new_zeros(b * t, h, x.size(-1)).index_copy(0, rows, x)
-        return padded.view(b, t, h, -1).transpose(1, 2)
-
-    o = F.scaled_dot_product_attention(
-        lay_out(q, rows_q, tq),
-        lay_out(k, rows_k, tk),
-        lay_out(v, rows_k, tk),
-        attn_mask=mask,
-        dropout_p=dropout_p,
-    )
-    return o.transpose(1, 2).reshape(b * tq, h, -1).index_select(0, rows_q)
+    """reference_attention as a few batched SDPA calls under plain autograd (the eager CPU path; torch.compile
+    traces the operator instead): run by run of equal key lengths, or the whole batch laid out B x T with a key
+    mask (see _Plan). The same attention to rounding, but batched kernels instead of a Python loop over segments
+    with a hand-written backward (which made the packed path slower than padded on length-bucketed CPU batches,
+    0.91x, scripts/bench/bench_packing.py), and no copies for the runs, whose keys a bucketed batch mostly is."""
+    plan = _plan(bounds_q, bounds_k, causal)
+    if plan.groups is None:
+        o = F.scaled_dot_product_attention(
+            _laid_out(q, plan.rows_q, plan.b, plan.tq),
+            _laid_out(k, plan.rows_k, plan.b, plan.tk),
+            _laid_out(v, plan.rows_k, plan.b, plan.tk),
+            attn_mask=plan.mask,
+            dropout_p=dropout_p,
+            is_causal=causal,
+        )
+        return _packed_rows(o, plan.rows_q)
+    qs = q.split([g[0] for g in plan.groups])
+    ks = k.split([g[1] for g in plan.groups])
+    vs = v.split([g[1] for g in plan.groups])
+    outs = []
+    for (n_q, _, r, tk, tq, rows), qg, kg, vg in zip(plan.groups, qs, ks, vs):
+        if n_q == 0:
+            continue
+        o = F.scaled_dot_product_attention(
+            _laid_out(qg, rows, r, tq),
+            _laid_out(kg, None, r, tk),
+            _laid_out(vg, None, r, tk),
+            dropout_p=dropout_p,
+            is_causal=causal,
+        )
+        outs.append(_packed_rows(o, rows))
+    if not outs:
+        return q.new_zeros(q.size(0), q.size(1), v.size(-1))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)

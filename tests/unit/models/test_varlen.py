@@ -78,6 +78,48 @@ def test_the_operator_and_the_eager_cpu_path_agree_with_gradients(causal):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+RUN_LENGTHS = {  # (query lengths, key lengths): keys in runs of equal length, as length-bucketed batches have
+    "self": ([6, 6, 6, 5, 5, 2], None),
+    "one run": ([7, 7, 7], None),
+    "cross": ([3, 5, 2, 4, 4, 1], [6, 6, 6, 5, 5, 9]),
+    "cross, an empty query": ([3, 0, 2, 4], [6, 6, 5, 5]),
+}
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", list(RUN_LENGTHS))
+def test_the_eager_cpu_path_by_runs_of_equal_key_lengths_agrees_with_the_operator(case, causal):
+    """Keys in at most varlen.MAX_RUNS runs of equal length attend run by run (views of the packed rows, no
+    mask; queries of unequal length zero-padded within their run): the same as the operator to 1e-12 in fp64,
+    gradients too."""
+    lq, lk = RUN_LENGTHS[case]
+    if lk is None:
+        lk = lq
+    elif causal:
+        pytest.skip("causal attention is self-attention")
+    assert len(varlen._runs(lk)) <= varlen.MAX_RUNS
+    plan = varlen._Plan(cu_of(lq).tolist(), cu_of(lk).tolist(), causal)
+    assert plan.groups is not None
+    q, k, v = (packed(n, seed=s).requires_grad_() for n, s in ((lq, 0), (lk, 1), (lk, 2)))
+    grad = packed(lq, seed=3)
+    eager = varlen_attention(q, k, v, cu_of(lq), cu_of(lk), 64, 64, causal)
+    op = varlen_attention_op(q, k, v, cu_of(lq), cu_of(lk), causal)
+    torch.testing.assert_close(eager, op, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(eager, (q, k, v), grad), torch.autograd.grad(op, (q, k, v), grad)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_many_key_lengths_are_laid_out_padded_and_causal_needs_no_mask():
+    lengths = [5, 1, 3, 7, 2, 6]
+    assert len(varlen._runs(lengths)) > varlen.MAX_RUNS
+    full = varlen._Plan(cu_of(lengths).tolist(), cu_of(lengths).tolist(), False)
+    causal = varlen._Plan(cu_of(lengths).tolist(), cu_of(lengths).tolist(), True)
+    assert full.groups is None and causal.groups is None
+    assert full.mask is not None and causal.mask is None
+    assert (full.tq, full.tk) == (7, 7)
+    assert full.rows_q.tolist()[:7] == [0, 1, 2, 3, 4, 7, 14]
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_opcheck_and_the_fake_implementation(causal):
     q, k, v = (packed(LENGTHS_Q, torch.float32, s).requires_grad_() for s in range(3))
