@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import torch
+
+from seqtrain.errors import SeqtrainError
+
+CUBLAS_VAR = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the values torch accepts (cuBLAS reproducibility docs)
 
 
 def set_cuda_kernels(tf32: bool | None, cudnn_attention: bool) -> None:
@@ -19,3 +27,68 @@ def set_cuda_kernels(tf32: bool | None, cudnn_attention: bool) -> None:
     if tf32 is not None:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     torch.backends.cuda.enable_cudnn_sdp(cudnn_attention)
+
+
+def set_deterministic() -> None:
+    """--deterministic: every kernel deterministic, so two runs from the same state are bitwise equal on a GPU
+    too (on the CPU they already are). Global settings of this process; call it in every rank before its
+    first CUDA work (the launcher calls it before it starts ranks, so spawned ranks inherit the variable, and
+    the Trainer again in each rank, whose torch settings a spawned interpreter does not inherit):
+    - torch.use_deterministic_algorithms(True, warn_only=False): an operator with only a non-deterministic
+      kernel raises (Trainer turns that into one line naming the flag), and those with a deterministic one
+      switch to it: flash attention's backward (FA2's deterministic dQ accumulation, the varlen kernel's
+      too), memory-efficient attention's backward (one key split), index_add_/index_put_(accumulate)/
+      scatter_add_ on CUDA (sorted, no atomics), and SDPA leaves cuDNN's attention out;
+    - cudnn.deterministic = True, cudnn.benchmark = False;
+    - CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset: cuBLAS reads it when it makes its first handle, so it must
+      be in the environment before this process's first matrix product on CUDA. Set later (CUDA already
+      started here) it might come too late, which is refused with one line: export it before launching.
+    Unrelated to TF32 (deterministic too) and to the RNG (seeded per update anyway)."""
+    value = os.environ.get(CUBLAS_VAR)
+    if value is None:
+        if torch.cuda.is_initialized():
+            raise SeqtrainError(
+                f"--deterministic: {CUBLAS_VAR} must be set before CUDA starts in this process (cuBLAS reads "
+                f"it once); export {CUBLAS_VAR}={CUBLAS_DETERMINISTIC[0]} before launching"
+            )
+        os.environ[CUBLAS_VAR] = CUBLAS_DETERMINISTIC[0]
+    elif value not in CUBLAS_DETERMINISTIC:
+        raise SeqtrainError(
+            f"--deterministic: {CUBLAS_VAR}={value!r} is not a deterministic cuBLAS setting; use "
+            f"{' or '.join(CUBLAS_DETERMINISTIC)}, or leave it unset"
+        )
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
+def strictly_deterministic() -> bool:
+    """Whether operators must be deterministic now (use_deterministic_algorithms(True) without warn_only)."""
+    return (
+        torch.are_deterministic_algorithms_enabled()
+        and not torch.is_deterministic_algorithms_warn_only_enabled()
+    )
+
+
+_NOT_DETERMINISTIC = re.compile(r"^(\S+) does not have a deterministic implementation")
+
+
+def nondeterministic_error(e: BaseException) -> SeqtrainError | None:
+    """The one-line error for torch's refusal of an operator under --deterministic (`e`), or None when `e` is
+    another error. torch names the operator ("put_ does not have a deterministic implementation, but you set
+    'torch.use_deterministic_algorithms(True)'. ..."), or says cuBLAS needs CUBLAS_WORKSPACE_CONFIG."""
+    text = str(e)
+    if "use_deterministic_algorithms" not in text or not isinstance(e, RuntimeError):
+        return None
+    match = _NOT_DETERMINISTIC.match(text)
+    if match:
+        return SeqtrainError(
+            f"--deterministic: {match.group(1)} has no deterministic implementation in torch "
+            f"{torch.__version__}; train without --deterministic (runs are then equal only up to summation order)"
+        )
+    if CUBLAS_VAR in text:
+        return SeqtrainError(
+            f"--deterministic: cuBLAS is not deterministic without {CUBLAS_VAR}; export "
+            f"{CUBLAS_VAR}={CUBLAS_DETERMINISTIC[0]} before launching"
+        )
+    return SeqtrainError(f"--deterministic: {text.splitlines()[0]}")

@@ -68,18 +68,33 @@ def _one_torch_thread():
 
 @pytest.fixture(autouse=True)
 def _cuda_kernel_choices_restored():
-    """A Trainer on CUDA sets process-wide kernel choices (TF32, cuDNN attention: seqtrain.cuda); each test
-    starts from torch's defaults, so a test comparing fp32 results is not run in TF32 by an earlier one."""
+    """A Trainer sets process-wide kernel choices (on CUDA TF32 and cuDNN attention; with --deterministic,
+    deterministic algorithms, cuDNN's flags and CUBLAS_WORKSPACE_CONFIG: seqtrain.cuda); each test starts from
+    torch's defaults, so a test comparing fp32 results is not run in TF32 by an earlier one, nor a speed test
+    under deterministic kernels."""
+    import os
+
     import torch
 
     saved = (
         torch.backends.cuda.matmul.allow_tf32,
         torch.backends.cudnn.allow_tf32,
         torch.backends.cuda.cudnn_sdp_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
     )
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
     torch.backends.cuda.enable_cudnn_sdp(saved[2])
+    torch.use_deterministic_algorithms(saved[3], warn_only=saved[4])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[5:7]
+    if saved[7] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[7]
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.join(REPO, "scripts", "gpu"))
 sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))  # the generate stage reuses bench_generate.py
 
 import gpu_check_lib as lib  # noqa: E402
+from stage_determinism import determinism_settings, restore_determinism_settings  # noqa: E402
 
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops, measured_matmul_peak  # noqa: E402
@@ -342,13 +343,15 @@ def stage_train_speed(check: Check) -> dict[str, Any]:
 
 def stage_fp16_resume(check: Check) -> dict[str, Any]:
     """Updates 1..n in one run; a second run saved at k, reloaded into a fresh trainer, continued to n.
-    Deterministic kernels (gpu_check.sh sets CUBLAS_WORKSPACE_CONFIG): attention backward may otherwise sum in
-    a different order from run to run, which no resume could repeat."""
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    Under --deterministic (seqtrain.cuda.set_deterministic; gpu_check.sh exports CUBLAS_WORKSPACE_CONFIG before
+    CUDA starts): attention backward may otherwise sum in a different order from run to run, which no resume
+    could repeat, and warn_only=True would leave flash / memory-efficient attention's backward
+    non-deterministic. torch's settings are put back afterwards (stage_determinism's helpers)."""
+    saved = determinism_settings()
     try:
         return _fp16_resume(check)
     finally:
-        torch.use_deterministic_algorithms(False)
+        restore_determinism_settings(saved)
 
 
 def _fp16_resume(check: Check) -> dict[str, Any]:
@@ -361,6 +364,7 @@ def _fp16_resume(check: Check) -> dict[str, Any]:
             trainer.train_step([lib.seqtrain_sample(pairs[i])])
 
     extra = ("--fp16-init-scale", "128", "--fp16-scale-window", "2") if precision == "fp16" else ()
+    extra = (*extra, "--deterministic")
     whole, _ = lib.make_trainer(check.dry, "bart_tiny", 1000, precision, "--dropout", "0.1", *extra)
     run(list(range(n)), whole)
     first, _ = lib.make_trainer(check.dry, "bart_tiny", 1000, precision, "--dropout", "0.1", *extra)

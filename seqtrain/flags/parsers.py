@@ -173,6 +173,16 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
         help="let attention use cuDNN's kernel on CUDA (default: off; it builds a plan, 0.1-0.4 s, for every "
         "new batch shape)",
     )
+    _add(
+        g,
+        parser,
+        "--deterministic",
+        action="store_true",
+        help="deterministic kernels (torch.use_deterministic_algorithms without warn_only, cuDNN "
+        "deterministic, CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset): two runs from the same state are "
+        "bitwise equal on a GPU too, at a cost (docs/training.md); an operator without a deterministic "
+        "kernel stops the run",
+    )
     _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
     _add(
         g,

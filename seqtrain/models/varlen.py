@@ -29,12 +29,17 @@ Why a module of its own: the kernel choice, the version probe and the reference 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from seqtrain.cuda import strictly_deterministic
+
+logger = logging.getLogger(__name__)
 
 VarlenKernel = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, int, int, bool], Tensor]
 
@@ -168,15 +173,45 @@ def varlen_kernel() -> VarlenKernel | None:
 
 
 def kernel_serves(q: Tensor, dropout_p: float) -> bool:
-    """Whether the varlen kernel can run this call: CUDA, fp16/bf16, head size FA2 takes, no dropout."""
+    """Whether the varlen kernel runs this call (kernel_fits on q's device, dtype and head size)."""
+    return kernel_fits(q.is_cuda, q.dtype, q.size(-1), dropout_p)
+
+
+def kernel_fits(is_cuda: bool, dtype: torch.dtype, head_dim: int, dropout_p: float) -> bool:
+    """Whether the varlen kernel can run a call: CUDA, fp16/bf16, a head size FA2 takes, no dropout, and a
+    deterministic backward when deterministic algorithms are required (deterministic_kernel)."""
     return (
-        q.is_cuda
-        and q.dtype in (torch.float16, torch.bfloat16)
+        is_cuda
+        and dtype in (torch.float16, torch.bfloat16)
         and dropout_p == 0.0
-        and q.size(-1) % 8 == 0
-        and q.size(-1) <= 256
+        and head_dim % 8 == 0
+        and head_dim <= 256
         and varlen_kernel() is not None
+        and (not strictly_deterministic() or deterministic_kernel())
     )
+
+
+_ROUTED: list[bool] = []  # the deterministic reroute has been logged (once per process)
+
+
+def deterministic_kernel() -> bool:
+    """Under use_deterministic_algorithms(True) without warn_only (--deterministic): whether torch's varlen
+    kernel has a deterministic backward. FA2's has: torch's _flash_attention_backward then runs FA2's
+    deterministic dQ accumulation (one fp32 buffer per split, summed in a fixed order, instead of atomic adds),
+    for the varlen kernel as for SDPA's flash. cuDNN's has not (SDPA leaves it out in this mode), and torch
+    versions after 2.13 let varlen_attn pick cuDNN where torch.backends.cuda.cudnn_sdp_enabled() (2.11-2.13
+    always run FA2). So with cuDNN attention enabled the dispatcher takes the reference (SDPA per segment,
+    flash or memory-efficient, both deterministic in this mode) and says so once; the Trainer keeps cuDNN off
+    under --deterministic (it refuses --cudnn-attention with it), so training runs the kernel."""
+    if not torch.backends.cuda.cudnn_sdp_enabled():
+        return True
+    if not _ROUTED:
+        _ROUTED.append(True)
+        logger.warning(
+            "deterministic algorithms with cuDNN attention enabled: packed attention runs SDPA per sequence "
+            "(deterministic) instead of the varlen kernel, which could pick cuDNN's non-deterministic backward"
+        )
+    return False
 
 
 def varlen_attention(

@@ -32,6 +32,7 @@ import torch
 
 from seqtrain import distributed
 from seqtrain.checkpoint.formats import read_checkpoint
+from seqtrain.cuda import set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
@@ -109,6 +110,10 @@ def train(args: argparse.Namespace) -> int:
     """Train with the parsed flags (seqtrain.flags.parsers.parse_train_args) on one process or one per rank; returns
     the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.train.stop_signals). User errors raise
     SeqtrainError."""
+    if getattr(args, "deterministic", False):
+        # before any rank starts: spawned ranks inherit CUBLAS_WORKSPACE_CONFIG from this process's
+        # environment (the Trainer sets torch's own settings again in each rank)
+        set_deterministic()
     return call_main(args, main) or 0
 
 

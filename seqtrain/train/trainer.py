@@ -46,7 +46,7 @@ from seqtrain.checkpoint.adapters import BASE_KEY, adapter_state, base_record
 from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file, strip_wrapper_prefix
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.config import from_args
-from seqtrain.cuda import set_cuda_kernels
+from seqtrain.cuda import nondeterministic_error, set_cuda_kernels, set_deterministic
 from seqtrain.data.iterators import spare_data_workers
 from seqtrain.data.pair_dataset import split_batch
 from seqtrain.errors import SeqtrainError
@@ -94,6 +94,7 @@ class TrainerConfig:
     compile: bool = False
     no_tf32: bool = False
     cudnn_attention: bool = False
+    deterministic: bool = False
     clip_norm: float = 0.0
     optimizer: str = "adam"
     store_ema: bool = False
@@ -118,6 +119,13 @@ class Trainer:
         self.criterion = criterion
         use_cuda = torch.cuda.is_available() and not cfg.cpu
         self.device = torch.device("cuda", cfg.device_id) if use_cuda else torch.device("cpu")
+        if cfg.deterministic:
+            if cfg.cudnn_attention:
+                raise SeqtrainError(
+                    "--cudnn-attention and --deterministic exclude each other: cuDNN's attention backward is "
+                    "not deterministic (in deterministic mode torch's attention leaves it out); drop one"
+                )
+            set_deterministic()  # in this rank, before its first CUDA work (seqtrain.cuda)
         if use_cuda:
             torch.cuda.set_device(self.device)
             set_cuda_kernels(tf32=not cfg.no_tf32, cudnn_attention=cfg.cudnn_attention)
@@ -325,6 +333,8 @@ class Trainer:
                     )
             except RuntimeError as e:
                 if not is_oom(e, self.device):
+                    if (refused := nondeterministic_error(e)) is not None:
+                        raise refused from None
                     raise
                 if self.world_size > 1:  # one rank cannot skip an update the others are reducing
                     raise SeqtrainError(
@@ -478,8 +488,13 @@ class Trainer:
                 "(Trainer.set_dummy_batch)"
             )
         sample = self._dummy_batch if is_dummy else self.prepare_sample(sample)
-        with torch.no_grad(), self.autocast():
-            _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
+        try:
+            with torch.no_grad(), self.autocast():
+                _, _, log = self.task.valid_step(sample, self._forward_model, self.criterion)
+        except RuntimeError as e:
+            if (refused := nondeterministic_error(e)) is not None:
+                raise refused from None
+            raise
         if self.world_size > 1:
             keys, sums = distributed.sum_logging_outputs(
                 [{k: 0.0 for k in log} if is_dummy else log], self.device

@@ -148,6 +148,7 @@ def world(tmp_path_factory):
         )  # a HOME without W&B credentials, outside the hashed tree
     finally:
         torch.set_num_threads(n)
+    w["plugin"] = str(REPO / "tests" / "plugins" / "seqtrain_toy_plugin")  # --user-dir for toy criteria
     return w
 
 
@@ -928,11 +929,42 @@ CASES += [
     ),
 ]
 
+# Issue 26: --deterministic refuses what would make a run non-deterministic, in one line naming the flag
+CASES += [
+    (
+        "train-deterministic-cudnn-attention",
+        "train",
+        train("--deterministic", "--cudnn-attention"),
+        "--cudnn-attention and --deterministic exclude each other",
+    ),
+    (
+        "train-deterministic-cublas-config",
+        "train",
+        train("--deterministic"),
+        "--deterministic: CUBLAS_WORKSPACE_CONFIG=':0:0' is not a deterministic cuBLAS setting",
+    ),
+    (  # an operator torch has no deterministic kernel for (Tensor.put_, in a --user-dir criterion), met in the
+        # training step (without validation; tests/e2e/test_distributed.py meets it in validation's dry run)
+        "train-deterministic-operator-without-kernel",
+        "train",
+        train(
+            "--deterministic",
+            "--disable-validation",
+            "--user-dir",
+            "{plugin}",
+            "--criterion",
+            "toy_put_cross_entropy",
+        ),
+        "--deterministic: put_ has no deterministic implementation in torch",
+    ),
+]
+
 # Environment variables a case runs with (set for the in-process run only)
 _SLURM = dict(SLURM_STEP_ID="0", SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_NNODES="1")
 ENV = {
     "train-slurm-procid-beyond-ntasks": dict(_SLURM, SLURM_PROCID="5", SLURM_NODELIST="n1"),
     "train-slurm-nodelist-unclosed": dict(_SLURM, SLURM_NODELIST="node[01-"),
+    "train-deterministic-cublas-config": {"CUBLAS_WORKSPACE_CONFIG": ":0:0"},
 }
 
 # Run through the installed console scripts (a fresh process each), not in-process.

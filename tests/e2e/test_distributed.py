@@ -492,3 +492,23 @@ def test_spawned_ddp_ranks_running_different_pass_counts(databin, reference, tmp
     log = open(os.path.join(save_dir, "train.log"), encoding="utf-8").read()
     first = re.search(r"--merge-max-tokens: (\d+) batches of epoch 1 ran as (\d+) passes", log)
     assert (int(first[1]), int(first[2])) == (3, sum(per_rank[0]))  # rank 0 ran the passes predicted for it
+
+
+@pytest.mark.slow
+def test_deterministic_reaches_every_spawned_rank(databin, tmp_path, monkeypatch):
+    """--deterministic with 2 spawned ranks (fresh interpreters: torch's settings are not inherited): rank 1 runs
+    an operator without a deterministic kernel (the toy plugin's criterion, on the last rank only), so the job
+    ends with rank 1's one line naming the flag, which it gives only when that rank runs in deterministic mode
+    and inherited CUBLAS_WORKSPACE_CONFIG from the launcher."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    os.makedirs(tmp_path / "ckpt")
+    plugin = os.path.join(os.path.dirname(os.path.dirname(__file__)), "plugins", "seqtrain_toy_plugin")
+    args = train_args(databin, str(tmp_path / "ckpt"), "--no-save", "--num-workers", "0", "--deterministic")
+    args += ["--user-dir", plugin, "--criterion", "toy_put_cross_entropy", "--distributed-world-size", "2"]
+    proc = launch([sys.executable, "-m", "seqtrain_cli.train", *args], tmp_path, timeout=150)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "seqtrain-train: error: rank 1: --deterministic: put_ has no deterministic implementation in torch "
+    ), proc.stderr[-3000:]
+    assert last.endswith("(the other ranks were stopped)")

@@ -83,3 +83,39 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
         assert stages["profile"][f"{tk}_host_top"] and (out / f"profile_{tk}_host.txt").stat().st_size > 0
     table = (out / "gpu_check.md").read_text()
     assert all(f"| {name} |" in table for name in STAGES)
+
+
+DETERMINISM_DRY_RUN = """
+import argparse, json, sys
+sys.path.insert(0, "scripts/gpu")
+import gpu_check
+from stage_determinism import stage_determinism
+check = gpu_check.Check(argparse.Namespace(dry_run=True, out=sys.argv[1], peak_flops=1e12))
+print(json.dumps(stage_determinism(check)))
+"""
+
+
+def test_determinism_stage_dry_run(tmp_path):
+    """scripts/gpu/stage_determinism.py on the CPU with tiny shapes, as gpu_check.py would run it: two runs and a
+    resume bitwise equal under --deterministic, the three timings positive, nothing left in $OUT."""
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", DETERMINISM_DRY_RUN, str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["arch"] == "bart_tiny" and res["updates"] == 4 and res["resumed_at"] == 2
+    assert res["bitwise_two_runs"] is True and res["bitwise_resume"] is True
+    assert res["max_param_diff_two_runs"] == res["max_param_diff_resume"] == 0.0
+    assert res["num_updates_resumed"] == 4 and res["varlen_kernel"] is False  # the CPU: the reference
+    assert res["cublas_workspace_config"] == ":4096:8"  # exported by the flag (no CUDA started yet)
+    for key in ("deterministic_ms_per_step", "deterministic_nofill_ms_per_step", "default_ms_per_step"):
+        assert res[key] > 0, key
+    assert res["tokens_per_step"] > 0 and res["loss_rel_diff_vs_default"] < 1e-2
+    assert os.listdir(tmp_path) == []  # the resume checkpoint was removed

@@ -206,3 +206,55 @@ def test_cuda_kernel_matches_the_fp32_reference(causal):
     want = torch.autograd.grad(ref.sum(), (q, k, v))
     for a, b in zip(grads, want):
         torch.testing.assert_close(a.float(), b, rtol=5e-2, atol=5e-2)
+
+
+def _stand_in_kernel(monkeypatch):
+    """A varlen kernel as this torch would offer it on CUDA (the probe mocked: the choice is tested on the CPU)."""
+    monkeypatch.setattr(varlen, "varlen_kernel", lambda: lambda *a: None)
+    monkeypatch.setattr(varlen, "_ROUTED", [])
+
+
+def test_deterministic_mode_keeps_the_kernel_when_its_backward_is_deterministic(monkeypatch):
+    """Under --deterministic (cuDNN attention off, as the Trainer keeps it) the CUDA case takes torch's varlen
+    kernel: FA2's backward runs its deterministic dQ accumulation in this mode."""
+    _stand_in_kernel(monkeypatch)
+    torch.backends.cuda.enable_cudnn_sdp(False)  # (conftest's fixture restores the settings)
+    assert varlen.kernel_fits(True, torch.bfloat16, 64, 0.0)
+    torch.use_deterministic_algorithms(True)
+    assert varlen.kernel_fits(True, torch.bfloat16, 64, 0.0)
+    assert not varlen.kernel_fits(False, torch.bfloat16, 64, 0.0)  # the CPU: the reference, as always
+    assert not varlen.kernel_fits(True, torch.float32, 64, 0.0) and not varlen.kernel_fits(
+        True, torch.bfloat16, 64, 0.1
+    )
+
+
+def test_deterministic_mode_with_cudnn_attention_takes_the_reference_and_says_so(monkeypatch, caplog):
+    """cuDNN attention enabled: a newer torch's varlen_attn could pick cuDNN, whose backward is not
+    deterministic, so the dispatcher takes the per-sequence SDPA reference, logged once."""
+    _stand_in_kernel(monkeypatch)
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    assert varlen.kernel_fits(True, torch.bfloat16, 64, 0.0)  # not deterministic mode: the kernel
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    assert varlen.kernel_fits(True, torch.bfloat16, 64, 0.0)  # warnings only: torch warns, the kernel runs
+    torch.use_deterministic_algorithms(True)
+    with caplog.at_level("WARNING", logger="seqtrain.models.varlen"):
+        assert not varlen.kernel_fits(True, torch.bfloat16, 64, 0.0)
+        assert not varlen.kernel_fits(True, torch.float16, 64, 0.0)
+    routed = [r for r in caplog.records if "instead of the varlen kernel" in r.getMessage()]
+    assert len(routed) == 1
+
+
+def test_the_cpu_reference_is_bitwise_repeatable_in_deterministic_mode():
+    """The packed CPU path (index_copy into a padded layout, masked SDPA, index_select back) runs under
+    use_deterministic_algorithms(True) and gives the same gradients twice, equal to those without it."""
+    cu = cu_of(LENGTHS_Q)
+    grads = []
+    for deterministic in (False, True, True):
+        torch.use_deterministic_algorithms(deterministic)
+        q, k, v = (packed(LENGTHS_Q, torch.float32, s).requires_grad_() for s in range(3))
+        out = varlen_attention(q, k, v, cu, cu, 8, 8, True)
+        grads.append([out.detach(), *torch.autograd.grad((out * out).sum(), (q, k, v))])
+    for a, b in zip(grads[1], grads[2]):
+        assert torch.equal(a, b)
+    for a, b in zip(grads[0], grads[1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
