@@ -386,7 +386,15 @@ class Trainer:
         # the loss scale in one pass (a zero sample size is caught below, before the optimizer step).
         scale = self.scaler.loss_scale if self.scaler is not None else 1.0
         # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
-        if sizes_on_host:
+        if self.scaler is not None and not self.is_fsdp and self.optimizer.folds_grad_scale:
+            # fp16 with fused Adam(W): no pass over the gradients here; the fused kernel divides them by the
+            # loss scale and the sample size (the clip coefficient folded in) as it steps (docs/training.md)
+            if sizes_on_host:  # (a fill on the device: no host-to-device copy)
+                divisor = torch.full((), sample_size * scale, dtype=torch.float32, device=self.device)
+            else:
+                divisor = (device_size * scale / self.world_size).to(self.device, torch.float32)
+            self.optimizer.divide_grads_in_step(divisor)
+        elif sizes_on_host:
             self.optimizer.multiply_grads(1.0 / (sample_size * scale) if sample_size > 0 else 0.0)
         else:
             factor = self.world_size / (device_size * scale)

@@ -207,3 +207,65 @@ def test_lora_trains_fp32_adapters_over_a_bf16_base(databin, tmp_path):
     assert all(torch.equal(after[k], before[k]) for k in before if k not in adapters)  # the base never moves
     assert any(after[k].abs().sum() > 0 for k in adapters if k.endswith("lora_B"))  # B started at zero
     assert trainer.compute_model.state_dict()[adapters[0]].dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------------ fp16's fold
+def _scaled_run(data, tmp, n, fold, monkeypatch, start=None, stop=None, inject_at=2):
+    """n updates of a CPU fp32 trainer given fp16's dynamic loss scaler (fp16 autocast needs CUDA; the loss is
+    scaled and the trainer unscales as under --fp16; fp32, not bf16 autocast, so that a 1-ulp difference in a
+    weight does not flip a bf16 rounding in the next forward pass): the unscale folded into fused AdamW or not. An inf in
+    one gradient at update `inject_at` must be skipped. `start`: a state dict to resume from; returns the
+    trainer and its state after `stop` updates (if given)."""
+    from seqtrain.optim import DynamicLossScaler, Optimizer
+
+    with monkeypatch.context() as m:
+        if not fold:
+            m.setattr(Optimizer, "folds_grad_scale", property(lambda self: False))
+        trainer = build_trainer(data, str(tmp), "--clip-norm", "0.5")
+        trainer.scaler = DynamicLossScaler(init_scale=2.0**10, scale_window=2)
+        if start is not None:
+            trainer.load_state_dict(start, "state")
+        real = trainer.task.train_step
+
+        def step(sample, model, *args, **kwargs):
+            out = real(sample, model, *args, **kwargs)
+            if trainer.num_updates == inject_at and not getattr(trainer, "_injected", False):
+                trainer._injected = True
+                next(p for p in trainer.model.parameters() if p.grad is not None).grad.view(-1)[0] = float(
+                    "inf"
+                )
+            return out
+
+        trainer.task.train_step = step
+        data_ = batches(trainer, 4)
+        saved, skipped = None, []
+        while trainer.num_updates < n:
+            if trainer.num_updates == stop and saved is None:
+                saved = copy.deepcopy(trainer.state_dict({}))  # (its tensors are the live ones)
+            before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+            if trainer.train_step([data_[trainer.num_updates % 4]]) is None:
+                skipped.append(trainer.num_updates)
+                assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())
+        return trainer, saved, skipped
+
+
+def test_fp16_unscale_folded_into_fused_adamw_equals_the_pass(databin, tmp_path, monkeypatch):
+    folded, saved, skipped = _scaled_run(databin, tmp_path / "a", 6, True, monkeypatch, stop=4)
+    plain, _, skipped_plain = _scaled_run(databin, tmp_path / "b", 6, False, monkeypatch)
+    assert skipped == skipped_plain == [2]  # the overflow skipped update 3 on both paths
+    assert folded.scaler.state_dict() == plain.scaler.state_dict()
+    assert folded.scaler.loss_scale != 2.0**10  # halved once, doubled by the window
+    a, b = folded.model.state_dict(), plain.model.state_dict()
+    # a few ulps of weights below 1 after 5 steps (tests/unit/optim/test_grad_scale_fold.py's bound); the
+    # key projections' biases have zero gradient in exact arithmetic (softmax ignores them) and Adam turns
+    # their rounding noise into +-lr steps, which the 1-ulp differences elsewhere reshuffle: 1e-5 for them
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a if not k.endswith("k_proj.bias"))
+    assert diff <= 5 * 2.0**-23, diff
+    assert max(float((a[k] - b[k]).abs().max()) for k in a if k.endswith("k_proj.bias")) <= 1e-5
+    # resume from update 4 of the folded run: bitwise the unbroken one
+    resumed, _, _ = _scaled_run(databin, tmp_path / "c", 6, True, monkeypatch, start=saved, inject_at=-1)
+    c = resumed.model.state_dict()
+    assert all(torch.equal(a[k], c[k]) for k in a)
+    sa, sc = folded.optimizer.state_dict()["state"], resumed.optimizer.state_dict()["state"]
+    assert all(torch.equal(sa[i][k], sc[i][k]) for i in sa for k in sa[i])
+    assert resumed.scaler.state_dict() == folded.scaler.state_dict()
