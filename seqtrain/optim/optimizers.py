@@ -9,6 +9,10 @@ with fairseq's defaults (what fairseq does after it knows `--optimizer`); `add_a
 optimizers' flags, where a flag whose default differs between optimizers (`--momentum`: nag 0.99, sgd 0.0) gets
 default None and the builder fills in the chosen optimizer's default. Flags already on the parser are skipped,
 so options.py may add shared ones (`--lr`, `--weight-decay`) itself.
+
+Why one module: the flag tables, the builders and the wrapper's gradient helpers (multiply_grads, clip_grad_norm
+and the fp16 divisor folded into fused AdamW's step, divide_grads_in_step) must agree on which torch optimizer
+each name builds and what its step can take; split, each half would have to re-check the other's choices.
 """
 
 from __future__ import annotations

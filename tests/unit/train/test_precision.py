@@ -213,8 +213,8 @@ def test_lora_trains_fp32_adapters_over_a_bf16_base(databin, tmp_path):
 def _scaled_run(data, tmp, n, fold, monkeypatch, start=None, stop=None, inject_at=2):
     """n updates of a CPU fp32 trainer given fp16's dynamic loss scaler (fp16 autocast needs CUDA; the loss is
     scaled and the trainer unscales as under --fp16; fp32, not bf16 autocast, so that a 1-ulp difference in a
-    weight does not flip a bf16 rounding in the next forward pass): the unscale folded into fused AdamW or not. An inf in
-    one gradient at update `inject_at` must be skipped. `start`: a state dict to resume from; returns the
+    weight does not flip a bf16 rounding in the next forward pass): the unscale folded into fused AdamW or not.
+    An inf in one gradient at update `inject_at` must be skipped. `start`: a state dict to resume from; returns the
     trainer and its state after `stop` updates (if given)."""
     from seqtrain.optim import DynamicLossScaler, Optimizer
 
