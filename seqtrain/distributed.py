@@ -429,6 +429,15 @@ def first_nonfinite_parameter(model: torch.nn.Module) -> str | None:
     return None if bool(finite.all()) else named[int((~finite).nonzero()[0, 0])][0]
 
 
+def broadcast_tensors(tensors: list[torch.Tensor], src: int = 0) -> None:
+    """Overwrite `tensors` in place with rank `src`'s (a no-op for one process); what DDP does for the module
+    it wraps, for tensors it does not see (--bf16-mode fairseq's fp32 master weights)."""
+    if get_world_size() <= 1:
+        return
+    for t in tensors:
+        dist.broadcast(t.data, src)
+
+
 def agree(flags: dict[str, bool], device: torch.device) -> dict[str, bool]:
     """Each flag True on every rank when it is True on at least one: one all-reduce of a small tensor, so every
     rank takes the same decision (a stop, a save) at the same point even if only some of them saw its cause."""

@@ -6,7 +6,9 @@ Training: `seqtrain-train` and `fairseq-train` (bart_base, label-smoothed CE, ad
 every round) so background load hits both alike. Per tool: training tokens/s (target tokens of the updates
 after the first, over their time, from each tool's own per-update log), the losses, the process's wall time,
 and the peak RSS of its process tree. Optionally (--seqtrain-bf16) seqtrain's --bf16 runs as well, in training
-and generation (counted against fairseq's fp32 hypotheses): fairseq cannot use bf16 on a CPU.
+and generation (counted against fairseq's fp32 hypotheses): fairseq cannot use bf16 on a CPU; and
+(--seqtrain-bf16-fairseq) seqtrain's --bf16 --bf16-mode fairseq, fairseq's own bf16 semantics (a bf16 model over
+fp32 master weights), in training (its generation is --bf16's: the model cast to bf16).
 
 Generation: `seqtrain-generate` and `fairseq-generate` with fairseq's checkpoint of the first training run
 (or --gen-path) on the first --examples validation pairs: sentences/s of the whole process, how many best
@@ -20,6 +22,7 @@ fairseq-fidelity issue), so per-update work is equal only on average.
 
     .venv/bin/python scripts/bench/bench_fairseq.py --updates 5 --examples 64     # short mode, a few minutes
     .venv/bin/python scripts/bench/bench_fairseq.py --updates 30 --rounds 2 --seqtrain-bf16
+    .venv/bin/python scripts/bench/bench_fairseq.py --updates 8 --examples 0 --seqtrain-bf16 --seqtrain-bf16-fairseq
 
 Needs the fairseq peer venv ($HOME/.cache/seqtrain-peers/fairseq, made by ../shared/tools/fairseq-peer.sh);
 without it the script says so and exits 2.
@@ -50,6 +53,12 @@ PEER = os.path.expanduser(os.environ.get("FAIRSEQ_PEER", "~/.cache/seqtrain-peer
 SEQTRAIN_BIN = os.path.dirname(sys.executable)
 FAIRSEQ_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}  # fairseq 0.12 unpickles its own checkpoints
 BART_BASE = Seq2SeqFlops(6, 6, 768, 768, 3072, 3072, 0)  # the vocabulary comes from the data-bin
+# seqtrain's precision variants: the flags each tool name adds
+PRECISION = {
+    "seqtrain": [],
+    "seqtrain-bf16": ["--bf16"],
+    "seqtrain-bf16-fairseq": ["--bf16", "--bf16-mode", "fairseq"],
+}
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -273,8 +282,7 @@ def train_run(
         cmd = [os.path.join(PEER, "bin", "fairseq-train"), *flags]
         res = run(cmd, log, FAIRSEQ_ENV)
     else:
-        bf16 = ["--bf16"] if tool.endswith("bf16") else []
-        cmd = [os.path.join(SEQTRAIN_BIN, "seqtrain-train"), *flags, *bf16]
+        cmd = [os.path.join(SEQTRAIN_BIN, "seqtrain-train"), *flags, *PRECISION[tool]]
         res = run(cmd, log)
     return {**res, **parse_train_log(log)}
 
@@ -421,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also time seqtrain-train and seqtrain-generate with --bf16",
     )
     p.add_argument(
+        "--seqtrain-bf16-fairseq",
+        action="store_true",
+        help="also time seqtrain-train with --bf16 --bf16-mode fairseq (a bf16 model over fp32 master weights)",
+    )
+    p.add_argument(
         "--gen-path",
         default=None,
         help="a fairseq checkpoint to generate with (default: the one "
@@ -468,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.init = init_weights(args, databin)
     tools = ["seqtrain", "fairseq"] + (["seqtrain-bf16"] if args.seqtrain_bf16 else [])
+    tools += ["seqtrain-bf16-fairseq"] if args.seqtrain_bf16_fairseq else []
     train: dict[str, list[dict[str, float]]] = {t: [] for t in tools}
     ckpt_dir = os.path.join(args.workdir, "fairseq-ckpt")
     if not args.skip_train:
@@ -523,7 +537,7 @@ def summarize(
         if not runs:  # --skip-train
             continue
         tps = best(runs, "tokens_per_s")
-        peak = peaks["bf16" if tool.endswith("bf16") else "fp32"]
+        peak = peaks["bf16" if "bf16" in tool else "fp32"]
         out["train"][tool] = {
             "tokens_per_s": tps,
             "useful_gflops": tps * per_token / 1e9,

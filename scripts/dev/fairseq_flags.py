@@ -37,7 +37,10 @@ SCHEDULERS = ("fixed", "inverse_sqrt", "polynomial_decay", "reduce_lr_on_plateau
 NOTES = {
     "--amp": "implies --fp16 (seqtrain's fp16 is autocast with a dynamic grad scaler, as fairseq's --amp)",
     "--memory-efficient-fp16": "implies --fp16; fp32 master weights and optimizer state are kept",
-    "--memory-efficient-bf16": "implies --bf16; fp32 master weights and optimizer state are kept",
+    "--memory-efficient-bf16": "implies --bf16; fp32 master weights and optimizer state are kept (refused with "
+    "--bf16-mode fairseq)",
+    "--bf16": "seqtrain-train: bf16 autocast over fp32 weights by default; fairseq's behaviour (a bf16 model, fp32 "
+    "master weights) is --bf16 --bf16-mode fairseq, whose checkpoints hold the fp32 masters",
     "--dataset-impl": "only mmap (others: an error naming the flag)",
     "--max-tokens": "seqtrain-train also takes auto: the largest budget that fits in CUDA memory, probed before "
     "training (docs/training.md)",

@@ -134,7 +134,14 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
     _add(g, parser, "--seed", type=int, default=1, metavar="N", help="random seed (default: 1)")
     _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
     _add(g, parser, "--fp16", action="store_true", help="fp16 autocast with dynamic loss scaling (CUDA)")
-    _add(g, parser, "--bf16", action="store_true", help="bf16 autocast (CUDA; no loss scaling needed)")
+    _add(
+        g,
+        parser,
+        "--bf16",
+        action="store_true",
+        help="bf16, no loss scaling (CUDA or CPU). Training: autocast over fp32 weights, or with --bf16-mode "
+        "fairseq as fairseq's --bf16 (a bf16 model over fp32 master weights); generation: the model cast to bf16",
+    )
     _add(
         g,
         parser,
@@ -764,6 +771,14 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     add_validation_args(parser, dataset)
     model = models.add_args(parser)
     _retitle(model, "Model configuration")
+    common = next(g for g in parser._action_groups if g.title == "Common")
+    common.add_argument(
+        "--bf16-mode",
+        choices=("autocast", "fairseq"),
+        default="autocast",
+        help="with --bf16: autocast (fp32 weights, each matrix product cast to bf16), or fairseq (as fairseq's "
+        "--bf16: the model computes in bf16, the optimizer steps fp32 master weights, which checkpoints hold)",
+    )
     model.add_argument(
         "--arch",
         "-a",

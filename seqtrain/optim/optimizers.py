@@ -9,6 +9,10 @@ with fairseq's defaults (what fairseq does after it knows `--optimizer`); `add_a
 optimizers' flags, where a flag whose default differs between optimizers (`--momentum`: nag 0.99, sgd 0.0) gets
 default None and the builder fills in the chosen optimizer's default. Flags already on the parser are skipped,
 so options.py may add shared ones (`--lr`, `--weight-decay`) itself.
+
+Why one module: the flag tables, the builders and the wrapper's gradient helpers (multiply_grads, clip_grad_norm
+and the fp16 divisor folded into fused AdamW's step, divide_grads_in_step) must agree on which torch optimizer
+each name builds and what its step can take; split, each half would have to re-check the other's choices.
 """
 
 from __future__ import annotations
@@ -200,6 +204,9 @@ class Optimizer:
     def __init__(self, optimizer: torch.optim.Optimizer, name: str):
         self.optimizer = optimizer
         self.name = name
+        # divide_grads_in_step's divisor (and the found-inf flag), held until step() hands them to the kernel
+        self._divisor: torch.Tensor | None = None
+        self._found_inf: torch.Tensor | None = None
 
     @property
     def param_groups(self) -> list[dict]:
@@ -218,10 +225,36 @@ class Optimizer:
             group["lr"] = lr
 
     def step(self, closure: Callable | None = None) -> Any:
-        return self.optimizer.step(closure)
+        if self._divisor is None:
+            return self.optimizer.step(closure)
+        # torch's fused Adam(W) kernel divides each gradient by grad_scale and skips the update where found_inf
+        # is set (GradScaler's contract: torch.amp.grad_scaler, `_step_supports_amp_scaling`)
+        self.optimizer.grad_scale, self.optimizer.found_inf = self._divisor, self._found_inf
+        try:
+            return self.optimizer.step(closure)
+        finally:
+            del self.optimizer.grad_scale, self.optimizer.found_inf
+            self._divisor = self._found_inf = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+        self._divisor = self._found_inf = None
+
+    @property
+    def folds_grad_scale(self) -> bool:
+        """Whether step() can divide the gradients itself (divide_grads_in_step): torch's fused Adam/AdamW."""
+        return bool(getattr(self.optimizer, "_step_supports_amp_scaling", False)) and all(
+            g.get("fused") for g in self.optimizer.param_groups
+        )
+
+    def divide_grads_in_step(self, divisor: torch.Tensor) -> None:
+        """Leave the gradients as they are and have the next step() divide them by `divisor` (a 0-d fp32 tensor:
+        the loss scale times the sample size) inside the fused kernel, instead of a pass of multiply_grads:
+        clip_grad_norm then reports the norm of the divided gradients and folds its clip coefficient into the
+        divisor. Only where folds_grad_scale."""
+        if not self.folds_grad_scale:
+            raise SeqtrainError(f"internal: --optimizer {self.name} cannot divide gradients in its step")
+        self._divisor = divisor.to(torch.float32).reshape(())
 
     def multiply_grads(self, c: float | torch.Tensor) -> None:
         """Multiply all gradients by `c` (e.g. 1/sample_size, or 1/loss_scale)."""
@@ -235,6 +268,14 @@ class Optimizer:
         if not grads:
             return torch.tensor(0.0)
         norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True).float()  # torch >= 2.6
+        if self._divisor is not None:  # the gradients are still to be divided (divide_grads_in_step)
+            divisor = self._divisor.to(norm.device)
+            norm = norm / divisor
+            self._found_inf = (~torch.isfinite(norm)).float().to(grads[0].device)
+            if max_norm > 0:
+                coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+                self._divisor = (divisor / coef).to(grads[0].device)
+            return norm
         if max_norm > 0:
             coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
             torch._foreach_mul_(grads, coef.to(grads[0].device))

@@ -43,8 +43,8 @@ def probe_fits(trainer: Any, sample: dict[str, Any]) -> bool:
     failure: str | None = None
     reserve = _optimizer_reserve(trainer)
     try:
-        trainer.model.train()
-        trainer.optimizer.zero_grad()
+        trainer.compute_model.train()
+        trainer.zero_grad()
         trainer.task.train_step(
             trainer.prepare_sample(sample),
             trainer._forward_model,
@@ -59,7 +59,7 @@ def probe_fits(trainer: Any, sample: dict[str, Any]) -> bool:
         failure = str(e).splitlines()[0] if str(e) else type(e).__name__
     # (outside the except block: the traceback's frames hold the pass's tensors until then)
     del reserve
-    trainer.optimizer.zero_grad()
+    trainer.zero_grad()
     set_rng_state(rng)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

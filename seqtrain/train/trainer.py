@@ -1,6 +1,7 @@
 """Trainer: runs optimizer updates for a task's model and criterion, and holds all state a resume needs.
 
-It owns device placement, mixed precision (--fp16 autocast + dynamic loss scaling, --bf16 autocast), gradient
+It owns device placement, mixed precision (--fp16 autocast + dynamic loss scaling, --bf16 autocast, or with
+--bf16-mode fairseq a bf16 copy of the model over fp32 master weights: seqtrain.train.precision), gradient
 accumulation (a list of batches per update, --update-freq), normalization by sample size, clipping (--clip-norm),
 skipping an update on CUDA out-of-memory or fp16 overflow, the learning-rate schedule calls, the training
 meters, and the checkpoint state (model, optimizer, scheduler, loss scaler, meters, RNG states, update count).
@@ -70,6 +71,7 @@ from seqtrain.optim import (
 from seqtrain.optim.ema import EMA
 from seqtrain.tasks.step import StepContext
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
+from seqtrain.train.precision import Bf16Compute, bf16_mode
 
 logger = logging.getLogger("seqtrain.trainer")  # the name log lines have always shown
 
@@ -91,6 +93,7 @@ class TrainerConfig:
     device_id: int = 0
     fp16: bool = False
     bf16: bool = False
+    bf16_mode: str = "autocast"
     compile: bool = False
     no_tf32: bool = False
     cudnn_attention: bool = False
@@ -133,10 +136,13 @@ class Trainer:
             raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
         if cfg.fp16 and not use_cuda:
             raise SeqtrainError("--fp16 needs a CUDA device (use --bf16 on CPU, or drop --fp16)")
+        fairseq_bf16 = bf16_mode(args) == "fairseq"  # (checked: it needs --bf16)
+        # autocast's dtype; --bf16-mode fairseq runs a bf16 model instead (no autocast)
         self.amp_dtype: torch.dtype | None = (
-            torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 else None
+            torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 and not fairseq_bf16 else None
         )
-        # Parameters stay fp32 (the optimizer's master copy); autocast runs matmuls in the low precision.
+        # Parameters stay fp32 (the optimizer's master copy); autocast runs matmuls in the low precision, or a
+        # bf16 copy of the model computes (--bf16-mode fairseq, built below once freezing is applied).
         self.model = model.to(self.device)
         if hasattr(criterion, "to"):
             self.criterion = criterion.to(self.device)
@@ -151,12 +157,20 @@ class Trainer:
         # Several ranks: DDP around the model, or FSDP sharding it in place (before the optimizer sees it).
         self.world_size = distributed.get_world_size()
         parallel = distributed.DataParallelConfig.from_args(args)
-        self._forward_model = distributed.wrap_model(parallel, self.model, self.device, self.amp_dtype)
+        self.bf16: Bf16Compute | None = None
+        if fairseq_bf16:
+            if self.world_size > 1:  # DDP starts every rank's bf16 copy from rank 0's; the masters must agree
+                distributed.broadcast_tensors(list(self.model.state_dict().values()))
+            self.bf16 = Bf16Compute(self.model)
+        self.compute_model = self.bf16.compute if self.bf16 is not None else self.model
+        self._forward_model = distributed.wrap_model(
+            parallel, self.compute_model, self.device, self.amp_dtype
+        )
         self.is_fsdp = distributed.is_fsdp(self.model)
         if cfg.compile:
             # per layer, as torchtitan compiles per block: the packed path's layers, one graph per layer
             # class, reused across batch shapes; the criterion, the optimizer and generation stay eager
-            compile_layers(self.model)
+            compile_layers(self.compute_model)
         self.optimizer = build_optimizer(args, self.model.parameters())
         self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
         self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
@@ -191,7 +205,8 @@ class Trainer:
         self.num_params = sum(p.numel() for p in self.model.parameters())
         self.num_trained_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         # mfu: counted FLOPs of each update (seqtrain/train/flops.py) against --peak-flops or the GPU's table figure
-        self.peak_flops = device_peak_flops(self.device, self.amp_dtype, getattr(args, "peak_flops", None))
+        low = torch.bfloat16 if fairseq_bf16 else self.amp_dtype
+        self.peak_flops = device_peak_flops(self.device, low, getattr(args, "peak_flops", None))
         self._flop_count = Seq2SeqFlops.from_model(self.model) if self.peak_flops else None
         self._dummy_batch: dict[str, Any] | None = None
         self._valid_start: float | None = None
@@ -207,7 +222,15 @@ class Trainer:
         tensors += [p.grad for p in self.model.parameters() if p.grad is not None]
         for state in self.optimizer.optimizer.state.values():
             tensors += [v for v in state.values() if torch.is_tensor(v)]
+        if self.bf16 is not None:
+            tensors += self.bf16.tensors()
         return tensors
+
+    def zero_grad(self) -> None:
+        """Drop every gradient: the optimizer's (fp32) and, with --bf16-mode fairseq, the bf16 copy's."""
+        self.optimizer.zero_grad()
+        if self.bf16 is not None:
+            self.bf16.zero_grad()
 
     # ------------------------------------------------------------------------------------------------ basics
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -287,9 +310,9 @@ class Trainer:
 
     def _train_step(self, samples: list[dict[str, Any]]) -> Any:
         self._set_seed()
-        if not self.model.training:  # (train() walks every module: host time on each step)
-            self.model.train()
-        self.optimizer.zero_grad()
+        if not self.compute_model.training:  # (train() walks every module: host time on each step)
+            self.compute_model.train()
+        self.zero_grad()
         start = time.perf_counter()
         logging_outputs: list[dict[str, Any]] = []
         sample_size = 0.0
@@ -361,6 +384,8 @@ class Trainer:
 
         if not logging_outputs:
             return None
+        if self.bf16 is not None:  # the bf16 gradients, upcast into the fp32 master weights' .grad
+            self.bf16.grads_to_master()
         # Every logged figure and the sample size, summed over batches and ranks on the device (no sync yet).
         sizes_on_host = self.world_size == 1 and not torch.is_tensor(sample_size)
         keys, sums = distributed.sum_logging_outputs(
@@ -371,7 +396,15 @@ class Trainer:
         # the loss scale in one pass (a zero sample size is caught below, before the optimizer step).
         scale = self.scaler.loss_scale if self.scaler is not None else 1.0
         # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
-        if sizes_on_host:
+        if self.scaler is not None and not self.is_fsdp and self.optimizer.folds_grad_scale:
+            # fp16 with fused Adam(W): no pass over the gradients here; the fused kernel divides them by the
+            # loss scale and the sample size (the clip coefficient folded in) as it steps (docs/training.md)
+            if sizes_on_host:  # (a fill on the device: no host-to-device copy)
+                divisor = torch.full((), sample_size * scale, dtype=torch.float32, device=self.device)
+            else:
+                divisor = (device_size * scale / self.world_size).to(self.device, torch.float32)
+            self.optimizer.divide_grads_in_step(divisor)
+        elif sizes_on_host:
             self.optimizer.multiply_grads(1.0 / (sample_size * scale) if sample_size > 0 else 0.0)
         else:
             factor = self.world_size / (device_size * scale)
@@ -384,19 +417,21 @@ class Trainer:
         host = torch.cat([grad_norm.reshape(1).to(sums), sums]).tolist()
         gnorm, totals = host[0], dict(zip(keys, host[1:]))
         if totals.pop("_sample_size") == 0:  # only dummy batches on every rank
-            self.optimizer.zero_grad()
+            self.zero_grad()
             return None
         if self.scaler is not None:
             try:
                 self.scaler.check_overflow(gnorm)
             except GradientOverflow as e:
                 logger.info(str(e))
-                self.optimizer.zero_grad()
+                self.zero_grad()
                 return None
         else:
             self._check_finite(totals, gnorm)
         with torch.autograd.profiler.record_function("optimizer"):
             self.optimizer.step()
+        if self.bf16 is not None:
+            self.bf16.refresh()
         if self.scaler is not None:
             self.scaler.update()
         self.set_num_updates(self.num_updates + 1)
@@ -434,7 +469,7 @@ class Trainer:
 
     def _after_oom(self, action: str, message: str) -> None:
         logger.warning(f"out of memory in update {self.num_updates + 1}; {action} ({message})")
-        self.optimizer.zero_grad()
+        self.zero_grad()
         self._dummy_batch = None
         meter = "oom" if action.startswith("skipping") else "oom_split"
         for meters in (self.meters["train"], self.meters["train_inner"]):
@@ -469,8 +504,20 @@ class Trainer:
         """The weights validation runs with: the EMA's with --validate-with-ema (the model's own are back after
         the block), else the model's."""
         if self.ema is not None and self.cfg.validate_with_ema:
+            if self.bf16 is not None:
+                return self._ema_in_bf16_copy()
             return self.ema.applied_to(self.model)
         return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _ema_in_bf16_copy(self) -> Any:
+        """The EMA's weights in the master and rounded into the bf16 copy; the master's own after the block."""
+        try:
+            with self.ema.applied_to(self.model):
+                self.bf16.refresh(trained_only=False)
+                yield
+        finally:
+            self.bf16.refresh(trained_only=False)
 
     def begin_valid(self) -> None:
         self.meters["valid"].reset()
@@ -574,6 +621,8 @@ class Trainer:
         state = fill_adapters(fit_positions(state, self.model, where), self.model, where)
         check_state_fits(self.model, state, where)
         distributed.load_model_state_dict(self.model, state)
+        if self.bf16 is not None:
+            self.bf16.refresh(trained_only=False)
 
     def load_model_weights(self, contents: Any, where: str) -> None:
         """Only the weights of a checkpoint of any supported format (--finetune-from-model, foreign files)."""

@@ -366,6 +366,24 @@ CASES = [
     ("train-update-freq-zero", "train", train("--update-freq", "0"), "--update-freq"),
     ("train-unknown-flag", "train", train("--max-updatez", "3"), "--max-updatez"),
     ("train-fp16-on-cpu", "train", train("--fp16"), "--fp16 needs a CUDA device"),
+    (
+        "train-bf16-mode-without-bf16",
+        "train",
+        train("--bf16-mode", "fairseq"),
+        "--bf16-mode fairseq needs --bf16",
+    ),
+    (
+        "train-bf16-mode-memory-efficient",
+        "train",
+        train("--memory-efficient-bf16", "--bf16-mode", "fairseq"),
+        "--memory-efficient-bf16",
+    ),
+    (
+        "train-bf16-mode-fsdp",
+        "train",
+        train("--bf16", "--bf16-mode", "fairseq", "--ddp-backend", "fully_sharded"),
+        "--ddp-backend fully_sharded",
+    ),
     ("train-config-unknown-key", "train", ["{bin}", "--config", "{config_bad}", "--cpu"], "max-tokenz"),
     (
         "train-optimizer-overrides-not-json",

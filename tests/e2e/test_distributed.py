@@ -512,3 +512,34 @@ def test_deterministic_reaches_every_spawned_rank(databin, tmp_path, monkeypatch
         "seqtrain-train: error: rank 1: --deterministic: put_ has no deterministic implementation in torch "
     ), proc.stderr[-3000:]
     assert last.endswith("(the other ranks were stopped)")
+
+
+@pytest.mark.slow
+def test_spawned_ddp_with_fairseq_bf16_matches_one_process(databin, tmp_path):
+    """--bf16 --bf16-mode fairseq under DDP: the bf16 copy is what DDP wraps and reduces (bf16 gradients, as in
+    fairseq), the fp32 masters step on every rank, from rank 0's weights. Against one process with --update-freq
+    2: DDP sums the two ranks' bf16 gradients halved, the one process accumulates them; halving is exact, so
+    both round the same sum once, and the masters agree as in fp32 (measured: bitwise; DDP_ATOL allowed)."""
+    flags = ("--bf16", "--bf16-mode", "fairseq")
+    one = str(tmp_path / "one")
+    os.makedirs(one)
+    train_main(train_args(databin, one, *flags, "--update-freq", "2"))
+    two = str(tmp_path / "two")
+    os.makedirs(two)
+    proc = launch(
+        [
+            sys.executable,
+            "-m",
+            "seqtrain_cli.train",
+            *train_args(databin, two, *flags, "--distributed-world-size", "2", "--ddp-backend", "c10d"),
+        ],
+        tmp_path,
+    )
+    check_ok(proc)
+    a, b = model_of(one), model_of(two)
+    assert a["extra_state"]["num_updates"] == b["extra_state"]["num_updates"] == MAX_UPDATE
+    assert b["model"]["encoder.layers.0.fc1.weight"].dtype == torch.float32
+    diff = max_diff(a["model"], b["model"])
+    print(f"max parameter difference = {diff:.2e}")
+    assert diff <= DDP_ATOL, diff
+    assert figures(two) == figures(one)

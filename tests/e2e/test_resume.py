@@ -72,6 +72,8 @@ SCHEDULES = {
 # the same with both batches of an update run as one pass (--merge-max-tokens): the merge is decided from the
 # batches' shapes, so a resumed run merges, and draws its dropout masks, as the unbroken one
 SCHEDULES["freq2-merged"] = [*SCHEDULES["freq2"], "--merge-max-tokens", "4096"]
+# fairseq's --bf16 (a bf16 model over fp32 master weights): checkpoints hold the masters, so resume is exact
+SCHEDULES["bf16-fairseq"] = [*SCHEDULES["freq2"], "--bf16", "--bf16-mode", "fairseq", "--clip-norm", "0.5"]
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +97,9 @@ def full_runs(databin, tmp_path_factory):
         # without the saved RNG states: dropout is seeded from (seed, update number), so the run is still exact
         ("freq2", "checkpoint_2_3.pt", (2, 2), True),
         ("freq2-merged", "checkpoint_2_3.pt", (2, 2), False),
+        ("bf16-fairseq", "checkpoint_2_3.pt", (2, 2), False),
     ],
-    ids=["mid-epoch", "epoch-end", "update-freq-2", "no-saved-rng", "merged-update"],
+    ids=["mid-epoch", "epoch-end", "update-freq-2", "no-saved-rng", "merged-update", "bf16-fairseq"],
 )
 @pytest.mark.slow
 def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_from, at, drop_rng):
@@ -121,6 +124,9 @@ def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_
         b["model"]["encoder.layers.0.fc1.weight"], start["model"]["encoder.layers.0.fc1.weight"]
     )
     assert_same_state(a, b)
+    if schedule == "bf16-fairseq":  # the fp32 masters, not the bf16 copy, are what was saved and resumed
+        w = b["model"]["encoder.layers.0.fc1.weight"]
+        assert w.dtype == torch.float32 and not torch.equal(w, w.to(torch.bfloat16).float())
     if schedule == "freq2-merged":  # the merge did change the run: one pass draws other dropout masks
         plain = load_checkpoint_file(os.path.join(full_runs["freq2"], "checkpoint_last.pt"))
         assert plain["extra_state"]["num_updates"] == b["extra_state"]["num_updates"]
