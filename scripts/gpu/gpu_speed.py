@@ -101,7 +101,10 @@ class Shapes:
         self.vocab = 1000 if dry else lib.BART_VOCAB
         self.large, self.base = ("bart_tiny", "bart_tiny") if dry else ("bart_large", "bart_base")
         self.max_tokens = 256 if dry else max_tokens
-        self.merge_tokens = self.max_tokens * self.update_freq  # --merge-max-tokens: the whole update
+        # --merge-max-tokens: 1.25 x the update's max-tokens x update-freq slots (81,920), so an update is one
+        # pass: its batches (16-18 rows each) padded to the widest hold up to ~74k slots, more than 65,536
+        # (which would leave 2 passes); packed, the pass runs on its ~62k real tokens alone
+        self.merge_tokens = self.max_tokens * self.update_freq * 5 // 4
         self.src, self.tgt = ((40, 64), (8, 16)) if dry else ((900, 1024), (50, 110))
         self.src2, self.tgt2 = ((20, 36), (4, 8)) if dry else ((400, 700), (30, 80))  # the second shape
         self.attention_pairs = 8 if dry else 64
