@@ -399,6 +399,7 @@ def _attention_case(
         first = _fwd_bwd(fn, inputs, grad_out)
         second = _fwd_bwd(fn, inputs, grad_out)
         ms = _sync_ms(check, lambda: _fwd_bwd(fn, inputs, grad_out), reps)
+    first = tuple(t.detach() for t in first)
     got = to_cmp(first)
     return {
         "ms": ms,
