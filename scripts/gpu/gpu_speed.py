@@ -530,7 +530,12 @@ def stage_attention(check: SpeedCheck) -> dict[str, Any]:
                 res = _attention_case(check, fn, inputs, grad_out, to_cmp, ref_, flops, ctx)
                 out.update({f"{name}_{kind}_{key}": val for key, val in res.items()})
             except Exception as e:  # one kernel failing leaves the others' figures
-                errors.append(f"{name} {kind}: {type(e).__name__}: {str(e)[:300]}")
+                # SDPA refused the call (torch 2.11: "No available kernel", later "No viable backend"): a
+                # fact about the kernel, not a failure of the run
+                if any(m in str(e) for m in ("No available kernel", "No viable backend")):
+                    out[f"{name}_{kind}_skipped"] = f"kernel refused: {str(e)[:200]}"
+                else:
+                    errors.append(f"{name} {kind}: {type(e).__name__}: {str(e)[:300]}")
         if f"varlen_{kind}_ms" in out and f"sdpa_padded_{kind}_ms" in out:
             out[f"varlen_vs_padded_{kind}"] = out[f"sdpa_padded_{kind}_ms"] / out[f"varlen_{kind}_ms"]
         del q, k, v, g, padded, eq, eq_g, ref, eq_ref, cases
