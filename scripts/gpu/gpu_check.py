@@ -689,13 +689,7 @@ def stage_profile(check: Check) -> dict[str, Any]:
             wall = (time.perf_counter() - start) / 3
         key = "self_device_time_total" if check.device.type == "cuda" else "self_cpu_time_total"
         events = prof.key_averages()
-        kernels = [  # (not the GPU ranges of record_function annotations, which span kernels)
-            e
-            for e in events
-            if e.device_type == torch.autograd.DeviceType.CUDA
-            and not getattr(e, "is_user_annotation", False)
-            and not e.key.startswith(("forward", "backward", "train_step-", "Optimizer.", "ProfilerStep"))
-        ]
+        kernels = lib.device_kernels(events)
         with open(os.path.join(check.out, f"profile_{name}.txt"), "w", encoding="utf-8") as f:
             f.write(events.table(sort_by=key, row_limit=40, max_name_column_width=60))
         # The host's side: operators and CUDA runtime calls by self CPU time (a step that waits on the device

@@ -25,19 +25,7 @@ fail() { echo "gpu_check.sh: error: $*" >&2; exit 1; }
 dry=0
 for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
 if [ "$dry" = 0 ]; then
-  "$py" - <<'EOF' || fail "no usable CUDA device (see the line above); this script needs one GPU"
-import sys
-try:
-    import torch
-except ImportError:
-    sys.exit("torch is not installed for this interpreter (set PYTHON=...)")
-if not torch.cuda.is_available():
-    sys.exit(f"torch {torch.__version__} sees no CUDA device (torch.version.cuda={torch.version.cuda}, "
-             f"CUDA_VISIBLE_DEVICES={__import__('os').environ.get('CUDA_VISIBLE_DEVICES')!r})")
-p = torch.cuda.get_device_properties(0)
-print(f"{torch.cuda.device_count()} device(s); using 0: {p.name}, {p.total_memory / 2**30:.0f} GiB, "
-      f"capability {p.major}.{p.minor}; torch {torch.__version__}, CUDA {torch.version.cuda}")
-EOF
+  "$py" scripts/gpu/cuda_probe.py || fail "no usable CUDA device (see the line above); this script needs one GPU"
 fi
 export OUT="${OUT:-$out_default}"
 export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}"  # deterministic cuBLAS for the resume stage

@@ -4,6 +4,7 @@ and transformers' layouts, transformers' twin of a seqtrain BART, and the numeri
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 import torch
@@ -227,3 +228,55 @@ def loss_errors(device: torch.device, dry: bool, dtype: torch.dtype) -> dict[str
         # over many rows can overflow under the scale (then only the fp64 comparison judges)
         "full_grad_finite": bool(torch.isfinite(gwf).all() and torch.isfinite(ghf).all()),
     }
+
+
+def device_kernels(events: Any) -> list[Any]:
+    """The device kernels of a profiler's key_averages(): CUDA events that are not the GPU ranges of
+    record_function annotations (which span kernels)."""
+    return [
+        e
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.key.startswith(("forward", "backward", "train_step-", "Optimizer.", "ProfilerStep"))
+    ]
+
+
+def profile_steps(device: torch.device, steps: list[Any], path: str, top: int = 8) -> dict[str, Any]:
+    """torch.profiler over `steps` (callables, one per training step): wall ms per step against the device's
+    busy ms per step (every kernel's time summed: a step waiting on the host shows as the gap), kernels per
+    step and the `top` kernels by device time; the whole table goes to `path`. On a CPU the top entries are
+    operators by self CPU time and there is no device figure."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    n = len(steps)
+    if cuda:
+        torch.cuda.synchronize(device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for step in steps:
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall = (time.perf_counter() - start) / n
+    events = prof.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(events.table(sort_by=key, row_limit=40, max_name_column_width=80))
+    out: dict[str, Any] = {"wall_ms": 1000 * wall}
+    if cuda:
+        kernels = sorted(device_kernels(events), key=lambda e: e.self_device_time_total, reverse=True)
+        out["device_busy_ms"] = sum(e.self_device_time_total for e in kernels) / 1e3 / n
+        out["kernels_per_step"] = sum(e.count for e in kernels) / n
+        ranked = [(e.key, e.self_device_time_total) for e in kernels[:top]]
+    else:
+        cpu_ops = sorted(
+            (e for e in events if e.device_type == torch.autograd.DeviceType.CPU),
+            key=lambda e: e.self_cpu_time_total,
+            reverse=True,
+        )
+        ranked = [(e.key, e.self_cpu_time_total) for e in cpu_ops[:top]]
+    out["top"] = [f"{name[:100]}: {us / 1e3 / n:.2f} ms/step" for name, us in ranked]
+    return out

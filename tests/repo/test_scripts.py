@@ -116,6 +116,7 @@ def test_plot_curves_refuses_a_log_without_json_lines(tmp_path):
         "quality/quality_run.sh",
         "quality/pretrain.sh",
         "gpu/gpu_check.sh",
+        "gpu/gpu_speed.sh",
     ],
 )
 def test_shell_scripts_parse(script):
@@ -127,10 +128,11 @@ def test_shell_scripts_parse(script):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
 @pytest.mark.slow
-def test_gpu_check_fails_clearly_without_cuda(tmp_path):
+@pytest.mark.parametrize("script", ["gpu_check.sh", "gpu_speed.sh"])
+def test_gpu_scripts_fail_clearly_without_cuda(tmp_path, script):
     env = {**os.environ, "PYTHON": sys.executable, "WORK": str(tmp_path)}
     out = subprocess.run(
-        ["bash", os.path.join(ROOT, "scripts", "gpu", "gpu_check.sh")],
+        ["bash", os.path.join(ROOT, "scripts", "gpu", script)],
         capture_output=True,
         text=True,
         env=env,
@@ -139,7 +141,7 @@ def test_gpu_check_fails_clearly_without_cuda(tmp_path):
     assert out.returncode == 1
     assert "sees no CUDA device" in out.stderr
     assert out.stderr.strip().endswith(
-        "gpu_check.sh: error: no usable CUDA device (see the line above); this script needs one GPU"
+        f"{script}: error: no usable CUDA device (see the line above); this script needs one GPU"
     )
     assert os.listdir(tmp_path) == []  # stopped before writing anything
 

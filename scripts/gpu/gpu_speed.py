@@ -1,0 +1,1100 @@
+#!/usr/bin/env python
+"""The prepared GPU run that decides the speed work (issue 26 item 7, issue 27 item 6), run by
+scripts/gpu/gpu_speed.sh: one command under 10 minutes on one GPU, with only what the GPU image has. Writes
+$OUT/gpu_speed.json and $OUT/gpu_speed.md (a table, targets beside the figures) after every stage, so a stop
+keeps what ran. Each stage has a seconds budget: a stage whose budget no longer fits the time left is skipped
+("skipped: budget"), and a watchdog saves the results and stops the process at the run's own deadline. Every
+stage's batches are built on the CPU (pinned on CUDA) by a background thread while the first stages run.
+
+  env               device, torch, CUDA, the peak FLOP/s MFU is taken against, varlen_attn's signature
+  ceilings          bf16 GEMM TFLOP/s at bart_large's layer shapes (d 1,024, FFN 4,096, the 50,265-word output
+                    projection; 16k and 64k tokens), device copy and pinned host-to-device bandwidth
+  attention         fwd+bwd at 64 pairs of 900-1,024 source and 50-110 target tokens, 16 heads of 64, bf16:
+                    masked SDPA on the padded layout, varlen attention by seqtrain's dispatcher, flash on equal
+                    lengths, cuDNN at one fixed shape (encoder self, decoder causal self, cross): ms, TFLOP/s of
+                    the real tokens, error against fp32, bitwise-deterministic backward
+  packed_vs_padded  bart_large, bf16: one 16k batch packed (the collater's layout) and padded (without it):
+                    loss within 1e-2, ms
+  merged_update     one update of configs/bart_large_cnndm.yaml's batches (4 x 16k) as one pass
+                    (LanguagePairDataset.merge_update, --merge-max-tokens) against 4 passes: loss, gradients, ms
+  train_ab          65,536 tokens an update, bf16, fused AdamW: (a) 4 x 16k accumulated, (b) merged into one
+                    pass, (c) (b) with per-layer --compile; tokens/s, MFU, peak GiB, profiled device-busy against
+                    wall ms and top kernels, compile seconds, recompiles on a second batch shape; bart_large, then
+                    bart_base
+  determinism       scripts/gpu/stage_determinism.py's stage_determinism(check) when the file is there
+  transformers      BartForConditionalGeneration on the same updates and weights: as shipped, cuDNN attention
+                    off, torch.compile; tokens/s, step-0 loss against seqtrain's, seqtrain's speedup
+  generate          gpu_check.py's stage_generate_static (static CUDA-graph decoding, eager, transformers)
+
+--dry-run runs every stage on the CPU with tiny shapes (what needs CUDA is skipped with its reason);
+tests/repo/test_gpu_speed.py checks its JSON. Targets (one H100/H200, bf16): bart_large >= 1.8x the fastest
+transformers setting, bart_base >= 1.5x, bart_large MFU >= 45%, generation >= 2x transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import math
+import os
+import re
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from typing import Any
+
+STARTED = time.monotonic()  # the budget counts from here: importing torch and transformers takes seconds
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gpu_check  # noqa: E402  (also puts the repository, scripts/gpu and scripts/bench on sys.path)
+import gpu_check_lib as lib  # noqa: E402
+
+from seqtrain.data.dictionary import Dictionary  # noqa: E402
+from seqtrain.data.pair_dataset import LanguagePairDataset, bucketed, padded_shape  # noqa: E402
+from seqtrain.train.flops import Seq2SeqFlops  # noqa: E402
+
+DEFAULT_CUDNN_SDP = torch.backends.cuda.cudnn_sdp_enabled()  # torch's default, before any trainer sets it
+CONFIG = os.path.join(gpu_check.REPO, "configs", "bart_large_cnndm.yaml")
+# (stage, figure, comparison, target): the figures the targets judge, in the summary table
+JUDGED = [
+    ("packed_vs_padded", "loss_rel_diff", "<=", 1e-2),
+    ("merged_update", "loss_rel_diff", "<=", 1e-2),
+    ("merged_update", "grad_rel_err", "<=", 5e-2),
+    ("train_ab", "bart_large_best_mfu", ">=", 0.45),
+    ("train_ab", "bart_large_compiled_recompiles_second_shape", "<=", 0),
+    ("transformers", "bart_large_speedup", ">=", 1.8),
+    ("transformers", "bart_base_speedup", ">=", 1.5),
+    ("transformers", "bart_large_step0_loss_rel_diff", "<=", 1e-2),
+    ("transformers", "bart_base_step0_loss_rel_diff", "<=", 1e-2),
+    ("generate", "bf16_static_vs_transformers", ">=", 2.0),
+]
+
+
+def preset_batches() -> tuple[int, int]:
+    """(max-tokens, update-freq) of configs/bart_large_cnndm.yaml, read line by line (PyYAML is not assumed)."""
+    with open(CONFIG, encoding="utf-8") as f:
+        text = f.read()
+
+    def value(key: str) -> int:
+        m = re.search(rf"^{key}:\s*(\d+)", text, re.M)
+        if m is None:
+            raise RuntimeError(f"{CONFIG} has no {key}")
+        return int(m.group(1))
+
+    return value("max-tokens"), value("update-freq")
+
+
+class Shapes:
+    """The run's sizes: bart_large's and CNN/DM's on a GPU, tiny ones in a dry run."""
+
+    def __init__(self, dry: bool):
+        max_tokens, self.update_freq = preset_batches()
+        self.vocab = 1000 if dry else lib.BART_VOCAB
+        self.large, self.base = ("bart_tiny", "bart_tiny") if dry else ("bart_large", "bart_base")
+        self.max_tokens = 256 if dry else max_tokens
+        # --merge-max-tokens: 1.25 x the update's max-tokens x update-freq slots (81,920), so an update is one
+        # pass: its batches (16-18 rows each) padded to the widest hold up to ~74k slots, more than 65,536
+        # (which would leave 2 passes); packed, the pass runs on its ~62k real tokens alone
+        self.merge_tokens = self.max_tokens * self.update_freq * 5 // 4
+        self.src, self.tgt = ((40, 64), (8, 16)) if dry else ((900, 1024), (50, 110))
+        self.src2, self.tgt2 = ((20, 36), (4, 8)) if dry else ((400, 700), (30, 80))  # the second shape
+        self.attention_pairs = 8 if dry else 64
+        self.heads, self.head_dim = (4, 16) if dry else (16, 64)
+        # updates of each train_ab variant: warm-up (the first one compiles), timed, profiled
+        self.warmup, self.timed, self.profiled = (1, 1, 1) if dry else (2, 3, 3)
+
+
+class SpeedCheck(gpu_check.Check):
+    """gpu_check's Check (device, peak FLOP/s, results) with the run's deadline, the current stage's figures
+    and deadline, the batches being built, and what one stage leaves the next (initial weights, losses)."""
+
+    def __init__(self, args: argparse.Namespace):
+        super().__init__(args)
+        self.start = getattr(args, "started", None) or time.monotonic()
+        self.deadline = self.start + args.budget
+        self.stage_deadline = self.deadline
+        self.current: str | None = None
+        self.stage_start, self.stage_budget = self.start, 0.0
+        self.stage_figures: dict[str, Any] = {}
+        self.shapes = Shapes(self.dry)
+        self.cache: dict[str, Any] = {}
+        self.results["budget_s"] = args.budget
+        self.batches = Batches(self)
+
+    def left(self) -> float:
+        """Seconds until the current stage's deadline (its budget from its start, within the run's)."""
+        return self.stage_deadline - time.monotonic()
+
+    def need(self, gpu_seconds: float) -> float:
+        """Seconds a part of a stage needs before it starts: its GPU estimate; none in a dry run, whose parts
+        all run (only whole stages skip there, as the budget test checks)."""
+        return -math.inf if self.dry else gpu_seconds
+
+    def save(self) -> None:
+        os.makedirs(self.out, exist_ok=True)
+        for name, text in (
+            ("gpu_speed.json", json.dumps(self.results, indent=1, default=float)),
+            ("gpu_speed.md", report(self.results)),
+        ):
+            path = os.path.join(self.out, name)
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(path + ".tmp", path)
+
+
+# ------------------------------------------------------------------------------------------------ batches
+def _pair_dataset(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> LanguagePairDataset:
+    d = Dictionary()  # (the dataset reads only <pad> and </s>: 1 and 2, as lib.PAD and lib.EOS)
+    src, tgt = [s for s, _ in pairs], [t for _, t in pairs]
+    return LanguagePairDataset(src, [len(s) for s in src], d, tgt, [len(t) for t in tgt], d)
+
+
+def _updates(
+    check: SpeedCheck, n: int, src: tuple[int, int], tgt: tuple[int, int], seed: int
+) -> tuple[LanguagePairDataset, list[list[dict[str, Any]]], list[list[list[int]]]]:
+    """(dataset, `n` updates of collated batches, their example indices) as training makes them under the
+    preset: examples in fairseq's length order, greedy batches of at most max-tokens padded slots, shuffled,
+    update-freq batches an update; batches in pinned memory on CUDA."""
+    import bench_packing
+    import numpy as np
+
+    s = check.shapes
+    per_batch = max(1, s.max_tokens // src[1])  # rows of a batch of the longest sources, the fewest
+    pairs = lib.make_pairs(int(1.5 * n * s.update_freq * s.max_tokens / src[0]) + 8, src, tgt, s.vocab, seed)
+    ds = _pair_dataset(pairs)
+    batches = bench_packing.make_batches(ds, ds.ordered_indices(seed), s.max_tokens)
+    batches = [batches[i] for i in np.random.RandomState(seed).permutation(len(batches))]
+    batches = [b for b in batches if len(b) >= per_batch][: n * s.update_freq]  # (no short tail batch)
+    if len(batches) < n * s.update_freq:
+        raise RuntimeError(f"made {len(batches)} batches, {n * s.update_freq} needed")
+    idx = [batches[i : i + s.update_freq] for i in range(0, len(batches), s.update_freq)]
+    collated = [[lib.pinned(ds.collater([ds[i] for i in b]), check.device) for b in u] for u in idx]
+    return ds, collated, idx
+
+
+def _hf_fixed(batch: dict[str, torch.Tensor], src_width: int, tgt_width: int) -> dict[str, torch.Tensor]:
+    """transformers' batch padded on the right to fixed widths (as a torch.compile user pads to avoid
+    recompiles)."""
+    pad = {"input_ids": lib.PAD, "attention_mask": 0, "decoder_input_ids": lib.PAD, "labels": -100}
+    out = {}
+    for k, v in batch.items():
+        width = src_width if k in ("input_ids", "attention_mask") else tgt_width
+        out[k] = F.pad(v, (0, width - v.size(1)), value=pad[k])
+    return out
+
+
+def _build_attention(check: SpeedCheck) -> dict[str, list[int]]:
+    s = check.shapes
+    pairs = lib.make_pairs(s.attention_pairs, s.src, s.tgt, s.vocab, seed=31)
+    return {"src": [len(a) for a, _ in pairs], "tgt": [len(b) for _, b in pairs]}
+
+
+def _build_update(check: SpeedCheck) -> dict[str, Any]:
+    ds, updates, _ = _updates(check, 1, check.shapes.src, check.shapes.tgt, seed=32)
+    return {"ds": ds, "update": updates[0]}
+
+
+def _build_train(check: SpeedCheck) -> dict[str, Any]:
+    s = check.shapes
+    ds, updates, idx = _updates(check, s.warmup + s.timed + s.profiled, s.src, s.tgt, seed=33)
+    _, second, _ = _updates(check, 1, s.src2, s.tgt2, seed=34)
+    return {"ds": ds, "updates": updates, "idx": idx, "second": second[0]}
+
+
+def _build_hf(check: SpeedCheck) -> dict[str, Any]:
+    """transformers' micro-batches of the train updates, each with its share of the update's target tokens
+    (its loss's weight), padded per batch and (for torch.compile) to one fixed shape."""
+    train = check.batches.get("train")  # (built before: one worker, in order)
+    ds, s = train["ds"], check.shapes
+    cpu = torch.device("cpu")
+    src_width, tgt_width = bucketed(s.src[1]), bucketed(s.tgt[1])
+    dynamic, fixed = [], []
+    for update in train["idx"]:
+        tokens = sum(len(ds.tgt[i]) for b in update for i in b)
+        dyn, fix = [], []
+        for b in update:
+            batch = lib.hf_batch([(ds.src[i], ds.tgt[i]) for i in b], cpu)
+            weight = sum(len(ds.tgt[i]) for i in b) / tokens
+            dyn.append((lib.pinned(batch, check.device), weight))
+            fix.append((lib.pinned(_hf_fixed(batch, src_width, tgt_width), check.device), weight))
+        dynamic.append(dyn)
+        fixed.append(fix)
+    return {"dynamic": dynamic, "fixed": fixed}
+
+
+class Batches:
+    """Every stage's batches, built in one background thread in stage order (the first stages need none)."""
+
+    BUILDERS = (
+        ("attention", _build_attention),
+        ("update", _build_update),
+        ("train", _build_train),
+        ("hf", _build_hf),
+    )
+
+    def __init__(self, check: SpeedCheck):
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
+        self._futures = {name: self._pool.submit(fn, check) for name, fn in self.BUILDERS}
+
+    def get(self, name: str) -> Any:
+        return self._futures[name].result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _sync_ms(check: SpeedCheck, fn: Callable[[], Any], reps: int) -> float:
+    """Mean ms of `reps` calls of `fn`, one sync around them all."""
+    check.sync()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    check.sync()
+    return 1000 * (time.perf_counter() - start) / reps
+
+
+def _free(check: SpeedCheck) -> None:
+    gc.collect()
+    gpu_check.reset_memory(check)
+
+
+def _grads(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+
+
+def _grad_rel_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """The largest gradient difference relative to the largest gradient element (one sync)."""
+    diff = torch.stack([(x.float() - y.float()).abs().max() for x, y in zip(a, b, strict=True)]).max()
+    ref = torch.stack([y.float().abs().max() for y in b]).max()
+    return float(diff / ref.clamp_min(1e-30))
+
+
+def _tokens(batches: list[dict[str, Any]]) -> int:
+    """Non-padding source and target tokens of collated batches (host tensors: no sync)."""
+    return sum(int(b["net_input"]["src_lengths"].sum()) + b["ntokens"] for b in batches)
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def stage_env(check: SpeedCheck) -> dict[str, Any]:
+    import inspect
+
+    out = check.stage_figures
+    out.update(gpu_check.stage_env(check))
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+
+        out["varlen_attn_signature"] = str(inspect.signature(varlen_attn))[:300]
+    except ImportError as e:
+        out["varlen_attn_signature"] = f"absent: {e}"
+    from seqtrain.models import varlen
+
+    out["varlen_kernel_adapted"] = varlen.varlen_kernel() is not None
+    s = check.shapes
+    out.update(max_tokens=s.max_tokens, update_freq=s.update_freq, merge_max_tokens=s.merge_tokens)
+    return out
+
+
+def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
+    """bf16 GEMMs (F.linear: x @ W^T, and fc1's weight gradient dY^T @ X) at bart_large's layer shapes, and
+    bandwidth: a device-to-device copy (bytes read + written) and pinned host-to-device."""
+    out = check.stage_figures
+    dev, bf16 = check.device, torch.bfloat16
+    d, f, v = (64, 256, 1000) if check.dry else (1024, 4096, lib.BART_VOCAB)
+    reps = 2 if check.dry else 10
+    best = 0.0
+    for m in (256, 1024) if check.dry else (16384, 65536):
+        tag = f"M{m // 1024}k" if m >= 1024 else f"M{m}"
+        x, h, dy = (torch.randn(m, k, device=dev, dtype=bf16) for k in (d, f, f))
+        cases = {
+            "qkv": (x, torch.randn(3 * d, d, device=dev, dtype=bf16)),
+            "attn_out": (x, torch.randn(d, d, device=dev, dtype=bf16)),
+            "fc1": (x, torch.randn(f, d, device=dev, dtype=bf16)),
+            "fc2": (h, torch.randn(d, f, device=dev, dtype=bf16)),
+            "vocab": (x, torch.randn(v, d, device=dev, dtype=bf16)),
+        }
+        for name, (a, w) in cases.items():
+            fn = lambda a=a, w=w: F.linear(a, w)  # noqa: E731
+            fn()
+            ms = _sync_ms(check, fn, reps)
+            out[f"gemm_{name}_{tag}_tflops"] = 2 * m * a.size(1) * w.size(0) / ms / 1e9
+        fn = lambda dy=dy, x=x: dy.t() @ x  # noqa: E731
+        fn()
+        out[f"gemm_fc1_wgrad_{tag}_tflops"] = 2 * m * d * f / _sync_ms(check, fn, reps) / 1e9
+        best = max([best] + [val for key, val in out.items() if key.endswith(f"{tag}_tflops")])
+        x = h = dy = cases = None  # (freed before the next M)
+    out["gemm_best_tflops"] = best
+    out["gemm_best_fraction_of_peak"] = best * 1e12 / check.peak
+    n = 2**23 if check.dry else 2**30
+    a = torch.empty(n, dtype=torch.uint8, device=dev)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    out["copy_GBps"] = 2 * n / _sync_ms(check, lambda: b.copy_(a), reps) / 1e6
+    if dev.type == "cuda":
+        host = torch.empty(n, dtype=torch.uint8).pin_memory()
+        b.copy_(host, non_blocking=True)
+        ms = _sync_ms(check, lambda: b.copy_(host, non_blocking=True), reps)
+        out["h2d_pinned_GBps"] = n / ms / 1e6
+    return out
+
+
+def _attention_inputs(
+    lq: list[int], lk: list[int], heads: int, dh: int, dev: torch.device, seed: int
+) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator(device=dev).manual_seed(seed)
+
+    def rnd(n: int) -> torch.Tensor:
+        return torch.randn(n, heads, dh, device=dev, generator=g).to(torch.bfloat16)
+
+    return rnd(sum(lq)), rnd(sum(lk)), rnd(sum(lk)), rnd(sum(lq))
+
+
+def _rows(lengths: list[int]) -> tuple[torch.Tensor, int]:
+    """For each packed row its row in a right-padded B x T layout, and T."""
+    t = max(lengths)
+    return torch.tensor([i * t + j for i, n in enumerate(lengths) for j in range(n)]), t
+
+
+def _padded(x: torch.Tensor, rows: torch.Tensor, b: int, t: int) -> torch.Tensor:
+    """Packed N x H x d as the padded layout B x H x T x d (zeros at the pads)."""
+    out = x.new_zeros(b * t, x.size(1), x.size(2)).index_copy_(0, rows.to(x.device), x)
+    return out.view(b, t, x.size(1), x.size(2)).transpose(1, 2)
+
+
+def _unpadded(x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b * t, h, d).index_select(0, rows.to(x.device))
+
+
+def _fwd_bwd(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], grad_out: torch.Tensor) -> tuple:
+    o = fn(*inputs)
+    return (o, *torch.autograd.grad(o, inputs, grad_out))
+
+
+def _attention_case(
+    check: SpeedCheck,
+    fn: Callable[..., torch.Tensor],
+    inputs: list[torch.Tensor],
+    grad_out: torch.Tensor,
+    to_cmp: Callable[[tuple], tuple],
+    ref: tuple,
+    flops: float,
+    ctx: Callable[[], Any],
+) -> dict[str, Any]:
+    """ms of fwd+bwd, TFLOP/s, the output's and the gradients' error against the fp32 reference (largest
+    difference / largest reference element) and whether two backward passes are bitwise equal."""
+    reps = 2 if check.dry else 10
+    with ctx():
+        first = _fwd_bwd(fn, inputs, grad_out)
+        second = _fwd_bwd(fn, inputs, grad_out)
+        ms = _sync_ms(check, lambda: _fwd_bwd(fn, inputs, grad_out), reps)
+    first = tuple(t.detach() for t in first)
+    got = to_cmp(first)
+    return {
+        "ms": ms,
+        "tflops": flops / ms / 1e9,
+        "out_err": lib.rel_err(got[0], ref[0]),
+        "grad_err": max(lib.rel_err(a, b) for a, b in zip(got[1:], ref[1:], strict=True)),
+        "deterministic": all(torch.equal(a, b) for a, b in zip(first[1:], second[1:], strict=True)),
+    }
+
+
+def _fp32_reference(
+    fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], grad_out: torch.Tensor
+) -> tuple:
+    """`fn`'s output and gradients in fp32 (the math kernel, TF32 off)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        leaves = [x.detach().float().requires_grad_() for x in inputs]
+        with sdpa_kernel([SDPBackend.MATH]):
+            return tuple(t.detach() for t in _fwd_bwd(fn, leaves, grad_out.float()))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def stage_attention(check: SpeedCheck) -> dict[str, Any]:
+    """Attention alone, fwd+bwd, bf16, at the train batches' lengths. FLOPs: 3 x the forward's 4 Sq Sk H d
+    over the real tokens (flops.py's convention: the whole square, causal too), so the variants compare at
+    one count. Padded SDPA runs as seqtrain's padded path does (cuDNN attention off: flash, memory-efficient
+    or math as torch picks); flash and cuDNN run on equal lengths (every row at the batch's longest)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from seqtrain.models import varlen
+
+    out = check.stage_figures
+    s, dev, cuda = check.shapes, check.device, check.device.type == "cuda"
+    lens = check.batches.get("attention")
+    heads, dh = s.heads, s.head_dim
+    out.update(pairs=len(lens["src"]), heads=heads, head_dim=dh)
+    out["varlen_backend"] = "varlen_attn" if cuda and varlen.varlen_kernel() is not None else "reference"
+    errors = []
+
+    def kernels(*backends: Any) -> Callable[[], Any]:
+        return (lambda: sdpa_kernel(list(backends))) if cuda else nullcontext
+
+    cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
+    no_cudnn = kernels(SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    for kind, qs, ks, causal in (
+        ("encoder_self", "src", "src", False),
+        ("decoder_self", "tgt", "tgt", True),
+        ("cross", "tgt", "src", False),
+    ):
+        lq, lk = lens[qs], lens[ks]
+        b = len(lq)
+        q, k, v, g = _attention_inputs(lq, lk, heads, dh, dev, seed=len(kind))
+        real_flops = 3 * 4 * sum(x * y for x, y in zip(lq, lk)) * heads * dh
+        cu_q, cu_k = (torch.tensor([0, *itertools.accumulate(n)], dtype=torch.int32) for n in (lq, lk))
+        cu_q_dev, cu_k_dev = cu_q.to(dev), cu_k.to(dev)
+        max_q, max_k = bucketed(max(lq)), bucketed(max(lk))
+
+        def packed_ref(q_, k_, v_, cu_q=cu_q, cu_k=cu_k, causal=causal):
+            return varlen.reference_attention(q_, k_, v_, cu_q, cu_k, causal)
+
+        ref = _fp32_reference(packed_ref, [q, k, v], g)
+        # varlen attention by seqtrain's dispatcher (torch's varlen kernel on CUDA)
+        cases: dict[str, tuple] = {}
+
+        def varlen_fn(q_, k_, v_, a=(cu_q_dev, cu_k_dev, max_q, max_k, causal), hosts=(cu_q, cu_k)):
+            return varlen.varlen_attention(q_, k_, v_, *a, bounds_q=hosts[0], bounds_k=hosts[1])
+
+        cases["varlen"] = (varlen_fn, [q, k, v], g, lambda r: r, ref, real_flops, nullcontext)
+        # the padded layout with a boolean mask (True: may attend), what padded training runs
+        (rows_q, tq), (rows_k, tk) = _rows(lq), _rows(lk)
+        mask = (torch.arange(tk)[None, :] < torch.tensor(lk)[:, None]).view(b, 1, 1, tk)
+        if causal:
+            mask = mask & torch.ones(tq, tk, dtype=torch.bool).tril_()
+        mask = mask.to(dev)
+        padded = [_padded(x, r, b, t) for x, r, t in ((q, rows_q, tq), (k, rows_k, tk), (v, rows_k, tk))]
+
+        def padded_fn(q_, k_, v_, mask=mask):
+            return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask)
+
+        def padded_cmp(r, rows_q=rows_q, rows_k=rows_k):
+            return (
+                _unpadded(r[0], rows_q),
+                _unpadded(r[1], rows_q),
+                _unpadded(r[2], rows_k),
+                _unpadded(r[3], rows_k),
+            )
+
+        cases["sdpa_padded"] = (
+            padded_fn,
+            padded,
+            _padded(g, rows_q, b, tq),
+            padded_cmp,
+            ref,
+            real_flops,
+            no_cudnn,
+        )
+        # equal lengths: every row at the longest, no mask (flash's ceiling; cuDNN at this one shape)
+        eq = [torch.randn(b, heads, t, dh, device=dev).to(torch.bfloat16) for t in (tq, tk, tk)]
+        eq_g = torch.randn(b, heads, tq, dh, device=dev).to(torch.bfloat16)
+
+        def equal_fn(q_, k_, v_, causal=causal):
+            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
+
+        eq_ref = _fp32_reference(equal_fn, eq, eq_g)
+        eq_flops = 3 * 4 * b * tq * tk * heads * dh
+        cases["flash_equal"] = (
+            equal_fn,
+            eq,
+            eq_g,
+            lambda r: r,
+            eq_ref,
+            eq_flops,
+            kernels(SDPBackend.FLASH_ATTENTION),
+        )
+        if cuda and cudnn is not None:
+            cases["cudnn_equal"] = (equal_fn, eq, eq_g, lambda r: r, eq_ref, eq_flops, kernels(cudnn))
+        else:
+            out[f"cudnn_equal_{kind}_skipped"] = (
+                "needs CUDA" if not cuda else "this torch has no cuDNN attention"
+            )
+        for name, (fn, inputs, grad_out, to_cmp, ref_, flops, ctx) in cases.items():
+            try:
+                inputs = [x.detach().requires_grad_() for x in inputs]
+                res = _attention_case(check, fn, inputs, grad_out, to_cmp, ref_, flops, ctx)
+                out.update({f"{name}_{kind}_{key}": val for key, val in res.items()})
+            except Exception as e:  # one kernel failing leaves the others' figures
+                # SDPA refused the call (torch 2.11: "No available kernel", later "No viable backend"): a
+                # fact about the kernel, not a failure of the run
+                if any(m in str(e) for m in ("No available kernel", "No viable backend")):
+                    out[f"{name}_{kind}_skipped"] = f"kernel refused: {str(e)[:200]}"
+                else:
+                    errors.append(f"{name} {kind}: {type(e).__name__}: {str(e)[:300]}")
+        if f"varlen_{kind}_ms" in out and f"sdpa_padded_{kind}_ms" in out:
+            out[f"varlen_vs_padded_{kind}"] = out[f"sdpa_padded_{kind}_ms"] / out[f"varlen_{kind}_ms"]
+        del q, k, v, g, padded, eq, eq_g, ref, eq_ref, cases
+        _free(check)
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def _large_trainer(check: SpeedCheck) -> Any:
+    """bart_large's trainer (bf16) for the packed and merged stages, made once."""
+    if "trainer" not in check.cache:
+        check.cache["trainer"] = lib.make_trainer(check.dry, check.shapes.large, check.shapes.vocab, "bf16")[
+            0
+        ]
+    return check.cache["trainer"]
+
+
+def _pass(trainer: Any, sample: dict[str, Any]) -> torch.Tensor:
+    """One forward and backward pass of a batch already on the device, as the trainer runs it; the summed loss
+    (a device tensor). Gradients add up in the parameters' .grad."""
+    loss, _, _ = trainer.task.train_step(
+        sample, trainer._forward_model, trainer.criterion, trainer.step_context(), 0
+    )
+    return loss.detach().float()
+
+
+def _passes(trainer: Any, samples: list[dict[str, Any]]) -> torch.Tensor:
+    trainer.model.zero_grad(set_to_none=True)
+    return torch.stack([_pass(trainer, trainer.prepare_sample(s)) for s in samples]).sum()
+
+
+def stage_packed_vs_padded(check: SpeedCheck) -> dict[str, Any]:
+    """The first batch of an update under the preset (~16k tokens), packed and padded: summed loss and
+    gradients of one forward and backward pass, ms of one (the batch already on the device)."""
+    import bench_packing
+
+    out = check.stage_figures
+    trainer = _large_trainer(check)
+    sample = check.batches.get("update")["update"][0]
+    reps = 1 if check.dry else 3
+    results = {}
+    for name, s in (("packed", sample), ("padded", bench_packing.without_layout(sample))):
+        dev_sample = trainer.prepare_sample(s)
+        trainer.model.zero_grad(set_to_none=True)
+        loss = float(_pass(trainer, dev_sample))
+        results[name] = (loss, _grads(trainer.model))
+        out[f"{name}_ms"] = _sync_ms(check, lambda d=dev_sample: _pass(trainer, d), reps)
+        out[f"{name}_loss"] = loss
+    out["tokens"] = _tokens([sample])
+    out["loss_rel_diff"] = abs(results["packed"][0] - results["padded"][0]) / abs(results["padded"][0])
+    out["grad_rel_err"] = _grad_rel_err(results["packed"][1], results["padded"][1])
+    out["packed_vs_padded_speedup"] = out["padded_ms"] / out["packed_ms"]
+    trainer.model.zero_grad(set_to_none=True)
+    if out["loss_rel_diff"] > 1e-2:
+        out["errors"] = [f"packed and padded losses differ by {out['loss_rel_diff']:.3g} (> 1e-2)"]
+    return out
+
+
+def stage_merged_update(check: SpeedCheck) -> dict[str, Any]:
+    """One update of the preset's batches as its passes (merge_update under --merge-max-tokens = max-tokens
+    x update-freq: one pass) against one pass per batch: summed loss and gradients, ms of the update's passes
+    (host-to-device copies and, merged, the merge itself included)."""
+    out = check.stage_figures
+    trainer = check.cache.pop("trainer", None)
+    trainer = _large_trainer(check) if trainer is None else trainer
+    built = check.batches.get("update")
+    ds, update, limit = built["ds"], built["update"], check.shapes.merge_tokens
+    merged = ds.merge_update(update, limit)
+    out.update(batches=len(update), passes=len(merged), merge_max_tokens=limit, tokens=_tokens(update))
+    out["padded_slots_separate"] = sum(r * w for r, w in map(padded_shape, update))
+    out["padded_slots_merged"] = sum(r * w for r, w in map(padded_shape, merged))
+    acc_loss = float(_passes(trainer, update))
+    acc_grads = _grads(trainer.model)
+    merged_loss = float(_passes(trainer, merged))
+    out["loss_rel_diff"] = abs(merged_loss - acc_loss) / abs(acc_loss)
+    out["grad_rel_err"] = _grad_rel_err(_grads(trainer.model), acc_grads)
+    del acc_grads
+    reps = 1 if check.dry else 2
+    out["accumulated_ms"] = _sync_ms(check, lambda: _passes(trainer, update), reps)
+    out["merged_ms"] = _sync_ms(check, lambda: _passes(trainer, ds.merge_update(update, limit)), reps)
+    out["merged_speedup"] = out["accumulated_ms"] / out["merged_ms"]
+    bad = [k for k, tol in (("loss_rel_diff", 1e-2), ("grad_rel_err", 5e-2)) if not out[k] <= tol]
+    if bad:
+        out["errors"] = [
+            f"merged and accumulated passes differ: {', '.join(f'{k}={out[k]:.3g}' for k in bad)}"
+        ]
+    return out
+
+
+def _train_variant(check: SpeedCheck, label: str, arch: str, variant: str) -> dict[str, Any]:
+    """Train updates of the preset's batches with one variant: accum (one pass per batch), merged (the
+    update's batches merged into one pass), compiled (merged, --compile)."""
+    from torch._dynamo.utils import counters
+
+    from seqtrain.models import transformer
+
+    s = check.shapes
+    train = check.batches.get("train")
+    ds, updates = train["ds"], train["updates"]
+    if variant == "compiled":
+        torch._dynamo.reset()
+        transformer._compiled.cache_clear()
+        counters.clear()
+    trainer, _ = lib.make_trainer(
+        check.dry, arch, s.vocab, "bf16", *(("--compile",) if variant == "compiled" else ())
+    )
+    if variant == "compiled" and check.dry:
+        transformer.compile_layers(trainer.model, backend="eager")  # dynamo without inductor's C++ build
+    if variant == "accum":  # the initial weights, for transformers' twin
+        check.cache[f"state:{label}"] = {
+            k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()
+        }
+        check.cache[f"targs:{label}"] = trainer.args
+    counter = Seq2SeqFlops.from_model(trainer.model)
+
+    def step(update: list[dict[str, Any]]) -> dict[str, float] | None:
+        passes = update if variant == "accum" else ds.merge_update(update, s.merge_tokens)
+        return trainer.train_step(passes)
+
+    _free(check)
+    res: dict[str, Any] = {}
+    first_s, stats = gpu_check.timed(check, lambda: step(updates[0]))
+    res["loss0"] = stats["loss"] * math.log(2)  # base 2 -> nats, as transformers reports it
+    res["first_update_s"] = first_s
+    res["warmup_s"] = [first_s] + [
+        gpu_check.timed(check, lambda u=u: step(u))[0] for u in updates[1 : s.warmup]
+    ]
+    frames = counters["frames"].get("ok", 0)
+    timed = updates[s.warmup : s.warmup + s.timed]
+    times = [gpu_check.timed(check, lambda u=u: step(u))[0] for u in timed]
+    res["peak_gib"] = gpu_check.peak_memory(check)
+    total = sum(times)
+    res["tokens_per_update"] = sum(_tokens(u) for u in timed) / len(timed)
+    res["tokens_per_s"] = sum(_tokens(u) for u in timed) / total
+    res["ms_per_update"] = 1000 * statistics.median(times)
+    flops = sum(counter.sample_train_flops(b, lib.PAD) for u in timed for b in u)
+    res["mfu"] = flops / total / check.peak
+    res["passes_per_update"] = (
+        len(ds.merge_update(timed[0], s.merge_tokens)) if variant != "accum" else len(timed[0])
+    )
+    if variant == "compiled":
+        res["compile_s"] = first_s - statistics.median(times)
+        res["frames_compiled"] = frames
+        res["second_shape_s"] = gpu_check.timed(check, lambda: step(train["second"]))[0]
+        res["recompiles_second_shape"] = counters["frames"].get("ok", 0) - frames
+        res["graph_breaks"] = sum(counters["graph_break"].values())
+        res["unique_graphs"] = counters["stats"].get("unique_graphs", 0)
+    profiled = updates[s.warmup + s.timed :]
+    prof = lib.profile_steps(
+        check.device,
+        [lambda u=u: step(u) for u in profiled],
+        os.path.join(check.out, f"profile_{label}_{variant}.txt"),
+    )
+    res.update({f"profile_{k}": v for k, v in prof.items()})
+    return res  # (the trainer goes with this frame; the caller frees the device)
+
+
+def stage_train_ab(check: SpeedCheck) -> dict[str, Any]:
+    """bart_large then bart_base, each variant as the budget allows (what is left is named, not guessed)."""
+    out = check.stage_figures
+    s = check.shapes
+    errors = []
+    # seconds a variant needs on the GPU before it starts: model build, 8 updates, profile; compiles on top
+    needs = {"accum": 20, "merged": 15, "compiled": 75}
+    for label, arch in (("bart_large", s.large), ("bart_base", s.base)):
+        out[f"{label}_arch"] = arch
+        for variant in ("accum", "merged", "compiled"):
+            need = needs[variant] * (0.6 if label == "bart_base" else 1.0)
+            if check.left() < check.need(need):
+                out[f"{label}_{variant}_skipped"] = f"budget: {check.left():.0f} s left of the stage's"
+                continue
+            try:
+                res = _train_variant(check, label, arch, variant)
+                out.update({f"{label}_{variant}_{k}": v for k, v in res.items()})
+            except Exception as e:
+                errors.append(f"{label} {variant}: {type(e).__name__}: {str(e)[:400]}")
+                out[f"{label}_{variant}_traceback"] = traceback.format_exc()[-1500:]
+            _free(check)
+        ran = [v for v in ("accum", "merged", "compiled") if f"{label}_{v}_tokens_per_s" in out]
+        if ran:
+            best = max(ran, key=lambda v: out[f"{label}_{v}_tokens_per_s"])
+            out[f"{label}_best_variant"] = best
+            out[f"{label}_best_tokens_per_s"] = out[f"{label}_{best}_tokens_per_s"]
+            out[f"{label}_best_mfu"] = out[f"{label}_{best}_mfu"]
+        for a, b in (("merged", "accum"), ("compiled", "merged")):
+            if f"{label}_{a}_tokens_per_s" in out and f"{label}_{b}_tokens_per_s" in out:
+                out[f"{label}_{a}_vs_{b}"] = (
+                    out[f"{label}_{a}_tokens_per_s"] / out[f"{label}_{b}_tokens_per_s"]
+                )
+        for v in ("merged", "compiled"):  # the same first update on the same weights: the same loss
+            if f"{label}_{v}_loss0" in out and f"{label}_accum_loss0" in out:
+                diff = (
+                    abs(out[f"{label}_{v}_loss0"] - out[f"{label}_accum_loss0"]) / out[f"{label}_accum_loss0"]
+                )
+                out[f"{label}_{v}_loss0_rel_diff"] = diff
+                if diff > 1e-2:
+                    errors.append(f"{label} {v}: step-0 loss differs from accum's by {diff:.3g}")
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def stage_determinism(check: SpeedCheck) -> dict[str, Any]:
+    """The registration point of scripts/gpu/stage_determinism.py (another change writes it): its
+    stage_determinism(check), on this run's Check, when the file is there."""
+    if not os.path.exists(os.path.join(HERE, "stage_determinism.py")):
+        return {"skip": "not present", "skip_reason": "scripts/gpu/stage_determinism.py is not in this tree"}
+    from stage_determinism import stage_determinism as run
+
+    return run(check)
+
+
+def _hf_step(
+    check: SpeedCheck, model: Any, opt: torch.optim.Optimizer, dynamic_rows: bool = False
+) -> Callable[[list], torch.Tensor]:
+    """transformers' update over micro-batches (each loss weighted by its share of the update's target tokens,
+    as transformers' Trainer normalizes accumulated losses), bf16 autocast; returns the update's mean loss
+    per target token (a device tensor). `dynamic_rows`: the batch dimension marked dynamic (for
+    torch.compile: batches of 16 and 17 rows share one graph)."""
+
+    def step(update: list[tuple[dict[str, torch.Tensor], float]]) -> torch.Tensor:
+        losses = []
+        for batch, weight in update:
+            batch = {k: v.to(check.device, non_blocking=True) for k, v in batch.items()}
+            if dynamic_rows:
+                for v in batch.values():
+                    torch._dynamo.maybe_mark_dynamic(v, 0)
+            with torch.autocast(check.device.type, dtype=torch.bfloat16):
+                loss = model(**batch).loss * weight
+            loss.backward()
+            losses.append(loss.detach())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return torch.stack(losses).sum()
+
+    return step
+
+
+def _hf_twin(check: SpeedCheck, label: str, arch: str) -> tuple[Any, torch.optim.Optimizer]:
+    """transformers' model with train_ab's initial weights of `label` (made again if train_ab did not run it)
+    and its fused AdamW."""
+    s = check.shapes
+    state, targs = check.cache.pop(f"state:{label}", None), check.cache.pop(f"targs:{label}", None)
+    if state is None:
+        trainer, _ = lib.make_trainer(check.dry, arch, s.vocab, "bf16")
+        state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+        targs = trainer.args
+    hf = lib.hf_model(targs, state, s.vocab).to(check.device).train()
+    opt = torch.optim.AdamW(
+        hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, fused=True
+    )
+    return hf, opt
+
+
+def _hf_setting(check: SpeedCheck, label: str, setting: str, hf: Any, opt: Any) -> dict[str, Any]:
+    """tokens/s of transformers' updates in one setting: shipped (torch's default: cuDNN attention first),
+    nocudnn, compiled (torch.compile of the model, cuDNN attention off, batches padded to one width)."""
+    s = check.shapes
+    train, hf_sets = check.batches.get("train"), check.batches.get("hf")
+    timed = slice(s.warmup, s.warmup + s.timed)
+    torch.backends.cuda.enable_cudnn_sdp(DEFAULT_CUDNN_SDP if setting == "shipped" else False)
+    if setting == "compiled":
+        torch._dynamo.reset()
+        model = torch.compile(hf, backend="eager" if check.dry else "inductor")
+    else:
+        model = hf
+    updates = hf_sets["fixed" if setting == "compiled" else "dynamic"]
+    step = _hf_step(check, model, opt, dynamic_rows=setting == "compiled")
+    _free(check)
+    res: dict[str, Any] = {}
+    res["first_update_s"], res["loss0"] = gpu_check.timed(check, lambda: float(step(updates[0])))
+    for u in updates[1 : s.warmup]:
+        step(u)
+    times = [gpu_check.timed(check, lambda u=u: step(u))[0] for u in updates[timed]]
+    res["tokens_per_s"] = sum(_tokens(u) for u in train["updates"][timed]) / sum(times)
+    res["ms_per_update"] = 1000 * statistics.median(times)
+    res["peak_gib"] = gpu_check.peak_memory(check)
+    if setting == "compiled":
+        from torch._dynamo.utils import counters
+
+        res["compile_s"] = res["first_update_s"] - statistics.median(times)
+        res["frames_compiled"] = counters["frames"].get("ok", 0)
+    return res
+
+
+def stage_transformers(check: SpeedCheck) -> dict[str, Any]:
+    """BartForConditionalGeneration with seqtrain's initial weights on the train updates (the same micro-
+    batches, padded on the right): cuDNN attention off (seqtrain's kernels) and as shipped (torch's default,
+    cuDNN attention first on Hopper), for bart_large then bart_base; then, as the budget allows, compiled
+    (torch.compile of the model, what TrainingArguments(torch_compile=True) does; cuDNN attention off; the
+    batches padded to 1,024 source and 128 target tokens and the batch dimension dynamic, so it compiles
+    once). The step-0 loss (the first setting's, on the initial weights) against seqtrain's; seqtrain's speedup:
+    its best train_ab variant against the fastest setting."""
+    out = check.stage_figures
+    s = check.shapes
+    seq = check.results["stages"].get("train_ab", {})
+    errors = []
+    labels = (("bart_large", s.large), ("bart_base", s.base))
+    twins: dict[str, tuple[Any, Any]] = {}
+    # (label, setting, GPU seconds it needs before it starts); the compiled ones last: they cost the most
+    plan = [(label, setting, 12) for label, _ in labels for setting in ("nocudnn", "shipped")]
+    plan += [("bart_large", "compiled", 75), ("bart_base", "compiled", 45)]
+    for label, setting, need in plan:
+        key = f"{label}_{setting}"
+        if setting == "compiled" and check.dry:  # (dynamo traces transformers' BART ~10 s a shape on a CPU)
+            out[f"{key}_skipped"] = "dry run: the GPU run compiles transformers' model"
+            continue
+        if check.left() < check.need(need + (0 if label in twins else 10)):
+            out[f"{key}_skipped"] = f"budget: {check.left():.0f} s left of the stage's"
+            continue
+        try:
+            if label not in twins:
+                twins[label] = _hf_twin(check, label, dict(labels)[label])
+            res = _hf_setting(check, label, setting, *twins[label])
+            if setting == "nocudnn":  # the first update on the initial weights
+                out[f"{label}_step0_loss"] = res["loss0"]
+            out.update({f"{key}_{k}": v for k, v in res.items() if k != "loss0"})
+        except Exception as e:
+            errors.append(f"{key}: {type(e).__name__}: {str(e)[:400]}")
+            out[f"{key}_traceback"] = traceback.format_exc()[-1500:]
+        torch.backends.cuda.enable_cudnn_sdp(DEFAULT_CUDNN_SDP)
+        _free(check)
+    twins.clear()
+    torch._dynamo.reset()
+    for label, _ in labels:
+        ran = [k for k in ("nocudnn", "shipped", "compiled") if f"{label}_{k}_tokens_per_s" in out]
+        if ran:
+            fastest = max(ran, key=lambda k: out[f"{label}_{k}_tokens_per_s"])
+            out[f"{label}_fastest_setting"] = fastest
+            if f"{label}_best_tokens_per_s" in seq:
+                out[f"{label}_seqtrain_variant"] = seq[f"{label}_best_variant"]
+                out[f"{label}_speedup"] = (
+                    seq[f"{label}_best_tokens_per_s"] / out[f"{label}_{fastest}_tokens_per_s"]
+                )
+        if f"{label}_step0_loss" in out and f"{label}_accum_loss0" in seq:
+            ours = seq[f"{label}_accum_loss0"]
+            out[f"{label}_step0_loss_rel_diff"] = abs(out[f"{label}_step0_loss"] - ours) / ours
+            if out[f"{label}_step0_loss_rel_diff"] > 1e-2:
+                errors.append(
+                    f"{label}: step-0 losses differ: {ours} (seqtrain) vs {out[f'{label}_step0_loss']}"
+                )
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def stage_generate(check: SpeedCheck) -> dict[str, Any]:
+    return gpu_check.stage_generate_static(check)
+
+
+# (name, function, budget seconds on a GPU, in a dry run)
+STAGES: list[tuple[str, Callable[[SpeedCheck], dict[str, Any]], float, float]] = [
+    ("env", stage_env, 3, 0),
+    ("ceilings", stage_ceilings, 15, 2),
+    ("attention", stage_attention, 25, 3),
+    ("packed_vs_padded", stage_packed_vs_padded, 25, 3),
+    ("merged_update", stage_merged_update, 20, 3),
+    ("train_ab", stage_train_ab, 180, 20),
+    ("determinism", stage_determinism, 60, 5),
+    ("transformers", stage_transformers, 150, 20),
+    ("generate", stage_generate, 90, 15),
+]
+
+
+# ------------------------------------------------------------------------------------------------ report
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def report(results: dict[str, Any]) -> str:
+    """The judged figures against their targets, then every stage's scalar figures, then the top kernels."""
+    stages = results["stages"]
+    lines = [
+        f"# GPU speed run ({'dry run, CPU' if results.get('dry_run') else 'GPU'}; budget {results.get('budget_s')} s)",
+        "",
+        "| figure | value | target | met |",
+        "|---|---|---|---|",
+    ]
+    for stage, key, op, target in JUDGED:
+        value = stages.get(stage, {}).get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            met = "yes" if (value >= target if op == ">=" else value <= target) else "NO"
+        else:
+            value, met = "-", "not measured"
+        lines.append(f"| {stage}.{key} | {_fmt(value)} | {op} {target:g} | {met} |")
+    lines += ["", "| stage | status | s (budget) | figures |", "|---|---|---|---|"]
+    for name, res in stages.items():
+        figs = [
+            f"{k}={_fmt(v)}"
+            for k, v in res.items()
+            if k not in ("status", "seconds", "budget_s")
+            and not isinstance(v, (list, dict))
+            and not k.endswith("traceback")
+        ]
+        errors = res.get("errors") or []
+        figs += [f"ERROR {e}" for e in errors]
+        lines.append(
+            f"| {name} | {res['status']} | {res.get('seconds', 0):.0f} ({res.get('budget_s', 0):g}) | "
+            f"{'; '.join(figs).replace('|', '/')} |"
+        )
+    tops = [(k, v) for k, v in stages.get("train_ab", {}).items() if k.endswith("profile_top") and v]
+    if tops:
+        lines += ["", "## Top kernels per training step (train_ab, profiled)"]
+        for key, top in tops:
+            lines += ["", f"{key.removesuffix('_profile_top')}:", *[f"- {t}" for t in top]]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ runner
+def _flags() -> tuple[Any, ...]:
+    return (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cuda.cudnn_sdp_enabled(),
+        torch.backends.cuda.flash_sdp_enabled(),
+        torch.backends.cuda.mem_efficient_sdp_enabled(),
+        torch.backends.cuda.math_sdp_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+
+
+def _restore(flags: tuple[Any, ...]) -> None:
+    """The process-wide switches a stage may change (a Trainer sets TF32 and cuDNN attention; a determinism
+    check sets deterministic algorithms), as they were before it."""
+    mm, cudnn_tf32, cudnn_sdp, flash, mem, math_sdp, det, warn = flags
+    torch.backends.cuda.matmul.allow_tf32 = mm
+    torch.backends.cudnn.allow_tf32 = cudnn_tf32
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
+    torch.backends.cuda.enable_flash_sdp(flash)
+    torch.backends.cuda.enable_mem_efficient_sdp(mem)
+    torch.backends.cuda.enable_math_sdp(math_sdp)
+    torch.use_deterministic_algorithms(det, warn_only=warn)
+
+
+def _watchdog(check: SpeedCheck, grace: float) -> threading.Timer:
+    """At the run's deadline plus `grace`: the running stage marked as stopped (its figures so far kept), the
+    results saved, the process ended with 124 (what timeout(1) reports)."""
+
+    def fire() -> None:
+        try:
+            name = check.current
+            if name is not None:
+                check.results["stages"][name] = {
+                    "status": "failed",
+                    "seconds": time.monotonic() - check.stage_start,
+                    "budget_s": check.stage_budget,
+                    **dict(check.stage_figures),
+                    "error": "stopped: the run's time budget ran out in this stage",
+                }
+            check.results["stopped"] = "time budget"
+            for _ in range(3):  # (the main thread may be changing the results at this moment)
+                try:
+                    check.save()
+                    break
+                except RuntimeError:
+                    time.sleep(0.2)
+            print(f"gpu_speed.py: stopped at the time budget in stage {name}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(124)
+
+    timer = threading.Timer(max(1.0, check.deadline - time.monotonic() + grace), fire)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def run_stage(
+    check: SpeedCheck, name: str, fn: Callable[[SpeedCheck], dict[str, Any]], budget: float
+) -> dict:
+    left = check.deadline - time.monotonic()
+    if left < budget:
+        return {
+            "status": "skipped: budget",
+            "seconds": 0.0,
+            "budget_s": budget,
+            "skip_reason": f"needs ~{budget:g} s, {max(left, 0):.0f} s of the run left",
+        }
+    check.current, check.stage_figures, check.stage_budget = name, {}, budget
+    check.stage_start = time.monotonic()
+    check.stage_deadline = min(check.deadline, check.stage_start + budget)
+    flags = _flags()
+    if name != "merged_update":  # (the bart_large trainer packed_vs_padded leaves it)
+        check.cache.pop("trainer", None)
+    try:
+        res = fn(check)
+        res = {**check.stage_figures, **res}
+        if "skip_reason" in res:
+            status = f"skipped: {res.pop('skip', res['skip_reason'])}"
+        else:
+            status = "failed" if res.get("errors") else "ok"
+    except Exception as e:  # a failed stage is reported and the next one runs
+        res = {
+            **check.stage_figures,
+            "error": f"{type(e).__name__}: {e}"[:2000],
+            "traceback": traceback.format_exc()[-3000:],
+        }
+        status = "failed"
+    finally:
+        _restore(flags)
+        check.current = None
+        if name != "packed_vs_padded":  # (the bart_large trainer it shares with merged_update)
+            check.cache.pop("trainer", None)
+        _free(check)
+    head = {"status": status, "seconds": time.monotonic() - check.stage_start, "budget_s": budget}
+    return {**head, **{k: v for k, v in res.items() if k not in head}}  # (a stage cannot set its own status)
+
+
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """The run; its budget counts from `started` (time.monotonic(); default: now)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dry-run", action="store_true", help="every stage on the CPU with tiny shapes")
+    p.add_argument("--out", default=os.environ.get("OUT") or "gpu-speed-out", help="folder for the results")
+    p.add_argument("--stages", default=",".join(n for n, *_ in STAGES), help="comma list of stages to run")
+    p.add_argument("--peak-flops", type=float, default=None, help="the device's peak FLOP/s for MFU")
+    p.add_argument("--budget", type=float, default=545.0, help="seconds for the whole run (default 545)")
+    args = p.parse_args(argv)
+    if not args.dry_run and not torch.cuda.is_available():
+        print(
+            "gpu_speed.py: error: no CUDA device; pass --dry-run to check the plumbing on the CPU",
+            file=sys.stderr,
+        )
+        return 1
+    wanted = args.stages.split(",")
+    unknown = [w for w in wanted if w not in {n for n, *_ in STAGES}]
+    if unknown:
+        print(f"gpu_speed.py: error: --stages: unknown {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    args.started = started
+    check = SpeedCheck(args)
+    watchdog = _watchdog(check, grace=5.0)
+    failed = []
+    for name, fn, gpu_budget, dry_budget in STAGES:
+        if name not in wanted:
+            continue
+        print(f"==== [{time.strftime('%H:%M:%S')}] {name}", flush=True)
+        res = run_stage(check, name, fn, dry_budget if check.dry else gpu_budget)
+        if res["status"] == "failed":
+            failed.append(name)
+        check.results["stages"][name] = res
+        print(
+            json.dumps({k: v for k, v in res.items() if not k.endswith("traceback")}, default=float),
+            flush=True,
+        )
+        check.save()
+    watchdog.cancel()
+    check.batches.close()
+    check.results["seconds"] = time.monotonic() - check.start
+    check.save()
+    print(report(check.results))
+    print(
+        f"gpu_speed.py: {'FAILED stages: ' + ', '.join(failed) if failed else 'no stage failed'}; "
+        f"results in {check.out}/gpu_speed.json and gpu_speed.md"
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(started=STARTED))
