@@ -112,6 +112,13 @@ def add_generation_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
         "hypotheses as the eager loop (default: on for CUDA, off on the CPU)",
     )
     add(
+        "--packed-encoder",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the encoder pass on the sources' real tokens only (varlen attention), not padded; the same "
+        "encoder output (default: on CUDA in fp16/bf16; on the CPU for batches of 20%% pads or more)",
+    )
+    add(
         "--temperature",
         default=1.0,
         type=float,
@@ -171,6 +178,9 @@ def check_generation_args(args: argparse.Namespace, name: Callable[[str], str] =
     for dest in KINDS:
         if hasattr(args, dest):
             check_generation_value(dest, getattr(args, dest), name)
+    for dest in ("static_decoding", "packed_encoder"):  # switches with a default the device decides (None)
+        if getattr(args, dest, None) not in (None, True, False):
+            raise SeqtrainError(f"{name(dest)} must be True, False or None, got {getattr(args, dest)!r}")
     if args.beam < 1:
         raise SeqtrainError(f"{name('beam')} must be >= 1, got {args.beam}")
     if not 1 <= args.nbest <= args.beam:

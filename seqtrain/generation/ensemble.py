@@ -29,8 +29,13 @@ class _Encoders:
     def __init__(self, models: nn.ModuleList):
         self.models = models
 
-    def __call__(self, src_tokens: Tensor, src_lengths: Tensor | None) -> list[Any]:
-        return [m.encoder(src_tokens, src_lengths) for m in self.models]
+    @property
+    def supports_packed(self) -> bool:
+        """Whether every member's encoder can run a padded batch packed (BartEncoder's `packed=`)."""
+        return all(getattr(m.encoder, "supports_packed", False) for m in self.models)
+
+    def __call__(self, src_tokens: Tensor, src_lengths: Tensor | None, **kw: Any) -> list[Any]:
+        return [m.encoder(src_tokens, src_lengths, **kw) for m in self.models]
 
     def reorder_encoder_out(self, encoder_outs: list[Any], new_order: Tensor) -> list[Any]:
         return [m.encoder.reorder_encoder_out(out, new_order) for m, out in zip(self.models, encoder_outs)]

@@ -222,7 +222,9 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             raise SeqtrainError(
                 "--score-reference scores a data-bin split's references; --input text has none"
             )
-        generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict)
+        generator: Any = SequenceScorer(
+            loaded.model, loaded.lm.tgt_dict, getattr(args, "packed_encoder", None)
+        )
     else:
         generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
     ds, raw_sizes, refs, content = _dataset(args, loaded)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation.ensemble import EnsembleModel
+from seqtrain.generation.sequence_generator import encode
 
 Hypothesis = dict[str, Any]
 
@@ -24,18 +25,23 @@ Hypothesis = dict[str, Any]
 class SequenceScorer:
     """Scores each example's reference under `model` (one model, or an EnsembleModel)."""
 
-    def __init__(self, model: torch.nn.Module, tgt_dict: Any):
+    def __init__(self, model: torch.nn.Module, tgt_dict: Any, packed_encoder: bool | None = None):
+        """`packed_encoder` as SequenceGenerator's: the encoder pass packed, padded, or the encoder's choice."""
         self.model = model
         self.pad = tgt_dict.pad()
+        self.packed_encoder = packed_encoder
 
     def _target_probs(
         self, member: torch.nn.Module, net_input: dict[str, Any], target: Tensor, log: bool
     ) -> Tensor:
         """B x T: the member's (log-)probability of each target token, in float32."""
-        # padded, without the collater's layout: a packed pass would return only the real target rows
-        logits, _ = member(
-            net_input["src_tokens"], net_input.get("src_lengths"), net_input["prev_output_tokens"]
+        # The decoder runs padded, without the collater's layout: a packed decoder pass would return only the
+        # real target rows, and this gathers from B x T x V. The encoder pass is generation's (`encode`): its
+        # output is laid out B x S either way.
+        encoder_out = encode(
+            member, net_input["src_tokens"], net_input.get("src_lengths"), self.packed_encoder
         )
+        logits, _ = member.decoder(net_input["prev_output_tokens"], encoder_out)
         norm = F.log_softmax if log else F.softmax
         return norm(logits.float(), dim=-1).gather(2, target.unsqueeze(-1)).squeeze(-1)
 

@@ -71,6 +71,7 @@ class SequenceGenerator:
         bos: int | None = None,
         eos: int | None = None,
         static_decoding: bool = False,
+        packed_encoder: bool | None = None,
     ):
         """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
         max_positions()[1] - 1, as fairseq). `eos` is the token that ends a hypothesis (default: the dictionary's
@@ -78,7 +79,9 @@ class SequenceGenerator:
         (default: `eos`, fairseq's convention). `nbest` hypotheses are returned per sentence (default: all
         `beam_size` finalized ones, as fairseq's generate() does). `static_decoding`: decode with
         seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA, finished on the device); the
-        same hypotheses."""
+        same hypotheses. `packed_encoder`: the encoder pass on the sources' real tokens only (True), padded
+        (False), or the encoder's choice (None: on CUDA in fp16/bf16, on the CPU from 20% pads; see `encode`);
+        the same encoder output, so the same hypotheses."""
         if beam_size < 1:
             raise SeqtrainError(f"--beam must be >= 1, got {beam_size}")
         if temperature <= 0:
@@ -103,6 +106,7 @@ class SequenceGenerator:
         # a model may bring its own next-token distribution: an ensemble (ensemble.py) averages its members'
         self._log_probs = getattr(model, "next_token_log_probs", None) or _last_log_probs
         self.static_decoding = static_decoding
+        self.packed_encoder = packed_encoder
         self._static_steps: StaticSteps | None = None  # kept across batches: its buffers and CUDA graphs
         if self.max_len_a == 0 and not match_source_len and min_len > min(max_len_b, self.max_len - 1):
             raise SeqtrainError(
@@ -132,6 +136,10 @@ class SequenceGenerator:
 
     # ------------------------------------------------------------------ the loop
 
+    def _encode(self, src_tokens: Tensor, src_lengths: Tensor | None) -> Any:
+        """The batch's encoder output (both loops' one encoder pass): `encode` with --packed-encoder's choice."""
+        return encode(self.model, src_tokens, src_lengths, self.packed_encoder)
+
     def _max_lengths(self, src_tokens: Tensor) -> Tensor:
         """Per-sentence max output length (tokens before the final EOS). --match-source-len: the source's length
         without pads and EOS (fairseq's src_lengths; it then scores longer hypotheses -inf, here they cannot occur)."""
@@ -154,7 +162,7 @@ class SequenceGenerator:
             return []
         if src_lengths is None:
             src_lengths = src_tokens.ne(self.pad).sum(dim=1)
-        encoder_out = model.encoder(src_tokens, src_lengths)
+        encoder_out = self._encode(src_tokens, src_lengths)
 
         max_lens = self._max_lengths(src_tokens)  # bsz, on the device
         max_lens_host: list[int] = max_lens.tolist()
@@ -350,6 +358,19 @@ class SequenceGenerator:
         return out
 
 
+def encode(
+    model: torch.nn.Module, src_tokens: Tensor, src_lengths: Tensor | None, packed: bool | None
+) -> Any:
+    """The encoder pass of generation (and of --score-reference) on a padded batch: packed (the real tokens only,
+    models/varlen.py's attention; BartEncoder.forward_padded_as_packed) when `packed`, padded when False, the
+    encoder's own choice when None (BartEncoder.packs_by_default). The output is laid out as the padded pass's
+    (B x S x C and the B x S pad mask), so everything above the encoder is the same either way. An encoder
+    without `supports_packed` (a caller's own model) runs as it always did."""
+    if getattr(model.encoder, "supports_packed", False):
+        return model.encoder(src_tokens, src_lengths, packed=packed)
+    return model.encoder(src_tokens, src_lengths)
+
+
 def _last_log_probs(logits: Tensor, temperature: float) -> Tensor:
     """The next token's log-probabilities (float32) from the decoder's logits at the last position."""
     last = logits[:, -1, :].float()
@@ -403,6 +424,7 @@ def build_generator(
         no_repeat_ngram_size=args.no_repeat_ngram_size,
         search_strategy=search,
         static_decoding=static,
+        packed_encoder=getattr(args, "packed_encoder", None),
         bos=bos,
         eos=eos,
     )

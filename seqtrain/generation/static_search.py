@@ -100,7 +100,7 @@ def static_generate(
     check_every: int = CHECK_EVERY,
 ) -> list[list[Hypothesis]]:
     """SequenceGenerator._generate's search (gen: the SequenceGenerator) on `steps_impl`; the same output."""
-    model, beam, device = gen.model, gen.beam_size, src_tokens.device
+    beam, device = gen.beam_size, src_tokens.device
     bsz = src_tokens.size(0)
     if bsz == 0:
         return []
@@ -109,7 +109,7 @@ def static_generate(
     exact = isinstance(gen.search, Sampling)  # the RNG stream follows the row count (module docstring)
     if exact:
         check_every = 1
-    encoder_out = model.encoder(src_tokens, src_lengths)
+    encoder_out = gen._encode(src_tokens, src_lengths)
     max_lens = gen._max_lengths(src_tokens)
     steps = int(max_lens.max())
 

@@ -14,6 +14,9 @@ runs packed end to end: embeddings of the real tokens only, every layer on N x C
 the rows `sample["target_rows"]` selects from a padded output, with `extra["packed"]` True. No mask, no
 scatter, no gather, and no host-device sync. Without a layout (generation, a caller's own batch) the model runs
 padded (B x T x C, SDPA with masks), finding the pads on the device: a sync for each stack's attention mask.
+Generation's encoder pass may run packed all the same (`encoder(src_tokens, packed=True)`, --packed-encoder):
+the padded batch's real tokens go through the packed stack and come back laid out B x S, so the decoder, the
+beam search and the static path above it see what the padded pass gives them.
 
 Incremental decoding (beam search): the caller creates `state = {}` and calls
 `model.decoder(prev_output_tokens, encoder_out, incremental_state=state)` with the whole prefix each step; only
@@ -27,6 +30,7 @@ presets fill the flags the config reads, and fairseq's checkpoints name all of i
 from __future__ import annotations
 
 import argparse
+import itertools
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -46,11 +50,16 @@ from seqtrain.models.transformer import (
     TransformerDecoderLayer,
     TransformerEncoderLayer,
     embed_scale,
+    make_positions,
     reorder_cache,
 )
+from seqtrain.models.varlen import kernel_fits
 from seqtrain.registry import ARCHS
 
 EncoderOut = dict[str, Tensor]
+# generation's encoder pass on the CPU runs packed from this share of pads up (BartEncoder.packs_by_default):
+# measured faster than padded from ~15% pads (bart_small shapes; bart_base from ~3%), slower below
+CPU_PACK_MIN_PAD_SHARE = 0.2
 Layout = dict[str, Any]
 
 
@@ -150,13 +159,22 @@ class BartEncoder(nn.Module):
         # pre-norm stacks end with a layer norm (fairseq's encoder.layer_norm); post-norm ones have none
         self.layer_norm = nn.LayerNorm(dim) if cfg.encoder_normalize_before else None
 
+    # generation may ask this encoder to run a padded batch packed (`packed=` below; generation's `encode`)
+    supports_packed = True
+
     def forward(
-        self, src_tokens: Tensor, src_lengths: Tensor | None = None, layout: Layout | None = None
+        self,
+        src_tokens: Tensor,
+        src_lengths: Tensor | None = None,
+        layout: Layout | None = None,
+        packed: bool | None = False,
     ) -> EncoderOut:
         """src_tokens: B x S (left or right padded). Returns {"encoder_out": B x S x C,
         "encoder_padding_mask": B x S bool (True at pads)}. src_lengths is accepted for fairseq's signature;
         the padding mask is read from the tokens. With `layout` (the collater's, see the module docstring):
-        {"encoder_out": M x C}, the M real tokens packed."""
+        {"encoder_out": M x C}, the M real tokens packed. `packed` (generation's encoder pass): the real tokens
+        of the padded batch run packed (forward_padded_as_packed), the output laid out B x S as the padded
+        pass's; None: where that is the faster pass (packs_by_default)."""
         if src_tokens.size(1) > self.max_source_positions:
             raise SeqtrainError(
                 f"source of {src_tokens.size(1)} tokens exceeds --max-source-positions {self.max_source_positions}"
@@ -164,6 +182,13 @@ class BartEncoder(nn.Module):
         if layout is not None:
             return {"encoder_out": self.forward_packed(layout)}
         padding_mask = src_tokens.eq(self.padding_idx)
+        if packed is None:
+            packed = self.packs_by_default(padding_mask)
+        if packed:
+            return {
+                "encoder_out": self.forward_padded_as_packed(src_tokens, padding_mask),
+                "encoder_padding_mask": padding_mask,
+            }
         x = self._embed(src_tokens, self.embed_positions(src_tokens))
         attn_mask = _attn_mask(padding_mask)
         use_ckpt = self.checkpoint_activations and self.training and torch.is_grad_enabled()
@@ -188,6 +213,47 @@ class BartEncoder(nn.Module):
         for layer in self.layers:
             x = _run_layer(layer, use_ckpt, x, None, segments)
         return x if self.layer_norm is None else self.layer_norm(x)
+
+    def forward_padded_as_packed(self, src_tokens: Tensor, padding_mask: Tensor) -> Tensor:
+        """The padded batch's real tokens through forward_packed, laid back out B x S x C (zeros at the pads,
+        which every reader masks). Positions are make_positions' (padding_idx + 1, + 2, ... over a row's real
+        tokens, as the padded pass embeds them on either padding side), so the real rows equal the padded
+        pass's to rounding (tests/unit/generation/test_packed_encoder.py).
+
+        The row lengths come to the host in one read (the padded pass reads whether there are pads instead:
+        one sync either way, none on the CPU): the dispatcher's CPU reference reads its segment bounds there and
+        the CUDA kernel sizes its grid by the host max length; the real tokens' rows are found on the device
+        with that count known (nonzero_static: no second sync)."""
+        b, s = src_tokens.shape
+        keep = ~padding_mask
+        lengths: list[int] = keep.sum(1).tolist()
+        cu_host = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        rows = torch.nonzero_static(keep.view(-1), size=sum(lengths)).squeeze(1)
+        layout = {
+            "src_tokens": src_tokens.view(-1).index_select(0, rows),
+            "src_positions": make_positions(src_tokens, self.padding_idx).view(-1).index_select(0, rows),
+            "src_cu_seqlens": cu_host.to(src_tokens.device, non_blocking=True),  # (kept alive: the bounds)
+            "src_cu_seqlens_host": cu_host,
+            "src_max_len": max(lengths, default=0),
+        }
+        x = self.forward_packed(layout)
+        return x.new_zeros(b * s, x.size(-1)).index_copy_(0, rows, x).view(b, s, -1)
+
+    def packs_by_default(self, padding_mask: Tensor) -> bool:
+        """Whether generation's encoder pass runs packed when not told (`packed=None`): on CUDA where torch's
+        varlen flash kernel serves (fp16/bf16, under autocast too; off it the dispatcher loops over the
+        sentences), on the CPU when at least CPU_PACK_MIN_PAD_SHARE of the batch is pads (the CPU reference lays
+        each layer's q, k and v out padded again, which costs more than the pads' FFN work it saves below
+        that: docs/benchmarks.md, the packed encoder for generation)."""
+        device = padding_mask.device
+        if device.type == "cpu":
+            pads = int(padding_mask.sum())
+            return pads > 0 and pads >= CPU_PACK_MIN_PAD_SHARE * padding_mask.numel()
+        if device.type != "cuda" or not len(self.layers):
+            return False
+        autocast = torch.is_autocast_enabled(device.type)
+        dtype = torch.get_autocast_dtype(device.type) if autocast else self.embed_tokens.weight.dtype
+        return kernel_fits(True, dtype, self.layers[0].self_attn.head_dim, 0.0)
 
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, new_order: Tensor) -> EncoderOut:

@@ -4,7 +4,8 @@ The fixture's two logs were written by fairseq 0.12 itself (see its README): `--
 `--beam 5 --nbest 5 --lenpen 2.0 --min-len 7 --max-len-a 0 --max-len-b 9`. fairseq prints H-/P- scores in base 2
 (natural-log score / ln 2): H- with full float repr, P- rounded to 4 decimals. We generate from the same
 checkpoint and data-bin and compare every hypothesis (tokens, order) and every score, on the eager loop and on the
-static decoding path (--static-decoding: fixed-shape steps, finished on the device).
+static decoding path (--static-decoding: fixed-shape steps, finished on the device), each with the encoder pass
+packed (--packed-encoder) and padded.
 """
 
 import math
@@ -72,11 +73,14 @@ def run(lm, batches, **kw):
     ],
 )
 @pytest.mark.parametrize("static_decoding", [False, True], ids=["eager", "static"])
-def test_same_hypotheses_and_scores_as_fairseq(fixture_run, log_name, settings, static_decoding):
+@pytest.mark.parametrize("packed_encoder", [True, False], ids=["packed", "padded"])
+def test_same_hypotheses_and_scores_as_fairseq(
+    fixture_run, log_name, settings, static_decoding, packed_encoder
+):
     fairseq_tiny, lm, batches = fixture_run
     expected = parse_log(fairseq_tiny / log_name)
     assert len(expected) == 200
-    ours = run(lm, batches, static_decoding=static_decoding, **settings)
+    ours = run(lm, batches, static_decoding=static_decoding, packed_encoder=packed_encoder, **settings)
     assert sorted(ours) == sorted(expected)
     ln2 = math.log(2)
     n_checked = 0

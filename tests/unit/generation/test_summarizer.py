@@ -63,6 +63,41 @@ def test_summarize_matches_generate_in_input_order(tiny):
     assert own.summarize([]) == []
 
 
+def test_front_ends_give_the_same_summaries_with_the_encoder_packed_or_padded(tiny, monkeypatch):
+    """--packed-encoder reaches the encoder from all three front ends (Summarizer, seqtrain-generate --input,
+    seqtrain-interactive), and the summaries are the padded encoder's."""
+    from seqtrain import Summarizer
+    from seqtrain.models.bart import BartEncoder
+    from seqtrain_cli.generate import generate_main
+    from seqtrain_cli.interactive import interactive_main
+
+    packed_calls = []
+    real = BartEncoder.forward_padded_as_packed
+
+    def spy(self, src_tokens, padding_mask):
+        packed_calls.append(src_tokens.size(0))
+        return real(self, src_tokens, padding_mask)
+
+    monkeypatch.setattr(BartEncoder, "forward_padded_as_packed", spy)
+    tmp, texts, _, _ = tiny
+    own = Summarizer.from_pretrained(tmp / "seqtrain.pt")
+    padded = own.summarize(texts, beam=4, batch_size=5, packed_encoder=False)
+    assert packed_calls == []
+    assert own.summarize(texts, beam=4, batch_size=5, packed_encoder=True) == padded
+    assert sum(packed_calls) == N
+    (tmp / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    flags = ["--path", str(tmp / "seqtrain.pt"), "--beam", "4", "--batch-size", "5"]
+    for switch in ("--packed-encoder", "--no-packed-encoder"):
+        packed_calls.clear()
+        out = io.StringIO()
+        generate_main(flags + ["--input", str(tmp / "in.txt"), switch], out=out)
+        assert out.getvalue().split("\n")[:-1] == padded
+        out = io.StringIO()
+        interactive_main(flags + ["--buffer-size", "3", switch], inp=io.StringIO("\n".join(texts)), out=out)
+        assert out.getvalue().split("\n")[:-1] == padded
+        assert sum(packed_calls) == (2 * N if switch == "--packed-encoder" else 0)
+
+
 def test_dtype_and_device(tiny):
     from seqtrain import Summarizer
 

@@ -267,9 +267,12 @@ def test_beam_search_syncs_at_most_once_per_step(trainer):
     # one per step (which candidates end), one at the end (all finished hypotheses in one transfer), one for
     # the max lengths
     assert len(in_loop) <= len(steps) + 2, (len(steps), counter.syncs)
-    # and per batch, as a forward pass without the collater's layout: the encoder's mask, the decoder's
-    # cross-attention mask (once, kept in the incremental state)
-    assert len(counter.syncs) - len(in_loop) <= 2, counter.syncs
+    # and per batch, as a forward pass without the collater's layout: the encoder's mask (or, packed, its row
+    # lengths), the decoder's cross-attention mask (once, kept in the incremental state). On the CPU the
+    # encoder's default choice between packed and padded counts the pads too (BartEncoder.packs_by_default:
+    # host memory there; on CUDA it reads nothing), which is no sync on any device.
+    per_batch = [s for s in counter.syncs if s not in in_loop and "int(padding_mask.sum())" not in s[1]]
+    assert len(per_batch) <= 2, counter.syncs
 
 
 @pytest.mark.cuda
