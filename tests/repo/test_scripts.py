@@ -254,3 +254,13 @@ def test_pretrain_sh_names_a_missing_corpus(tmp_path):
     assert out.stderr.strip() == (
         f"pretrain.sh: error: {tmp_path / 'nowhere'}/train.source not found (set DEBDESC=folder of the corpus)"
     )
+
+
+def test_bench_packed_encoder_batches_as_generate_batches():
+    """bench_packed_encoder.py's two orders: unsorted batches as the sources come, sorted ones spread over the
+    length-sorted set (shortest to longest)."""
+    bench = load_script("bench/bench_packed_encoder")
+    srcs = [[5] * n for n in (3, 9, 1, 7, 5, 2, 8, 4)]
+    assert bench.batches_of(srcs, 2, 2, "unsorted") == [srcs[0:2], srcs[2:4]]
+    assert [[len(s) for s in b] for b in bench.batches_of(srcs, 2, 2, "sorted")] == [[1, 2], [8, 9]]
+    assert [[len(s) for s in b] for b in bench.batches_of(srcs, 2, 3, "sorted")] == [[1, 2], [5, 7], [8, 9]]
