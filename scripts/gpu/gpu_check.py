@@ -23,6 +23,9 @@ timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figur
   generate_static  the static decoding path (CUDA graphs, finished on the device) in bf16 weights against the
                eager loop and transformers' bf16 generate: sentences/s, capture seconds, agreement with the eager
                loop; fp32 best hypotheses identical to transformers' and the eager loop's on 64 sentences
+  generate_packed  generation's encoder pass packed (--packed-encoder) against padded in bf16 weights, unsorted
+               CNN/DM-like sources: encoder ms per batch both ways, the largest output difference, whether the
+               default packs; best hypotheses packed and padded (fp32 identical, bf16 agreement)
   compile      the training step under torch.compile: graph breaks, ms/step against eager
 
 --dry-run runs every stage on the CPU with tiny shapes (bf16 for fp16, which needs CUDA; the OOM stage needs
@@ -622,6 +625,67 @@ def stage_generate_static(check: Check) -> dict[str, Any]:
     return out
 
 
+def stage_generate_packed(check: Check) -> dict[str, Any]:
+    """Generation's encoder pass packed (--packed-encoder; issue 27 item 5) against padded, bf16 weights, on
+    unsorted CNN/DM-like sources (lengths 400-700: about a fifth of the positions are pads): the encoder
+    pass alone (ms per batch, both ways, alternating), whether the default packs there, the packed output's
+    largest difference from the padded one, and the best hypotheses of eager beam search both ways (bf16 may
+    differ by rounding; fp32, where packing runs the dispatcher's per-sentence reference, must be identical)."""
+    import bench_generate as bg
+
+    from seqtrain.generation.sequence_generator import encode
+
+    n, bsz, reps = (4, 2, 2) if check.dry else (128, 32, 5)
+    s, _, ours, d, sources = _generate_setup(check, n)
+    batches = [bg.pad_batch(sources[i : i + bsz], left=True).to(check.device) for i in range(0, n, bsz)]
+    pads = sum(int(b.eq(lib.PAD).sum()) for b in batches) / sum(b.numel() for b in batches)
+    out: dict[str, Any] = {"sentences": n, "batch_size": bsz, "pad_share": pads}
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with torch.no_grad():
+            small = [sources[i : i + 4] for i in range(0, min(n, 16), 4)]
+            hyps = {}
+            for packed in (True, False):
+                decode, gen = _ours_decoder(check, ours, d, s)
+                gen.packed_encoder = packed
+                hyps[packed] = [h for b in small for h in decode(b)]
+            out["fp32_identical"] = sum(a == b for a, b in zip(hyps[True], hyps[False]))
+            out["fp32_sentences"] = len(hyps[True])
+            ours = ours.to(torch.bfloat16)
+            out["bf16_default_packs"] = bool(ours.encoder.packs_by_default(batches[0].eq(lib.PAD)))
+            diff = 0.0
+            for b in batches:
+                real = b.ne(lib.PAD)
+                a_, b_ = (encode(ours, b, None, p)["encoder_out"][real].float() for p in (True, False))
+                diff = max(diff, float((a_ - b_).abs().max()))
+            out["bf16_encoder_max_abs_diff"] = diff
+            times: dict[bool, float] = {True: 0.0, False: 0.0}
+            for r in range(reps):
+                for packed in (True, False) if r % 2 else (False, True):
+                    seconds, _ = timed(check, lambda p=packed: [encode(ours, b, None, p) for b in batches])
+                    times[packed] += seconds
+            for packed, name in ((True, "packed"), (False, "padded")):
+                out[f"bf16_encoder_{name}_ms_per_batch"] = 1e3 * times[packed] / (reps * len(batches))
+            out["bf16_encoder_packed_speedup"] = times[False] / times[True]
+            hyps = {}
+            for packed in (True, False):
+                decode, gen = _ours_decoder(check, ours, d, s)
+                gen.packed_encoder = packed
+                seconds, hyps[packed] = timed(check, lambda f=decode: [h for b in small for h in f(b)])
+                out[f"bf16_{'packed' if packed else 'padded'}_generate_s"] = seconds
+            out["bf16_agree"] = sum(a == b for a, b in zip(hyps[True], hyps[False]))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    if out["fp32_identical"] < out["fp32_sentences"]:
+        raise RuntimeError(
+            f"fp32 best hypotheses differ packed / padded: {out['fp32_identical']}/{out['fp32_sentences']}"
+        )
+    if not check.dry and not out["bf16_default_packs"]:
+        raise RuntimeError("the encoder does not pack by default in bf16 on CUDA (no varlen kernel?)")
+    return out
+
+
 def _compile_run(check: Check, arch: str, vocab: int, pairs: list[Any], backend: str | None) -> list[float]:
     """Seconds of the timed steps (all but the first) of a trainer, its model compiled with `backend` (what
     --compile does) or eager (None)."""
@@ -722,6 +786,7 @@ STAGES: list[tuple[str, Callable[[Check], dict[str, Any]]]] = [
     ("oom", stage_oom),
     ("generate", stage_generate),
     ("generate_static", stage_generate_static),
+    ("generate_packed", stage_generate_packed),
     ("compile", stage_compile),
     ("profile", stage_profile),
 ]

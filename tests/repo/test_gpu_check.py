@@ -20,6 +20,7 @@ STAGES = [
     "oom",
     "generate",
     "generate_static",
+    "generate_packed",
     "compile",
     "profile",
 ]
@@ -75,6 +76,10 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
     assert static["bf16_transformers_sentences_per_s"] > 0 and static["bf16_static_vs_transformers"] > 0
     assert static["graphs"] == 0 and static["capture_s"] == 0
     assert 0 <= static["bf16_static_agree_eager"] <= static["sentences"]
+    packed = stages["generate_packed"]  # generation's encoder pass packed against padded
+    assert packed["fp32_identical"] == packed["fp32_sentences"] > 0
+    assert packed["bf16_encoder_packed_ms_per_batch"] > 0 and packed["bf16_encoder_padded_ms_per_batch"] > 0
+    assert packed["bf16_encoder_max_abs_diff"] < 0.5 and 0 <= packed["bf16_agree"] <= packed["fp32_sentences"]
     # the check's batches carry the collater's layout, so the compiled step is one graph: no sync breaks it
     assert stages["compile"]["graph_breaks"] == 0, stages["compile"]["graph_break_reasons"]
     assert stages["compile"]["compiled_ms_per_step"] > 0
