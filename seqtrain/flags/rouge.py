@@ -69,6 +69,8 @@ def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
             raise SeqtrainError("--eval-rouge-args: expected a JSON object")
         args = parser.parse_args([])
         known = vars(args)
+        # switches whose default (None) the device decides: --static-decoding, --packed-encoder
+        switches = {a.dest for a in parser._actions if isinstance(a, argparse.BooleanOptionalAction)}
         for key, value in values.items():
             dest = str(key).lstrip("-").replace("-", "_")
             if dest not in known:
@@ -77,6 +79,8 @@ def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
                     f"{', '.join(sorted(known))}"
                 )
             default = known[dest]
+            if dest in switches and value is not None and not isinstance(value, bool):
+                raise SeqtrainError(f"--eval-rouge-args: {key} must be true, false or null, got {value!r}")
             if isinstance(default, bool) and not isinstance(value, bool):
                 raise SeqtrainError(f"--eval-rouge-args: {key} must be true or false, got {value!r}")
             if isinstance(default, (int, float)) and not isinstance(default, bool):

@@ -386,6 +386,12 @@ CASES = [
     ),
     ("train-config-unknown-key", "train", ["{bin}", "--config", "{config_bad}", "--cpu"], "max-tokenz"),
     (
+        "train-eval-rouge-args-switch-not-bool",
+        "train",
+        train("--eval-rouge", "--eval-rouge-args", '{{"packed_encoder": "yes"}}'),  # (braces doubled: format)
+        "--eval-rouge-args: packed_encoder must be true, false or null, got 'yes'",
+    ),
+    (
         "train-optimizer-overrides-not-json",
         "train",
         train("--optimizer-overrides", "lr=1"),
