@@ -230,7 +230,7 @@ class BartEncoder(nn.Module):
         cu_host = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
         rows = torch.nonzero_static(keep.view(-1), size=sum(lengths)).squeeze(1)
         layout = {
-            "src_tokens": src_tokens.view(-1).index_select(0, rows),
+            "src_tokens": src_tokens.reshape(-1).index_select(0, rows),
             "src_positions": make_positions(src_tokens, self.padding_idx).view(-1).index_select(0, rows),
             "src_cu_seqlens": cu_host.to(src_tokens.device, non_blocking=True),  # (kept alive: the bounds)
             "src_cu_seqlens_host": cu_host,

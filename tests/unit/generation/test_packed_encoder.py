@@ -108,6 +108,19 @@ def test_packed_encoder_output_is_the_padded_one(dtype, tol, pre_norm, left, nam
     assert not got["encoder_out"][~real].any()  # pads: zeros, which every reader masks
 
 
+def test_a_non_contiguous_batch_packs_too():
+    """src_tokens as a view (the batch's rows every other one, its first column dropped): the same output."""
+    model = model_of(3)
+    wide = batch_of([9, 3, 6, 1, 8, 4], seed=5)
+    src = wide[::2, 1:]
+    assert not src.is_contiguous()
+    with torch.no_grad():
+        got = model.encoder(src, packed=True)["encoder_out"]
+        want = model.encoder(src.contiguous(), packed=False)["encoder_out"]
+    real = src.ne(PAD)
+    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-6)
+
+
 def test_packed_positions_start_where_make_positions_starts():
     """A left-padded row's first real token gets position padding_idx + 1, as fairseq's make_positions: the
     packed rows of a row equal that row encoded alone, unpadded."""
