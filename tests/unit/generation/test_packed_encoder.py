@@ -142,13 +142,13 @@ def test_packed_positions_start_where_make_positions_starts():
 
 
 def _assert_identical(a, b, tol=0.0):
-    """The same hypotheses in the same order; scores equal (to `tol`)."""
+    """The same hypotheses in the same order; scores equal (to `tol`, absolute and relative)."""
     assert len(a) == len(b)
     for hyps_a, hyps_b in zip(a, b):
         assert [h["tokens"].tolist() for h in hyps_a] == [h["tokens"].tolist() for h in hyps_b]
         for x, y in zip(hyps_a, hyps_b):
-            assert abs(float(x["score"]) - float(y["score"])) <= tol
-            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=0, atol=tol)
+            torch.testing.assert_close(x["score"], y["score"], rtol=tol, atol=tol)
+            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=tol, atol=tol)
 
 
 def _pair(model, beam, flags, **extra):
@@ -160,7 +160,8 @@ def _pair(model, beam, flags, **extra):
     ]
 
 
-TOL = 1e-6  # fp32: the encoder outputs agree to rounding (often bit for bit)
+ENC_TOL = 1e-6  # fp32 encoder outputs: packed and padded attention sum in different orders
+TOL = 1e-5  # fp32 scores after a search of several steps on those outputs (the tokens: exactly the same)
 
 
 @pytest.mark.parametrize("static", [False, True])
@@ -232,7 +233,7 @@ def test_ensemble_encoders_run_packed():
         with torch.no_grad():
             want = member.encoder(srcs, packed=False)
         real = srcs.ne(PAD)
-        torch.testing.assert_close(out["encoder_out"][real], want["encoder_out"][real], rtol=0, atol=TOL)
+        torch.testing.assert_close(out["encoder_out"][real], want["encoder_out"][real], rtol=0, atol=ENC_TOL)
     for beam in (1, 4):
         packed, padded = _pair(ens, beam, dict(max_len_b=12, nbest=-1))
         _assert_identical(packed.generate(srcs), padded.generate(srcs), TOL)
@@ -288,7 +289,7 @@ def test_cpu_default_packs_from_the_pad_share():
         for src in (no_pads, many):
             real = src.ne(PAD)
             auto = model.encoder(src, packed=None)["encoder_out"][real]
-            torch.testing.assert_close(auto, model.encoder(src)["encoder_out"][real], rtol=0, atol=TOL)
+            torch.testing.assert_close(auto, model.encoder(src)["encoder_out"][real], rtol=0, atol=ENC_TOL)
 
 
 def test_packed_encoder_flag():
