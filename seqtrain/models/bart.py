@@ -58,7 +58,7 @@ from seqtrain.registry import ARCHS
 
 EncoderOut = dict[str, Tensor]
 # generation's encoder pass on the CPU runs packed from this share of pads up (BartEncoder.packs_by_default):
-# measured faster than padded from 20% pads for bart_small widths (bart_base from ~10%), slower below 15%
+# measured faster than padded from 20% pads for bart_small widths (bart_base from ~10%), no faster below 15%
 CPU_PACK_MIN_PAD_SHARE = 0.2
 Layout = dict[str, Any]
 
