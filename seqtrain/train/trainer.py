@@ -75,6 +75,11 @@ from seqtrain.train.precision import Bf16Compute, bf16_mode
 
 logger = logging.getLogger("seqtrain.trainer")  # the name log lines have always shown
 
+# Above this loss scale the fp16 fold into fused Adam(W) is skipped (the multiply pass runs): its divisor, scale
+# x sample size, must be an fp32 number and the scaled gradients' norm within fp32's range (2^140, as a test
+# sets, is neither; fairseq's scaler starts at 2^7 and doubles per window).
+FOLD_MAX_SCALE = 2.0**64
+
 
 def is_oom(e: BaseException, device: torch.device) -> bool:
     return device.type == "cuda" and (isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e))
@@ -396,7 +401,12 @@ class Trainer:
         # the loss scale in one pass (a zero sample size is caught below, before the optimizer step).
         scale = self.scaler.loss_scale if self.scaler is not None else 1.0
         # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
-        if self.scaler is not None and not self.is_fsdp and self.optimizer.folds_grad_scale:
+        if (
+            self.scaler is not None
+            and not self.is_fsdp
+            and self.optimizer.folds_grad_scale
+            and scale <= FOLD_MAX_SCALE
+        ):
             # fp16 with fused Adam(W): no pass over the gradients here; the fused kernel divides them by the
             # loss scale and the sample size (the clip coefficient folded in) as it steps (docs/training.md)
             if sizes_on_host:  # (a fill on the device: no host-to-device copy)
