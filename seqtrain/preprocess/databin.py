@@ -442,9 +442,9 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     # in destdir (same filesystem: the final moves are renames); removed at the end, also on SIGTERM, and
     # left-overs of killed runs are removed first
     cleanup = contextlib.ExitStack()
-    work = cleanup.enter_context(work_folder(destdir, "preprocess"))
     ok = False
-    try:
+    try:  # (the work folder entered inside: a signal while it is made gets the line below and the clean-up)
+        work = cleanup.enter_context(work_folder(destdir, "preprocess"))
         if args.jsonl:
             preprocess_jsonl.extract_splits(args, splits, languages(args), work)
         spec = make_tokenizer(args, train, work).spec()

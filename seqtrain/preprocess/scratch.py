@@ -85,17 +85,22 @@ def work_folder(folder: str, tag: str) -> Iterator[str]:
     """A fresh work folder in `folder` (same filesystem: its files can be renamed into place), removed at the
     end, on an error, on Ctrl-C and on SIGTERM (which raises seqtrain.errors.Stopped: exit code 143)."""
     remove_stale(folder, tag)
-    try:
-        path = tempfile.mkdtemp(prefix=f".{tag}-{os.getpid()}@{socket.gethostname()}.", dir=folder)
-    except OSError as e:
-        raise SeqtrainError(
-            f"{folder}: cannot write there ({e.strerror}); choose a writable folder"
-        ) from None
     main = threading.current_thread() is threading.main_thread()
+    # The handler is in place before the folder exists, and a signal that arrives while it is being made acts
+    # once `path` is known, inside the try below (a SIGTERM between the two used to leave the folder behind).
     previous = signal.signal(signal.SIGTERM, _terminate) if main else None
+    path: str | None = None
     try:
+        with signals_deferred():
+            try:
+                path = tempfile.mkdtemp(prefix=f".{tag}-{os.getpid()}@{socket.gethostname()}.", dir=folder)
+            except OSError as e:
+                raise SeqtrainError(
+                    f"{folder}: cannot write there ({e.strerror}); choose a writable folder"
+                ) from None
         yield path
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        if path is not None:
+            shutil.rmtree(path, ignore_errors=True)
         if main:
             signal.signal(signal.SIGTERM, previous)
