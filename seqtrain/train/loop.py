@@ -490,7 +490,9 @@ class TrainLoop:
                     break
                 trainer.valid_step(sample)
                 if self.rouge is not None and sample:
-                    self.rouge.add_batch(trainer.compute_model, trainer.prepare_sample(sample), trainer.autocast)
+                    self.rouge.add_batch(
+                        trainer.compute_model, trainer.prepare_sample(sample), trainer.autocast
+                    )
             if self.rouge is not None:
                 if args.distributed_world_size > 1:  # score every rank's pairs, so all ranks agree on "best"
                     self.rouge.hypotheses, self.rouge.references = distributed.all_gather_lists(
