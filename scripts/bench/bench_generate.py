@@ -266,8 +266,10 @@ class Settings(argparse.Namespace):
     max_len_b: int
 
 
-def seqtrain_decode(model: BARTModel, batch: list[list[int]], s: Settings, d: Dictionary) -> list[list[int]]:
-    gen = SequenceGenerator(
+def make_generator(model: Any, d: Dictionary, s: Settings, **extra: Any) -> SequenceGenerator:
+    """seqtrain's beam search with these settings (best hypothesis only); `extra`: more SequenceGenerator
+    arguments (static_decoding, packed_encoder). Shared by bench_packed_encoder.py and the GPU check."""
+    return SequenceGenerator(
         model,
         d,
         beam_size=s.beam,
@@ -276,7 +278,12 @@ def seqtrain_decode(model: BARTModel, batch: list[list[int]], s: Settings, d: Di
         min_len=s.min_len,
         len_penalty=s.lenpen,
         no_repeat_ngram_size=s.no_repeat_ngram_size,
+        **extra,
     )
+
+
+def seqtrain_decode(model: BARTModel, batch: list[list[int]], s: Settings, d: Dictionary) -> list[list[int]]:
+    gen = make_generator(model, d, s)
     return [h[0]["tokens"].tolist() for h in gen.generate(pad_batch(batch, left=True))]
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, HERE)
 
 import bench_generate as bg  # noqa: E402  (scripts/bench/bench_generate.py: data, weights, settings)
 
-from seqtrain.generation.sequence_generator import SequenceGenerator, encode  # noqa: E402
+from seqtrain.generation.sequence_generator import encode  # noqa: E402
 from seqtrain.models.bart import BARTModel  # noqa: E402
 
 SIDES = ("packed", "padded")
@@ -105,17 +105,7 @@ def run_encoder(model: BARTModel, batch: torch.Tensor, packed: bool) -> torch.Te
 
 def run_generate(s: Any, d: Any) -> Any:
     def run(model: BARTModel, batch: torch.Tensor, packed: bool) -> list[tuple[list[int], float]]:
-        gen = SequenceGenerator(
-            model,
-            d,
-            beam_size=s.beam,
-            nbest=1,
-            max_len_b=s.max_len_b,
-            min_len=s.min_len,
-            len_penalty=s.lenpen,
-            no_repeat_ngram_size=s.no_repeat_ngram_size,
-            packed_encoder=packed,
-        )
+        gen = bg.make_generator(model, d, s, packed_encoder=packed)
         return [(h[0]["tokens"].tolist(), float(h[0]["score"])) for h in gen.generate(batch)]
 
     return run

@@ -467,19 +467,7 @@ def _ours_decoder(
     and graphs across batches), and the generator."""
     import bench_generate as bg
 
-    from seqtrain.generation.sequence_generator import SequenceGenerator
-
-    gen = SequenceGenerator(
-        ours,
-        d,
-        beam_size=s.beam,
-        nbest=1,
-        max_len_b=s.max_len_b,
-        min_len=s.min_len,
-        len_penalty=s.lenpen,
-        no_repeat_ngram_size=s.no_repeat_ngram_size,
-        static_decoding=static,
-    )
+    gen = bg.make_generator(ours, d, s, static_decoding=static)
 
     def decode(batch: list[list[int]]) -> list[list[int]]:
         return [
