@@ -28,14 +28,13 @@ from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.search import Sampling
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, encode
-from seqtrain.models.bart import CPU_PACK_MIN_PAD_SHARE, BartConfig, BARTModel
+from seqtrain.models.bart import CPU_PACK_MIN_PAD_SHARE, BARTModel
 from tests.unit.generation.test_sequence_generator import (
     EOS,
     PAD,
     Dict4,
     V,
     left_pad,
-    peaked_init_,
     sources,
     tiny_model,
 )
@@ -48,27 +47,9 @@ def model_of(seed: int = 0, dtype: torch.dtype = torch.float32, pre_norm: bool =
     """A tiny BART (peaked weights, as the generator tests'); `pre_norm`: mBART's layout."""
     if not pre_norm:
         return tiny_model(seed).to(dtype)
-    torch.manual_seed(seed)
-    cfg = BartConfig(
-        vocab_size=V,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_embed_dim=32,
-        decoder_embed_dim=32,
-        encoder_ffn_embed_dim=64,
-        decoder_ffn_embed_dim=64,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        max_source_positions=64,
-        max_target_positions=64,
-        dropout=0.0,
-        encoder_normalize_before=True,
-        decoder_normalize_before=True,
-    )
-    m = BARTModel(cfg, padding_idx=PAD)
-    peaked_init_(m.named_parameters())
+    m = tiny_model(seed, scale_eos=False, encoder_normalize_before=True, decoder_normalize_before=True)
     assert m.encoder.layer_norm is not None
-    return m.to(dtype).eval()
+    return m.to(dtype)
 
 
 def batch_of(lengths: list[int], seed: int = 0, left: bool = True) -> torch.Tensor:

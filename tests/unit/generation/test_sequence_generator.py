@@ -49,7 +49,9 @@ def peaked_init_(named_params, eos_row_scale=3.0):
                 p.normal_(0.0, p.size(1) ** -0.5)
 
 
-def tiny_model(seed=0, max_pos=64):
+def tiny_model(seed=0, max_pos=64, scale_eos=True, **config):
+    """A tiny BART with peaked weights; `config`: more BartConfig fields (pre-norm, ...); `scale_eos`: the EOS
+    embedding row scaled up, so hypotheses end at varied lengths."""
     torch.manual_seed(seed)
     m = BARTModel(
         BartConfig(
@@ -65,12 +67,14 @@ def tiny_model(seed=0, max_pos=64):
             max_source_positions=max_pos,
             max_target_positions=max_pos,
             dropout=0.0,
+            **config,
         ),
         padding_idx=PAD,
     )
     peaked_init_(m.named_parameters())
-    with torch.no_grad():
-        m.encoder.embed_tokens.weight[EOS] *= 3.0
+    if scale_eos:
+        with torch.no_grad():
+            m.encoder.embed_tokens.weight[EOS] *= 3.0
     return m.eval()
 
 
