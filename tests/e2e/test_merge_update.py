@@ -14,7 +14,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsers
 from seqtrain.train.loop import check_args
 from seqtrain_cli.train import train_main
-from tests.utils import base_args
+from tests.utils import FP32, base_args
 
 FLAGS = ["--dropout", "0", "--attention-dropout", "0", "--update-freq", "2", "--max-update", "4"]
 FLAGS += ["--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "1"]
@@ -53,7 +53,7 @@ def test_training_with_merged_updates_equals_accumulation(databin, tmp_path):
         assert lb["loss"] == pytest.approx(la["loss"], abs=1.5e-3)  # as logged (3 decimals)
     changed = 0
     for k, v in a["model"].items():
-        torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-5, msg=k)  # 4 Adam updates
+        torch.testing.assert_close(b["model"][k], v, **FP32, msg=k)  # 4 Adam updates
         changed += not torch.equal(b["model"][k], v)
     assert changed  # another summation order: not bit for bit, so the merge did run
 

@@ -9,6 +9,7 @@ from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import export_hf
 from seqtrain.checkpoint.load import load_model
+from tests.utils import FP32
 
 
 def test_fixture_checkpoint_loads_safely(fairseq_tiny):
@@ -30,7 +31,7 @@ def test_fixture_logits_match_fairseq(fairseq_tiny):
         for ref in refs:
             out, _ = lm.model(ref["src_tokens"], ref["src_lengths"], ref["prev_output_tokens"])
             assert out.shape == ref["logits"].shape
-            torch.testing.assert_close(out, ref["logits"], rtol=0, atol=1e-5)
+            torch.testing.assert_close(out, ref["logits"], **FP32)
 
 
 @pytest.mark.slow
@@ -44,4 +45,4 @@ def test_fixture_exported_to_hf_matches_fairseq(fairseq_tiny, tmp_path):
     ]  # one example, no padding
     with torch.no_grad():
         out = hf(input_ids=ref["src_tokens"], decoder_input_ids=ref["prev_output_tokens"]).logits
-    torch.testing.assert_close(out, ref["logits"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out, ref["logits"], **FP32)

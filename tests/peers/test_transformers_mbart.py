@@ -20,6 +20,7 @@ from seqtrain.checkpoint.load import LoadedModel, load_model
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.models.bart import build_model
 from seqtrain.registry import ARCHS
+from tests.utils import FP32
 
 transformers = pytest.importorskip("transformers")
 
@@ -89,8 +90,8 @@ def check_same(model, hf, vocab):
     ref = hf_logits(hf, src, prev)
     full, steps = ours_logits(model, src, prev)
     assert ref.abs().max() > 0.1
-    torch.testing.assert_close(full[real], ref[real], atol=1e-5, rtol=0)
-    torch.testing.assert_close(steps[real], ref[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(full[real], ref[real], **FP32)
+    torch.testing.assert_close(steps[real], ref[real], **FP32)
 
 
 def test_hf_mbart_folder_imports_with_its_logits(tmp_path):
@@ -210,7 +211,7 @@ def test_fairseq_mbart_checkpoint_imports(tmp_path):
     real = prev.ne(PAD)
     assert len(lm.tgt_dict) == len(d)  # the 3 rows beyond dict.txt kept for [en_XX] [ro_RO] <mask>
     torch.testing.assert_close(got[real], want[real], atol=0, rtol=0)
-    torch.testing.assert_close(steps[real], want[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(steps[real], want[real], **FP32)
     export_fairseq(lm, str(tmp_path / "out" / "model.pt"))
     written = load_checkpoint_file(str(tmp_path / "out" / "model.pt"))
     assert written["args"].arch == "mbart_large" and written["args"].langs == "en_XX,ro_RO"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from seqtrain.models.bart import BartConfig, BARTModel
+from tests.utils import FP32
 
 transformers = pytest.importorskip("transformers")
 
@@ -111,7 +112,7 @@ def check(hf, ours, vocab, src_lengths, tgt_lengths):
         ref = hf(input_ids=src, attention_mask=src.ne(PAD).long(), decoder_input_ids=prev).logits
         full, _ = ours(src, None, prev)
         assert full.shape == ref.shape
-        torch.testing.assert_close(full[real], ref[real], atol=1e-5, rtol=0)
+        torch.testing.assert_close(full[real], ref[real], **FP32)
 
         enc = ours.encoder(src, None)
         state = {}
@@ -119,7 +120,7 @@ def check(hf, ours, vocab, src_lengths, tgt_lengths):
             [ours.decoder(prev[:, :t], enc, incremental_state=state)[0] for t in range(1, prev.size(1) + 1)],
             dim=1,
         )
-        torch.testing.assert_close(steps[real], ref[real], atol=1e-5, rtol=0)
+        torch.testing.assert_close(steps[real], ref[real], **FP32)
     return ref
 
 
@@ -155,4 +156,4 @@ def test_parity_prenorm_against_mbart():
     src = padded([9, 5, 2, 9], 64, seed=1, last=EOS)
     prev = padded([4, 7, 1, 6], 64, seed=2, first=EOS)
     real = prev.ne(PAD)
-    torch.testing.assert_close(ours(src, None, prev)[0][real], ref[real], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours(src, None, prev)[0][real], ref[real], **FP32)

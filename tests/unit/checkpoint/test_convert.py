@@ -13,6 +13,7 @@ from seqtrain.checkpoint.load import load_model
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.models.bart import build_model
 from seqtrain_cli.convert import cli_main
+from tests.utils import FP32
 
 
 def make_dict(n_words: int) -> Dictionary:
@@ -91,12 +92,12 @@ def test_to_hf_loads_in_transformers_with_same_logits(tmp_path, fairseq_ckpt):
         ref = model(src, src.ne(1).sum(1), prev)[0]
         got = hf(input_ids=src, attention_mask=src.ne(1).long(), decoder_input_ids=prev).logits
     mask = prev.ne(1)
-    torch.testing.assert_close(got[mask], ref[mask], rtol=0, atol=1e-5)
+    torch.testing.assert_close(got[mask], ref[mask], **FP32)
     # and back: HF folder -> seqtrain model with the same logits
     back = load_model(str(out))
     with torch.no_grad():
         again = back.model(src, src.ne(1).sum(1), prev)[0]
-    torch.testing.assert_close(again[mask], ref[mask], rtol=0, atol=1e-5)
+    torch.testing.assert_close(again[mask], ref[mask], **FP32)
 
 
 def test_to_fairseq_and_seqtrain_round_trip(tmp_path, fairseq_ckpt):

@@ -19,6 +19,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
 from seqtrain.models.resize import resize_embeddings
+from tests.utils import FP32
 
 
 def make_dict(n_words: int) -> Dictionary:
@@ -348,7 +349,7 @@ def test_checkpoint_with_more_rows_than_dictionary_loads_truncated(tmp_path):
     src, lengths, prev = batch(len(small_d))
     # truncating rows only removes vocabulary columns: the kept logits are unchanged
     torch.testing.assert_close(
-        logits(lm.model, src, lengths, prev), logits(model, src, lengths, prev)[..., :24], rtol=0, atol=1e-6
+        logits(lm.model, src, lengths, prev), logits(model, src, lengths, prev)[..., :24], **FP32
     )
 
 
@@ -431,7 +432,7 @@ def test_hf_import_matches_transformers(tmp_path, transformers, layout):
     assert lm.format == "hf" and len(lm.tgt_dict) == 40 and lm.args.prepend_bos is True
     out = logits(lm.model, src, src.ne(1).sum(1), prev)
     mask = prev.ne(1)  # pad positions of the decoder input are not compared
-    torch.testing.assert_close(out[mask], ref[mask], rtol=0, atol=1e-5)
+    torch.testing.assert_close(out[mask], ref[mask], **FP32)
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ from seqtrain.generation.generate import generate
 from seqtrain.models.bart import build_model
 from seqtrain_cli.convert import main as convert_main
 from seqtrain_cli.train import train_main
-from tests.utils import base_args
+from tests.utils import FP32, base_args
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("huggingface_hub")
@@ -137,11 +137,11 @@ def test_hf_folder_by_name_and_revision_matches_transformers(offline):
         (cache / "models--org--tiny-bart" / "snapshots" / SHA_MAIN).resolve()
     )
     got, ref = hf_logits(made["main"], lm.model)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, ref, **FP32)
     # the tag: another model; its snapshot also holds a pytorch_model.bin of other weights, and safetensors wins
     for name in ("org/tiny-bart@v1", f"org/tiny-bart@{SHA_V1}"):
         got, ref = hf_logits(made["v1"], load_model(name).model)
-        torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(got, ref, **FP32)
 
 
 def test_hf_home_gives_the_cache_when_hf_hub_cache_is_unset(hub, tmp_path, monkeypatch):
@@ -152,7 +152,7 @@ def test_hf_home_gives_the_cache_when_hf_hub_cache_is_unset(hub, tmp_path, monke
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert hub_cache_dir() == str(tmp_path / "hub")
     got, ref = hf_logits(made["main"], load_model("org/tiny-bart").model)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, ref, **FP32)
 
 
 def test_a_local_path_wins_over_the_hub_name(offline, tmp_path, monkeypatch):
@@ -160,7 +160,7 @@ def test_a_local_path_wins_over_the_hub_name(offline, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tiny_hf_bart(5).save_pretrained(tmp_path / "org" / "tiny-bart")
     got, ref = hf_logits(tiny_hf_bart(5), load_model("org/tiny-bart").model)
-    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, ref, **FP32)
     got, ref = hf_logits(made["main"], load_model("org/tiny-bart").model)
     assert not torch.allclose(got, ref)
 
@@ -196,7 +196,7 @@ def test_summarizer_and_convert_take_hub_names(offline, tmp_path):
     out = tmp_path / "converted.pt"
     convert_main(["org/tiny-bart@v1", str(out), "--to", "seqtrain"])
     got, want = hf_logits(made["v1"], load_model(str(out)).model)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, want, **FP32)
 
 
 @pytest.mark.slow

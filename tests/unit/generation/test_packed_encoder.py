@@ -39,6 +39,7 @@ from tests.unit.generation.test_sequence_generator import (
     tiny_model,
 )
 from tests.unit.generation.test_static_decoding import FLAGS, RowwiseModel, _prefix
+from tests.utils import FP32
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -72,7 +73,7 @@ BATCHES = {
 # ------------------------------------------------------------------ (a) the encoder
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, {"rtol": 0, "atol": 1e-12}), (torch.float32, FP32)])
 @pytest.mark.parametrize("pre_norm", [False, True])
 @pytest.mark.parametrize("left", [True, False])
 @pytest.mark.parametrize("name", sorted(BATCHES))
@@ -85,7 +86,7 @@ def test_packed_encoder_output_is_the_padded_one(dtype, tol, pre_norm, left, nam
     real = src.ne(PAD)
     assert torch.equal(got["encoder_padding_mask"], want["encoder_padding_mask"])
     assert got["encoder_out"].shape == want["encoder_out"].shape and got["encoder_out"].dtype == dtype
-    torch.testing.assert_close(got["encoder_out"][real], want["encoder_out"][real], rtol=0, atol=tol)
+    torch.testing.assert_close(got["encoder_out"][real], want["encoder_out"][real], **tol)
     assert not got["encoder_out"][~real].any()  # pads: zeros, which every reader masks
 
 
@@ -99,7 +100,7 @@ def test_a_non_contiguous_batch_packs_too():
         got = model.encoder(src, packed=True)["encoder_out"]
         want = model.encoder(src.contiguous(), packed=False)["encoder_out"]
     real = src.ne(PAD)
-    torch.testing.assert_close(got[real], want[real], rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[real], want[real], **FP32)
 
 
 def test_packed_positions_start_where_make_positions_starts():
@@ -114,8 +115,7 @@ def test_packed_positions_start_where_make_positions_starts():
             torch.testing.assert_close(
                 out[i][src[i].ne(PAD)],
                 model.encoder(alone, packed=False)["encoder_out"][0],
-                rtol=0,
-                atol=1e-6,
+                **FP32,
             )
 
 
@@ -141,7 +141,6 @@ def _pair(model, beam, flags, **extra):
     ]
 
 
-ENC_TOL = 1e-6  # fp32 encoder outputs: packed and padded attention sum in different orders
 TOL = 1e-5  # fp32 scores after a search of several steps on those outputs (the tokens: exactly the same)
 
 
@@ -214,7 +213,7 @@ def test_ensemble_encoders_run_packed():
         with torch.no_grad():
             want = member.encoder(srcs, packed=False)
         real = srcs.ne(PAD)
-        torch.testing.assert_close(out["encoder_out"][real], want["encoder_out"][real], rtol=0, atol=ENC_TOL)
+        torch.testing.assert_close(out["encoder_out"][real], want["encoder_out"][real], **FP32)
     for beam in (1, 4):
         packed, padded = _pair(ens, beam, dict(max_len_b=12, nbest=-1))
         _assert_identical(packed.generate(srcs), padded.generate(srcs), TOL)
@@ -241,8 +240,10 @@ def test_score_reference_is_the_padded_encoders(ensemble):
     want = SequenceScorer(model, Dict4(), packed_encoder=False).score_batch(sample)
     for (ia, [a]), (ib, [b]) in zip(got, want):
         assert ia == ib and torch.equal(a["tokens"], b["tokens"])
-        torch.testing.assert_close(a["positional_scores"], b["positional_scores"], rtol=0, atol=TOL)
-        torch.testing.assert_close(a["score"], b["score"], rtol=0, atol=TOL)
+        torch.testing.assert_close(
+            a["positional_scores"], b["positional_scores"], rtol=FP32["rtol"], atol=TOL
+        )
+        torch.testing.assert_close(a["score"], b["score"], rtol=FP32["rtol"], atol=TOL)
 
 
 def test_an_encoder_without_the_packed_pass_runs_as_before():
@@ -270,7 +271,7 @@ def test_cpu_default_packs_from_the_pad_share():
         for src in (no_pads, many):
             real = src.ne(PAD)
             auto = model.encoder(src, packed=None)["encoder_out"][real]
-            torch.testing.assert_close(auto, model.encoder(src)["encoder_out"][real], rtol=0, atol=ENC_TOL)
+            torch.testing.assert_close(auto, model.encoder(src)["encoder_out"][real], **FP32)
 
 
 def test_packed_encoder_flag():

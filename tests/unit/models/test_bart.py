@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import BartConfig, BARTModel, add_args, build_model
 from seqtrain.registry import ARCHS
+from tests.utils import FP32
 
 PAD, EOS = 1, 2
 
@@ -99,7 +100,7 @@ def test_matches_fairseq_reference_forward(fairseq_tiny):
         for entry in ref:
             logits, _ = model(entry["src_tokens"], entry["src_lengths"], entry["prev_output_tokens"])
             assert logits.shape == entry["logits"].shape
-            torch.testing.assert_close(logits, entry["logits"], atol=1e-5, rtol=0)
+            torch.testing.assert_close(logits, entry["logits"], **FP32)
 
 
 def test_incremental_matches_fairseq_reference(fairseq_tiny):
@@ -112,7 +113,7 @@ def test_incremental_matches_fairseq_reference(fairseq_tiny):
         for t in range(1, prev.size(1) + 1):
             step, _ = model.decoder(prev[:, :t], enc, incremental_state=state)
             assert step.shape == (prev.size(0), 1, entry["logits"].size(-1))
-            torch.testing.assert_close(step[:, 0], entry["logits"][:, t - 1], atol=1e-5, rtol=0)
+            torch.testing.assert_close(step[:, 0], entry["logits"][:, t - 1], **FP32)
 
 
 # ---------------------------------------------------------------- names, init
@@ -181,7 +182,7 @@ def test_left_padded_row_equals_unpadded_row():
         batch, _ = m(src, None, prev)
         for i, n in enumerate([9, 4, 6]):
             single, _ = m(src[i : i + 1, -n:], None, prev[i : i + 1])
-            torch.testing.assert_close(batch[i : i + 1], single, atol=1e-5, rtol=0)
+            torch.testing.assert_close(batch[i : i + 1], single, **FP32)
 
 
 def test_right_padded_decoder_rows_and_no_nan_at_pads():
@@ -192,7 +193,7 @@ def test_right_padded_decoder_rows_and_no_nan_at_pads():
         logits, extra = m(src, None, prev)
         short, _ = m(src[1:], None, prev[1:, :3])
     assert torch.isfinite(logits).all()
-    torch.testing.assert_close(logits[1:, :3], short, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[1:, :3], short, **FP32)
     assert len(extra["inner_states"]) == 3
 
 
@@ -205,7 +206,7 @@ def test_features_only_and_output_layer_on_selected_rows():
         keep = prev.ne(PAD)
         sel = m.output_layer(x[keep])
     assert x.shape == (2, 6, 32) and sel.shape == (8, 50)
-    torch.testing.assert_close(sel, logits[keep], atol=1e-6, rtol=0)
+    torch.testing.assert_close(sel, logits[keep], **FP32)
     lp = m.get_normalized_probs((logits, None), log_probs=True)
     torch.testing.assert_close(lp.exp().sum(-1), torch.ones(2, 6))
 
@@ -225,7 +226,7 @@ def test_incremental_equals_full_forward():
         enc = m.encoder(src, None)
         state = {}
         inc = _steps(m, enc, prev, state, 1, 6)
-    torch.testing.assert_close(inc, full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(inc, full, **FP32)
     # keys and values of the 6 decoded positions, time-major: T x B x 2 x H x d
     assert state["layers.0.self_attn"]["kv"].shape == (6, 3, 2, 4, 8)
     with pytest.raises(ValueError, match="holds 6 steps"):
@@ -253,7 +254,7 @@ def test_decoding_cache_grows_past_its_capacity_and_reorders_between_steps():
             out = m.decoder(prev[:, :t], enc, incremental_state=state)[0]
             buffers.add(state["layers.0.self_attn"]["kv_buf"].numel())
             full, _ = m(src, None, prev[:, :t])
-            torch.testing.assert_close(out[:, -1], full[:, -1], atol=1e-5, rtol=0)
+            torch.testing.assert_close(out[:, -1], full[:, -1], **FP32)
     assert state["layers.0.self_attn"]["kv"].shape == (40, 4, 2, 4, 8)
     assert len(buffers) >= 3  # grown twice: 16 -> 32 -> 64 positions
 
@@ -310,7 +311,7 @@ def test_beam_folded_incremental_reorder_and_drop():
         k = 3
         inc = _steps(m, enc, prev, state, 1, k)
         full, _ = m(src.repeat_interleave(beam, 0), None, prev)  # reference: encoder repeated per beam
-        torch.testing.assert_close(inc, full[:, :k], atol=1e-5, rtol=0)
+        torch.testing.assert_close(inc, full[:, :k], **FP32)
         # keys/values of the encoder are kept once per sentence, not per beam
         assert state["layers.1.encoder_attn"]["k"].shape[0] == bsz
         assert state["layers.1.self_attn"]["kv"].shape[1] == bsz * beam
@@ -322,7 +323,7 @@ def test_beam_folded_incremental_reorder_and_drop():
         prev2 = torch.cat([prev[new_order, :k], prev[:, k:]], dim=1)  # new continuations after the reorder
         inc2 = _steps(m, enc, prev2, state, k + 1, k + 2)
         full2, _ = m(src.repeat_interleave(beam, 0), None, prev2)
-        torch.testing.assert_close(inc2, full2[:, k : k + 2], atol=1e-5, rtol=0)
+        torch.testing.assert_close(inc2, full2[:, k : k + 2], **FP32)
 
         # sentence 1 finishes: keep sentences 2 and 0, in that order
         encoder_order = torch.tensor([2, 0])
@@ -332,7 +333,7 @@ def test_beam_folded_incremental_reorder_and_drop():
         prev3 = prev2[new_order]
         inc3 = _steps(m, enc3, prev3, state, k + 3, T)
         full3, _ = m(src[encoder_order].repeat_interleave(beam, 0), None, prev3)
-        torch.testing.assert_close(inc3, full3[:, k + 2 :], atol=1e-5, rtol=0)
+        torch.testing.assert_close(inc3, full3[:, k + 2 :], **FP32)
         assert state["layers.0.encoder_attn"]["k"].shape[0] == 2
         assert torch.equal(enc3["encoder_padding_mask"], src[encoder_order].eq(PAD))
 
@@ -345,7 +346,7 @@ def test_full_forward_with_beam_folded_batch():
         enc = m.encoder(src, None)
         folded, _ = m.decoder(prev, enc)
         full, _ = m(src.repeat_interleave(beam, 0), None, prev)
-    torch.testing.assert_close(folded, full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(folded, full, **FP32)
 
 
 def test_checkpoint_activations_same_gradients(monkeypatch):

@@ -15,6 +15,7 @@ from seqtrain.models.varlen import (
     varlen_attention,
     varlen_attention_op,
 )
+from tests.utils import FP32
 
 LENGTHS_Q, LENGTHS_K = [5, 1, 3, 7], [4, 6, 1, 7]
 
@@ -257,4 +258,4 @@ def test_the_cpu_reference_is_bitwise_repeatable_in_deterministic_mode():
     for a, b in zip(grads[1], grads[2]):
         assert torch.equal(a, b)
     for a, b in zip(grads[0], grads[1]):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        torch.testing.assert_close(a, b, **FP32)
