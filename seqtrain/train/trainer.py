@@ -43,9 +43,10 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
-from seqtrain.checkpoint.adapters import BASE_KEY, adapter_state, base_record
+from seqtrain.checkpoint.adapters import adapter_state, base_record
 from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file, strip_wrapper_prefix
 from seqtrain.checkpoint.native import make_checkpoint_state
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import from_args
 from seqtrain.cuda import nondeterministic_error, set_cuda_kernels, set_deterministic
 from seqtrain.data.iterators import spare_data_workers
@@ -567,24 +568,9 @@ class Trainer:
         return stats
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def state_dict(self, extra_state: dict[str, Any], with_optimizer: bool = True) -> dict[str, Any]:
-        extra = dict(extra_state)
-        extra.update(
-            {
-                "num_updates": self.num_updates,
-                "meters": {
-                    "train": self.meters["train"].state_dict(),
-                    "train_inner": self.meters["train_inner"].state_dict(),
-                },
-                "rng": rng_state(),
-                "train_wall": self.cumulative_training_time(),
-                "previous_training_time": self.cumulative_training_time(),
-            }
-        )
-        if self.ema is not None:  # fairseq's keys: extra_state["ema"] (and "ema_fp32_params")
-            extra.update(self.ema.state_dict())
-        if self.auto_max_tokens is not None:
-            extra["auto_max_tokens"] = self.auto_max_tokens
+    def state_dict(self, position: TrainState | None = None, with_optimizer: bool = True) -> dict[str, Any]:
+        """The checkpoint dict: the weights and, over `position` (the CheckpointManager's data position and
+        validation record), the Trainer's training state."""
         model_state = distributed.model_state_dict(self.model)
         if self.save_adapters_only:  # the frozen base stays in its own file (seqtrain.checkpoint.adapters)
             if self.lora_base is None:
@@ -593,29 +579,44 @@ class Trainer:
                     "--finetune-from-model (or --restore-file)"
                 )
             model_state = adapter_state(model_state)
-        state = make_checkpoint_state(
+        return make_checkpoint_state(
             self.args,
             model_state,
             self.task.src_dict,
             self.task.tgt_dict,
             getattr(self.task, "tokenizer_spec", None),
-            optimizer=distributed.optimizer_state_dict(self.model, self.optimizer.optimizer)
-            if with_optimizer
-            else None,
-            lr_scheduler=self.lr_scheduler.state_dict() if with_optimizer else None,
-            loss_scaler=self.scaler.state_dict() if self.scaler is not None and with_optimizer else None,
-            extra_state=extra,
+            training=self.train_state(position or TrainState(), with_optimizer),
         )
-        if self.save_adapters_only:
-            state[BASE_KEY] = dict(self.lora_base)
+
+    def train_state(self, position: TrainState, with_optimizer: bool) -> TrainState:
+        """`position` with the Trainer's own state added: what a resume needs besides the weights."""
+        seconds = self.cumulative_training_time()
+        state = position.replace(
+            num_updates=self.num_updates,
+            meters={
+                "train": self.meters["train"].state_dict(),
+                "train_inner": self.meters["train_inner"].state_dict(),
+            },
+            rng=rng_state(),
+            train_wall=seconds,
+            previous_training_time=seconds,
+            auto_max_tokens=self.auto_max_tokens,
+            lora_base=dict(self.lora_base) if self.save_adapters_only else None,
+        )
+        if self.ema is not None:
+            state.ema, state.ema_counter, state.ema_fp32_params = self.ema.state()
+        if with_optimizer:
+            state.optimizer = distributed.optimizer_state_dict(self.model, self.optimizer.optimizer)
+            state.lr_scheduler = self.lr_scheduler.state_dict()
+            state.loss_scaler = self.scaler.state_dict() if self.scaler is not None else None
         return state
 
-    def save_checkpoint(self, path: str, extra_state: dict[str, Any], with_optimizer: bool = True) -> None:
+    def save_checkpoint(self, path: str, position: TrainState, with_optimizer: bool = True) -> None:
         """Rank 0 writes; under FSDP every rank must call this (gathering the full state is a collective)."""
         master = distributed.get_rank() == 0
         if not (master or self.is_fsdp):
             return
-        state = self.state_dict(extra_state, with_optimizer)
+        state = self.state_dict(position, with_optimizer)
         if master:
             save_checkpoint_file(state, path)
 
@@ -639,7 +640,9 @@ class Trainer:
         if getattr(contents, "mapped", None) is not None:  # the copy into the model reads the mapping
             check_still_mapped(*contents.mapped)
         self._load_model_state(contents.model, where)
-        self._note_base((getattr(contents, "state", None) or {}).get(BASE_KEY), where, contents.model)
+        self._note_base(
+            TrainState.from_dict(getattr(contents, "state", None)).lora_base, where, contents.model
+        )
         if self.ema is not None:  # the EMA follows the weights training starts from
             self.ema = self._new_ema()
 
@@ -657,73 +660,72 @@ class Trainer:
         reset_lr_scheduler: bool = False,
         reset_meters: bool = False,
         optimizer_overrides: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Restore a seqtrain checkpoint dict; returns its extra_state."""
+    ) -> TrainState:
+        """Restore a seqtrain checkpoint dict; returns its training state (for the data position and the
+        CheckpointManager's record)."""
+        saved = TrainState.from_dict(state)
         self._load_model_state(state["model"], where)
-        self._note_base(state.get(BASE_KEY), where, state["model"])
-        extra = dict(state.get("extra_state") or {})
-        saved_args = state.get("args") or {}
-        if not reset_optimizer and state.get("optimizer") is None:
+        self._note_base(saved.lora_base, where, state["model"])
+        if not reset_optimizer and saved.optimizer is None:
             logger.info(
                 f"{where} has no optimizer state (--no-save-optimizer-state): starting a fresh optimizer"
             )
             reset_optimizer = True
-        if not reset_optimizer:
-            saved_opt = saved_args.get("optimizer")
-            if saved_opt is not None and saved_opt != self.cfg.optimizer:
-                raise SeqtrainError(
-                    f"{where} was trained with --optimizer {saved_opt}, this run uses {self.cfg.optimizer}; "
-                    "pass --reset-optimizer to start the new optimizer fresh"
-                )
-            try:
-                if self.is_fsdp:  # each rank keeps its shard of the full saved state
-                    distributed.load_optimizer_state_dict(
-                        self.model, self.optimizer.optimizer, state["optimizer"]
-                    )
-                    overrides = check_optimizer_overrides(
-                        optimizer_overrides or {}, self.optimizer.param_groups[0]
-                    )
-                    for group in self.optimizer.param_groups:
-                        group.update(overrides)
-                else:
-                    self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
-            except (ValueError, KeyError) as e:
-                raise SeqtrainError(
-                    f"{where}: optimizer state does not fit this model/optimizer ({e}); "
-                    "pass --reset-optimizer"
-                ) from None
-            if not reset_lr_scheduler and state.get("lr_scheduler") is not None:
-                self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-            if self.scaler is not None and state.get("loss_scaler") is not None:
-                self.scaler.load_state_dict(state["loss_scaler"])
-            self.num_updates = int(extra.get("num_updates", 0))
-        else:
+        if reset_optimizer:
             self.num_updates = 0
+        else:
+            self._load_optimizer(
+                saved, (state.get("args") or {}).get("optimizer"), where, optimizer_overrides
+            )
+            if not reset_lr_scheduler and saved.lr_scheduler is not None:
+                self.lr_scheduler.load_state_dict(saved.lr_scheduler)
+            if self.scaler is not None and saved.loss_scaler is not None:
+                self.scaler.load_state_dict(saved.loss_scaler)
+            self.num_updates = int(saved.num_updates or 0)
         self.lr_step_update()
-        if not reset_meters and "meters" in extra:
-            meters = extra["meters"]
-            self.meters["train"].load_state_dict(meters["train"])
-            self.meters["train_inner"].load_state_dict(meters["train_inner"])
-            self.previous_training_time = float(extra.get("previous_training_time", 0.0))
+        if not reset_meters and saved.meters is not None:
+            self.meters["train"].load_state_dict(saved.meters["train"])
+            self.meters["train_inner"].load_state_dict(saved.meters["train_inner"])
+            self.previous_training_time = float(saved.previous_training_time or 0.0)
             self._start_time = time.time()
-        if extra.get("rng") is not None:
-            set_rng_state(extra["rng"])
-        if getattr(self.args, "max_tokens", None) == AUTO and isinstance(extra.get("auto_max_tokens"), int):
-            logger.info(f"--max-tokens auto: {extra['auto_max_tokens']}, as the first launch chose ({where})")
-            self.use_auto_max_tokens(extra["auto_max_tokens"])
+        if saved.rng is not None:
+            set_rng_state(saved.rng)
+        if getattr(self.args, "max_tokens", None) == AUTO and isinstance(saved.auto_max_tokens, int):
+            logger.info(f"--max-tokens auto: {saved.auto_max_tokens}, as the first launch chose ({where})")
+            self.use_auto_max_tokens(saved.auto_max_tokens)
         if self.ema is not None:
-            if "ema" in extra:
-                self.ema.load_state_dict(extra, where)
-            else:  # fairseq: a checkpoint without an EMA starts it from the weights just loaded
-                logger.info(f"{where} has no EMA: --store-ema starts it from the loaded weights")
-                self.ema = EMA(
-                    self.model,
-                    self.cfg.ema_decay,
-                    self.cfg.ema_start_update,
-                    self.cfg.ema_update_freq,
-                    self.cfg.ema_fp32,
-                )
-        return extra
+            self._load_ema(saved, where)
+        return saved
+
+    def _load_optimizer(
+        self, saved: TrainState, saved_name: str | None, where: str, overrides: dict[str, Any] | None
+    ) -> None:
+        """The optimizer's state from checkpoint `where` (trained with --optimizer `saved_name`), with
+        --optimizer-overrides applied."""
+        if saved_name is not None and saved_name != self.cfg.optimizer:
+            raise SeqtrainError(
+                f"{where} was trained with --optimizer {saved_name}, this run uses {self.cfg.optimizer}; "
+                "pass --reset-optimizer to start the new optimizer fresh"
+            )
+        try:
+            if self.is_fsdp:  # each rank keeps its shard of the full saved state
+                distributed.load_optimizer_state_dict(self.model, self.optimizer.optimizer, saved.optimizer)
+                checked = check_optimizer_overrides(overrides or {}, self.optimizer.param_groups[0])
+                for group in self.optimizer.param_groups:
+                    group.update(checked)
+            else:
+                self.optimizer.load_state_dict(saved.optimizer, overrides)
+        except (ValueError, KeyError) as e:
+            raise SeqtrainError(
+                f"{where}: optimizer state does not fit this model/optimizer ({e}); pass --reset-optimizer"
+            ) from None
+
+    def _load_ema(self, saved: TrainState, where: str) -> None:
+        if saved.says("ema"):
+            self.ema.load(saved.ema, saved.ema_counter, saved.ema_fp32_params, where)
+        else:  # fairseq: a checkpoint without an EMA starts it from the weights just loaded
+            logger.info(f"{where} has no EMA: --store-ema starts it from the loaded weights")
+            self.ema = self._new_ema()
 
     def use_auto_max_tokens(self, max_tokens: int) -> None:
         """Run with `max_tokens` for --max-tokens auto (and --max-tokens-valid left unset), and keep it in the
@@ -734,11 +736,11 @@ class Trainer:
 
     def seed_ema(self, contents: Any, where: str) -> None:
         """--ema-seed-model: the EMA starts from that checkpoint's EMA (or, without one, its weights)."""
-        extra = (contents.state or {}).get("extra_state") or {}
-        if "ema" in extra:
-            self.ema.load_state_dict(extra, where)
+        saved = TrainState.from_dict(contents.state)
+        if saved.says("ema"):
+            self.ema.load(saved.ema, saved.ema_counter, saved.ema_fp32_params, where)
         else:
-            self.ema.load_state_dict({"ema": contents.model}, where)
+            self.ema.load(contents.model, 0, None, where)
 
 
 def log_criterion_stats(meters: MetersDict, stats: dict[str, float], start: float | None = None) -> None:
