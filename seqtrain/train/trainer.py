@@ -36,7 +36,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,15 @@ def is_oom(e: BaseException, device: torch.device) -> bool:
 
 AUTO = "auto"  # --max-tokens auto (seqtrain.train.auto_tokens)
 _SPLIT = object()  # Trainer._train_step's answer when it split a batch after an OOM: run the update again
+
+
+@dataclass
+class _Accumulated:
+    """What the forward/backward passes of one update add up, for the update."""
+
+    logging_outputs: list[dict[str, Any]] = field(default_factory=list)
+    sample_size: Any = 0.0  # a host number from the collater, or a device tensor (summed without a sync)
+    flops: float = 0.0  # counted FLOPs of the update's real batches (mfu)
 
 
 @dataclass
@@ -315,91 +324,125 @@ class Trainer:
                 return result
 
     def _train_step(self, samples: list[dict[str, Any]]) -> Any:
+        """One try at the update: forward and backward over each batch (their gradients add up), then the
+        optimizer update. Returns its stats, None when it was skipped, or _SPLIT when a batch was split after
+        running out of memory (`samples` then holds its halves: try again)."""
+        self._begin_update()
+        start = time.perf_counter()
+        step = self.step_context()
+        acc = _Accumulated()
+        for i in range(len(samples)):
+            oom = self._forward_backward(samples, i, step, acc)
+            if (
+                oom is not None
+            ):  # (recovered here, once the error's frames, which hold the step's tensors, are gone)
+                return self._recover_from_oom(samples, i, oom)
+        if not acc.logging_outputs:
+            return None
+        return self._update(acc, start)
+
+    def _begin_update(self) -> None:
         self._set_seed()
         if not self.compute_model.training:  # (train() walks every module: host time on each step)
             self.compute_model.train()
         self.zero_grad()
-        start = time.perf_counter()
-        logging_outputs: list[dict[str, Any]] = []
-        sample_size = 0.0
-        step = self.step_context()
-        flops = 0.0
         if self.scaler is not None and hasattr(self.criterion, "loss_scale"):
             # the criterion makes gradients in its forward pass (projected loss): it scales them before fp16
             self.criterion.loss_scale = self.scaler.loss_scale
-        for i, sample in enumerate(samples):
-            host_sample = sample
-            is_dummy = not sample  # an empty batch (a short shard) still runs, with zero weight
-            if is_dummy:
-                if self._dummy_batch is None:
-                    if self.world_size > 1:  # skipping would leave the other ranks waiting in a collective
-                        raise SeqtrainError(
-                            "internal: a rank got an empty batch before any dummy batch was set "
-                            "(Trainer.set_dummy_batch)"
-                        )
-                    continue
-                sample = self._dummy_batch
-            else:
-                if self._flop_count is not None:  # counted from the lengths while they are on the CPU
-                    flops += self._flop_count.sample_train_flops(sample, self.task.tgt_dict.pad())
-                sample = self.prepare_sample(sample)
-                if self._dummy_batch is None:
-                    self._dummy_batch = sample
-            oom: str | None = None
-            try:
-                # gradients are reduced across ranks only in the update's last backward pass
-                with (
-                    torch.autograd.profiler.record_function(f"train_step-{i}"),
-                    distributed.no_sync(self._forward_model, i < len(samples) - 1),
-                ):
-                    _, size, log = self.task.train_step(
-                        sample,
-                        self._forward_model,
-                        self.criterion,
-                        step,
-                        self.num_updates,
-                        ignore_grad=is_dummy,
-                    )
-            except RuntimeError as e:
-                if not is_oom(e, self.device):
-                    if (refused := nondeterministic_error(e)) is not None:
-                        raise refused from None
-                    raise
-                if self.world_size > 1:  # one rank cannot skip an update the others are reducing
-                    raise SeqtrainError(
-                        f"CUDA out of memory on rank {distributed.get_rank()} in update "
-                        f"{self.num_updates + 1}; lower --max-tokens or use --ddp-backend "
-                        "fully_sharded"
-                    ) from None
-                oom = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if oom is not None:
-                # Recover outside the except block: the traceback's frames hold the step's tensors until then.
-                if not is_dummy and host_sample.get("nsentences", 0) > 1:
-                    samples[i : i + 1] = split_batch(host_sample, self.task.tgt_dict.pad())
-                    self._after_oom(
-                        f"splitting batch {i + 1}'s {host_sample['nsentences']} examples in two", oom
-                    )
-                    return _SPLIT
-                self._after_oom("skipping this update", oom)
-                return None
-            if not is_dummy:
-                logging_outputs.append(log)
-                sample_size = sample_size + size  # a host number from the collater; a device tensor stays one
-            elif self.world_size > 1:  # zeros, so every rank reduces the same keys
-                logging_outputs.append({k: 0.0 for k in log})
 
-        if not logging_outputs:
+    # ------------------------------------------------------------------- forward and backward of one batch
+    def _forward_backward(
+        self, samples: list[dict[str, Any]], i: int, step: StepContext, acc: _Accumulated
+    ) -> str | None:
+        """Forward and backward of batch `i` of the update; its logging output and sample size go into `acc`.
+        Returns the error's first line when it ran out of memory (on one rank; with several, an error)."""
+        sample, is_dummy = self._micro_batch(samples[i], acc)
+        if sample is None:
             return None
+        try:
+            # gradients are reduced across ranks only in the update's last backward pass
+            with (
+                torch.autograd.profiler.record_function(f"train_step-{i}"),
+                distributed.no_sync(self._forward_model, i < len(samples) - 1),
+            ):
+                _, size, log = self.task.train_step(
+                    sample, self._forward_model, self.criterion, step, self.num_updates, ignore_grad=is_dummy
+                )
+        except RuntimeError as e:
+            if not is_oom(e, self.device):
+                if (refused := nondeterministic_error(e)) is not None:
+                    raise refused from None
+                raise
+            if self.world_size > 1:  # one rank cannot skip an update the others are reducing
+                raise SeqtrainError(
+                    f"CUDA out of memory on rank {distributed.get_rank()} in update "
+                    f"{self.num_updates + 1}; lower --max-tokens or use --ddp-backend "
+                    "fully_sharded"
+                ) from None
+            return str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not is_dummy:
+            acc.logging_outputs.append(log)
+            acc.sample_size = (
+                acc.sample_size + size
+            )  # a host number from the collater; a device tensor stays one
+        elif self.world_size > 1:  # zeros, so every rank reduces the same keys
+            acc.logging_outputs.append({k: 0.0 for k in log})
+        return None
+
+    def _micro_batch(self, sample: dict[str, Any], acc: _Accumulated) -> tuple[dict[str, Any] | None, bool]:
+        """(the batch on the device, whether it is the dummy batch). An empty batch (a short shard) still runs,
+        as the dummy batch with zero weight; None when there is none yet (one rank: nothing waits for it)."""
+        if not sample:
+            if self._dummy_batch is None and self.world_size > 1:
+                # skipping would leave the other ranks waiting in a collective
+                raise SeqtrainError(
+                    "internal: a rank got an empty batch before any dummy batch was set (Trainer.set_dummy_batch)"
+                )
+            return self._dummy_batch, True
+        if self._flop_count is not None:  # counted from the lengths while they are on the CPU
+            acc.flops += self._flop_count.sample_train_flops(sample, self.task.tgt_dict.pad())
+        sample = self.prepare_sample(sample)
+        if self._dummy_batch is None:
+            self._dummy_batch = sample
+        return sample, False
+
+    def _recover_from_oom(self, samples: list[dict[str, Any]], i: int, message: str) -> Any:
+        """Split batch `i` in two and answer _SPLIT (the update runs again), or with a single example (or the
+        dummy batch) skip the update."""
+        host_sample = samples[i]
+        if host_sample and host_sample.get("nsentences", 0) > 1:
+            samples[i : i + 1] = split_batch(host_sample, self.task.tgt_dict.pad())
+            self._after_oom(f"splitting batch {i + 1}'s {host_sample['nsentences']} examples in two", message)
+            return _SPLIT
+        self._after_oom("skipping this update", message)
+        return None
+
+    # ------------------------------------------------------------------------------------------- the update
+    def _update(self, acc: _Accumulated, start: float) -> dict[str, float] | None:
+        """The optimizer update from the summed gradients: normalised by the update's sample size (and the loss
+        scale), clipped, checked (a zero sample size, fp16 overflow, NaN/inf), stepped; the EMA follows."""
         if self.bf16 is not None:  # the bf16 gradients, upcast into the fp32 master weights' .grad
             self.bf16.grads_to_master()
         # Every logged figure and the sample size, summed over batches and ranks on the device (no sync yet).
-        sizes_on_host = self.world_size == 1 and not torch.is_tensor(sample_size)
         keys, sums = distributed.sum_logging_outputs(
-            [*logging_outputs, {"_sample_size": sample_size}], self.device
+            [*acc.logging_outputs, {"_sample_size": acc.sample_size}], self.device
         )
-        device_size = sums[keys.index("_sample_size")]
-        # Gradients hold sums over tokens (or sentences); normalize them by the update's sample size and undo
-        # the loss scale in one pass (a zero sample size is caught below, before the optimizer step).
+        self._normalize_grads(acc.sample_size, sums[keys.index("_sample_size")])
+        grad_norm = self._clip_grads()
+        # The update's one host-device sync: the gradient norm and the logged figures in one transfer.
+        host = torch.cat([grad_norm.reshape(1).to(sums), sums]).tolist()
+        gnorm, totals = host[0], dict(zip(keys, host[1:]))
+        if self._skip_update(totals, gnorm):
+            self.zero_grad()
+            return None
+        self._optimizer_step()
+        return self._log_train_stats([totals], gnorm, start, acc.flops)
+
+    def _normalize_grads(self, sample_size: Any, device_size: torch.Tensor) -> None:
+        """Gradients hold sums over tokens (or sentences); normalize them by the update's sample size and undo
+        the loss scale in one pass (a zero sample size is caught before the optimizer step). `sample_size`: this
+        rank's (a host number, or a device tensor); `device_size`: the sum over ranks, on the device."""
+        sizes_on_host = self.world_size == 1 and not torch.is_tensor(sample_size)
         scale = self.scaler.loss_scale if self.scaler is not None else 1.0
         # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
         if (
@@ -420,25 +463,29 @@ class Trainer:
         else:
             factor = self.world_size / (device_size * scale)
             self.optimizer.multiply_grads(factor.to(self.device, torch.float32))
+
+    def _clip_grads(self) -> torch.Tensor:
+        """--clip-norm (0: no clipping); returns the gradient norm before clipping, on the device."""
         if self.is_fsdp:  # sharded gradients: the norm is taken over all ranks' shards
-            grad_norm = distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.clip_norm)
-        else:
-            grad_norm = self.optimizer.clip_grad_norm(self.cfg.clip_norm)
-        # The update's one host-device sync: the gradient norm and the logged figures in one transfer.
-        host = torch.cat([grad_norm.reshape(1).to(sums), sums]).tolist()
-        gnorm, totals = host[0], dict(zip(keys, host[1:]))
-        if totals.pop("_sample_size") == 0:  # only dummy batches on every rank
-            self.zero_grad()
-            return None
-        if self.scaler is not None:
-            try:
-                self.scaler.check_overflow(gnorm)
-            except GradientOverflow as e:
-                logger.info(str(e))
-                self.zero_grad()
-                return None
-        else:
+            return distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.clip_norm)
+        return self.optimizer.clip_grad_norm(self.cfg.clip_norm)
+
+    def _skip_update(self, totals: dict[str, float], gnorm: float) -> bool:
+        """Whether the update is skipped: only dummy batches on every rank, or an fp16 overflow (the loss scale
+        goes down). Without loss scaling a NaN/inf is an error (_check_finite)."""
+        if totals.pop("_sample_size") == 0:
+            return True
+        if self.scaler is None:
             self._check_finite(totals, gnorm)
+            return False
+        try:
+            self.scaler.check_overflow(gnorm)
+        except GradientOverflow as e:
+            logger.info(str(e))
+            return True
+        return False
+
+    def _optimizer_step(self) -> None:
         with torch.autograd.profiler.record_function("optimizer"):
             self.optimizer.step()
         if self.bf16 is not None:
@@ -448,7 +495,6 @@ class Trainer:
         self.set_num_updates(self.num_updates + 1)
         if self.ema is not None:
             self.ema.step(self.model, self.num_updates)
-        return self._log_train_stats([totals], gnorm, start, flops)
 
     def _check_finite(self, totals: dict[str, float], gnorm: float) -> None:
         """Without loss scaling a NaN/inf loss or gradient cannot be skipped away: stop before the optimizer
