@@ -16,7 +16,7 @@ from seqtrain.checkpoint.files import (
     save_checkpoint_file,
     strip_wrapper_prefix,
 )
-from seqtrain.checkpoint.train_state import TrainState
+from seqtrain.checkpoint.train_state import EXTRA_STATE, TrainState
 from seqtrain.data.dictionary import Dictionary, add_language_symbols
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import ARCHS
@@ -345,7 +345,7 @@ def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | N
         "args": args,
         "model": model,
         "optimizer_history": [history],
-        "extra_state": extra_state,
+        EXTRA_STATE: extra_state,  # (the training state's entry: seqtrain.checkpoint.train_state)
         "last_optimizer_state": None,
     }
     # every check before any write: a conflicting dict.txt must not cost the old model.pt

@@ -13,6 +13,10 @@ Every file is written atomically and never modified in place afterwards (a new s
 new file), so names sharing one file via hard links never change under each other. The best value and the
 --patience counter live in this object, not in globals, and travel inside each checkpoint's training state
 (seqtrain.checkpoint.train_state).
+
+Why one module: what a save names and keeps, what pruning removes and which file a resume starts from (and what
+it resets) are one policy: the files one writes are the files the others find, and a damaged one is named with
+the intact one to use instead.
 """
 
 from __future__ import annotations
