@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging import setup_logging
 
@@ -110,8 +111,8 @@ def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any
             t.floor_divide_(len(paths))
     out = dict(first)
     out["model"] = sums
-    if out.get("format") == "seqtrain":
-        out.update(optimizer=None, lr_scheduler=None, loss_scaler=None)
+    if out.get("format") == "seqtrain":  # the rest of the training state stays the first input's
+        out.update(TrainState.from_dict(first).without_optimizer().to_dict())
     else:  # fairseq
         out.pop("last_optimizer_state", None)
     return out

@@ -21,6 +21,7 @@ from seqtrain.checkpoint.formats import EXPORTERS, read_checkpoint
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
 from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.checkpoint.load import LoadedModel, build_from_contents
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
@@ -47,7 +48,7 @@ def convert(args: argparse.Namespace) -> None:
         lora_base=getattr(args, "lora_base", None),
     )
     if getattr(args, "ema", False):
-        ema = ((ck.state or {}).get("extra_state") or {}).get("ema")
+        ema = TrainState.from_dict(ck.state).ema
         if not isinstance(ema, dict) or not ema:
             raise SeqtrainError(
                 f"{args.input}: no EMA of the weights in it (train with --store-ema to keep one)"

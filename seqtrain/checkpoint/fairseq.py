@@ -16,6 +16,7 @@ from seqtrain.checkpoint.files import (
     save_checkpoint_file,
     strip_wrapper_prefix,
 )
+from seqtrain.checkpoint.train_state import EXTRA_STATE, TrainState
 from seqtrain.data.dictionary import Dictionary, add_language_symbols
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import ARCHS
@@ -315,26 +316,18 @@ def _training_history(args: argparse.Namespace, source: dict | None) -> tuple[di
     """(optimizer_history[-1], extra_state) of an export: the names fairseq checks on restore, the update
     count and data position of `source` (the converted seqtrain or fairseq checkpoint dict), no optimizer
     state."""
-    source = source or {}
-    extra = source.get("extra_state") or {}
-    history = (source.get("optimizer_history") or [{}])[-1]
-    best = extra.get("best", (history.get("lr_scheduler_state") or {}).get("best"))
+    saved = TrainState.from_dict(source)
+    # a fairseq source keeps its update count and best value there
+    history = ((source or {}).get("optimizer_history") or [{}])[-1]
+    best = saved.best if saved.says("best") else (history.get("lr_scheduler_state") or {}).get("best")
+    num_updates = saved.num_updates if saved.says("num_updates") else history.get("num_updates", 0)
     entry = {
         "criterion_name": FAIRSEQ_CRITERIONS[args.criterion],
         "optimizer_name": FAIRSEQ_OPTIMIZERS[args.optimizer],
         "lr_scheduler_state": {"best": best},
-        "num_updates": int(extra.get("num_updates", history.get("num_updates", 0)) or 0),
+        "num_updates": int(num_updates or 0),
     }
-    itr = extra.get("train_iterator") or {}
-    epoch = max(int(itr.get("epoch", extra.get("epoch", 1)) or 1), 1)
-    out_extra: dict[str, Any] = {
-        "epoch": epoch,
-        "train_iterator": {"epoch": epoch, "iterations_in_epoch": int(itr.get("iterations_in_epoch", 0))},
-        "val_loss": extra.get("val_loss"),
-    }
-    if isinstance(best, (int, float)):
-        out_extra["best"] = float(best)
-    return entry, out_extra
+    return entry, saved.fairseq_extra_state(best)
 
 
 def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | None = None) -> None:
@@ -352,7 +345,7 @@ def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | N
         "args": args,
         "model": model,
         "optimizer_history": [history],
-        "extra_state": extra_state,
+        EXTRA_STATE: extra_state,  # (the training state's entry: seqtrain.checkpoint.train_state)
         "last_optimizer_state": None,
     }
     # every check before any write: a conflicting dict.txt must not cost the old model.pt

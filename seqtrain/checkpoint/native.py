@@ -3,7 +3,8 @@
 The file itself is written and read by `seqtrain.checkpoint.files` (atomic save, safe load), as fairseq's and
 Hugging Face's are; this module fixes what is inside: format name and version, the model args as plain data, the
 state dict with fairseq's parameter names, the dictionaries as plain lists, the tokenizer spec, and the training
-state a resume needs (optimizer, scheduler, loss scaler, extra_state: meters, RNG states, iterator position).
+state a resume needs (optimizer, scheduler, loss scaler, extra_state: meters, RNG states, iterator position), whose
+entries seqtrain.checkpoint.train_state's TrainState reads and writes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from seqtrain.checkpoint.files import (
     save_checkpoint_file,
     strip_wrapper_prefix,
 )
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 
@@ -31,13 +33,10 @@ def make_checkpoint_state(
     src_dict: Any = None,
     tgt_dict: Any = None,
     tokenizer: dict | None = None,
-    optimizer: Any = None,
-    lr_scheduler: Any = None,
-    loss_scaler: Any = None,
-    extra_state: dict | None = None,
+    training: TrainState | None = None,
 ) -> dict[str, Any]:
     """The seqtrain checkpoint dict (docs/design.md), plain data only so weights_only loading accepts
-    it."""
+    it; `training`: what a resume needs besides the weights (none for a model export)."""
     return {
         "format": "seqtrain",
         "version": FORMAT_VERSION,
@@ -46,10 +45,7 @@ def make_checkpoint_state(
         "src_dict": src_dict.to_list() if src_dict is not None else None,
         "tgt_dict": tgt_dict.to_list() if tgt_dict is not None else None,
         "tokenizer": tokenizer,
-        "optimizer": optimizer,
-        "lr_scheduler": lr_scheduler,
-        "loss_scaler": loss_scaler,
-        "extra_state": extra_state or {},
+        **(training or TrainState()).to_dict(),
     }
 
 

@@ -9,7 +9,8 @@ a Python-float decay (no host-device sync), and the update-frequency counter is 
 resumed run moves the EMA at the same updates as the unbroken one (bitwise resume holds with EMA on).
 
 Checkpoints keep it where fairseq does: extra_state["ema"] (the shadow in the model's dtype) and
-extra_state["ema_fp32_params"] with --ema-fp32; seqtrain adds extra_state["ema_counter"]. Under FSDP the shadow
+extra_state["ema_fp32_params"] with --ema-fp32; seqtrain adds extra_state["ema_counter"] (those entries are
+seqtrain.checkpoint.train_state's TrainState fields ema, ema_fp32_params, ema_counter). Under FSDP the shadow
 holds the local shards of the model's DTensors; saving gathers full tensors (a collective every rank joins, as
 the model's own state) and loading shards them again.
 """
@@ -90,15 +91,11 @@ class EMA:
             torch._foreach_copy_([self.shadow[k] for k in self.decayed], targets)
 
     # --------------------------------------------------------------------------------------- checkpoint state
-    def state_dict(self) -> dict[str, Any]:
-        """The extra_state entries (fairseq's names, full tensors on the CPU)."""
-        out: dict[str, Any] = {
-            "ema": {k: _full(v).detach().cpu() for k, v in self.shadow.items()},
-            "ema_counter": self.counter,
-        }
-        if self.fp32:
-            out["ema_fp32_params"] = {k: _full(v).detach().cpu() for k, v in self.fp32_params.items()}
-        return out
+    def state(self) -> tuple[dict[str, torch.Tensor], int, dict[str, torch.Tensor] | None]:
+        """(shadow, update-frequency counter, fp32 shadow or None): full tensors on the CPU, for a checkpoint."""
+        shadow = {k: _full(v).detach().cpu() for k, v in self.shadow.items()}
+        fp32 = {k: _full(v).detach().cpu() for k, v in self.fp32_params.items()} if self.fp32 else None
+        return shadow, self.counter, fp32
 
     def _copy_in(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         if isinstance(dst, DTensor):
@@ -106,9 +103,8 @@ class EMA:
         dst.copy_(src)
 
     @torch.no_grad()
-    def load_state_dict(self, extra_state: dict[str, Any], where: str) -> None:
-        """Restore from a checkpoint's extra_state; a checkpoint without an EMA starts it from the model."""
-        ema = extra_state.get("ema")
+    def load(self, ema: Any, counter: int | None, fp32_params: Any, where: str) -> None:
+        """Restore what `state` returned, as a checkpoint stored it (`ema` None: the checkpoint has none)."""
         if not isinstance(ema, dict) or set(ema) != set(self.shadow):
             raise SeqtrainError(
                 f"{where}: its EMA (extra_state['ema']) does not match this model's parameters"
@@ -119,13 +115,11 @@ class EMA:
             if tuple(v.shape) != tuple(_full(self.shadow[k]).shape):
                 raise SeqtrainError(f"{where}: EMA entry {k} has shape {tuple(v.shape)}, the model another")
             self._copy_in(self.shadow[k], v)
-        self.counter = int(extra_state.get("ema_counter", 0))
+        self.counter = int(counter or 0)
         if self.fp32:
-            saved = extra_state.get("ema_fp32_params")
             for k in self.decayed:
-                self._copy_in(
-                    self.fp32_params[k], saved[k] if isinstance(saved, dict) and k in saved else ema[k]
-                )
+                saved = fp32_params[k] if isinstance(fp32_params, dict) and k in fp32_params else ema[k]
+                self._copy_in(self.fp32_params[k], saved)
 
     @contextlib.contextmanager
     @torch.no_grad()

@@ -11,7 +11,12 @@ it, or copies where links are impossible):
 
 Every file is written atomically and never modified in place afterwards (a new save replaces the name with a
 new file), so names sharing one file via hard links never change under each other. The best value and the
---patience counter live in this object, not in globals, and travel inside each checkpoint's extra_state.
+--patience counter live in this object, not in globals, and travel inside each checkpoint's training state
+(seqtrain.checkpoint.train_state).
+
+Why one module: what a save names and keeps, what pruning removes and which file a resume starts from (and what
+it resets) are one policy: the files one writes are the files the others find, and a damaged one is named with
+the intact one to use instead.
 """
 
 from __future__ import annotations
@@ -26,12 +31,14 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from seqtrain import distributed
 from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
 from seqtrain.checkpoint.hub import resolve_model_path
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, file_kind, link_or_copy, loads_bounded
@@ -250,13 +257,7 @@ class CheckpointManager:
         epoch, updates = epoch_itr.epoch, trainer.get_num_updates()
         logger.info(f"Preparing to save checkpoint for epoch {epoch} @ {updates} updates")
         start = time.perf_counter()
-        extra_state = {
-            "epoch": epoch,
-            "train_iterator": epoch_itr.state_dict(),
-            "val_loss": val_metric,
-            "checkpoint_manager": self.state_dict(),
-            "best": self.best,
-        }
+        position = TrainState.at_save(epoch, epoch_itr.state_dict(), val_metric, self.state_dict(), self.best)
         paths = [os.path.join(self.save_dir, n) for n in names]
         current = paths[0]
         self.check_finite(trainer, paths[0])
@@ -269,7 +270,7 @@ class CheckpointManager:
                     f.write(self.config_text)
                 self.config_text, current = None, paths[0]
             # every rank calls it (FSDP gathers the full state); only rank 0 writes
-            trainer.save_checkpoint(current, extra_state, with_optimizer=not a.no_save_optimizer_state)
+            trainer.save_checkpoint(current, position, with_optimizer=not a.no_save_optimizer_state)
             for current in paths[1:] if distributed.get_rank() == 0 else []:
                 link_or_copy(paths[0], current)
         except OSError as e:
@@ -328,20 +329,17 @@ class CheckpointManager:
                 os.remove(path)
 
     # -------------------------------------------------------------------------------------------- resuming
-    def restore(self, trainer: Any, get_train_iterator: Callable[[int], Any]) -> tuple[dict | None, Any]:
+    def restore(
+        self, trainer: Any, get_train_iterator: Callable[[int], Any]
+    ) -> tuple[TrainState | None, Any]:
         """fairseq's load_checkpoint: resume from --restore-file (default: checkpoint_last.pt in --save-dir),
-        or start from --finetune-from-model when this run has no checkpoint yet. Returns (extra_state or None,
-        the train EpochBatchIterator positioned where training continues)."""
+        or start from --finetune-from-model when this run has no checkpoint yet. Returns (the training state
+        resumed, or None when training starts fresh; the train EpochBatchIterator positioned where training
+        continues)."""
         a = self.cfg
         self.prepare_save_dir()
-        reset_optimizer, reset_lr_scheduler = a.reset_optimizer, a.reset_lr_scheduler
-        reset_meters, reset_dataloader = a.reset_meters, a.reset_dataloader
-        try:
-            overrides = loads_bounded(a.optimizer_overrides) if a.optimizer_overrides else {}
-        except ValueError:
-            overrides = None
-        if not isinstance(overrides, dict):  # '[1]' is JSON, but no object: group.update raised a TypeError
-            raise SeqtrainError(f"--optimizer-overrides: not a JSON object: {a.optimizer_overrides!r}")
+        overrides = self._optimizer_overrides()
+        resets = Resets(a.reset_optimizer, a.reset_lr_scheduler, a.reset_meters, a.reset_dataloader)
         own_last = os.path.join(self.save_dir, "checkpoint_last.pt")
         default_restore = a.restore_file == "checkpoint_last.pt" or (
             os.path.exists(a.restore_file)
@@ -349,37 +347,15 @@ class CheckpointManager:
             and os.path.samefile(a.restore_file, own_last)
         )
         if a.finetune_from_model is not None:
-            if reset_optimizer or reset_lr_scheduler or reset_meters or reset_dataloader:
-                raise SeqtrainError(
-                    "--finetune-from-model cannot be combined with --reset-optimizer, --reset-lr-scheduler, "
-                    "--reset-meters or --reset-dataloader (it implies them; turn a config's off with "
-                    "--no-reset-..., or use --restore-file, which also initialises only a first launch)"
-                )
-            if not default_restore:
-                raise SeqtrainError("--finetune-from-model and --restore-file cannot be given together")
-
+            self._check_finetune_flags(resets, default_restore)
         if default_restore:
             path = own_last
             if not os.path.exists(path) and a.finetune_from_model is not None:
-                # a hub name (org/name[@revision]) is resolved here, by the first launch only
-                pretrained = resolve_model_path(a.finetune_from_model, "--finetune-from-model")
-                if not os.path.exists(pretrained):
-                    raise SeqtrainError(f"--finetune-from-model {a.finetune_from_model}: file not found")
-                logger.info(
-                    f"first launch ({self.save_dir} has no checkpoint_last.pt): loading pretrained model from "
-                    f"{pretrained}; optimizer, lr scheduler, meters, dataloader start fresh"
-                )
-                trainer.load_model_weights(
-                    read_checkpoint(pretrained, unsafe=a.unsafe_load, require_dict=False), pretrained
-                )
+                self._load_pretrained(trainer)
                 return None, get_train_iterator(1)
             if os.path.exists(path) and a.finetune_from_model is not None:
                 logger.info(f"resuming from {path} (--finetune-from-model is used only by a first launch)")
-        elif (
-            os.path.exists(own_last)
-            and not a.restore_file_always
-            and os.path.dirname(os.path.abspath(a.restore_file)) != os.path.abspath(self.save_dir)
-        ):
+        elif self._is_relaunch(own_last):
             # A relaunch (preemption, crash) continues this run; the initial weights and the --reset-* flags
             # only served the first launch. fairseq reloads --restore-file at every launch: --restore-file-always.
             # (A checkpoint inside --save-dir is a deliberate resume point, e.g. the intact one check_resumable
@@ -388,38 +364,90 @@ class CheckpointManager:
                 f"resuming from {own_last}: --restore-file {a.restore_file} initialises only a first launch "
                 "(an empty --save-dir); --restore-file-always loads it at every launch"
             )
-            path = own_last
-            reset_optimizer = reset_lr_scheduler = reset_meters = reset_dataloader = False
+            path, resets = own_last, Resets()
         else:
-            path = resolve_model_path(a.restore_file, "--restore-file")  # a hub name: its cached snapshot
-            if not os.path.exists(path):
-                raise SeqtrainError(f"--restore-file {path}: file not found")
-            resets = [
-                name
-                for name, on in (
-                    ("optimizer", reset_optimizer),
-                    ("lr scheduler", reset_lr_scheduler),
-                    ("meters", reset_meters),
-                    ("dataloader", reset_dataloader),
-                )
-                if on
-            ]
-            if not os.path.exists(own_last):
-                why = f"{self.save_dir} has no checkpoint_last.pt"
-            elif a.restore_file_always:
-                why = "--restore-file-always"
-            else:
-                why = "a checkpoint of this --save-dir, chosen as the point to resume from"
-            logger.info(
-                f"initialising from --restore-file {path} ({why})"
-                + (f"; reset: {', '.join(resets)}" if resets else "")
-            )
+            path = self._restore_file(own_last, resets)
+        return self._load(trainer, path, resets, overrides, get_train_iterator)
 
+    def _optimizer_overrides(self) -> dict[str, Any]:
+        text = self.cfg.optimizer_overrides
+        try:
+            overrides = loads_bounded(text) if text else {}
+        except ValueError:
+            overrides = None
+        if not isinstance(overrides, dict):  # '[1]' is JSON, but no object: group.update raised a TypeError
+            raise SeqtrainError(f"--optimizer-overrides: not a JSON object: {text!r}")
+        return overrides
+
+    @staticmethod
+    def _check_finetune_flags(resets: Resets, default_restore: bool) -> None:
+        if resets.any():
+            raise SeqtrainError(
+                "--finetune-from-model cannot be combined with --reset-optimizer, --reset-lr-scheduler, "
+                "--reset-meters or --reset-dataloader (it implies them; turn a config's off with "
+                "--no-reset-..., or use --restore-file, which also initialises only a first launch)"
+            )
+        if not default_restore:
+            raise SeqtrainError("--finetune-from-model and --restore-file cannot be given together")
+
+    def _load_pretrained(self, trainer: Any) -> None:
+        """--finetune-from-model, at a first launch: its weights only."""
+        a = self.cfg
+        # a hub name (org/name[@revision]) is resolved here, by the first launch only
+        pretrained = resolve_model_path(a.finetune_from_model, "--finetune-from-model")
+        if not os.path.exists(pretrained):
+            raise SeqtrainError(f"--finetune-from-model {a.finetune_from_model}: file not found")
+        logger.info(
+            f"first launch ({self.save_dir} has no checkpoint_last.pt): loading pretrained model from "
+            f"{pretrained}; optimizer, lr scheduler, meters, dataloader start fresh"
+        )
+        trainer.load_model_weights(
+            read_checkpoint(pretrained, unsafe=a.unsafe_load, require_dict=False), pretrained
+        )
+
+    def _is_relaunch(self, own_last: str) -> bool:
+        """Whether a --restore-file outside --save-dir gives way to this run's own checkpoint_last.pt."""
+        a = self.cfg
+        return (
+            os.path.exists(own_last)
+            and not a.restore_file_always
+            and os.path.dirname(os.path.abspath(a.restore_file)) != os.path.abspath(self.save_dir)
+        )
+
+    def _restore_file(self, own_last: str, resets: Resets) -> str:
+        """The --restore-file to initialise from (a hub name: its cached snapshot), and why, logged."""
+        a = self.cfg
+        path = resolve_model_path(a.restore_file, "--restore-file")
+        if not os.path.exists(path):
+            raise SeqtrainError(f"--restore-file {path}: file not found")
+        if not os.path.exists(own_last):
+            why = f"{self.save_dir} has no checkpoint_last.pt"
+        elif a.restore_file_always:
+            why = "--restore-file-always"
+        else:
+            why = "a checkpoint of this --save-dir, chosen as the point to resume from"
+        names = resets.names()
+        logger.info(
+            f"initialising from --restore-file {path} ({why})"
+            + (f"; reset: {', '.join(names)}" if names else "")
+        )
+        return path
+
+    def _load(
+        self,
+        trainer: Any,
+        path: str,
+        resets: Resets,
+        overrides: dict[str, Any],
+        get_train_iterator: Callable[[int], Any],
+    ) -> tuple[TrainState | None, Any]:
+        """Load checkpoint `path`: a seqtrain checkpoint whole (less what `resets` resets), any other model's
+        weights only."""
+        a = self.cfg
         logger.info(f"Preparing to load checkpoint {path}")
         if not os.path.exists(path):
             logger.info(f"No existing checkpoint found {path}")
             return None, get_train_iterator(1)
-
         if os.path.isdir(path):  # a Hugging Face folder (a hub model's snapshot): weights only
             trainer.load_model_weights(read_checkpoint(path, unsafe=a.unsafe_load, require_dict=False), path)
             logger.info(f"{path} is a Hugging Face model: loaded its weights only")
@@ -442,35 +470,68 @@ class CheckpointManager:
                 "meters and data position start fresh"
             )
             return None, get_train_iterator(1)
-
         check_same_dictionaries(ck, trainer.task)
-        extra = trainer.load_state_dict(
+        saved = trainer.load_state_dict(
             ck.state,
             path,
-            reset_optimizer=reset_optimizer,
-            reset_lr_scheduler=reset_lr_scheduler,
-            reset_meters=reset_meters,
+            reset_optimizer=resets.optimizer,
+            reset_lr_scheduler=resets.lr_scheduler,
+            reset_meters=resets.meters,
             optimizer_overrides=overrides,
         )
-        if not reset_optimizer and not reset_meters:
-            self.load_state_dict(extra.get("checkpoint_manager", {"best": extra.get("best")}))
-        if not reset_dataloader and extra.get("train_iterator") is not None:
-            # a position saved by another number of ranks counts batches per rank: rescale it
-            itr_state = distributed.rescale_iterator_position(
-                extra["train_iterator"],
-                int(getattr(ck.args, "distributed_world_size", 1) or 1),
-                int(a.distributed_world_size or 1),
+        if not resets.optimizer and not resets.meters:
+            # (checkpoints before the CheckpointManager's record kept only the best value)
+            self.load_state_dict(
+                saved.checkpoint_manager if saved.says("checkpoint_manager") else {"best": saved.best}
             )
-            epoch_itr = get_train_iterator(itr_state["epoch"])
-            epoch_itr.load_state_dict(itr_state)
-        else:
-            epoch_itr = get_train_iterator(1)
+        epoch_itr = self._data_position(saved, ck, resets, get_train_iterator)
         if os.path.abspath(path) == os.path.abspath(os.path.join(self.save_dir, "checkpoint_last.pt")):
             self.last_saved_updates = trainer.get_num_updates()
-        logger.info(
-            f"Loaded checkpoint {path} (epoch {extra.get('epoch')} @ {trainer.get_num_updates()} updates)"
+        logger.info(f"Loaded checkpoint {path} (epoch {saved.epoch} @ {trainer.get_num_updates()} updates)")
+        return saved, epoch_itr
+
+    def _data_position(
+        self,
+        saved: TrainState,
+        ck: CheckpointContents,
+        resets: Resets,
+        get_train_iterator: Callable[[int], Any],
+    ) -> Any:
+        """The train iterator where the checkpoint's run stopped (epoch 1's start with --reset-dataloader)."""
+        if resets.dataloader or saved.train_iterator is None:
+            return get_train_iterator(1)
+        # a position saved by another number of ranks counts batches per rank: rescale it
+        itr_state = distributed.rescale_iterator_position(
+            saved.train_iterator,
+            int(getattr(ck.args, "distributed_world_size", 1) or 1),
+            int(self.cfg.distributed_world_size or 1),
         )
-        return extra, epoch_itr
+        epoch_itr = get_train_iterator(itr_state["epoch"])
+        epoch_itr.load_state_dict(itr_state)
+        return epoch_itr
+
+
+@dataclass(frozen=True)
+class Resets:
+    """The --reset-* flags a load applies (a relaunch resuming its own checkpoint applies none)."""
+
+    optimizer: bool = False
+    lr_scheduler: bool = False
+    meters: bool = False
+    dataloader: bool = False
+
+    def names(self) -> list[str]:
+        """What is reset, as the log line names it."""
+        on = (
+            ("optimizer", self.optimizer),
+            ("lr scheduler", self.lr_scheduler),
+            ("meters", self.meters),
+            ("dataloader", self.dataloader),
+        )
+        return [name for name, reset in on if reset]
+
+    def any(self) -> bool:
+        return bool(self.names())
 
 
 def check_same_dictionaries(ck: CheckpointContents, task: Any) -> None:

@@ -190,14 +190,14 @@ def _train(args: argparse.Namespace) -> int:
         )
 
     manager = CheckpointManager(args, config)
-    extra_state, epoch_itr = manager.restore(trainer, get_train_iterator)
+    resumed, epoch_itr = manager.restore(trainer, get_train_iterator)
     if trainer.save_adapters_only and trainer.lora_base is None:
         raise SeqtrainError(
             "--save-adapters-only: adapters need a base model file to be saved against; start from one with "
             "--finetune-from-model PATH"
         )
     seed = getattr(args, "ema_seed_model", None)
-    if seed and extra_state is None:  # a first launch: the EMA starts from --ema-seed-model's
+    if seed and resumed is None:  # a first launch: the EMA starts from --ema-seed-model's
         if not os.path.exists(seed):
             raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
         trainer.seed_ema(read_checkpoint(seed, unsafe=args.unsafe_load, require_dict=False), seed)

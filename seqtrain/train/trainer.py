@@ -36,16 +36,17 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from seqtrain import distributed
-from seqtrain.checkpoint.adapters import BASE_KEY, adapter_state, base_record
+from seqtrain.checkpoint.adapters import adapter_state, base_record
 from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file, strip_wrapper_prefix
 from seqtrain.checkpoint.native import make_checkpoint_state
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import from_args
 from seqtrain.cuda import nondeterministic_error, set_cuda_kernels, set_deterministic
 from seqtrain.data.iterators import spare_data_workers
@@ -87,6 +88,15 @@ def is_oom(e: BaseException, device: torch.device) -> bool:
 
 AUTO = "auto"  # --max-tokens auto (seqtrain.train.auto_tokens)
 _SPLIT = object()  # Trainer._train_step's answer when it split a batch after an OOM: run the update again
+
+
+@dataclass
+class _Accumulated:
+    """What the forward/backward passes of one update add up, for the update."""
+
+    logging_outputs: list[dict[str, Any]] = field(default_factory=list)
+    sample_size: Any = 0.0  # a host number from the collater, or a device tensor (summed without a sync)
+    flops: float = 0.0  # counted FLOPs of the update's real batches (mfu)
 
 
 @dataclass
@@ -314,91 +324,125 @@ class Trainer:
                 return result
 
     def _train_step(self, samples: list[dict[str, Any]]) -> Any:
+        """One try at the update: forward and backward over each batch (their gradients add up), then the
+        optimizer update. Returns its stats, None when it was skipped, or _SPLIT when a batch was split after
+        running out of memory (`samples` then holds its halves: try again)."""
+        self._begin_update()
+        start = time.perf_counter()
+        step = self.step_context()
+        acc = _Accumulated()
+        for i in range(len(samples)):
+            oom = self._forward_backward(samples, i, step, acc)
+            if (
+                oom is not None
+            ):  # (recovered here, once the error's frames, which hold the step's tensors, are gone)
+                return self._recover_from_oom(samples, i, oom)
+        if not acc.logging_outputs:
+            return None
+        return self._update(acc, start)
+
+    def _begin_update(self) -> None:
         self._set_seed()
         if not self.compute_model.training:  # (train() walks every module: host time on each step)
             self.compute_model.train()
         self.zero_grad()
-        start = time.perf_counter()
-        logging_outputs: list[dict[str, Any]] = []
-        sample_size = 0.0
-        step = self.step_context()
-        flops = 0.0
         if self.scaler is not None and hasattr(self.criterion, "loss_scale"):
             # the criterion makes gradients in its forward pass (projected loss): it scales them before fp16
             self.criterion.loss_scale = self.scaler.loss_scale
-        for i, sample in enumerate(samples):
-            host_sample = sample
-            is_dummy = not sample  # an empty batch (a short shard) still runs, with zero weight
-            if is_dummy:
-                if self._dummy_batch is None:
-                    if self.world_size > 1:  # skipping would leave the other ranks waiting in a collective
-                        raise SeqtrainError(
-                            "internal: a rank got an empty batch before any dummy batch was set "
-                            "(Trainer.set_dummy_batch)"
-                        )
-                    continue
-                sample = self._dummy_batch
-            else:
-                if self._flop_count is not None:  # counted from the lengths while they are on the CPU
-                    flops += self._flop_count.sample_train_flops(sample, self.task.tgt_dict.pad())
-                sample = self.prepare_sample(sample)
-                if self._dummy_batch is None:
-                    self._dummy_batch = sample
-            oom: str | None = None
-            try:
-                # gradients are reduced across ranks only in the update's last backward pass
-                with (
-                    torch.autograd.profiler.record_function(f"train_step-{i}"),
-                    distributed.no_sync(self._forward_model, i < len(samples) - 1),
-                ):
-                    _, size, log = self.task.train_step(
-                        sample,
-                        self._forward_model,
-                        self.criterion,
-                        step,
-                        self.num_updates,
-                        ignore_grad=is_dummy,
-                    )
-            except RuntimeError as e:
-                if not is_oom(e, self.device):
-                    if (refused := nondeterministic_error(e)) is not None:
-                        raise refused from None
-                    raise
-                if self.world_size > 1:  # one rank cannot skip an update the others are reducing
-                    raise SeqtrainError(
-                        f"CUDA out of memory on rank {distributed.get_rank()} in update "
-                        f"{self.num_updates + 1}; lower --max-tokens or use --ddp-backend "
-                        "fully_sharded"
-                    ) from None
-                oom = str(e).splitlines()[0] if str(e) else type(e).__name__
-            if oom is not None:
-                # Recover outside the except block: the traceback's frames hold the step's tensors until then.
-                if not is_dummy and host_sample.get("nsentences", 0) > 1:
-                    samples[i : i + 1] = split_batch(host_sample, self.task.tgt_dict.pad())
-                    self._after_oom(
-                        f"splitting batch {i + 1}'s {host_sample['nsentences']} examples in two", oom
-                    )
-                    return _SPLIT
-                self._after_oom("skipping this update", oom)
-                return None
-            if not is_dummy:
-                logging_outputs.append(log)
-                sample_size = sample_size + size  # a host number from the collater; a device tensor stays one
-            elif self.world_size > 1:  # zeros, so every rank reduces the same keys
-                logging_outputs.append({k: 0.0 for k in log})
 
-        if not logging_outputs:
+    # ------------------------------------------------------------------- forward and backward of one batch
+    def _forward_backward(
+        self, samples: list[dict[str, Any]], i: int, step: StepContext, acc: _Accumulated
+    ) -> str | None:
+        """Forward and backward of batch `i` of the update; its logging output and sample size go into `acc`.
+        Returns the error's first line when it ran out of memory (on one rank; with several, an error)."""
+        sample, is_dummy = self._micro_batch(samples[i], acc)
+        if sample is None:
             return None
+        try:
+            # gradients are reduced across ranks only in the update's last backward pass
+            with (
+                torch.autograd.profiler.record_function(f"train_step-{i}"),
+                distributed.no_sync(self._forward_model, i < len(samples) - 1),
+            ):
+                _, size, log = self.task.train_step(
+                    sample, self._forward_model, self.criterion, step, self.num_updates, ignore_grad=is_dummy
+                )
+        except RuntimeError as e:
+            if not is_oom(e, self.device):
+                if (refused := nondeterministic_error(e)) is not None:
+                    raise refused from None
+                raise
+            if self.world_size > 1:  # one rank cannot skip an update the others are reducing
+                raise SeqtrainError(
+                    f"CUDA out of memory on rank {distributed.get_rank()} in update "
+                    f"{self.num_updates + 1}; lower --max-tokens or use --ddp-backend "
+                    "fully_sharded"
+                ) from None
+            return str(e).splitlines()[0] if str(e) else type(e).__name__
+        if not is_dummy:
+            acc.logging_outputs.append(log)
+            acc.sample_size = (
+                acc.sample_size + size
+            )  # a host number from the collater; a device tensor stays one
+        elif self.world_size > 1:  # zeros, so every rank reduces the same keys
+            acc.logging_outputs.append({k: 0.0 for k in log})
+        return None
+
+    def _micro_batch(self, sample: dict[str, Any], acc: _Accumulated) -> tuple[dict[str, Any] | None, bool]:
+        """(the batch on the device, whether it is the dummy batch). An empty batch (a short shard) still runs,
+        as the dummy batch with zero weight; None when there is none yet (one rank: nothing waits for it)."""
+        if not sample:
+            if self._dummy_batch is None and self.world_size > 1:
+                # skipping would leave the other ranks waiting in a collective
+                raise SeqtrainError(
+                    "internal: a rank got an empty batch before any dummy batch was set (Trainer.set_dummy_batch)"
+                )
+            return self._dummy_batch, True
+        if self._flop_count is not None:  # counted from the lengths while they are on the CPU
+            acc.flops += self._flop_count.sample_train_flops(sample, self.task.tgt_dict.pad())
+        sample = self.prepare_sample(sample)
+        if self._dummy_batch is None:
+            self._dummy_batch = sample
+        return sample, False
+
+    def _recover_from_oom(self, samples: list[dict[str, Any]], i: int, message: str) -> Any:
+        """Split batch `i` in two and answer _SPLIT (the update runs again), or with a single example (or the
+        dummy batch) skip the update."""
+        host_sample = samples[i]
+        if host_sample and host_sample.get("nsentences", 0) > 1:
+            samples[i : i + 1] = split_batch(host_sample, self.task.tgt_dict.pad())
+            self._after_oom(f"splitting batch {i + 1}'s {host_sample['nsentences']} examples in two", message)
+            return _SPLIT
+        self._after_oom("skipping this update", message)
+        return None
+
+    # ------------------------------------------------------------------------------------------- the update
+    def _update(self, acc: _Accumulated, start: float) -> dict[str, float] | None:
+        """The optimizer update from the summed gradients: normalised by the update's sample size (and the loss
+        scale), clipped, checked (a zero sample size, fp16 overflow, NaN/inf), stepped; the EMA follows."""
         if self.bf16 is not None:  # the bf16 gradients, upcast into the fp32 master weights' .grad
             self.bf16.grads_to_master()
         # Every logged figure and the sample size, summed over batches and ranks on the device (no sync yet).
-        sizes_on_host = self.world_size == 1 and not torch.is_tensor(sample_size)
         keys, sums = distributed.sum_logging_outputs(
-            [*logging_outputs, {"_sample_size": sample_size}], self.device
+            [*acc.logging_outputs, {"_sample_size": acc.sample_size}], self.device
         )
-        device_size = sums[keys.index("_sample_size")]
-        # Gradients hold sums over tokens (or sentences); normalize them by the update's sample size and undo
-        # the loss scale in one pass (a zero sample size is caught below, before the optimizer step).
+        self._normalize_grads(acc.sample_size, sums[keys.index("_sample_size")])
+        grad_norm = self._clip_grads()
+        # The update's one host-device sync: the gradient norm and the logged figures in one transfer.
+        host = torch.cat([grad_norm.reshape(1).to(sums), sums]).tolist()
+        gnorm, totals = host[0], dict(zip(keys, host[1:]))
+        if self._skip_update(totals, gnorm):
+            self.zero_grad()
+            return None
+        self._optimizer_step()
+        return self._log_train_stats([totals], gnorm, start, acc.flops)
+
+    def _normalize_grads(self, sample_size: Any, device_size: torch.Tensor) -> None:
+        """Gradients hold sums over tokens (or sentences); normalize them by the update's sample size and undo
+        the loss scale in one pass (a zero sample size is caught before the optimizer step). `sample_size`: this
+        rank's (a host number, or a device tensor); `device_size`: the sum over ranks, on the device."""
+        sizes_on_host = self.world_size == 1 and not torch.is_tensor(sample_size)
         scale = self.scaler.loss_scale if self.scaler is not None else 1.0
         # (DDP and FSDP average gradients over ranks; world_size turns that back into the sum)
         if (
@@ -419,25 +463,29 @@ class Trainer:
         else:
             factor = self.world_size / (device_size * scale)
             self.optimizer.multiply_grads(factor.to(self.device, torch.float32))
+
+    def _clip_grads(self) -> torch.Tensor:
+        """--clip-norm (0: no clipping); returns the gradient norm before clipping, on the device."""
         if self.is_fsdp:  # sharded gradients: the norm is taken over all ranks' shards
-            grad_norm = distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.clip_norm)
-        else:
-            grad_norm = self.optimizer.clip_grad_norm(self.cfg.clip_norm)
-        # The update's one host-device sync: the gradient norm and the logged figures in one transfer.
-        host = torch.cat([grad_norm.reshape(1).to(sums), sums]).tolist()
-        gnorm, totals = host[0], dict(zip(keys, host[1:]))
-        if totals.pop("_sample_size") == 0:  # only dummy batches on every rank
-            self.zero_grad()
-            return None
-        if self.scaler is not None:
-            try:
-                self.scaler.check_overflow(gnorm)
-            except GradientOverflow as e:
-                logger.info(str(e))
-                self.zero_grad()
-                return None
-        else:
+            return distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.clip_norm)
+        return self.optimizer.clip_grad_norm(self.cfg.clip_norm)
+
+    def _skip_update(self, totals: dict[str, float], gnorm: float) -> bool:
+        """Whether the update is skipped: only dummy batches on every rank, or an fp16 overflow (the loss scale
+        goes down). Without loss scaling a NaN/inf is an error (_check_finite)."""
+        if totals.pop("_sample_size") == 0:
+            return True
+        if self.scaler is None:
             self._check_finite(totals, gnorm)
+            return False
+        try:
+            self.scaler.check_overflow(gnorm)
+        except GradientOverflow as e:
+            logger.info(str(e))
+            return True
+        return False
+
+    def _optimizer_step(self) -> None:
         with torch.autograd.profiler.record_function("optimizer"):
             self.optimizer.step()
         if self.bf16 is not None:
@@ -447,7 +495,6 @@ class Trainer:
         self.set_num_updates(self.num_updates + 1)
         if self.ema is not None:
             self.ema.step(self.model, self.num_updates)
-        return self._log_train_stats([totals], gnorm, start, flops)
 
     def _check_finite(self, totals: dict[str, float], gnorm: float) -> None:
         """Without loss scaling a NaN/inf loss or gradient cannot be skipped away: stop before the optimizer
@@ -567,24 +614,9 @@ class Trainer:
         return stats
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def state_dict(self, extra_state: dict[str, Any], with_optimizer: bool = True) -> dict[str, Any]:
-        extra = dict(extra_state)
-        extra.update(
-            {
-                "num_updates": self.num_updates,
-                "meters": {
-                    "train": self.meters["train"].state_dict(),
-                    "train_inner": self.meters["train_inner"].state_dict(),
-                },
-                "rng": rng_state(),
-                "train_wall": self.cumulative_training_time(),
-                "previous_training_time": self.cumulative_training_time(),
-            }
-        )
-        if self.ema is not None:  # fairseq's keys: extra_state["ema"] (and "ema_fp32_params")
-            extra.update(self.ema.state_dict())
-        if self.auto_max_tokens is not None:
-            extra["auto_max_tokens"] = self.auto_max_tokens
+    def state_dict(self, position: TrainState | None = None, with_optimizer: bool = True) -> dict[str, Any]:
+        """The checkpoint dict: the weights and, over `position` (the CheckpointManager's data position and
+        validation record), the Trainer's training state."""
         model_state = distributed.model_state_dict(self.model)
         if self.save_adapters_only:  # the frozen base stays in its own file (seqtrain.checkpoint.adapters)
             if self.lora_base is None:
@@ -593,29 +625,44 @@ class Trainer:
                     "--finetune-from-model (or --restore-file)"
                 )
             model_state = adapter_state(model_state)
-        state = make_checkpoint_state(
+        return make_checkpoint_state(
             self.args,
             model_state,
             self.task.src_dict,
             self.task.tgt_dict,
             getattr(self.task, "tokenizer_spec", None),
-            optimizer=distributed.optimizer_state_dict(self.model, self.optimizer.optimizer)
-            if with_optimizer
-            else None,
-            lr_scheduler=self.lr_scheduler.state_dict() if with_optimizer else None,
-            loss_scaler=self.scaler.state_dict() if self.scaler is not None and with_optimizer else None,
-            extra_state=extra,
+            training=self.train_state(position or TrainState(), with_optimizer),
         )
-        if self.save_adapters_only:
-            state[BASE_KEY] = dict(self.lora_base)
+
+    def train_state(self, position: TrainState, with_optimizer: bool) -> TrainState:
+        """`position` with the Trainer's own state added: what a resume needs besides the weights."""
+        seconds = self.cumulative_training_time()
+        state = position.replace(
+            num_updates=self.num_updates,
+            meters={
+                "train": self.meters["train"].state_dict(),
+                "train_inner": self.meters["train_inner"].state_dict(),
+            },
+            rng=rng_state(),
+            train_wall=seconds,
+            previous_training_time=seconds,
+            auto_max_tokens=self.auto_max_tokens,
+            lora_base=dict(self.lora_base) if self.save_adapters_only else None,
+        )
+        if self.ema is not None:
+            state.ema, state.ema_counter, state.ema_fp32_params = self.ema.state()
+        if with_optimizer:
+            state.optimizer = distributed.optimizer_state_dict(self.model, self.optimizer.optimizer)
+            state.lr_scheduler = self.lr_scheduler.state_dict()
+            state.loss_scaler = self.scaler.state_dict() if self.scaler is not None else None
         return state
 
-    def save_checkpoint(self, path: str, extra_state: dict[str, Any], with_optimizer: bool = True) -> None:
+    def save_checkpoint(self, path: str, position: TrainState, with_optimizer: bool = True) -> None:
         """Rank 0 writes; under FSDP every rank must call this (gathering the full state is a collective)."""
         master = distributed.get_rank() == 0
         if not (master or self.is_fsdp):
             return
-        state = self.state_dict(extra_state, with_optimizer)
+        state = self.state_dict(position, with_optimizer)
         if master:
             save_checkpoint_file(state, path)
 
@@ -639,7 +686,9 @@ class Trainer:
         if getattr(contents, "mapped", None) is not None:  # the copy into the model reads the mapping
             check_still_mapped(*contents.mapped)
         self._load_model_state(contents.model, where)
-        self._note_base((getattr(contents, "state", None) or {}).get(BASE_KEY), where, contents.model)
+        self._note_base(
+            TrainState.from_dict(getattr(contents, "state", None)).lora_base, where, contents.model
+        )
         if self.ema is not None:  # the EMA follows the weights training starts from
             self.ema = self._new_ema()
 
@@ -657,73 +706,72 @@ class Trainer:
         reset_lr_scheduler: bool = False,
         reset_meters: bool = False,
         optimizer_overrides: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        """Restore a seqtrain checkpoint dict; returns its extra_state."""
+    ) -> TrainState:
+        """Restore a seqtrain checkpoint dict; returns its training state (for the data position and the
+        CheckpointManager's record)."""
+        saved = TrainState.from_dict(state)
         self._load_model_state(state["model"], where)
-        self._note_base(state.get(BASE_KEY), where, state["model"])
-        extra = dict(state.get("extra_state") or {})
-        saved_args = state.get("args") or {}
-        if not reset_optimizer and state.get("optimizer") is None:
+        self._note_base(saved.lora_base, where, state["model"])
+        if not reset_optimizer and saved.optimizer is None:
             logger.info(
                 f"{where} has no optimizer state (--no-save-optimizer-state): starting a fresh optimizer"
             )
             reset_optimizer = True
-        if not reset_optimizer:
-            saved_opt = saved_args.get("optimizer")
-            if saved_opt is not None and saved_opt != self.cfg.optimizer:
-                raise SeqtrainError(
-                    f"{where} was trained with --optimizer {saved_opt}, this run uses {self.cfg.optimizer}; "
-                    "pass --reset-optimizer to start the new optimizer fresh"
-                )
-            try:
-                if self.is_fsdp:  # each rank keeps its shard of the full saved state
-                    distributed.load_optimizer_state_dict(
-                        self.model, self.optimizer.optimizer, state["optimizer"]
-                    )
-                    overrides = check_optimizer_overrides(
-                        optimizer_overrides or {}, self.optimizer.param_groups[0]
-                    )
-                    for group in self.optimizer.param_groups:
-                        group.update(overrides)
-                else:
-                    self.optimizer.load_state_dict(state["optimizer"], optimizer_overrides)
-            except (ValueError, KeyError) as e:
-                raise SeqtrainError(
-                    f"{where}: optimizer state does not fit this model/optimizer ({e}); "
-                    "pass --reset-optimizer"
-                ) from None
-            if not reset_lr_scheduler and state.get("lr_scheduler") is not None:
-                self.lr_scheduler.load_state_dict(state["lr_scheduler"])
-            if self.scaler is not None and state.get("loss_scaler") is not None:
-                self.scaler.load_state_dict(state["loss_scaler"])
-            self.num_updates = int(extra.get("num_updates", 0))
-        else:
+        if reset_optimizer:
             self.num_updates = 0
+        else:
+            self._load_optimizer(
+                saved, (state.get("args") or {}).get("optimizer"), where, optimizer_overrides
+            )
+            if not reset_lr_scheduler and saved.lr_scheduler is not None:
+                self.lr_scheduler.load_state_dict(saved.lr_scheduler)
+            if self.scaler is not None and saved.loss_scaler is not None:
+                self.scaler.load_state_dict(saved.loss_scaler)
+            self.num_updates = int(saved.num_updates or 0)
         self.lr_step_update()
-        if not reset_meters and "meters" in extra:
-            meters = extra["meters"]
-            self.meters["train"].load_state_dict(meters["train"])
-            self.meters["train_inner"].load_state_dict(meters["train_inner"])
-            self.previous_training_time = float(extra.get("previous_training_time", 0.0))
+        if not reset_meters and saved.meters is not None:
+            self.meters["train"].load_state_dict(saved.meters["train"])
+            self.meters["train_inner"].load_state_dict(saved.meters["train_inner"])
+            self.previous_training_time = float(saved.previous_training_time or 0.0)
             self._start_time = time.time()
-        if extra.get("rng") is not None:
-            set_rng_state(extra["rng"])
-        if getattr(self.args, "max_tokens", None) == AUTO and isinstance(extra.get("auto_max_tokens"), int):
-            logger.info(f"--max-tokens auto: {extra['auto_max_tokens']}, as the first launch chose ({where})")
-            self.use_auto_max_tokens(extra["auto_max_tokens"])
+        if saved.rng is not None:
+            set_rng_state(saved.rng)
+        if getattr(self.args, "max_tokens", None) == AUTO and isinstance(saved.auto_max_tokens, int):
+            logger.info(f"--max-tokens auto: {saved.auto_max_tokens}, as the first launch chose ({where})")
+            self.use_auto_max_tokens(saved.auto_max_tokens)
         if self.ema is not None:
-            if "ema" in extra:
-                self.ema.load_state_dict(extra, where)
-            else:  # fairseq: a checkpoint without an EMA starts it from the weights just loaded
-                logger.info(f"{where} has no EMA: --store-ema starts it from the loaded weights")
-                self.ema = EMA(
-                    self.model,
-                    self.cfg.ema_decay,
-                    self.cfg.ema_start_update,
-                    self.cfg.ema_update_freq,
-                    self.cfg.ema_fp32,
-                )
-        return extra
+            self._load_ema(saved, where)
+        return saved
+
+    def _load_optimizer(
+        self, saved: TrainState, saved_name: str | None, where: str, overrides: dict[str, Any] | None
+    ) -> None:
+        """The optimizer's state from checkpoint `where` (trained with --optimizer `saved_name`), with
+        --optimizer-overrides applied."""
+        if saved_name is not None and saved_name != self.cfg.optimizer:
+            raise SeqtrainError(
+                f"{where} was trained with --optimizer {saved_name}, this run uses {self.cfg.optimizer}; "
+                "pass --reset-optimizer to start the new optimizer fresh"
+            )
+        try:
+            if self.is_fsdp:  # each rank keeps its shard of the full saved state
+                distributed.load_optimizer_state_dict(self.model, self.optimizer.optimizer, saved.optimizer)
+                checked = check_optimizer_overrides(overrides or {}, self.optimizer.param_groups[0])
+                for group in self.optimizer.param_groups:
+                    group.update(checked)
+            else:
+                self.optimizer.load_state_dict(saved.optimizer, overrides)
+        except (ValueError, KeyError) as e:
+            raise SeqtrainError(
+                f"{where}: optimizer state does not fit this model/optimizer ({e}); pass --reset-optimizer"
+            ) from None
+
+    def _load_ema(self, saved: TrainState, where: str) -> None:
+        if saved.says("ema"):
+            self.ema.load(saved.ema, saved.ema_counter, saved.ema_fp32_params, where)
+        else:  # fairseq: a checkpoint without an EMA starts it from the weights just loaded
+            logger.info(f"{where} has no EMA: --store-ema starts it from the loaded weights")
+            self.ema = self._new_ema()
 
     def use_auto_max_tokens(self, max_tokens: int) -> None:
         """Run with `max_tokens` for --max-tokens auto (and --max-tokens-valid left unset), and keep it in the
@@ -734,11 +782,11 @@ class Trainer:
 
     def seed_ema(self, contents: Any, where: str) -> None:
         """--ema-seed-model: the EMA starts from that checkpoint's EMA (or, without one, its weights)."""
-        extra = (contents.state or {}).get("extra_state") or {}
-        if "ema" in extra:
-            self.ema.load_state_dict(extra, where)
+        saved = TrainState.from_dict(contents.state)
+        if saved.says("ema"):
+            self.ema.load(saved.ema, saved.ema_counter, saved.ema_fp32_params, where)
         else:
-            self.ema.load_state_dict({"ema": contents.model}, where)
+            self.ema.load(contents.model, 0, None, where)
 
 
 def log_criterion_stats(meters: MetersDict, stats: dict[str, float], start: float | None = None) -> None:

@@ -466,7 +466,7 @@ def test_fp16_overflow_lowers_scale_and_skips_update(databin, tmp_path):
     assert trainer.get_num_updates() == 1 and all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None or not p.grad.abs().sum() for p in trainer.model.parameters())  # grads cleared
     assert trainer.train_step([batches[1]]) is not None and trainer.get_num_updates() == 2  # and it trains on
-    assert trainer.state_dict({})["loss_scaler"]["loss_scale"] == 2.0**5
+    assert trainer.state_dict()["loss_scaler"]["loss_scale"] == 2.0**5
 
 
 def test_fp16_real_overflow_from_a_huge_scale(databin, tmp_path):

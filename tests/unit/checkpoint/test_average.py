@@ -13,6 +13,7 @@ from seqtrain.checkpoint.average import average_checkpoints, last_n_checkpoints
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.load import load_model
 from seqtrain.checkpoint.native import make_checkpoint_state
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
@@ -43,7 +44,10 @@ def tiny_states(
 def save_seqtrain(path, args, d, state, **extra) -> str:
     opt = {"state": {0: {"exp_avg": torch.ones(3)}}, "param_groups": []}
     save_checkpoint_file(
-        make_checkpoint_state(args, state, d, d, optimizer=opt, extra_state=extra), str(path)
+        make_checkpoint_state(
+            args, state, d, d, training=TrainState.from_dict({"optimizer": opt, "extra_state": extra})
+        ),
+        str(path),
     )
     return str(path)
 

@@ -22,6 +22,7 @@ import torch
 from seqtrain.checkpoint.fairseq import export_args
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.native import make_checkpoint_state
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.flags.parsers import parse_train_args
 from seqtrain.models.bart import build_model
 from seqtrain.registry import ARCHS
@@ -188,14 +189,9 @@ def test_trained_checkpoint_exports_loadable(tmp_path):
     d = make_dict(20)
     torch.manual_seed(0)
     model = build_model(args, d, d)
-    extra = {
-        "epoch": 3,
-        "num_updates": 42,
-        "best": 2.5,
-        "train_iterator": {"epoch": 3, "iterations_in_epoch": 4},
-    }
+    run = TrainState(epoch=3, num_updates=42, best=2.5, train_iterator={"epoch": 3, "iterations_in_epoch": 4})
     save_checkpoint_file(
-        make_checkpoint_state(args, model.state_dict(), d, d, extra_state=extra), str(tmp_path / "c.pt")
+        make_checkpoint_state(args, model.state_dict(), d, d, training=run), str(tmp_path / "c.pt")
     )
     assert convert(str(tmp_path / "c.pt"), str(tmp_path / "fq" / "model.pt"), "--to", "fairseq") == 0
     state = load_checkpoint_file(str(tmp_path / "fq" / "model.pt"))

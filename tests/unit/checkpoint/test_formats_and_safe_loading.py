@@ -15,6 +15,7 @@ from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import hf_config_to_args
 from seqtrain.checkpoint.load import load_model
 from seqtrain.checkpoint.native import export_seqtrain, make_checkpoint_state
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
@@ -116,7 +117,7 @@ def test_seqtrain_checkpoint_roundtrip_and_overrides(tmp_path):
     model, args = tiny_model(d)
     path = str(tmp_path / "st.pt")
     save_checkpoint_file(
-        make_checkpoint_state(args, model.state_dict(), d, d, extra_state={"epoch": 3}), path
+        make_checkpoint_state(args, model.state_dict(), d, d, training=TrainState(epoch=3)), path
     )
     raw = torch.load(path, weights_only=True)  # plain data only: loads with no allowlist at all
     assert raw["src_dict"][4] == ["w0", 100] and raw["extra_state"]["epoch"] == 3

@@ -15,6 +15,7 @@ import torch
 from seqtrain.checkpoint.files import save_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.native import make_checkpoint_state
+from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
@@ -34,7 +35,9 @@ def save_tiny(path: str, optimizer=None, change=None) -> dict[str, torch.Tensor]
     state = build_model(args, d, d).state_dict()
     if change is not None:
         change(state)
-    save_checkpoint_file(make_checkpoint_state(args, state, d, d, optimizer=optimizer), path)
+    save_checkpoint_file(
+        make_checkpoint_state(args, state, d, d, training=TrainState(optimizer=optimizer)), path
+    )
     return state
 
 

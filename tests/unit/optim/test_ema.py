@@ -100,16 +100,16 @@ def test_checkpoint_state_round_trip_keeps_the_counter():
     for update in range(1, 5):
         move(model, update)
         ema.step(model, update)
-    saved = ema.state_dict()
-    assert set(saved) == {"ema", "ema_counter", "ema_fp32_params"} and saved["ema_counter"] == 1
+    shadow, counter, fp32 = ema.state()
+    assert counter == 1 and set(shadow) == set(ema.shadow) and set(fp32) == set(ema.fp32_params)
     again = EMA(Tied(), decay=0.9, update_freq=3, fp32=True)
-    again.load_state_dict(saved, "c.pt")
+    again.load(shadow, counter, fp32, "c.pt")
     assert again.counter == 1
     assert all(torch.equal(again.shadow[k], ema.shadow[k]) for k in ema.shadow)
     assert all(torch.equal(again.fp32_params[k], ema.fp32_params[k]) for k in ema.fp32_params)
-    broken = dict(saved, ema={k: v for k, v in saved["ema"].items() if k != "fc.bias"})
+    broken = {k: v for k, v in shadow.items() if k != "fc.bias"}
     with pytest.raises(SeqtrainError, match=r"^c.pt: its EMA \(extra_state\['ema'\]\) does not match"):
-        again.load_state_dict(broken, "c.pt")
+        again.load(broken, counter, fp32, "c.pt")
 
 
 @pytest.mark.cuda

@@ -61,7 +61,7 @@ def test_resume_takes_the_stored_budget_and_never_probes(databin, tmp_path, monk
     resolve_max_tokens(first.args, first, first.task.dataset("train"), POSITIONS)
     want = 3 * longest(first)
     assert first.args.max_tokens == first.args.max_tokens_valid == want
-    state = first.state_dict({})
+    state = first.state_dict()
     assert state["extra_state"]["auto_max_tokens"] == want and state["args"]["max_tokens"] == want
     resumed = build_trainer(databin, str(tmp_path / "b"), "--max-tokens", "auto")
     assert resumed.args.max_tokens == "auto"
@@ -69,7 +69,7 @@ def test_resume_takes_the_stored_budget_and_never_probes(databin, tmp_path, monk
     resumed.load_state_dict(state, "checkpoint_last.pt")
     resolve_max_tokens(resumed.args, resumed, resumed.task.dataset("train"), POSITIONS)
     assert seen == [] and resumed.args.max_tokens == resumed.args.max_tokens_valid == want
-    assert resumed.state_dict({})["extra_state"]["auto_max_tokens"] == want  # and the next save keeps it
+    assert resumed.state_dict()["extra_state"]["auto_max_tokens"] == want  # and the next save keeps it
 
 
 def test_the_cpu_is_refused(databin, tmp_path):  # noqa: F811

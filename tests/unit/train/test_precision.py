@@ -241,7 +241,7 @@ def _scaled_run(data, tmp, n, fold, monkeypatch, start=None, stop=None, inject_a
         saved, skipped = None, []
         while trainer.num_updates < n:
             if trainer.num_updates == stop and saved is None:
-                saved = copy.deepcopy(trainer.state_dict({}))  # (its tensors are the live ones)
+                saved = copy.deepcopy(trainer.state_dict())  # (its tensors are the live ones)
             before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
             if trainer.train_step([data_[trainer.num_updates % 4]]) is None:
                 skipped.append(trainer.num_updates)
