@@ -42,7 +42,6 @@ from torch import Tensor
 
 from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation.decode_step import Beams, Candidates, DecodeStep, positional_scores
 from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling
 from seqtrain.generation.static_search import StaticSteps, static_generate
@@ -300,9 +299,11 @@ def build_generator(
     bos: int | None = None,
     eos: int | None = None,
 ) -> SequenceGenerator:
-    """A generator configured from the flags of `add_generation_args` (fairseq's names and defaults); `bos` and
-    `eos` as SequenceGenerator's (a task's or a model's start and end tokens)."""
-    check_generation_args(args)
+    """A generator configured from generation settings named as the flags of seqtrain.flags.generation
+    (fairseq's names and defaults: an argparse.Namespace, or any object with those attributes), already checked
+    by its check_generation_args (each front end checks where it names the source: a flag, a config file's key,
+    a Summarizer argument); `bos` and `eos` as SequenceGenerator's (a task's or a model's start and end
+    tokens). The library's beam search takes no flag layer: the settings are read here, nothing below keeps them."""
     if getattr(args, "sampling", False):
         device = next(model.parameters()).device
         gen = torch.Generator(device=device)
