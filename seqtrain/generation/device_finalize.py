@@ -16,10 +16,13 @@ the same hypotheses and scores, bit for bit, for the same step outputs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from seqtrain.generation.decode_step import positional_scores
 
 Hypothesis = dict[str, Any]
 
@@ -34,14 +37,14 @@ class DeviceFinalizer:
         device: torch.device,
         eos: int,
         pad: int,
-        len_penalty: float,
-        normalize: bool,
+        final_scores: Callable[[int, Tensor], Tensor],
     ):
         """`width`: the longest hypothesis (tokens with its EOS); `max_rows`: the most decoder rows a step has
-        (the scratch rows). Sentence `bsz` is the filler slots' sentence: it never finalizes."""
+        (the scratch rows); `final_scores(step, eos_scores)`: the step body's (DecodeStep.final_scores). Sentence
+        `bsz` is the filler slots' sentence: it never finalizes."""
         self.bsz, self.beam, self.width = bsz, beam, width
         self.eos, self.pad = eos, pad
-        self.len_penalty, self.normalize = len_penalty, normalize
+        self.final_scores = final_scores
         n = bsz * beam + max_rows
         self.counts = torch.zeros(bsz + 1, dtype=torch.long, device=device)
         self.tokens = torch.full((n, width), pad, dtype=torch.long, device=device)
@@ -81,9 +84,8 @@ class DeviceFinalizer:
         hyp = torch.where(self.cols.eq(step), self.eos, torch.where(self.cols.lt(step), hyp, self.pad))
         cum = scores.index_select(0, rows)[:, :w]
         cum = torch.where(self.cols.eq(step), eos_scores.unsqueeze(1), cum)
-        positional = torch.cat([cum[:, :1], cum[:, 1:] - cum[:, :-1]], dim=1)
-        positional = torch.where(self.cols.le(step), positional, 0.0)
-        final = eos_scores / ((step + 1) ** self.len_penalty) if self.normalize else eos_scores
+        positional = torch.where(self.cols.le(step), positional_scores(cum), 0.0)
+        final = self.final_scores(step, eos_scores)
         self.tokens.index_copy_(0, dest, hyp)
         self.positional.index_copy_(0, dest, positional)
         self.final.index_copy_(0, dest, final)

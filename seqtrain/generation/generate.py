@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation import runner
 from seqtrain.generation.output import (
     Progress,
@@ -226,6 +227,7 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             loaded.model, loaded.lm.tgt_dict, getattr(args, "packed_encoder", None)
         )
     else:
+        check_generation_args(args)
         generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
     ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)

@@ -16,6 +16,7 @@ import time
 from typing import TextIO
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation import runner
 from seqtrain.generation.output import fairseq_lines, write_out
 from seqtrain.generation.sequence_generator import build_generator
@@ -56,6 +57,7 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
     where = "stdin" if args.input == "-" else args.input
     try:
         loaded = runner.load_from_flags(args)
+        check_generation_args(args)
         generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
         if inp.isatty():
             logger.info(

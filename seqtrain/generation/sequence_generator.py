@@ -2,7 +2,8 @@
 
 The encoder runs once. The decoder starts every hypothesis from the start token (EOS, fairseq's convention; mBART:
 a language token) and is called once per step on all live hypotheses with an incremental key/value cache; the
-decoder batch is `beam` x the encoder batch and the encoder's keys/values stay once per sentence. Each step:
+decoder batch is `beam` x the encoder batch and the encoder's keys/values stay once per sentence. Each step
+(the step body, decode_step.DecodeStep, which the static loop, static_search.py, runs too):
 
 1. log_softmax of the last position (float32, logits divided by the temperature), then masks: pad never, unk
    penalty, EOS forced at a sentence's max length, prefix tokens forced, EOS forbidden below min length,
@@ -12,7 +13,8 @@ decoder batch is `beam` x the encoder batch and the encoder's keys/values stay o
    scores; diverse beam search: the same per group of hypotheses, with a penalty between groups; sampling).
 3. EOS candidates among the top `beam` are finalized: score = cumulative log-prob / len**lenpen, where len counts
    the EOS (fairseq's rule). A sentence is done when it has `beam` finalized hypotheses (fairseq's early stop) or
-   reaches its max length; done sentences leave the batch (encoder output and cache follow).
+   reaches its max length; done sentences leave the batch (encoder output and cache follow). This loop counts
+   them on the host, the static loop on the device (device_finalize.py).
 4. The first `beam` non-EOS candidates continue.
 
 Lengths (fairseq's conventions; "tokens" excludes the start token, includes the final EOS):
@@ -32,19 +34,16 @@ Output, per input sentence: up to nbest hypotheses, best first, each a dict like
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import check_generation_args
-from seqtrain.generation.ngram import NGramRepeatBlocker
-from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling, continue_beams
+from seqtrain.generation.decode_step import Beams, Candidates, DecodeStep, positional_scores
+from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling
 from seqtrain.generation.static_search import StaticSteps, static_generate
 
 Hypothesis = dict[str, Any]
@@ -81,37 +80,47 @@ class SequenceGenerator:
         seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA, finished on the device); the
         same hypotheses. `packed_encoder`: the encoder pass on the sources' real tokens only (True), padded
         (False), or the encoder's choice (None: on CUDA in fp16/bf16, on the CPU from 20% pads; see `encode`);
-        the same encoder output, so the same hypotheses."""
-        if beam_size < 1:
-            raise SeqtrainError(f"--beam must be >= 1, got {beam_size}")
-        if temperature <= 0:
-            raise SeqtrainError(f"--temperature must be > 0, got {temperature}")
+        the same encoder output, so the same hypotheses. The search settings go to `decode_step`, the step
+        body both loops run (decode_step.py)."""
         self.model = model
-        self.pad, self.unk = tgt_dict.pad(), tgt_dict.unk()
-        self.eos = tgt_dict.eos() if eos is None else eos
-        self.bos = self.eos if bos is None else bos
-        self.beam_size = beam_size
-        self.nbest = beam_size if nbest is None else nbest
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
         target_positions = model.max_positions()[1] if hasattr(model, "max_positions") else 1024
-        self.max_len = max_len or target_positions
-        self.min_len = min_len
-        self.normalize_scores = normalize_scores
-        self.len_penalty = len_penalty
-        self.unk_penalty = unk_penalty
-        self.temperature = temperature
-        self.match_source_len = match_source_len
-        self.ngram_blocker = NGramRepeatBlocker(no_repeat_ngram_size) if no_repeat_ngram_size > 0 else None
-        self.search = search_strategy if search_strategy is not None else BeamSearch()
-        # a model may bring its own next-token distribution: an ensemble (ensemble.py) averages its members'
-        self._log_probs = getattr(model, "next_token_log_probs", None) or _last_log_probs
+        eos = tgt_dict.eos() if eos is None else eos
+        self.decode_step = DecodeStep(
+            tgt_dict.pad(),
+            tgt_dict.unk(),
+            eos,
+            beam_size,
+            max_len=max_len or target_positions,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            min_len=min_len,
+            match_source_len=match_source_len,
+            normalize_scores=normalize_scores,
+            len_penalty=len_penalty,
+            unk_penalty=unk_penalty,
+            temperature=temperature,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            search=search_strategy,
+            # a model may bring its own next-token distribution: an ensemble (ensemble.py) averages its members'
+            log_probs=getattr(model, "next_token_log_probs", None),
+        )
+        self.bos = eos if bos is None else bos
+        self.nbest = beam_size if nbest is None else nbest
         self.static_decoding = static_decoding
         self.packed_encoder = packed_encoder
         self._static_steps: StaticSteps | None = None  # kept across batches: its buffers and CUDA graphs
-        if self.max_len_a == 0 and not match_source_len and min_len > min(max_len_b, self.max_len - 1):
-            raise SeqtrainError(
-                f"--min-len {min_len} is larger than the max length {min(max_len_b, self.max_len - 1)}"
-            )
+
+    @property
+    def beam_size(self) -> int:
+        return self.decode_step.beam
+
+    @property
+    def eos(self) -> int:
+        return self.decode_step.eos
+
+    @property
+    def search(self) -> Any:
+        return self.decode_step.search
 
     # ------------------------------------------------------------------ public API
 
@@ -136,42 +145,30 @@ class SequenceGenerator:
 
     # ------------------------------------------------------------------ the loop
 
-    def _encode(self, src_tokens: Tensor, src_lengths: Tensor | None) -> Any:
-        """The batch's encoder output (both loops' one encoder pass): `encode` with --packed-encoder's choice."""
-        return encode(self.model, src_tokens, src_lengths, self.packed_encoder)
-
-    def _max_lengths(self, src_tokens: Tensor) -> Tensor:
-        """Per-sentence max output length (tokens before the final EOS). --match-source-len: the source's length
-        without pads and EOS (fairseq's src_lengths; it then scores longer hypotheses -inf, here they cannot occur)."""
-        if self.match_source_len:
-            return (src_tokens.ne(self.pad) & src_tokens.ne(self.eos)).sum(dim=1)
-        src_len = src_tokens.ne(self.pad).sum(dim=1).double()
-        lens = torch.floor(self.max_len_a * src_len + self.max_len_b).long()
-        return lens.clamp(min=0, max=self.max_len - 1)
-
     def _generate(
         self, src_tokens: Tensor, src_lengths: Tensor | None, prefix_tokens: Tensor | None, bos: int
     ) -> list[list[Hypothesis]]:
+        if src_tokens.size(0) == 0:
+            return []
+        if src_lengths is None:
+            src_lengths = src_tokens.ne(self.decode_step.pad).sum(dim=1)
+        encoder_out = encode(self.model, src_tokens, src_lengths, self.packed_encoder)  # both loops' one pass
         if self.static_decoding:
             if self._static_steps is None:
                 self._static_steps = StaticSteps(self.model, self.beam_size)
-            return static_generate(self, src_tokens, src_lengths, prefix_tokens, bos, self._static_steps)
-        model, beam, device = self.model, self.beam_size, src_tokens.device
+            return static_generate(
+                self.decode_step, self._static_steps, encoder_out, src_tokens, prefix_tokens, bos, self.nbest
+            )
+        return self._eager(encoder_out, src_tokens, prefix_tokens, bos)
+
+    def _eager(
+        self, encoder_out: Any, src_tokens: Tensor, prefix_tokens: Tensor | None, bos: int
+    ) -> list[list[Hypothesis]]:
+        """The eager loop: the model's incremental decoder, finished hypotheses counted on the host (one sync a
+        step), finished sentences leaving the batch at once."""
+        model, body, beam, device = self.model, self.decode_step, self.beam_size, src_tokens.device
         bsz = src_tokens.size(0)
-        if bsz == 0:
-            return []
-        if src_lengths is None:
-            src_lengths = src_tokens.ne(self.pad).sum(dim=1)
-        encoder_out = self._encode(src_tokens, src_lengths)
-
-        max_lens = self._max_lengths(src_tokens)  # bsz, on the device
-        max_lens_host: list[int] = max_lens.tolist()
-        steps = max(max_lens_host) if max_lens_host else 0
-
-        tokens = torch.full((bsz * beam, steps + 2), self.pad, dtype=torch.long, device=device)
-        tokens[:, 0] = bos
-        scores = torch.zeros(bsz * beam, steps + 1, dtype=torch.float32, device=device)  # cumulative
-        cands_to_ignore = torch.zeros(bsz, beam, dtype=torch.bool, device=device)
+        beams = body.begin(src_tokens, prefix_tokens, bos)
 
         # Finished hypotheses stay on the device until the search ends (_collect); the host keeps their counts.
         pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = []
@@ -180,7 +177,7 @@ class SequenceGenerator:
         state: dict[str, Any] = {}
         reorder: tuple[Tensor, Tensor | None] | None = None
 
-        for step in range(steps + 1):
+        for step in range(beams.steps + 1):
             if reorder is not None:
                 new_order, encoder_order = reorder
                 if step == 1 and beam > 1:
@@ -188,138 +185,59 @@ class SequenceGenerator:
                 model.decoder.reorder_incremental_state(state, new_order, encoder_order)
                 if encoder_order is not None:
                     encoder_out = model.encoder.reorder_encoder_out(encoder_out, encoder_order)
-            n_sent = len(active)
 
             if step == 0 and beam > 1:
                 # The beams of a sentence are identical until the first choice: decode one row per sentence. Its
                 # cache rows are per sentence, so the first reorder maps beam rows to sentences.
-                logits, _ = model.decoder(tokens[::beam, :1], encoder_out, incremental_state=state)
+                logits, _ = model.decoder(beams.tokens[::beam, :1], encoder_out, incremental_state=state)
                 logits = logits.repeat_interleave(beam, dim=0)
             else:
-                logits, _ = model.decoder(tokens[:, : step + 1], encoder_out, incremental_state=state)
-            lprobs = self._log_probs(logits, self.temperature)
-            lprobs = self._mask(step, lprobs, max_lens, prefix_tokens, step >= min(max_lens_host))
-            if prefix_tokens is not None and step < prefix_tokens.size(1):
-                tokens, scores, lprobs = self._replicate_first_beam_at_forced_eos(
-                    step, prefix_tokens, tokens, scores, lprobs
-                )
-            if self.ngram_blocker is not None:
-                lprobs = self.ngram_blocker(
-                    tokens[:, : step + 1], lprobs, sink=self.pad
-                )  # pad is -inf already
+                logits, _ = model.decoder(beams.tokens[:, : step + 1], encoder_out, incremental_state=state)
+            lprobs = body.log_probs(step, logits, beams)
+            cands = body.candidates(step, lprobs, beams)
 
-            prev = scores.view(n_sent, beam, -1)[:, :, step - 1] if step > 0 else None
-            cand_scores, cand_tokens, cand_beams = self.search.step(step, lprobs.view(n_sent, beam, -1), prev)
-            cand_rows = cand_beams + torch.arange(n_sent, device=device).unsqueeze(1) * beam
-
-            eos_mask = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
-            eos_mask[:, :beam] &= ~cands_to_ignore
             # The step's one host-device sync: which of the top candidates end here. The first `beam` finished
             # per sentence are kept, as in fairseq.
             picks = []
-            for j, row in enumerate(eos_mask[:, :beam].tolist()):
+            for j, row in enumerate(cands.eos[:, :beam].tolist()):
                 for b, ends in enumerate(row):
                     if ends and counts[active[j]] < beam:
                         counts[active[j]] += 1
                         picks.append((j, b))
             if picks:
-                pending.append(
-                    self._finalize(
-                        step, picks, cand_rows[:, :beam], cand_scores[:, :beam], tokens, scores, active
-                    )
-                )
+                pending.append(self._finalize(step, picks, cands, beams, active))
 
-            keep = [j for j, s in enumerate(active) if counts[s] < beam and step < max_lens_host[j]]
+            keep = [j for j, s in enumerate(active) if counts[s] < beam and step < beams.max_lens_host[j]]
             if not keep:
                 break
             encoder_order = None
-            if len(keep) < n_sent:
+            if len(keep) < len(active):
                 keep_idx = torch.tensor(keep, dtype=torch.long, device=device)
-                eos_mask, cand_rows = eos_mask[keep_idx], cand_rows[keep_idx]
-                cand_scores, cand_tokens = cand_scores[keep_idx], cand_tokens[keep_idx]
-                cands_to_ignore, max_lens = cands_to_ignore[keep_idx], max_lens[keep_idx]
-                if prefix_tokens is not None:
-                    prefix_tokens = prefix_tokens[keep_idx]
+                cands = cands.select(keep_idx)
+                beams.select(keep, keep_idx)
                 active = [active[j] for j in keep]
-                max_lens_host = [max_lens_host[j] for j in keep]
                 encoder_order = keep_idx
 
             # Rows index the pre-removal batch, so one index_select both drops finished sentences and reorders beams.
-            tokens, scores, cands_to_ignore, rows = continue_beams(
-                step, beam, eos_mask, cands_to_ignore, cand_rows, cand_tokens, cand_scores, tokens, scores
-            )
-            reorder = (rows, encoder_order)
+            reorder = (body.advance(step, cands, beams), encoder_order)
 
         return self._collect(pending, bsz)
 
-    def _mask(
-        self,
-        step: int,
-        lprobs: Tensor,
-        max_lens: Tensor,
-        prefix_tokens: Tensor | None,
-        any_at_max: bool = True,
-    ) -> Tensor:
-        """`any_at_max` False (the caller knows no sentence is at its max length) skips the forced-EOS pass."""
-        beam, eos = self.beam_size, self.eos
-        lprobs = torch.nan_to_num_(lprobs, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
-        lprobs[:, self.pad] = -math.inf
-        if self.unk_penalty:
-            lprobs[:, self.unk] -= self.unk_penalty
-        at_max = (step >= max_lens).repeat_interleave(beam)  # per decoder row
-        if any_at_max:
-            not_eos = torch.ones(lprobs.size(1), dtype=torch.bool, device=lprobs.device)
-            not_eos[eos] = False
-            lprobs = lprobs.masked_fill(at_max.unsqueeze(1) & not_eos, -math.inf)
-        free = ~at_max
-        if prefix_tokens is not None and step < prefix_tokens.size(1):
-            forced_tok = prefix_tokens[:, step].repeat_interleave(beam)
-            forced = forced_tok.ne(self.pad) & free
-            kept = lprobs.gather(1, forced_tok.unsqueeze(1))
-            only_forced = torch.full_like(lprobs, -math.inf).scatter(1, forced_tok.unsqueeze(1), kept)
-            lprobs = torch.where(forced.unsqueeze(1), only_forced, lprobs)
-            free = free & ~forced
-        if step < self.min_len:
-            lprobs[:, eos] = torch.where(free, torch.full_like(lprobs[:, eos], -math.inf), lprobs[:, eos])
-        return lprobs
-
-    def _replicate_first_beam_at_forced_eos(
-        self, step: int, prefix_tokens: Tensor, tokens: Tensor, scores: Tensor, lprobs: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """A prefix that contains EOS finishes the hypothesis; give every beam slot the first beam's state so the
-        sentence collects `beam` (identical) finalized hypotheses, as fairseq does."""
-        beam = self.beam_size
-        eos_sent = prefix_tokens[:, step].eq(self.eos)
-        if not bool(eos_sent.any()):
-            return tokens, scores, lprobs
-        rows = torch.arange(tokens.size(0), device=tokens.device)
-        first = rows - rows % beam
-        src = torch.where(eos_sent.repeat_interleave(beam), first, rows)
-        return tokens.index_select(0, src), scores.index_select(0, src), lprobs.index_select(0, src)
-
     def _finalize(
-        self,
-        step: int,
-        picks: list[tuple[int, int]],
-        rows_top: Tensor,
-        scores_top: Tensor,
-        tokens: Tensor,
-        scores: Tensor,
-        active: list[int],
+        self, step: int, picks: list[tuple[int, int]], cands: Candidates, beams: Beams, active: list[int]
     ) -> tuple[list[int], Tensor, Tensor, Tensor]:
         """The hypotheses that end with EOS at this step, `picks` = (sentence slot, candidate) in candidate
         order: (their sentences, tokens, positional scores, final scores), the tensors left on the device."""
         beam = self.beam_size
-        flat = to_device(torch.tensor([j * beam + b for j, b in picks]), tokens.device)
-        rows = rows_top.reshape(-1).index_select(0, flat)
-        eos_scores = scores_top.reshape(-1).index_select(0, flat)
-        hyp_tokens = tokens.index_select(0, rows)[:, 1 : step + 2].clone()
+        flat = to_device(torch.tensor([j * beam + b for j, b in picks]), beams.tokens.device)
+        rows = cands.rows[:, :beam].reshape(-1).index_select(0, flat)
+        eos_scores = cands.scores[:, :beam].reshape(-1).index_select(0, flat)
+        hyp_tokens = beams.tokens.index_select(0, rows)[:, 1 : step + 2].clone()
         hyp_tokens[:, step] = self.eos
-        cum = scores.index_select(0, rows)[:, : step + 1].clone()
+        cum = beams.scores.index_select(0, rows)[:, : step + 1].clone()
         cum[:, step] = eos_scores
-        positional = torch.cat([cum[:, :1], cum[:, 1:] - cum[:, :-1]], dim=1)
-        final = eos_scores / ((step + 1) ** self.len_penalty) if self.normalize_scores else eos_scores.clone()
-        return [active[j] for j, _ in picks], hyp_tokens, positional, final
+        final = self.decode_step.final_scores(step, eos_scores)
+        return [active[j] for j, _ in picks], hyp_tokens, positional_scores(cum), final
 
     def _collect(
         self, pending: list[tuple[list[int], Tensor, Tensor, Tensor]], bsz: int
@@ -371,12 +289,6 @@ def encode(
     return model.encoder(src_tokens, src_lengths)
 
 
-def _last_log_probs(logits: Tensor, temperature: float) -> Tensor:
-    """The next token's log-probabilities (float32) from the decoder's logits at the last position."""
-    last = logits[:, -1, :].float()
-    return F.log_softmax(last if temperature == 1.0 else last / temperature, dim=-1)
-
-
 # ---------------------------------------------------------------------- builders and the batch helper
 
 
@@ -387,9 +299,11 @@ def build_generator(
     bos: int | None = None,
     eos: int | None = None,
 ) -> SequenceGenerator:
-    """A generator configured from the flags of `add_generation_args` (fairseq's names and defaults); `bos` and
-    `eos` as SequenceGenerator's (a task's or a model's start and end tokens)."""
-    check_generation_args(args)
+    """A generator configured from generation settings named as the flags of seqtrain.flags.generation
+    (fairseq's names and defaults: an argparse.Namespace, or any object with those attributes), already checked
+    by its check_generation_args (each front end checks where it names the source: a flag, a config file's key,
+    a Summarizer argument); `bos` and `eos` as SequenceGenerator's (a task's or a model's start and end
+    tokens). The library's beam search takes no flag layer: the settings are read here, nothing below keeps them."""
     if getattr(args, "sampling", False):
         device = next(model.parameters()).device
         gen = torch.Generator(device=device)

@@ -113,8 +113,11 @@ def _prefix(srcs, seed, width=3, eos_rate=0.15):
 
 
 def _static_eager_step(gen, srcs, prefix=None, check_every=4):
+    """The static loop on the eager decoder, with the generator's step body."""
     with torch.no_grad():
-        return static_generate(gen, srcs, None, prefix, EOS, EagerSteps(gen.model), check_every)
+        enc = gen.model.encoder(srcs)
+        steps = EagerSteps(gen.model)
+        return static_generate(gen.decode_step, steps, enc, srcs, prefix, EOS, gen.nbest, check_every)
 
 
 # ------------------------------------------------------------------ (a) device finalization, bit for bit
