@@ -23,6 +23,7 @@ from seqtrain.checkpoint.hf_files import (
     hf_generation_config,
     model_card,
     read_spm_tokenizer,
+    read_tokenizer_json,
     tokenizer_prepends_bos,
 )
 from seqtrain.data.dictionary import placeholder_dictionary
@@ -360,6 +361,8 @@ def _hf_dictionary(folder: str, rows: int) -> tuple[Any, dict | None]:
     as the id table), so seqtrain's gpt2 tokenizer built from vocab.json + merges.txt encodes text to these
     indices."""
     names, spm_spec = read_spm_tokenizer(folder)  # a sentencepiece export of seqtrain's: spm.model beside it
+    if names is None:  # its tokenizer.json alone (saved again by transformers), or another non-GPT-2 one
+        names, spm_spec = read_tokenizer_json(folder)
     if names is not None:
         return placeholder_dictionary(rows, names), spm_spec
     vocab, merges = _hf_bpe_files(folder)

@@ -243,6 +243,40 @@ def read_spm_tokenizer(folder: str) -> tuple[list[str] | None, dict | None]:
     return names, {"kind": "sentencepiece", "version": 1, "model_base64": base64.b64encode(proto).decode()}
 
 
+def _byte_level(pre: Any) -> bool:
+    """Whether a tokenizer.json pre_tokenizer is (or holds) GPT-2's ByteLevel one."""
+    if not isinstance(pre, dict):
+        return False
+    return pre.get("type") == "ByteLevel" or any(_byte_level(p) for p in pre.get("pretokenizers") or [])
+
+
+def read_tokenizer_json(folder: str) -> tuple[list[str | None] | None, dict | None]:
+    """(symbol of each id, `tokenizer_json` spec) of a folder with a tokenizer.json but no spm.model: what
+    transformers' save_pretrained (or peft's merge and save) keeps of a seqtrain sentencepiece export. Its tokens
+    are the sentencepiece pieces, and the dictionary lists them by id, as the export's did. A GPT-2 byte-level
+    BPE tokenizer.json is left to the gpt2 reader (its dictionary symbols are ids, fairseq's convention):
+    (None, None) for it and for a folder without tokenizer.json. One that the tokenizers library cannot read is
+    an error naming it, never a model run without its tokenizer."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if _byte_level(json.loads(text).get("pre_tokenizer")):
+            return None, None
+    except (OSError, ValueError, AttributeError) as e:
+        raise SeqtrainError(f"{path}: unreadable tokenizer file ({e})") from None
+    from seqtrain.data.tokenizer import TokenizerJson
+
+    tok = TokenizerJson(text, path)
+    vocab = tok.tok.get_vocab(with_added_tokens=True)
+    names: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    for t, i in vocab.items():
+        names[i] = t
+    return names, tok.spec()
+
+
 # The generation settings an export records, at seqtrain-generate's defaults (fairseq's).
 GENERATION_DEFAULTS: dict[str, Any] = dict(
     beam=5, lenpen=1.0, max_len_a=0.0, max_len_b=200, min_len=1, no_repeat_ngram_size=0
