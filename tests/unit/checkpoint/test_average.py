@@ -191,7 +191,10 @@ def test_mismatched_inputs_are_refused_and_nothing_is_written(tmp_path, capsys):
             "architecture argument activation_fn='relu', {a} has activation_fn='gelu'",
         ),
         (
-            lambda args, d: (args, Dictionary.from_list([[s if s != "w3" else "x3", c] for s, c in d.to_list()])),
+            lambda args, d: (
+                args,
+                Dictionary.from_list([[s if s != "w3" else "x3", c] for s, c in d.to_list()]),
+            ),
             "its source dictionary differs from {a}'s (symbol 7 is 'x3', not 'w3')",
         ),
     ],
@@ -206,5 +209,8 @@ def test_another_model_of_equal_shapes_is_refused(tmp_path, capsys, change, mess
     b = save_seqtrain(tmp_path / "b.pt", *change(args, d), states[1])
     assert run("--inputs", a, b, "--output", str(tmp_path / "avg.pt")) == 1
     err = capsys.readouterr().err.strip()
-    assert err == f"seqtrain-average-checkpoints: error: {b}: {message.format(a=a)}; average one model's checkpoints"
+    assert (
+        err
+        == f"seqtrain-average-checkpoints: error: {b}: {message.format(a=a)}; average one model's checkpoints"
+    )
     assert not (tmp_path / "avg.pt").exists()
