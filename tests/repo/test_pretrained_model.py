@@ -69,3 +69,12 @@ def test_a_transformers_round_trip_keeps_its_tokenizer(tmp_path):
     spm = SentencePieceTokenizer.from_file(str(FOLDER / "spm.model"))
     lm = load_model(str(out))
     assert [lm.tokenizer.encode(t) for t in texts] == [spm.encode(t) for t in texts]
+
+
+def test_its_card_and_tokenizer_config_suit_transformers_4_and_5():
+    """The card names a task transformers 5 still has (it removed text2text-generation), and the tokenizer config
+    names the model's inputs (transformers 4.x otherwise adds token_type_ids, which generate refuses)."""
+    card = (FOLDER / "README.md").read_text()
+    assert "pipeline_tag: summarization" in card and "text2text-generation" not in card
+    config = json.loads((FOLDER / "tokenizer_config.json").read_text())
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]

@@ -145,3 +145,19 @@ def test_an_unreadable_tokenizer_json_is_one_line_naming_it(tmp_path):
     (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Nope"}}')
     with pytest.raises(SeqtrainError, match=r"tokenizer\.json: not a tokenizer the tokenizers library reads"):
         read_tokenizer_json(str(tmp_path))
+
+
+def test_the_tokenizer_config_names_the_models_inputs(tokenizers_, tmp_path):
+    """tokenizer_config.json says the model takes input_ids and attention_mask: transformers 4.x's
+    PreTrainedTokenizerFast otherwise returns token_type_ids too, and model.generate(**tokenizer(texts)) fails on
+    them (issue 40)."""
+    import json
+
+    tok = tokenizers_["unigram"]
+    export_tokenizer(str(tmp_path), tok.spec(), dictionary(tok), prepend_bos=False, max_positions=1024)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf.model_input_names == ["input_ids", "attention_mask"]
+    assert set(hf(TEXTS[:2], return_tensors="pt", padding=True)) == {"input_ids", "attention_mask"}
