@@ -172,7 +172,7 @@ def databin_tokenizer(args: Any, data_dir: str) -> Any:
         return have
     tok, files = named
     bpe = args.bpe
-    if have.kind == "none":
+    if have.kind == "none" and not os.path.exists(os.path.join(data_dir, "tokenizer.json")):
         if tok is None:
             raise SeqtrainError(
                 f"--bpe gpt2: {data_dir} has no tokenizer.json; give the local --gpt2-encoder-json and "
