@@ -143,8 +143,8 @@ def _named_tokenizer(args: Any) -> tuple[Any, list[tuple[str, str, bytes]]] | No
         data = _read_bytes(spm, "--sentencepiece-model")
         try:
             tok = SentencePieceTokenizer(data)
-        except Exception as e:  # sentencepiece's own parse error
-            raise SeqtrainError(f"--sentencepiece-model {spm}: not a sentencepiece model ({e})") from None
+        except Exception:  # sentencepiece's own parse error (a RuntimeError naming its C++ source line)
+            raise SeqtrainError(f"--sentencepiece-model {spm}: not a sentencepiece model file") from None
         return tok, [("--sentencepiece-model", spm, data)]
     files = [
         (flag, path, _read_bytes(path, flag))
