@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.flags.parsers import UsageError
+from seqtrain_cli import _start_up_signal
 
 REMEDIES = {
     errno.ENOENT: "check the path (create the folder first if it is an output)",
@@ -88,10 +89,14 @@ def run_cli(
     if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
         _run(prog, main, argv, debug)
         return
-    if stop_early and own_process and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    # the package's start-up handlers (seqtrain_cli/__init__.py) stand for Python's defaults and end here
+    term = signal.getsignal(signal.SIGTERM)
+    if stop_early and own_process and term in (signal.SIG_DFL, _start_up_signal):
         signal.signal(signal.SIGTERM, _stopped_before_work)
+    elif own_process and term is _start_up_signal:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     previous, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
-    if own_process and previous is signal.default_int_handler:
+    if own_process and previous in (signal.default_int_handler, _start_up_signal):
         signal.signal(signal.SIGINT, _interrupt_once)
     sys.unraisablehook = functools.partial(_interrupt_later, hook=hook)
     try:
