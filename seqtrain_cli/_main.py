@@ -9,9 +9,12 @@ from __future__ import annotations
 import _thread
 import errno
 import functools
+import json
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from seqtrain.errors import SeqtrainError, Stopped
@@ -121,6 +124,7 @@ def _run(prog: str, main: Callable[[list[str]], int | None], argv: list[str], de
             raise
         line = os_error_line(e) if isinstance(e, OSError) else str(e)
         print(f"{prog}: error: {line}", file=sys.stderr)
+        torchrun_error_file(f"{prog}: error: {line}")
         sys.exit(2 if isinstance(e, UsageError) else 1)
     except BaseException as e:
         # Ctrl-C, also when library code turned it into another error while handling it (torch.save does)
@@ -130,6 +134,25 @@ def _run(prog: str, main: Callable[[list[str]], int | None], argv: list[str], de
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(rc or 0)
+
+
+def torchrun_error_file(line: str) -> None:
+    """Under torchrun, the error line in the file its agent reads back (TORCHELASTIC_ERROR_FILE, the format of
+    torch.distributed.elastic's @record): its failure report then names this line as each rank's error and the
+    root cause, instead of "To enable traceback see: ...". The report itself (and the launcher's own traceback)
+    is torchrun's, printed for any rank that exits non-zero; a rank cannot end a failed job without it but by
+    exiting 0, which would hide the failure from the shell (issue 40)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    record = {
+        "message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}
+    }
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+    except OSError:
+        pass  # the report then says what it says without it; the line is on stderr already
 
 
 def _ignore_further_interrupts() -> None:
