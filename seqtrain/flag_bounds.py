@@ -61,6 +61,7 @@ BOUNDS: dict[str, Bounds] = {
     "ema_decay": PROBABILITY,
     "lora_dropout": PROBABILITY,
     "lora_alpha": POSITIVE_FLOAT,
+    "lora_rank": Bounds(0, 65536),  # 0: off; at most the widest --*-embed-dim (apply_lora: the model's own)
     "ema_update_freq": POSITIVE_INT,
     "total_num_update": POSITIVE_INT,
     "force_anneal": POSITIVE_INT,
@@ -124,7 +125,9 @@ BOUNDS: dict[str, Bounds] = {
     "insert": PROBABILITY,
     "permute": PROBABILITY,
     "rotate": PROBABILITY,
-    "poisson_lambda": Bounds(0, 1000, lo_open=True),
+    # fairseq's span distribution keeps P(k) up to the first below 1e-7: above -ln(1e-7) = 16.1 that is P(0)
+    # alone (every span empty), and from ~100 P(0) underflows to 0 (torch: invalid multinomial distribution)
+    "poisson_lambda": Bounds(0, 16, lo_open=True),
     "permute_sentences": Bounds(0, 1, off=-1),
     "replace_length": Bounds(-1, 1),
     "shuffle_instance": PROBABILITY,

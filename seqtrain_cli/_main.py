@@ -9,13 +9,17 @@ from __future__ import annotations
 import _thread
 import errno
 import functools
+import json
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.flags.parsers import UsageError
+from seqtrain_cli import _start_up_signal
 
 REMEDIES = {
     errno.ENOENT: "check the path (create the folder first if it is an output)",
@@ -88,10 +92,14 @@ def run_cli(
     if threading.current_thread() is not threading.main_thread():  # signal handlers belong to the main thread
         _run(prog, main, argv, debug)
         return
-    if stop_early and own_process and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+    # the package's start-up handlers (seqtrain_cli/__init__.py) stand for Python's defaults and end here
+    term = signal.getsignal(signal.SIGTERM)
+    if stop_early and own_process and term in (signal.SIG_DFL, _start_up_signal):
         signal.signal(signal.SIGTERM, _stopped_before_work)
+    elif own_process and term is _start_up_signal:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     previous, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
-    if own_process and previous is signal.default_int_handler:
+    if own_process and previous in (signal.default_int_handler, _start_up_signal):
         signal.signal(signal.SIGINT, _interrupt_once)
     sys.unraisablehook = functools.partial(_interrupt_later, hook=hook)
     try:
@@ -116,6 +124,7 @@ def _run(prog: str, main: Callable[[list[str]], int | None], argv: list[str], de
             raise
         line = os_error_line(e) if isinstance(e, OSError) else str(e)
         print(f"{prog}: error: {line}", file=sys.stderr)
+        torchrun_error_file(f"{prog}: error: {line}")
         sys.exit(2 if isinstance(e, UsageError) else 1)
     except BaseException as e:
         # Ctrl-C, also when library code turned it into another error while handling it (torch.save does)
@@ -125,6 +134,25 @@ def _run(prog: str, main: Callable[[list[str]], int | None], argv: list[str], de
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(130)
     sys.exit(rc or 0)
+
+
+def torchrun_error_file(line: str) -> None:
+    """Under torchrun, the error line in the file its agent reads back (TORCHELASTIC_ERROR_FILE, the format of
+    torch.distributed.elastic's @record): its failure report then names this line as each rank's error and the
+    root cause, instead of "To enable traceback see: ...". The report itself (and the launcher's own traceback)
+    is torchrun's, printed for any rank that exits non-zero; a rank cannot end a failed job without it but by
+    exiting 0, which would hide the failure from the shell (issue 40)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    record = {
+        "message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}
+    }
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(record, f)
+    except OSError:
+        pass  # the report then says what it says without it; the line is on stderr already
 
 
 def _ignore_further_interrupts() -> None:

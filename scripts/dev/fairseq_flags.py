@@ -59,6 +59,10 @@ NOTES = {
     "--permute-sentences": "a share (fairseq's is an int, so its `1.0` is refused there); sentences end at GPT-2's '.' "
     "(id 13) as in fairseq, else at the symbol '.' (fairseq: at </s>, which its task strips, so nothing moves)",
     "--mask-length": "word starts come from the data-bin's tokenizer (fairseq: from --bpe)",
+    "--bpe": "sentencepiece or gpt2 (with --sentencepiece-model, --gpt2-encoder-json, --gpt2-vocab-bpe): accepted "
+    "where they name the data-bin's own tokenizer (the same file bytes; fairseq's gpt2 URLs are not fetched), one "
+    "line where they differ; a fairseq data-bin (no tokenizer.json) takes the model named once its dictionary's "
+    "symbols are that model's tokens",
 }
 
 

@@ -52,9 +52,9 @@ mkdir -p "$tmp"
 "$bin/seqtrain-convert" --to hf --dtype float16 "$save/checkpoint_last.pt" "$tmp/$(basename "$out")"
 cp "$databin/dict.txt" "$tmp/$(basename "$out")/dict.txt"   # the dictionary without <mask>, for fine-tuning data-bins
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-# the export's card is a summarizer's: this model is pretrained only (it rebuilds text; fine-tune it to summarize)
-sed -i -e 's/^pipeline_tag: summarization$/pipeline_tag: text2text-generation/' \
-  -e 's/^# BART summarizer (exported by seqtrain)$/# bart_small pretrained on debdesc descriptions (denoising only, not fine-tuned)/' \
+# the export's card is a summarizer's: this model is pretrained only (it rebuilds text; fine-tune it to summarize).
+# Its pipeline_tag stays summarization (what it is fine-tuned for): transformers 5 removed text2text-generation
+sed -i -e 's/^# BART summarizer (exported by seqtrain)$/# bart_small pretrained on debdesc descriptions (denoising only, not fine-tuned)/' \
   "$tmp/$(basename "$out")/README.md"
 cat >> "$tmp/$(basename "$out")/README.md" <<CARD
 

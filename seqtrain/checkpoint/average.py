@@ -6,7 +6,10 @@ scripts/average_checkpoints.py computes it.
 
 fairseq's semantics: `--inputs` names files, or with `--num-epoch-checkpoints N` / `--num-update-checkpoints N`
 one folder whose N newest `checkpoint{E}.pt` / `checkpoint_{E}_{U}.pt` are averaged (`--checkpoint-upper-bound`
-caps E or U). Every input must hold the same parameter names in the same order and the same shapes. Each
+caps E or U). Every input must hold the same parameter names in the same order and the same shapes, and be the
+same model: the same architecture arguments (`ARCH_ARGS`; equal shapes do not make one model: another activation
+or layer norm placement gives tensors of the same shapes) and the same dictionaries (a row of one embedding
+would be averaged with another word's row), as fairseq users assume; the first difference is named. Each
 parameter is summed in input order and divided once by the count (fp16 tensors are averaged, and written, in
 fp32; integer tensors are floor-divided), so on fp32 inputs the result is bit for bit fairseq's. The output
 keeps the first input's format (seqtrain or fairseq) and its settings, dictionaries and tokenizer, without
@@ -62,6 +65,74 @@ def _model_state(path: str, obj: Any) -> dict[str, torch.Tensor]:
     return obj["model"]
 
 
+# The args that make a model what it is (an average over inputs that differ in any of them is no model's weights)
+ARCH_ARGS = (
+    "arch",
+    *(
+        f"{side}_{name}"
+        for side in ("encoder", "decoder")
+        for name in ("embed_dim", "ffn_embed_dim", "layers")
+    ),
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "max_source_positions",
+    "max_target_positions",
+    "activation_fn",
+    "encoder_normalize_before",
+    "decoder_normalize_before",
+    "no_scale_embedding",
+    "share_all_embeddings",
+    "share_decoder_input_output_embed",
+    "layernorm_embedding",
+    "lora_rank",
+    "lora_alpha",
+    "lora_modules",
+    "langs",
+    "prepend_bos",
+)
+
+
+def _model_args(obj: dict) -> dict[str, Any]:
+    """A seqtrain (args: a dict) or fairseq checkpoint's model args (args: a Namespace, or cfg['model'])."""
+    args = obj.get("args")
+    if args is None and isinstance(obj.get("cfg"), dict):
+        args = obj["cfg"].get("model")
+    if isinstance(args, argparse.Namespace):
+        return vars(args)
+    return args if isinstance(args, dict) else {}
+
+
+def check_same_model(path: str, obj: dict, first_path: str, first: dict) -> None:
+    """`obj` (read from `path`) must be a checkpoint of the model `first` is: the same architecture arguments
+    and the same dictionaries."""
+    have, want = _model_args(obj), _model_args(first)
+    for name in ARCH_ARGS:
+        if have.get(name) != want.get(name):
+            raise SeqtrainError(
+                f"{path}: architecture argument {name}={have.get(name)!r}, {first_path} has "
+                f"{name}={want.get(name)!r}; average one model's checkpoints"
+            )
+    for side in ("src_dict", "tgt_dict"):  # the symbols, in order (the counts are no part of the model)
+        a, b = _symbols(obj.get(side)), _symbols(first.get(side))
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a or [], b or [])) if x != y), None)
+            where = (
+                f"symbol {at} is {a[at]!r}, not {b[at]!r}"
+                if at is not None
+                else f"{len(a or [])} vs {len(b or [])} symbols"
+            )
+            raise SeqtrainError(
+                f"{path}: its {'source' if side == 'src_dict' else 'target'} dictionary differs from "
+                f"{first_path}'s ({where}); average one model's checkpoints"
+            )
+
+
+def _symbols(entries: Any) -> list | None:
+    if not isinstance(entries, list):
+        return None
+    return [e[0] if isinstance(e, (list, tuple)) and e else e for e in entries]
+
+
 def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any]:
     """The first checkpoint's dict with its 'model' replaced by the mean over `paths` and its optimizer state
     dropped. Inputs are read one at a time (memory: the sum plus one checkpoint)."""
@@ -75,7 +146,9 @@ def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any
         state = _model_state(path, obj)
         if first is None:
             first, names = obj, list(state)
-        elif list(state) != names:
+        else:
+            check_same_model(path, obj, paths[0], first)
+        if list(state) != names:
             missing = sorted(set(names) - set(state))[:3]
             extra = sorted(set(state) - set(names))[:3]
             what = (

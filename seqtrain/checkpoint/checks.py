@@ -1,18 +1,27 @@
 """What a checkpoint (seqtrain, fairseq or Hugging Face) claims, checked against what it holds before any model
 is built: the weights are tensors under string names, and the model dimensions in its args are integers in
 sane bounds that agree with the stored tensors' shapes. A crafted file claiming a dimension of 1e6 is refused
-here instead of making the model builder allocate terabytes."""
+here instead of making the model builder allocate terabytes.
+
+Every other field a reader uses is checked the same way, for kind and range, before anything is allocated
+(issue 40): the model args the builder reads (`ARG_KINDS`: dropouts, switches, the activation, LoRA's rank,
+scaling and modules, mBART's langs), the adapters the weights hold (each on a projection --lora-modules names,
+of the stored rank), the learned positions' rows, and the training state a resume or an --ema export reads
+(`check_training_state`: the EMA, its counter, --max-tokens auto's choice, the update and epoch counts)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from typing import Any
 
 import torch
 
+from seqtrain.data.dictionary import parse_langs
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import BOUNDS, bounds_for, check_value, describe
+from seqtrain.models.lora import LORA_TARGETS, is_lora_key
 
 DIM_ARGS = tuple(
     f"{side}_{name}"
@@ -27,6 +36,46 @@ _SHAPES = {
     "encoder_ffn_embed_dim": ("encoder.layers.0.fc1.weight", 0),
     "decoder_ffn_embed_dim": ("decoder.layers.0.fc1.weight", 0),
 }
+
+
+# The other model args a reader uses (the model builder's BartConfig fields, LoRA's, the task's langs, resume's
+# world size), by the kind each must have; numbers must also lie in their flag's range (seqtrain.flag_bounds).
+ARG_KINDS: dict[str, type] = {
+    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "relu_dropout"), float),
+    **dict.fromkeys(("lora_alpha", "lora_dropout"), float),
+    "lora_rank": int,
+    "distributed_world_size": int,
+    **dict.fromkeys(
+        (
+            "share_all_embeddings",
+            "no_scale_embedding",
+            "encoder_normalize_before",
+            "decoder_normalize_before",
+            "checkpoint_activations",
+        ),
+        bool,
+    ),
+    **dict.fromkeys(("activation_fn", "weight_init", "lora_modules", "langs", "arch"), str),
+}
+POSITION_OFFSET = 2  # fairseq's learned positions: padding index + 1 rows before position 0
+
+
+def _check_kind(name: str, v: Any, kind: type, where: str) -> None:
+    if kind is int:
+        ok = isinstance(v, int) and not isinstance(v, bool)
+        what = "an integer"
+    elif kind is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        what = "a finite number"
+    else:
+        ok, what = isinstance(v, kind), {bool: "true or false", str: "a string"}[kind]
+    if not ok:
+        raise SeqtrainError(f"{where}: model arg {name}={v!r} is not {what}")
+    if name in BOUNDS and kind in (int, float):
+        try:
+            check_value(name, v)
+        except argparse.ArgumentTypeError as e:
+            raise SeqtrainError(f"{where}: model arg {name}={v!r} is out of bounds ({e})") from None
 
 
 def check_weights(model: Any, where: str) -> None:
@@ -67,6 +116,113 @@ def check_model_args(args: Any, model: dict[str, torch.Tensor], where: str) -> N
             raise SeqtrainError(
                 f"{where}: model arg {side}_embed_dim={dim} is not divisible by {side}_attention_heads={heads}"
             )
+    for name, kind in ARG_KINDS.items():
+        if values.get(name) is not None:
+            _check_kind(name, values[name], kind, where)
+    if values.get("langs"):
+        parse_langs(values["langs"], f"{where}: model arg langs")
+    check_lora_args(values, model, where)
+
+
+def check_lora_args(values: dict[str, Any], model: dict[str, torch.Tensor], where: str) -> None:
+    """LoRA's rank, within the model's widths (a rank above the smallest width adapts nothing more and only
+    allocates), its modules, and the stored adapters: each on a projection of the weights that --lora-modules
+    names, of the stored rank (A: rank x in, B: out x rank)."""
+    rank = values.get("lora_rank") or 0
+    widths = [values.get(f"{s}_embed_dim") for s in ("encoder", "decoder")]
+    widest_rank = min((w for w in widths if isinstance(w, int)), default=None)
+    if rank and widest_rank is not None and rank > widest_rank:
+        raise SeqtrainError(
+            f"{where}: model arg lora_rank={rank} is above the model's width {widest_rank} (at most {widest_rank})"
+        )
+    modules = values.get("lora_modules")
+    targets = tuple(x.strip() for x in (modules or "q_proj,v_proj").split(",") if x.strip())
+    if not targets or any(t not in LORA_TARGETS for t in targets):
+        raise SeqtrainError(
+            f"{where}: model arg lora_modules={modules!r}: choose from {','.join(LORA_TARGETS)}"
+        )
+    for key, t in model.items():
+        if not is_lora_key(key):
+            continue
+        owner, part = key.rsplit(".", 1)
+        base = model.get(f"{owner}.weight")
+        if not rank:
+            raise SeqtrainError(
+                f"{where}: weight {key!r} is a LoRA adapter, but model arg lora_rank={rank!r}"
+            )
+        if base is None or base.dim() != 2 or owner.rsplit(".", 1)[-1] not in targets:
+            raise SeqtrainError(
+                f"{where}: weight {key!r} adapts {owner}, which is no projection the model's lora_modules "
+                f"({','.join(targets)}) names"
+            )
+        want = (rank, base.shape[1]) if part == "lora_A" else (base.shape[0], rank)
+        if tuple(t.shape) != want:
+            raise SeqtrainError(
+                f"{where}: weight {key!r} has shape {tuple(t.shape)}; lora_rank={rank} over {owner} of shape "
+                f"{tuple(base.shape)} needs {want}"
+            )
+
+
+def check_positions(args: Any, model: dict[str, torch.Tensor], where: str) -> None:
+    """The learned positions stored agree with the file's own max_source/target_positions (its rows are the
+    positions + fairseq's 2 offset rows). Only the file is checked so: --model-overrides may ask for more or
+    fewer positions, which loading fits (seqtrain.models.resize.fit_positions)."""
+    values = vars(args)
+    for side, name in (("encoder", "max_source_positions"), ("decoder", "max_target_positions")):
+        n, w = values.get(name), model.get(f"{side}.embed_positions.weight")
+        if isinstance(n, int) and w is not None and (w.dim() != 2 or w.shape[0] != n + POSITION_OFFSET):
+            raise SeqtrainError(
+                f"{where}: model arg {name}={n} does not match the stored {side}.embed_positions.weight of shape "
+                f"{tuple(w.shape)} ({n + POSITION_OFFSET} rows: the positions and 2 offset rows)"
+            )
+
+
+# The training state's scalars a reader uses: (kind, lowest value); --max-tokens auto's choice is a --max-tokens
+_STATE_SCALARS = {
+    "epoch": (int, 0),
+    "num_updates": (int, 0),
+    "ema_counter": (int, 0),
+    "auto_max_tokens": (int, 1),
+    "previous_training_time": (float, 0),
+}
+
+
+def check_training_state(state: Any, model: dict[str, torch.Tensor], where: str) -> None:
+    """A seqtrain checkpoint's extra_state, as a resume (and seqtrain-convert --ema) reads it: its scalars of
+    their kind and in range, and an EMA that is tensors of the stored weights' names and shapes."""
+    extra = state.get("extra_state") if isinstance(state, dict) else None
+    if extra is None:
+        return
+    if not isinstance(extra, dict):
+        raise SeqtrainError(f"{where}: extra_state is a {type(extra).__name__}, not a dict")
+    for name, (kind, lo) in _STATE_SCALARS.items():
+        v = extra.get(name)
+        if v is None:
+            continue
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        ok = (isinstance(v, int) if kind is int else number and math.isfinite(v)) and number
+        if not ok or v < lo or (name == "auto_max_tokens" and v > bounds_for("max_tokens", int).hi):
+            raise SeqtrainError(
+                f"{where}: extra_state[{name!r}]={v!r} is not {'an integer' if kind is int else 'a number'} "
+                f">= {lo}"
+                + (f" and <= {bounds_for('max_tokens', int).hi}" if name == "auto_max_tokens" else "")
+            )
+    for key in ("ema", "ema_fp32_params"):
+        ema = extra.get(key)
+        if ema is None:
+            continue
+        if not isinstance(ema, dict):
+            raise SeqtrainError(
+                f"{where}: extra_state[{key!r}] is a {type(ema).__name__}, not a dict of tensors"
+            )
+        for k, v in ema.items():
+            w = model.get(k) if isinstance(k, str) else None
+            if not isinstance(v, torch.Tensor) or w is None or v.shape != w.shape:
+                shape = tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+                raise SeqtrainError(
+                    f"{where}: extra_state[{key!r}] entry {k!r} ({shape}) is not a tensor of a stored weight's "
+                    "name and shape"
+                )
 
 
 def check_arch_overrides(args: Any, overrides: Any, where: str = "--model-overrides") -> None:
@@ -101,8 +257,12 @@ def check_arch_overrides(args: Any, overrides: Any, where: str = "--model-overri
 
 
 def check_contents(ck: Any) -> None:
-    """check_weights + check_model_args for a seqtrain.checkpoint.files.CheckpointContents; also its tokenizer."""
+    """check_weights, check_model_args, check_positions and check_training_state for a
+    seqtrain.checkpoint.files.CheckpointContents; also its tokenizer."""
     check_weights(ck.model, ck.path)
     check_model_args(ck.args, ck.model, ck.path)
+    check_positions(ck.args, ck.model, ck.path)
+    if ck.format == "seqtrain":  # fairseq's extra_state is read by no seqtrain reader but the data position
+        check_training_state(ck.state, ck.model, ck.path)
     if ck.tokenizer is not None and not isinstance(ck.tokenizer, dict):
         raise SeqtrainError(f"{ck.path}: the tokenizer entry is a {type(ck.tokenizer).__name__}, not a spec")

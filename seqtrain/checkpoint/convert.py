@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from seqtrain.checkpoint.fairseq import export_fairseq
+from seqtrain.checkpoint.fairseq import export_fairseq, fairseq_arch
 from seqtrain.checkpoint.formats import EXPORTERS, read_checkpoint
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
 from seqtrain.checkpoint.hub import resolve_model_path
@@ -93,10 +93,23 @@ def convert(args: argparse.Namespace) -> None:
     else:
         EXPORTERS[args.to](lm, args.output)
     n = sum(p.numel() for p in model.parameters())
+    a = ck.args
     logger.info(
-        f"wrote {args.output} ({args.to}, from {ck.format}; arch {ck.args.arch}, {n:,} parameters, "
+        f"wrote {args.output} ({args.to}, from {ck.format}; {stored_arch(a, args.to)}, d_model "
+        f"{a.encoder_embed_dim}, {a.encoder_layers}+{a.decoder_layers} layers, {n:,} parameters, "
         f"vocabulary {len(ck.tgt_dict)})"
     )
+
+
+def stored_arch(args: argparse.Namespace, to: str) -> str:
+    """The architecture as the written file names it (issue 40: the log named the source's, e.g. bart_small for
+    a fairseq export that stores bart_base): fairseq's registered arch, the Hugging Face model type, or seqtrain's
+    preset."""
+    if to == "fairseq":
+        return f"arch {fairseq_arch(args)}"
+    if to == "hf":
+        return f"model_type {'mbart' if getattr(args, 'encoder_normalize_before', False) else 'bart'}"
+    return f"arch {args.arch}"
 
 
 def _run_generation_args(text: Any, where: str) -> dict[str, Any]:

@@ -66,10 +66,12 @@ def read_loaded(
     if fmt != "auto" and fmt != found:
         raise SeqtrainError(f"{path} is a {found} checkpoint, not {fmt} (--from {fmt})")
     if found != "seqtrain":
-        return read_fairseq(path, obj)
-    ck = read_seqtrain(path, obj)
-    if obj.get(BASE_KEY) is not None:
-        ck = with_base(ck, lora_base, unsafe, base_flag)
+        ck = read_fairseq(path, obj)
+    else:
+        ck = read_seqtrain(path, obj)
+        if obj.get(BASE_KEY) is not None:
+            ck = with_base(ck, lora_base, unsafe, base_flag)
+    check_contents(ck)  # every field a reader (a resume too) uses, before anything is built from it
     return ck
 
 

@@ -23,6 +23,7 @@ from seqtrain.checkpoint.hf_files import (
     hf_generation_config,
     model_card,
     read_spm_tokenizer,
+    read_tokenizer_json,
     tokenizer_prepends_bos,
 )
 from seqtrain.data.dictionary import placeholder_dictionary
@@ -109,12 +110,18 @@ def _closest_arch(fields: dict) -> str:
     """The preset whose sizes and layout match (only a label: every size is also set explicitly)."""
     keys = ("encoder_embed_dim", "encoder_layers", "encoder_ffn_embed_dim", "encoder_attention_heads")
     keys += ("encoder_normalize_before", "no_scale_embedding")
+    presets = []
     for arch in ARCHS.names():
         ns = argparse.Namespace()
         ARCHS.get(arch)(ns)
         if all(getattr(ns, k, None) == fields[k] for k in keys):
             return arch
-    return "mbart_large" if fields["encoder_normalize_before"] else "bart_large"
+        presets.append((arch, ns))
+    # none matches: the preset of this layout with the nearest width (a 32-dim model was labelled bart_large)
+    layout = [
+        (a, ns) for a, ns in presets if all(getattr(ns, k, None) == fields[k] for k in keys[4:])
+    ] or presets
+    return min(layout, key=lambda p: abs(p[1].encoder_embed_dim - fields["encoder_embed_dim"]))[0]
 
 
 def args_to_hf_config(
@@ -360,6 +367,8 @@ def _hf_dictionary(folder: str, rows: int) -> tuple[Any, dict | None]:
     as the id table), so seqtrain's gpt2 tokenizer built from vocab.json + merges.txt encodes text to these
     indices."""
     names, spm_spec = read_spm_tokenizer(folder)  # a sentencepiece export of seqtrain's: spm.model beside it
+    if names is None:  # its tokenizer.json alone (saved again by transformers), or another non-GPT-2 one
+        names, spm_spec = read_tokenizer_json(folder)
     if names is not None:
         return placeholder_dictionary(rows, names), spm_spec
     vocab, merges = _hf_bpe_files(folder)

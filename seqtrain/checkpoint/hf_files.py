@@ -189,6 +189,9 @@ def export_tokenizer(folder: str, spec: dict | None, d: Any, prepend_bos: bool, 
         **special,
         # the class that loads tokenizer.json as it is (BartTokenizer would rebuild the post-processor)
         "tokenizer_class": "PreTrainedTokenizerFast",
+        # what BART's forward takes: transformers 4.x's PreTrainedTokenizerFast also returns token_type_ids by
+        # default, which model.generate(**tokenizer(texts, return_tensors="pt")) then refuses
+        "model_input_names": ["input_ids", "attention_mask"],
         "model_max_length": int(max_positions),
         "clean_up_tokenization_spaces": False,
         "add_prefix_space": False,
@@ -241,6 +244,41 @@ def read_spm_tokenizer(folder: str) -> tuple[list[str] | None, dict | None]:
     else:
         return None, None
     return names, {"kind": "sentencepiece", "version": 1, "model_base64": base64.b64encode(proto).decode()}
+
+
+def _metaspace(pre: Any) -> bool:
+    """Whether a tokenizer.json pre_tokenizer is (or holds) sentencepiece's Metaspace one."""
+    if not isinstance(pre, dict):
+        return False
+    return pre.get("type") == "Metaspace" or any(_metaspace(p) for p in pre.get("pretokenizers") or [])
+
+
+def read_tokenizer_json(folder: str) -> tuple[list[str | None] | None, dict | None]:
+    """(symbol of each id, `tokenizer_json` spec) of a folder with a tokenizer.json but no spm.model: what
+    transformers' save_pretrained (or peft's merge and save) keeps of a seqtrain sentencepiece export. Its tokens
+    are the sentencepiece pieces, and the dictionary lists them by id, as the export's did. A GPT-2 BPE
+    tokenizer.json (any BPE without sentencepiece's Metaspace) is left to the gpt2 reader (its dictionary symbols
+    are ids, fairseq's convention): (None, None) for it and for a folder without tokenizer.json. One that the
+    tokenizers library cannot read is an error naming it, never a model run without its tokenizer."""
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        return None, None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        obj = json.loads(text)
+        if (obj.get("model") or {}).get("type") == "BPE" and not _metaspace(obj.get("pre_tokenizer")):
+            return None, None  # GPT-2's byte-level BPE (or a bare BPE, read as GPT-2's as before)
+    except (OSError, ValueError, AttributeError) as e:
+        raise SeqtrainError(f"{path}: unreadable tokenizer file ({e})") from None
+    from seqtrain.data.tokenizer import TokenizerJson
+
+    tok = TokenizerJson(text, path)
+    vocab = tok.tok.get_vocab(with_added_tokens=True)
+    names: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    for t, i in vocab.items():
+        names[i] = t
+    return names, tok.spec()
 
 
 # The generation settings an export records, at seqtrain-generate's defaults (fairseq's).

@@ -5,6 +5,10 @@ Kinds (registered in `seqtrain.registry.TOKENIZERS`):
 - `gpt2`: GPT-2 byte-level BPE (the `tokenizers` library) written as decimal ids, fairseq BART's convention
   ("31414 232"); released BART dict.txt files list exactly these strings. Lossless.
 - `none`: the text is already symbols; whitespace split / join.
+- `tokenizer_json`: a Hugging Face `tokenizer.json` (the `tokenizers` library) written as its tokens, for a
+  folder whose sentencepiece model is gone: transformers' `save_pretrained` (and peft's merge and save) keep
+  tokenizer.json but not the spm.model of a seqtrain export. The export's tokenizer.json is the sentencepiece
+  model in transformers' terms, so its tokens are the sentencepiece pieces.
 
 `spec()` is plain JSON-able data holding everything needed to rebuild a tokenizer (model files embedded), so a
 checkpoint or `data-bin/tokenizer.json` carries it; `build_tokenizer(spec)` is the inverse. Tokenizers pickle as
@@ -298,6 +302,41 @@ class GPT2BPETokenizer(Tokenizer):
             "encoder.json": self.encoder_json.encode("utf-8"),
             "vocab.bpe": self.vocab_bpe.encode("utf-8"),
         }
+
+
+@TOKENIZERS.register("tokenizer_json")
+class TokenizerJson(Tokenizer):
+    kind = "tokenizer_json"
+
+    def __init__(self, text: str, where: str = "tokenizer.json"):
+        from tokenizers import Tokenizer as HFTokenizer  # only the tokenizer kind in use is loaded
+
+        self.text = text
+        try:
+            self.tok = HFTokenizer.from_str(text)
+        except Exception as e:  # the Rust side's parse errors are plain Exceptions
+            raise SeqtrainError(f"{where}: not a tokenizer the tokenizers library reads ({e})") from None
+
+    def encode(self, text: str) -> str:
+        # the tokens, not the ids: the dictionary maps them (the folder's dictionary lists them by id)
+        return " ".join(self.tok.encode(text, add_special_tokens=False).tokens)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[str]:
+        return [" ".join(e.tokens) for e in self.tok.encode_batch(list(texts), add_special_tokens=False)]
+
+    def decode(self, symbols: str) -> str:
+        tokens = symbols.split()
+        return self.tok.decoder.decode(tokens) if self.tok.decoder is not None else " ".join(tokens)
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "version": SPEC_VERSION, "tokenizer_json": self.text}
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> TokenizerJson:
+        return cls(_field(spec, "tokenizer_json"))
+
+    def files(self) -> dict[str, bytes]:
+        return {}  # the spec's tokenizer.json is the file itself (the data-bin's tokenizer.json holds it)
 
 
 def _field(spec: dict, key: str) -> str:

@@ -6,6 +6,11 @@
 - `--amp`: fairseq's automatic mixed precision (fp16 autocast with a dynamic grad scaler); seqtrain's --fp16 is
   exactly that, so --amp implies it.
 - `--dataset-impl`: only mmap, the format fairseq writes by default and seqtrain-preprocess writes.
+- `--bpe sentencepiece --sentencepiece-model M` / `--bpe gpt2 [--gpt2-encoder-json J --gpt2-vocab-bpe B]`: fairseq
+  names the tokenizer (e.g. for --task denoising's word starts); seqtrain reads it from the data-bin
+  (tokenizer.json). The flags are accepted where they name the data-bin's own tokenizer (the same file bytes) and
+  refused with one line where they differ (`databin_tokenizer`); on a fairseq data-bin, which has no tokenizer.json,
+  the model they name becomes the data-bin's tokenizer once the dictionary's symbols are checked to be its tokens.
 - A fairseq-train / fairseq-generate flag seqtrain does not implement is refused naming it (the list comes from
   fairseq 0.12's own parsers: seqtrain/flags/fairseq_flag_list.py, written by scripts/dev/fairseq_flags.py).
 """
@@ -86,12 +91,125 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="fairseq's automatic mixed precision: fp16 autocast with a dynamic grad scaler, i.e. --fp16 (CUDA)",
     )
     g.add_argument(
+        "--bpe",
+        choices=("sentencepiece", "gpt2"),
+        default=None,
+        help="fairseq's tokenizer choice: accepted where it is the data-bin's own tokenizer (checked), as fairseq's "
+        "--task denoising commands give it; seqtrain reads the tokenizer from the data-bin",
+    )
+    g.add_argument(
+        "--sentencepiece-model",
+        metavar="FILE",
+        help="with --bpe sentencepiece: the data-bin's spm model (checked)",
+    )
+    g.add_argument(
+        "--gpt2-encoder-json", metavar="FILE", help="with --bpe gpt2: the data-bin's encoder.json (checked)"
+    )
+    g.add_argument(
+        "--gpt2-vocab-bpe", metavar="FILE", help="with --bpe gpt2: the data-bin's vocab.bpe (checked)"
+    )
+    g.add_argument(
         "--dataset-impl",
         type=dataset_impl,
         default="mmap",
         metavar="FORMAT",
         help="data-bin format; only mmap (fairseq's default)",
     )
+
+
+def _read_bytes(path: str, flag: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise SeqtrainError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
+
+
+def _named_tokenizer(args: Any) -> tuple[Any, list[tuple[str, str, bytes]]] | None:
+    """(the tokenizer fairseq's --bpe flags name, [(flag, path, bytes) of each file given]); None without --bpe.
+    fairseq's default gpt2 files are URLs, which seqtrain does not fetch: those name no file to compare."""
+    from seqtrain.data.tokenizer import GPT2BPETokenizer, SentencePieceTokenizer
+
+    bpe = getattr(args, "bpe", None)
+    spm = getattr(args, "sentencepiece_model", None)
+    if bpe is None:
+        given = [f for f, v in (("--sentencepiece-model", spm),) if v]
+        if given:
+            raise SeqtrainError(f"{given[0]} needs --bpe sentencepiece (as in fairseq)")
+        return None
+    if bpe == "sentencepiece":
+        if not spm:
+            raise SeqtrainError("--bpe sentencepiece needs --sentencepiece-model FILE (as in fairseq)")
+        data = _read_bytes(spm, "--sentencepiece-model")
+        try:
+            tok = SentencePieceTokenizer(data)
+        except Exception:  # sentencepiece's own parse error (a RuntimeError naming its C++ source line)
+            raise SeqtrainError(f"--sentencepiece-model {spm}: not a sentencepiece model file") from None
+        return tok, [("--sentencepiece-model", spm, data)]
+    files = [
+        (flag, path, _read_bytes(path, flag))
+        for flag, path in (
+            ("--gpt2-encoder-json", args.gpt2_encoder_json),
+            ("--gpt2-vocab-bpe", args.gpt2_vocab_bpe),
+        )
+        if path and not path.startswith(("http://", "https://"))
+    ]
+    if len(files) == 2:
+        return GPT2BPETokenizer(files[0][2].decode("utf-8"), files[1][2].decode("utf-8")), files
+    return None, files  # the data-bin's gpt2 tokenizer is the one (its files compared below, if given)
+
+
+def databin_tokenizer(args: Any, data_dir: str) -> Any:
+    """The data-bin's tokenizer (seqtrain.data.tokenizer.load_databin_tokenizer), checked against fairseq's
+    --bpe flags when given: the same kind and the same model file bytes; a fairseq data-bin (no tokenizer.json)
+    takes the model they name once every dictionary symbol is one of its tokens."""
+    from seqtrain.data.dictionary import Dictionary
+    from seqtrain.data.tokenizer import load_databin_tokenizer
+
+    have = load_databin_tokenizer(data_dir)
+    named = _named_tokenizer(args)
+    if named is None:
+        return have
+    tok, files = named
+    bpe = args.bpe
+    if have.kind == "none" and not os.path.exists(os.path.join(data_dir, "tokenizer.json")):
+        if tok is None:
+            raise SeqtrainError(
+                f"--bpe gpt2: {data_dir} has no tokenizer.json; give the local --gpt2-encoder-json and "
+                "--gpt2-vocab-bpe files (seqtrain does not fetch fairseq's URLs)"
+            )
+        known = _token_symbols(tok)
+        for name in sorted(n for n in os.listdir(data_dir) if n.startswith("dict.") and n.endswith(".txt")):
+            d = Dictionary.load(os.path.join(data_dir, name))
+            odd = [s for s in d.symbols[d.nspecial :] if s not in known and not s.startswith("madeupword")]
+            if odd:
+                raise SeqtrainError(
+                    f"--bpe {bpe} {files[0][1]}: {data_dir}/{name} holds {odd[0]!r}, which it never writes: the "
+                    "data-bin was not made with it"
+                )
+        return tok
+    if have.kind != bpe:
+        raise SeqtrainError(
+            f"--bpe {bpe}: {data_dir} was made with the {have.kind} tokenizer (its tokenizer.json)"
+        )
+    own = have.files()
+    for flag, path, data in files:
+        name = {"--sentencepiece-model": "spm.model", "--gpt2-encoder-json": "encoder.json"}.get(
+            flag, "vocab.bpe"
+        )
+        if own.get(name) != data:
+            raise SeqtrainError(
+                f"{flag} {path}: differs from the tokenizer of the data-bin {data_dir} (its {name}, in "
+                "tokenizer.json): give the model the data-bin was made with, or drop the flag"
+            )
+    return have
+
+
+def _token_symbols(tok: Any) -> set[str]:
+    """The dictionary symbols a tokenizer writes: sentencepiece's pieces, GPT-2's ids as decimal strings."""
+    if tok.kind == "sentencepiece":
+        return {tok.sp.IdToPiece(i) for i in range(tok.vocab_size)}
+    return {str(i) for i in range(tok.vocab_size)}
 
 
 def _component_flags() -> set[str]:

@@ -31,6 +31,7 @@ from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
+from seqtrain.flags import fairseq_compat
 from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
@@ -230,6 +231,9 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
             dest in given and dest not in overrides
         ):  # longer inputs than the checkpoint's: positions are extended
             overrides[dest] = getattr(args, dest)
+    if getattr(args, "bpe", None) and args.data and os.path.isdir(args.data):
+        # fairseq-generate's --bpe flags: accepted where they name the data-bin's own tokenizer (checked)
+        fairseq_compat.databin_tokenizer(args, args.data)
     paths = split_paths(args.path)
     members = [
         load_for_generation(

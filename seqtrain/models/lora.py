@@ -71,15 +71,23 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
     returns how many."""
     if rank < 1:
         raise SeqtrainError(f"--lora-rank must be >= 1 to add adapters, got {rank}")
-    count = 0
-    for name, module in list(model.named_modules()):
-        if ".layers." not in f".{name}.":
-            continue
-        for child_name, child in list(module.named_children()):
-            if child_name in targets and type(child) is nn.Linear:
-                setattr(module, child_name, LoRALinear.wrapping(child, rank, alpha, dropout))
-                count += 1
-    return count
+    found = [
+        (module, child_name, child)
+        for name, module in list(model.named_modules())
+        if ".layers." in f".{name}."
+        for child_name, child in list(module.named_children())
+        if child_name in targets and type(child) is nn.Linear
+    ]
+    # checked before any adapter is allocated: beyond the narrowest side of a projection, B A has no higher
+    # rank than the projection itself, and a rank of millions only allocates (10^7 tried to take 1.3 GB)
+    narrowest = min((min(c.in_features, c.out_features) for _, _, c in found), default=rank)
+    if rank > narrowest:
+        raise SeqtrainError(
+            f"--lora-rank {rank}: above the narrowest projection it adapts ({narrowest}); give at most {narrowest}"
+        )
+    for module, child_name, child in found:
+        setattr(module, child_name, LoRALinear.wrapping(child, rank, alpha, dropout))
+    return len(found)
 
 
 def is_lora_key(name: str) -> bool:

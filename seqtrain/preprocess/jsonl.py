@@ -39,6 +39,13 @@ def _value(path: str, n: int, obj: Any, key: str) -> str:
     value = obj[key]
     if not isinstance(value, str):
         raise SeqtrainError(f"{path}:{n}: {key!r} is {type(value).__name__}, expected a string")
+    try:  # JSON's \ud800 escapes decode to lone surrogates, which are no text and no UTF-8 can hold
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SeqtrainError(
+            f"{path}:{n}: {key!r} holds a lone surrogate (\\u{ord(value[e.start]):04x} at character {e.start + 1}), "
+            "which is no text: a UTF-16 surrogate must come in a pair"
+        ) from None
     if not value.strip():
         raise SeqtrainError(
             f"{path}:{n}: {key!r} is empty (every example needs text; remove the line or filter it out)"

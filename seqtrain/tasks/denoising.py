@@ -19,8 +19,9 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.data.noise import MASK_LENGTHS, Noise
 from seqtrain.data.token_blocks import BREAK_MODES, TokenBlockDataset
-from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
+from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags import fairseq_compat
 from seqtrain.registry import TASKS
 from seqtrain.tasks.translation import TranslationTask
 
@@ -148,7 +149,8 @@ class DenoisingTask(TranslationTask):
         dictionary = Dictionary.load(path)
         dictionary.add_symbol("<mask>")  # as fairseq's denoising task: one more symbol, the last index
         logger.info(f"dictionary: {len(dictionary)} types")
-        return cls(args, dictionary, load_databin_tokenizer(paths[0]).spec())
+        # the data-bin's tokenizer, checked against fairseq's --bpe flags where a command gives them
+        return cls(args, dictionary, fairseq_compat.databin_tokenizer(args, paths[0]).spec())
 
     # ---------------------------------------------------------------------------------------------- data
     def noise(self) -> Noise:

@@ -22,8 +22,8 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.data.iterators import EpochBatchIterator
 from seqtrain.data.pair_dataset import LanguagePairDataset
-from seqtrain.data.tokenizer import load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
+from seqtrain.flags import fairseq_compat
 from seqtrain.models import build_model
 from seqtrain.registry import TASKS
 from seqtrain.tasks.step import StepContext
@@ -101,7 +101,7 @@ class TranslationTask:
         logger.info(f"[{args.source_lang}] dictionary: {len(src_dict)} types")
         logger.info(f"[{args.target_lang}] dictionary: {len(tgt_dict)} types")
 
-        spec = load_databin_tokenizer(paths[0]).spec()
+        spec = fairseq_compat.databin_tokenizer(args, paths[0]).spec()  # checked against --bpe flags if given
         return cls(args, src_dict, tgt_dict, spec)
 
     @staticmethod

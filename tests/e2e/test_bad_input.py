@@ -143,6 +143,7 @@ def world(tmp_path_factory):
                         + ["--destdir", w["bin_mono"], "--tokenizer", "none", "--no-progress-bar"])  # fmt: skip
         add_round_two_inputs(w, variant)
         add_round_three_inputs(w)
+        add_round_four_inputs(w)
         w["home"] = str(
             tmp_path_factory.mktemp("home")
         )  # a HOME without W&B credentials, outside the hashed tree
@@ -198,6 +199,7 @@ def add_round_two_inputs(w: dict, variant) -> None:
         w[name] = os.path.join(root, name + ".pt")
         torch.save(crafted, w[name])
     add_round_three_damaged_inputs(w, obj)
+    add_round_four_checkpoints(w, obj)
     # Hugging Face folders
     w["hf"] = os.path.join(root, "hf")
     convert_main([w["ck"], w["hf"], "--to", "hf"])
@@ -313,6 +315,51 @@ def add_round_three_damaged_inputs(w: dict, obj: dict) -> None:
     w["dict_other_model"] = os.path.join(root, "dict_other_model.txt")
     with open(w["dict_other_model"], "w") as f:
         f.writelines(f"x{i} 1\n" for i in range(296))
+
+
+def add_round_four_inputs(w: dict) -> None:
+    """Inputs of the fourth round (issue 40) besides checkpoints."""
+    raw = w["raw"]
+    with open(os.path.join(raw, "train.src")) as fs, open(os.path.join(raw, "train.tgt")) as ft:
+        rows = [f'{{"src": "{a.strip()}", "tgt": "{b.strip()}"}}' for a, b in zip(fs, ft)]
+    rows[2] = '{"src": "w1 \\ud800 w2", "tgt": "w3"}'  # a lone surrogate: valid JSON, no text
+    with open(os.path.join(raw, "surrogate.jsonl"), "w") as f:
+        f.writelines(r + "\n" for r in rows)
+    # a Hugging Face folder whose only tokenizer file is a tokenizer.json the tokenizers library cannot read
+    w["hf_bad_tokenizer_json"] = os.path.join(w["root"], "hf_bad_tokenizer_json")
+    shutil.copytree(w["hf"], w["hf_bad_tokenizer_json"])
+    with open(os.path.join(w["hf_bad_tokenizer_json"], "tokenizer.json"), "w") as f:
+        f.write('{"model": {"type": "Nope"}}\n')
+
+
+def add_round_four_checkpoints(w: dict, obj: dict) -> None:
+    """Checkpoints of the fourth round (issue 40): fields the content checks did not cover (LoRA's, the EMA,
+    --max-tokens auto's choice, mBART's langs, the positions), crafted as plain data."""
+    q_proj = obj["model"]["encoder.layers.0.self_attn.q_proj.weight"]
+    for name, args, model, extra in [
+        ("ck_lora_rank_string", {"lora_rank": "2"}, {}, {}),
+        ("ck_lora_rank_huge", {"lora_rank": 10**8}, {}, {}),
+        ("ck_lora_alpha_nan", {"lora_rank": 2, "lora_alpha": float("nan")}, {}, {}),
+        (
+            "ck_lora_adapter_no_module",
+            {"lora_rank": 2},
+            {"encoder.layers.0.self_attn.nope.lora_A": torch.zeros(2, q_proj.shape[1])},
+            {},
+        ),
+        ("ck_ema_not_tensors", {}, {}, {"ema": "weights"}),
+        ("ck_auto_max_tokens_huge", {}, {}, {"auto_max_tokens": 10**12}),
+        ("ck_langs_not_text", {"langs": 5}, {}, {}),
+        ("ck_positions_differ", {"max_target_positions": 3}, {}, {}),
+        ("ck_other_activation", {"activation_fn": "relu"}, {}, {}),  # the same shapes: another model
+    ]:
+        crafted = {
+            **obj,
+            "args": {**obj["args"], **args},
+            "model": {**obj["model"], **model},
+            "extra_state": {**(obj.get("extra_state") or {}), **extra},
+        }
+        w[name] = os.path.join(w["root"], name + ".pt")
+        torch.save(crafted, w[name])
 
 
 def train(*extra: str, data: str = "bin", save: str = "save") -> list:
@@ -983,6 +1030,117 @@ CASES += [
     ),
 ]
 
+# Round four (issue 40): every checkpoint field a reader uses checked before anything is allocated (generate,
+# convert and resume alike); flags added since round three bounded where ranges live (seqtrain.flag_bounds)
+CASES += [
+    (
+        "generate-ck-lora-rank-not-an-integer",
+        "generate",
+        gen("--path", "{ck_lora_rank_string}"),
+        "{ck_lora_rank_string}: model arg lora_rank='2' is not an integer",
+    ),
+    (
+        "generate-ck-lora-rank-above-the-width",
+        "generate",
+        gen("--path", "{ck_lora_rank_huge}"),
+        "{ck_lora_rank_huge}: model arg lora_rank=100000000 is out of bounds",
+    ),
+    (
+        "convert-ck-lora-alpha-nan",
+        "convert",
+        ["{ck_lora_alpha_nan}", "{out}", "--to", "hf"],
+        "{ck_lora_alpha_nan}: model arg lora_alpha=nan is not a finite number",
+    ),
+    (
+        "generate-ck-lora-adapter-without-its-module",
+        "generate",
+        gen("--path", "{ck_lora_adapter_no_module}"),
+        "{ck_lora_adapter_no_module}: weight 'encoder.layers.0.self_attn.nope.lora_A' adapts "
+        "encoder.layers.0.self_attn.nope, which is no projection",
+    ),
+    (
+        "train-resume-ck-ema-not-tensors",
+        "train",
+        train("--restore-file", "{ck_ema_not_tensors}", "--store-ema"),
+        "{ck_ema_not_tensors}: extra_state['ema'] is a str, not a dict of tensors",
+    ),
+    (
+        "train-resume-ck-auto-max-tokens-huge",
+        "train",
+        train("--restore-file", "{ck_auto_max_tokens_huge}"),
+        "{ck_auto_max_tokens_huge}: extra_state['auto_max_tokens']=1000000000000 is not an integer >= 1",
+    ),
+    (
+        "generate-ck-langs-not-text",
+        "generate",
+        gen("--path", "{ck_langs_not_text}"),
+        "{ck_langs_not_text}: model arg langs=5 is not a string",
+    ),
+    (
+        "generate-ck-positions-differ-from-the-weights",
+        "generate",
+        gen("--path", "{ck_positions_differ}"),
+        "{ck_positions_differ}: model arg max_target_positions=3 does not match the stored "
+        "decoder.embed_positions.weight of shape",
+    ),
+    (
+        "train-lora-rank-huge",
+        "train",
+        train("--lora-rank", "2147483647"),
+        "argument --lora-rank: must be between 0 and 65536, got 2147483647",
+    ),
+    (
+        "train-lora-rank-above-the-model",
+        "train",
+        train("--lora-rank", "10000"),
+        "--lora-rank 10000: above the narrowest projection it adapts (64); give at most 64",
+    ),
+    (
+        "train-poisson-lambda-huge",
+        "train",
+        train(
+            "--task",
+            "denoising",
+            "--mask-length",
+            "span-poisson",
+            "--poisson-lambda",
+            "1000",
+            data="bin_mono",
+        ),
+        "argument --poisson-lambda: must be above 0 and at most 16, got 1000",
+    ),
+    (
+        "average-another-architecture",
+        "average_checkpoints",
+        ["--inputs", "{ck}", "{ck_other_activation}", "--output", "{out}"],
+        "{ck_other_activation}: architecture argument activation_fn='relu', {ck} has activation_fn='gelu'",
+    ),
+    (
+        "generate-bpe-not-the-data-bins-tokenizer",
+        "generate",
+        gen("--bpe", "sentencepiece", "--sentencepiece-model", "{raw}/train.src"),
+        "--sentencepiece-model {raw}/train.src: not a sentencepiece model",
+    ),
+    (
+        "train-bpe-another-kind-than-the-data-bins",
+        "train",
+        train("--bpe", "gpt2"),
+        "--bpe gpt2: {bin} was made with the none tokenizer (its tokenizer.json)",
+    ),
+    (
+        "generate-hf-tokenizer-json-unreadable",
+        "generate",
+        ["{bin}", "--path", "{hf_bad_tokenizer_json}", "--cpu", "--gen-subset", "valid"],
+        "{hf_bad_tokenizer_json}/tokenizer.json: not a tokenizer the tokenizers library reads",
+    ),
+    (
+        "preprocess-jsonl-lone-surrogate",
+        "preprocess",
+        pre("--jsonl", "--source-key", "src", "--target-key", "tgt", prefix="{raw}/surrogate"),
+        "{raw}/surrogate.jsonl:3: 'src' holds a lone surrogate (\\ud800 at character 4)",
+    ),
+]
+
 # Environment variables a case runs with (set for the in-process run only)
 _SLURM = dict(SLURM_STEP_ID="0", SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_NNODES="1")
 ENV = {
@@ -1071,7 +1229,14 @@ def error_lines(err: str) -> list:
 
 def test_catalogue_is_large_and_covers_every_cli():
     assert len(CASES) >= 80 and len({c[0] for c in CASES}) == len(CASES)
-    assert {c[1] for c in CASES} == {"train", "generate", "preprocess", "convert", "score"}
+    assert {c[1] for c in CASES} == {
+        "train",
+        "generate",
+        "preprocess",
+        "convert",
+        "score",
+        "average_checkpoints",
+    }
 
 
 @pytest.mark.parametrize(
@@ -1096,7 +1261,8 @@ def test_bad_input_gives_one_clear_line(world, capsys, monkeypatch, case):
     lines = error_lines(err)
     assert code not in (0, None) and "Traceback" not in err, err
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"seqtrain-{cli}: error: ") and expected in lines[0], lines[0]
+    prog = f"seqtrain-{cli.replace('_', '-')}"
+    assert lines[0].startswith(f"{prog}: error: ") and expected in lines[0], lines[0]
     after = tree_hashes(world["root"])
     created = sorted(set(after) - set(before))
     # a refused training run may have created its (empty) --save-dir folder; no file appears or changes

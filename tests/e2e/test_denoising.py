@@ -213,3 +213,52 @@ def test_denoising_errors_are_one_line(bins, tmp_path):
         with pytest.raises(SeqtrainError) as e:
             train_main(argv)
         assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fairseqs_bpe_flags_run_unchanged_where_they_name_the_data_bins_tokenizer(bins, tmp_path):
+    """fairseq's denoising command names the sentencepiece model (--bpe sentencepiece --sentencepiece-model, for
+    word starts): accepted where it is the data-bin's own (the same bytes), and a fairseq data-bin without
+    tokenizer.json takes it, training exactly as the data-bin with it does; another model, or another --bpe, is
+    one line (issue 40: the flags were refused as unimplemented)."""
+    from seqtrain.data.tokenizer import SentencePieceTokenizer
+
+    mono, _ = bins
+    spm = str(mono / "spm.model")
+    word = ("--mask-length", "word", "--max-update", "2", "--no-epoch-checkpoints")
+    train_main(denoising_args(mono, tmp_path / "plain", *word))
+    train_main(
+        denoising_args(
+            mono, tmp_path / "flags", *word, "--bpe", "sentencepiece", "--sentencepiece-model", spm
+        )
+    )
+    fairseq_bin = tmp_path / "fairseq_bin"
+    shutil.copytree(mono, fairseq_bin)
+    (fairseq_bin / "tokenizer.json").unlink()
+    (fairseq_bin / "spm.model").unlink()
+    train_main(
+        denoising_args(
+            fairseq_bin, tmp_path / "fs", *word, "--bpe", "sentencepiece", "--sentencepiece-model", spm
+        )
+    )
+    plain = load_checkpoint_file(str(tmp_path / "plain" / "checkpoint_last.pt"))
+    for run in ("flags", "fs"):
+        assert_same_state(load_checkpoint_file(str(tmp_path / run / "checkpoint_last.pt")), plain)
+    other = tmp_path / "other.model"
+    text = (SAMPLE / "train.source").read_text(encoding="utf-8").splitlines()[:200]
+    other.write_bytes(SentencePieceTokenizer.train_iter(text, vocab_size=280, num_threads=1).model_proto)
+    cases = [
+        (
+            (mono, "--bpe", "sentencepiece", "--sentencepiece-model", str(other)),
+            f"--sentencepiece-model {other}: differs from the tokenizer of the data-bin {mono}",
+        ),
+        ((mono, "--bpe", "gpt2"), f"--bpe gpt2: {mono} was made with the sentencepiece tokenizer"),
+        ((mono, "--bpe", "sentencepiece"), "--bpe sentencepiece needs --sentencepiece-model FILE"),
+        (
+            (fairseq_bin, "--bpe", "sentencepiece", "--sentencepiece-model", str(other)),
+            f"--bpe sentencepiece {other}: {fairseq_bin}/dict.txt holds",
+        ),
+    ]
+    for (data, *flags), message in cases:
+        with pytest.raises(SeqtrainError) as e:
+            train_main(denoising_args(data, tmp_path / "refused", *word, *flags))
+        assert message in str(e.value) and "\n" not in str(e.value), str(e.value)

@@ -309,3 +309,45 @@ def test_sigterm_before_the_work_begins_is_one_line():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 143
     assert done.stderr == "seqtrain-preprocess: stopped by SIGTERM before any work; nothing was written\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_signal_while_the_console_script_is_still_importing_is_one_line(tmp_path):
+    """Ctrl-C (or SIGTERM) to the group while seqtrain-preprocess --workers 2 is still importing torch and the
+    tokenizer libraries (its first seconds on a loaded machine): one line and 130 / 143, through the installed
+    console script and `python -m` alike. Before (issue 40), a KeyboardInterrupt traceback from inside an import,
+    exit -2 (every moment up to ~1.4 s measured under load)."""
+    raw, dest = tmp_path / "raw", tmp_path / "bin"
+    _write_pair(raw, 100_000)
+    flags = ["--source-lang", "src", "--target-lang", "tgt", "--trainpref", str(raw / "train")]
+    flags += ["--destdir", str(dest), "--workers", "2", "--tokenizer", "none", "--no-progress-bar"]
+    script = os.path.join(os.path.dirname(sys.executable), "seqtrain-preprocess")
+    launchers = [[sys.executable, "-m", "seqtrain_cli.preprocess"]]
+    launchers += [[script]] if os.path.exists(script) else []
+    for cmd in launchers:
+        # (not within Python's own start-up, ~0.05 s, before any seqtrain code runs: that stays Python's)
+        for delay, signum in ((0.4, signal.SIGINT), (1.0, signal.SIGINT), (0.4, signal.SIGTERM)):
+            proc = subprocess.Popen(
+                cmd + flags, cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                start_new_session=True,
+            )  # fmt: skip
+            time.sleep(delay)
+            assert proc.poll() is None, proc.stderr.read()
+            os.killpg(proc.pid, signum)
+            try:
+                _, err = proc.communicate(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            assert group_ends(proc.pid, timeout=10)
+            expected = (
+                "seqtrain-preprocess: interrupted"
+                if signum == signal.SIGINT
+                else "seqtrain-preprocess: stopped by SIGTERM before any work; nothing was written"
+            )
+            lines = err.splitlines()
+            if signum == signal.SIGTERM and lines and "nothing was written to --destdir" in lines[0]:
+                expected = lines[0]  # the import was over on this machine: the work folder's line, as above
+            assert (proc.returncode, lines) == (128 + signum, [expected]), (cmd, delay, err)
+            assert not dest.exists() or os.listdir(dest) == []

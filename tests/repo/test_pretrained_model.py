@@ -49,3 +49,32 @@ def test_it_rebuilds_masked_descriptions():
             out = gen.generate(src, torch.tensor([src.shape[1]]))[0][0]["tokens"].tolist()
         rebuilt += out[: len(head)] == head and out[-len(tail) - 1 :] == tail + [d.eos()]
     assert rebuilt >= 12, f"{rebuilt} of {len(texts)} rebuilt around the mask"
+
+
+def test_a_transformers_round_trip_keeps_its_tokenizer(tmp_path):
+    """The folder loaded and saved again by transformers (save_pretrained keeps tokenizer.json, drops spm.model,
+    as peft's merge_and_unload + save does): seqtrain reads the tokenizer transformers wrote and summarizes as from
+    the original folder (issue 40: it loaded with no tokenizer and wrote madeupwords, exit 0)."""
+    transformers = pytest.importorskip("transformers")
+    from seqtrain.generation.summarizer import Summarizer
+
+    out = tmp_path / "saved"
+    transformers.AutoTokenizer.from_pretrained(str(FOLDER)).save_pretrained(str(out))
+    transformers.AutoModelForSeq2SeqLM.from_pretrained(str(FOLDER)).save_pretrained(str(out))
+    assert (out / "tokenizer.json").exists() and not (out / "spm.model").exists()
+    texts = (REPO / "data" / "debdesc-sample" / "test.source").read_text(encoding="utf-8").split("\n")[:3]
+    original = Summarizer.from_pretrained(str(FOLDER)).summarize(texts, beam=2, max_len_b=12)
+    again = Summarizer.from_pretrained(str(out)).summarize(texts, beam=2, max_len_b=12)
+    assert again == original and not any("madeupword" in s for s in again), again
+    spm = SentencePieceTokenizer.from_file(str(FOLDER / "spm.model"))
+    lm = load_model(str(out))
+    assert [lm.tokenizer.encode(t) for t in texts] == [spm.encode(t) for t in texts]
+
+
+def test_its_card_and_tokenizer_config_suit_transformers_4_and_5():
+    """The card names a task transformers 5 still has (it removed text2text-generation), and the tokenizer config
+    names the model's inputs (transformers 4.x otherwise adds token_type_ids, which generate refuses)."""
+    card = (FOLDER / "README.md").read_text()
+    assert "pipeline_tag: summarization" in card and "text2text-generation" not in card
+    config = json.loads((FOLDER / "tokenizer_config.json").read_text())
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]

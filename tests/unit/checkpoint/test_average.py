@@ -185,3 +185,36 @@ def test_mismatched_inputs_are_refused_and_nothing_is_written(tmp_path, capsys):
     assert not (tmp_path / "avg.pt").exists()
     assert run("--inputs", a, b, "--output", a) == 1  # never over an input
     assert "is one of the inputs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            lambda args, d: (argparse.Namespace(**{**vars(args), "activation_fn": "relu"}), d),
+            "architecture argument activation_fn='relu', {a} has activation_fn='gelu'",
+        ),
+        (
+            lambda args, d: (
+                args,
+                Dictionary.from_list([[s if s != "w3" else "x3", c] for s, c in d.to_list()]),
+            ),
+            "its source dictionary differs from {a}'s (symbol 7 is 'x3', not 'w3')",
+        ),
+    ],
+    ids=["another-activation", "another-dictionary"],
+)
+def test_another_model_of_equal_shapes_is_refused(tmp_path, capsys, change, message):
+    """Equal names and shapes do not make one model (issue 40): another activation, or another dictionary (a row
+    would be averaged with another word's), is refused naming the first difference; nothing is written."""
+    args, d, states = tiny_states(2)
+    args = argparse.Namespace(**{**vars(args), "activation_fn": "gelu"})
+    a = save_seqtrain(tmp_path / "a.pt", args, d, states[0])
+    b = save_seqtrain(tmp_path / "b.pt", *change(args, d), states[1])
+    assert run("--inputs", a, b, "--output", str(tmp_path / "avg.pt")) == 1
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"seqtrain-average-checkpoints: error: {b}: {message.format(a=a)}; average one model's checkpoints"
+    )
+    assert not (tmp_path / "avg.pt").exists()

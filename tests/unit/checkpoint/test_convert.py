@@ -255,3 +255,33 @@ def test_dtype_float16_halves_the_weights_and_loads_back_rounded(tmp_path, fairs
         for k, v in model.state_dict().items():
             assert back[k].dtype == torch.float32, k
             assert torch.equal(back[k], v.half().float()), (path, k)
+
+
+def test_conversion_logs_name_the_architecture_the_file_stores(tmp_path, fairseq_ckpt, caplog):
+    """Issue 40: a --to fairseq export of a seqtrain-only size logged the source's arch (bart_tiny) while the file
+    stores fairseq's bart_base; a Hugging Face model of a width no preset has (32) was labelled bart_large on the
+    way back. The 'wrote' line names what the written file stores, and the label is the nearest preset's."""
+    import logging
+
+    ckpt, _, _ = fairseq_ckpt
+    fq = tmp_path / "out" / "model.pt"
+    with caplog.at_level(logging.INFO):
+        assert convert(str(ckpt), str(fq), "--to", "fairseq") == 0
+    stored = load_checkpoint_file(str(fq))["args"].arch
+    wrote = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"wrote {fq}")]
+    assert stored == "bart_base" and len(wrote) == 1 and f"arch {stored}, d_model 64, 2+1 layers" in wrote[0]
+    d = make_dict(20)
+    args = argparse.Namespace(
+        arch="bart_tiny", encoder_embed_dim=32, decoder_embed_dim=32, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64,
+    )  # fmt: skip
+    state = {"format": "seqtrain", "args": vars(args), "model": build_model(args, d, d).state_dict()}
+    state.update(src_dict=d.to_list(), tgt_dict=d.to_list())
+    save_checkpoint_file(state, str(tmp_path / "narrow.pt"))
+    assert convert(str(tmp_path / "narrow.pt"), str(tmp_path / "hf"), "--to", "hf") == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert convert(str(tmp_path / "hf"), str(tmp_path / "back.pt"), "--to", "seqtrain") == 0
+    stored = load_checkpoint_file(str(tmp_path / "back.pt"))["args"]["arch"]
+    wrote = [r.getMessage() for r in caplog.records if r.getMessage().startswith("wrote ")]
+    assert stored == "bart_tiny" and "arch bart_tiny, d_model 32" in wrote[0], wrote

@@ -101,3 +101,63 @@ def test_tokens_missing_from_the_dictionary_are_counted(tokenizers_, tmp_path):
     # texts that only use the dictionary's tokens are still tokenized as seqtrain does
     inside = [t for t in TRAIN[:200] if t]
     assert [hf.encode(t).ids for t in inside] == [seqtrain_ids(tok, d, t, False) for t in inside]
+
+
+@pytest.mark.parametrize("kind", ["unigram", "bpe"])
+def test_tokenizer_json_alone_reads_as_the_sentencepiece_model(tokenizers_, kind, tmp_path):
+    """A sentencepiece export whose spm.model is gone (transformers' save_pretrained keeps only tokenizer.json):
+    read_tokenizer_json gives the same pieces, the same ids and the same decoded text as the sentencepiece model
+    and the dictionary (issue 40: the folder used to load with no tokenizer and generate madeupwords)."""
+    from seqtrain.checkpoint.hf_files import read_tokenizer_json
+    from seqtrain.data.tokenizer import build_tokenizer
+
+    tok = tokenizers_[kind]
+    d = dictionary(tok)
+    export_tokenizer(str(tmp_path), tok.spec(), d, prepend_bos=False, max_positions=1024)
+    (tmp_path / "spm.model").unlink()
+    names, spec = read_tokenizer_json(str(tmp_path))
+    assert spec["kind"] == "tokenizer_json" and names == d.symbols
+    read = build_tokenizer(spec)
+    assert [seqtrain_ids(read, d, t, False) for t in TEXTS] == [seqtrain_ids(tok, d, t, False) for t in TEXTS]
+
+    # the same pieces; a character no piece holds is <unk> to the dictionary both ways (sentencepiece keeps the
+    # character, tokenizers' BPE writes <unk>)
+    def pieces(encoded):
+        return [[p if p in d.indices else "<unk>" for p in e.split()] for e in encoded]
+
+    want = pieces(tok.encode_batch(TEXTS))
+    assert pieces(read.encode(t) for t in TEXTS) == want and pieces(read.encode_batch(TEXTS)) == want
+    assert [read.decode(tok.encode(t)) for t in TEXTS] == [tok.decode(tok.encode(t)) for t in TEXTS]
+
+
+def test_a_gpt2_tokenizer_json_is_left_to_the_gpt2_reader(tokenizers_, tmp_path):
+    from seqtrain.checkpoint.hf_files import read_tokenizer_json
+
+    tok = tokenizers_["gpt2"]
+    export_tokenizer(str(tmp_path), tok.spec(), dictionary(tok), prepend_bos=True, max_positions=1024)
+    assert read_tokenizer_json(str(tmp_path)) == (None, None)
+
+
+def test_an_unreadable_tokenizer_json_is_one_line_naming_it(tmp_path):
+    from seqtrain.checkpoint.hf_files import read_tokenizer_json
+    from seqtrain.errors import SeqtrainError
+
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "Nope"}}')
+    with pytest.raises(SeqtrainError, match=r"tokenizer\.json: not a tokenizer the tokenizers library reads"):
+        read_tokenizer_json(str(tmp_path))
+
+
+def test_the_tokenizer_config_names_the_models_inputs(tokenizers_, tmp_path):
+    """tokenizer_config.json says the model takes input_ids and attention_mask: transformers 4.x's
+    PreTrainedTokenizerFast otherwise returns token_type_ids too, and model.generate(**tokenizer(texts)) fails on
+    them (issue 40)."""
+    import json
+
+    tok = tokenizers_["unigram"]
+    export_tokenizer(str(tmp_path), tok.spec(), dictionary(tok), prepend_bos=False, max_positions=1024)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["model_input_names"] == ["input_ids", "attention_mask"]
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert hf.model_input_names == ["input_ids", "attention_mask"]
+    assert set(hf(TEXTS[:2], return_tensors="pt", padding=True)) == {"input_ids", "attention_mask"}
