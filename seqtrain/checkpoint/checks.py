@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from seqtrain.checkpoint.train_state import EXTRA_STATE, SCALAR_KINDS, TrainState
 from seqtrain.data.dictionary import parse_langs
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import BOUNDS, bounds_for, check_value, describe
@@ -177,26 +178,17 @@ def check_positions(args: Any, model: dict[str, torch.Tensor], where: str) -> No
             )
 
 
-# The training state's scalars a reader uses: (kind, lowest value); --max-tokens auto's choice is a --max-tokens
-_STATE_SCALARS = {
-    "epoch": (int, 0),
-    "num_updates": (int, 0),
-    "ema_counter": (int, 0),
-    "auto_max_tokens": (int, 1),
-    "previous_training_time": (float, 0),
-}
-
-
 def check_training_state(state: Any, model: dict[str, torch.Tensor], where: str) -> None:
     """A seqtrain checkpoint's extra_state, as a resume (and seqtrain-convert --ema) reads it: its scalars of
     their kind and in range, and an EMA that is tensors of the stored weights' names and shapes."""
-    extra = state.get("extra_state") if isinstance(state, dict) else None
+    extra = state.get(EXTRA_STATE) if isinstance(state, dict) else None
     if extra is None:
         return
     if not isinstance(extra, dict):
         raise SeqtrainError(f"{where}: extra_state is a {type(extra).__name__}, not a dict")
-    for name, (kind, lo) in _STATE_SCALARS.items():
-        v = extra.get(name)
+    record = TrainState.from_dict(state)
+    for name, (kind, lo) in SCALAR_KINDS.items():
+        v = getattr(record, name)
         if v is None:
             continue
         number = isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -208,7 +200,7 @@ def check_training_state(state: Any, model: dict[str, torch.Tensor], where: str)
                 + (f" and <= {bounds_for('max_tokens', int).hi}" if name == "auto_max_tokens" else "")
             )
     for key in ("ema", "ema_fp32_params"):
-        ema = extra.get(key)
+        ema = getattr(record, key)
         if ema is None:
             continue
         if not isinstance(ema, dict):

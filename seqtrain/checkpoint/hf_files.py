@@ -28,7 +28,7 @@ import json
 import os
 from typing import Any
 
-from seqtrain.data.tokenizer import parse_vocab_bpe
+from seqtrain.data.tokenizer import TokenizerJson, parse_vocab_bpe
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, loads_bounded
 
@@ -271,8 +271,6 @@ def read_tokenizer_json(folder: str) -> tuple[list[str | None] | None, dict | No
             return None, None  # GPT-2's byte-level BPE (or a bare BPE, read as GPT-2's as before)
     except (OSError, ValueError, AttributeError) as e:
         raise SeqtrainError(f"{path}: unreadable tokenizer file ({e})") from None
-    from seqtrain.data.tokenizer import TokenizerJson
-
     tok = TokenizerJson(text, path)
     vocab = tok.tok.get_vocab(with_added_tokens=True)
     names: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)

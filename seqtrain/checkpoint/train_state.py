@@ -57,6 +57,17 @@ EXTRA_KEYS = (
 _RUN_SAYS_NONE = frozenset({"val_loss", "best"})
 
 
+# The training state's scalars a reader uses: (kind, lowest value), checked by seqtrain.checkpoint.checks before
+# a resume reads them; --max-tokens auto's choice is a --max-tokens there too
+SCALAR_KINDS = {
+    "epoch": (int, 0),
+    "num_updates": (int, 0),
+    "ema_counter": (int, 0),
+    "auto_max_tokens": (int, 1),
+    "previous_training_time": (float, 0),
+}
+
+
 @dataclass
 class TrainState:
     """What a checkpoint holds besides the weights. Every field is None when the checkpoint has no such entry."""

@@ -31,11 +31,11 @@ from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
-from seqtrain.flags import fairseq_compat
 from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.sequence_generator import generate_batch
+from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
@@ -233,7 +233,7 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
             overrides[dest] = getattr(args, dest)
     if getattr(args, "bpe", None) and args.data and os.path.isdir(args.data):
         # fairseq-generate's --bpe flags: accepted where they name the data-bin's own tokenizer (checked)
-        fairseq_compat.databin_tokenizer(args, args.data)
+        bpe_flags.databin_tokenizer(args, args.data)
     paths = split_paths(args.path)
     members = [
         load_for_generation(

@@ -21,8 +21,8 @@ from seqtrain.data.noise import MASK_LENGTHS, Noise
 from seqtrain.data.token_blocks import BREAK_MODES, TokenBlockDataset
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import fairseq_compat
 from seqtrain.registry import TASKS
+from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.translation import TranslationTask
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class DenoisingTask(TranslationTask):
         dictionary.add_symbol("<mask>")  # as fairseq's denoising task: one more symbol, the last index
         logger.info(f"dictionary: {len(dictionary)} types")
         # the data-bin's tokenizer, checked against fairseq's --bpe flags where a command gives them
-        return cls(args, dictionary, fairseq_compat.databin_tokenizer(args, paths[0]).spec())
+        return cls(args, dictionary, bpe_flags.databin_tokenizer(args, paths[0]).spec())
 
     # ---------------------------------------------------------------------------------------------- data
     def noise(self) -> Noise:

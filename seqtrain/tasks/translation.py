@@ -23,9 +23,9 @@ from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.data.iterators import EpochBatchIterator
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import fairseq_compat
 from seqtrain.models import build_model
 from seqtrain.registry import TASKS
+from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.step import StepContext
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class TranslationTask:
         logger.info(f"[{args.source_lang}] dictionary: {len(src_dict)} types")
         logger.info(f"[{args.target_lang}] dictionary: {len(tgt_dict)} types")
 
-        spec = fairseq_compat.databin_tokenizer(args, paths[0]).spec()  # checked against --bpe flags if given
+        spec = bpe_flags.databin_tokenizer(args, paths[0]).spec()  # checked against --bpe flags if given
         return cls(args, src_dict, tgt_dict, spec)
 
     @staticmethod
