@@ -938,6 +938,8 @@ INTERACTIVE_REFUSED = (
     "--shard-id",
     "--prefix-size",
     "--score-reference",
+    "--rerank",
+    "--rerank-lenpen",
 )
 
 
@@ -964,6 +966,20 @@ def _add_generation_output_args(parser: argparse.ArgumentParser, g: Any) -> None
         help="split the examples into N contiguous shards and generate only --shard-id's (as fairseq)",
     )
     g.add_argument("--shard-id", default=0, type=int, metavar="ID", help="the shard to generate, 0-based")
+    g.add_argument(
+        "--rerank",
+        default=None,
+        choices=["length", "mbr"],
+        help="reorder each example's finished beam before output: length (summed log-probs / len**--rerank-lenpen)"
+        " or mbr (minimum Bayes risk: the hypothesis with the highest mean ROUGE against the others)",
+    )
+    g.add_argument(
+        "--rerank-lenpen",
+        default=None,
+        type=float,
+        metavar="A",
+        help="with --rerank length: the length exponent A (default: 1.0; equal to --lenpen: the beam's own order)",
+    )
     refused = set(GENERATION_REFUSED)
     for action in parser._actions:
         if refused & set(action.option_strings):
