@@ -233,7 +233,11 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             loaded.model, loaded.lm.tgt_dict, getattr(args, "packed_encoder", None)
         )
     else:
-        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
+        # --rerank chooses among all --beam finished hypotheses: the search returns them all, the output --nbest
+        gen_args = argparse.Namespace(**{**vars(args), "nbest": args.beam}) if args.rerank else args
+        generator = build_generator(
+            loaded.model, loaded.lm.tgt_dict, gen_args, bos=loaded.start, eos=loaded.end
+        )
     ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)
     if world > 1:

@@ -63,10 +63,10 @@ def base(fairseq_tiny, tmp_path):
             "-t", "tgt", "--cpu", "--beam", "4", "--batch-size", "6", "--input", str(tmp_path / "in.txt")]  # fmt: skip
 
 
-def _nbest(argv: list[str]) -> list[list[str]]:
+def _nbest(argv: list[str], n: int = 4) -> list[list[str]]:
     out = io.StringIO()
-    lines = generate_main(argv + ["--nbest", "4"], out=out) and out.getvalue().split("\n")[:-1]
-    return [lines[i : i + 4] for i in range(0, len(lines), 4)]
+    lines = generate_main(argv + ["--nbest", str(n)], out=out) and out.getvalue().split("\n")[:-1]
+    return [lines[i : i + n] for i in range(0, len(lines), n)]
 
 
 @pytest.mark.slow
@@ -79,6 +79,13 @@ def test_reranking_reorders_the_finished_beam_of_a_real_model(base):
         assert sorted(reranked) == sorted(plain)  # the same four hypotheses
         scores = mbr_scores(plain)
         assert reranked[0] == plain[max(range(4), key=lambda i: (scores[i], -i))]
+    # --nbest 1 (the default): MBR still chooses among all four; on hot samples (which differ, unlike this
+    # fixture's confident beams) its choice is often not the first sample
+    hot = base + ["--sampling", "--seed", "3", "--temperature", "2.5", "--max-len-b", "12"]
+    samples, chosen = _nbest(hot), _nbest(hot + ["--rerank", "mbr"], 1)
+    best = [s[max(range(4), key=lambda i: (mbr_scores(s)[i], -i))] for s in samples]
+    assert [c[0] for c in chosen] == best
+    assert sum(c[0] != s[0] for c, s in zip(chosen, samples)) >= 3
     shorter = _nbest(base + ["--rerank", "length", "--rerank-lenpen", "0"])
     assert [sorted(x) for x in shorter] == [sorted(x) for x in beam]
     assert sum(len(a[0].split()) for a in shorter) <= sum(len(a[0].split()) for a in beam)
