@@ -27,7 +27,8 @@ the same. Flag names are fairseq 0.12's wherever fairseq has the flag, and so ar
 
 Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) ·
 [seqtrain-generate](#seqtrain-generate) · [seqtrain-convert](#seqtrain-convert) ·
-[seqtrain-average-checkpoints](#seqtrain-average-checkpoints) · [seqtrain-score](#seqtrain-score)
+[seqtrain-average-checkpoints](#seqtrain-average-checkpoints) · [seqtrain-score](#seqtrain-score) ·
+[seqtrain-eval](#seqtrain-eval)
 
 Precedence, highest first: the command line, then `--config FILE`, then the `--arch` preset, then the defaults
 below. A config file holds `key: value` lines whose keys are these flag names (see
@@ -138,6 +139,8 @@ def main() -> None:
     parser_tables(parsers.get_average_parser(), out)
     out.append("## seqtrain-score\n")
     parser_tables(parsers.get_score_parser(), out)
+    out.append("## seqtrain-eval\n")
+    parser_tables(parsers.get_eval_parser(), out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")
 
 

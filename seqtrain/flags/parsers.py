@@ -938,6 +938,8 @@ INTERACTIVE_REFUSED = (
     "--shard-id",
     "--prefix-size",
     "--score-reference",
+    "--rerank",
+    "--rerank-lenpen",
 )
 
 
@@ -964,6 +966,20 @@ def _add_generation_output_args(parser: argparse.ArgumentParser, g: Any) -> None
         help="split the examples into N contiguous shards and generate only --shard-id's (as fairseq)",
     )
     g.add_argument("--shard-id", default=0, type=int, metavar="ID", help="the shard to generate, 0-based")
+    g.add_argument(
+        "--rerank",
+        default=None,
+        choices=["length", "mbr"],
+        help="reorder each example's finished beam before output: length (summed log-probs / len**--rerank-lenpen)"
+        " or mbr (minimum Bayes risk: the hypothesis with the highest mean ROUGE against the others)",
+    )
+    g.add_argument(
+        "--rerank-lenpen",
+        default=None,
+        type=float,
+        metavar="A",
+        help="with --rerank length: the length exponent A (default: 1.0; equal to --lenpen: the beam's own order)",
+    )
     refused = set(GENERATION_REFUSED)
     for action in parser._actions:
         if refused & set(action.option_strings):
@@ -1115,6 +1131,83 @@ def get_score_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the resampling (default: 1)")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    return add_negations(p)
+
+
+def get_eval_parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(
+        prog="seqtrain-eval",
+        description="One report of a summarization system on a split, as JSON and a self-contained HTML page: "
+        "ROUGE with bootstrap intervals beside lead-k and an extractive oracle, lengths, ROUGE by source length, "
+        "a faithfulness proxy, truncation, train/split near-duplicates, the worst and best examples, plots.",
+    )
+    g = p.add_argument_group("inputs")
+    g.add_argument(
+        "--hyps",
+        required=True,
+        metavar="PATH",
+        help="the hypotheses: a file of lines, or a seqtrain-generate --results-path folder (its "
+        "hypotheses-SPLIT.txt)",
+    )
+    g.add_argument("--source", required=True, metavar="FILE", help="the split's sources, one per line")
+    g.add_argument("--reference", required=True, metavar="FILE", help="the split's references, one per line")
+    g.add_argument(
+        "--split",
+        metavar="NAME",
+        help="with a --results-path folder: which hypotheses-NAME.txt (default: the only one there)",
+    )
+    g.add_argument(
+        "--train-source",
+        metavar="FILE",
+        help="train's sources, one per line: count sources of the split that train holds (exact and high-overlap)",
+    )
+    g.add_argument(
+        "--train-log",
+        metavar="FILE",
+        help="a training log (--log-format json, or a --jsonl-log file): plot its validation curves",
+    )
+    g.add_argument(
+        "--compare",
+        metavar="OTHER",
+        help="a second system's hypotheses (file or folder): the paired bootstrap test and per-bucket differences",
+    )
+    g = p.add_argument_group("report")
+    g.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT")
+    g.add_argument("--html", metavar="OUT", help="write the report as one self-contained HTML page to OUT")
+    g.add_argument("--title", metavar="TEXT", help="the page's title (default: the hypotheses' path)")
+    g.add_argument(
+        "--bootstrap",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="resamples of the bootstrap intervals and test",
+    )
+    g.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the resampling (default: 1)")
+    g.add_argument(
+        "--lead",
+        type=int_list,
+        default=[1, 2, 3],
+        metavar="K,...",
+        help="lead-k baselines: first k sentences",
+    )
+    g.add_argument("--buckets", type=int, default=4, metavar="N", help="source-length buckets (quantiles)")
+    g.add_argument(
+        "--source-limit",
+        type=int,
+        default=1024,
+        metavar="WORDS",
+        help="the source truncation limit in words (ROUGE's tokens): how much of each reference lies past it "
+        "(a model's --max-source-positions counts subword pieces; 1024 pieces are roughly 750 words)",
+    )
+    g.add_argument(
+        "--dup-threshold",
+        type=float,
+        default=0.8,
+        metavar="F",
+        help="a source is a high-overlap duplicate when this share of its word 5-grams is in one train source",
+    )
+    g.add_argument("--examples", type=int, default=5, metavar="N", help="the N worst and best examples shown")
+    g.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return add_negations(p)
 
 

@@ -1,4 +1,5 @@
-"""seqtrain-preprocess's flags: fairseq-preprocess's names and defaults, --jsonl input, and the tokenizer's."""
+"""seqtrain-preprocess's flags: fairseq-preprocess's names and defaults, --jsonl / --parquet / --load-from-disk
+input, and the tokenizer's."""
 
 from __future__ import annotations
 
@@ -97,14 +98,28 @@ def add_jsonl_args(group: Any) -> None:
         "PREFIX.TGT line files",
     )
     group.add_argument(
+        "--parquet",
+        action="store_true",
+        help="inputs are parquet files PREFIX.parquet (columns named by --source-key / --target-key); needs "
+        "pyarrow",
+    )
+    group.add_argument(
+        "--load-from-disk",
+        action="store_true",
+        help="inputs are folders PREFIX written by a Hugging Face Dataset's save_to_disk (one split each); "
+        "needs pyarrow",
+    )
+    group.add_argument(
         "--source-key",
         metavar="KEY",
         default=None,
-        help="with --jsonl: the key holding the source text (default: --source-lang, e.g. document)",
+        help="with --jsonl, --parquet or --load-from-disk: the key or column holding the source text (default: "
+        "--source-lang, e.g. document)",
     )
     group.add_argument(
         "--target-key",
         metavar="KEY",
         default=None,
-        help="with --jsonl: the key holding the target text (default: --target-lang, e.g. summary)",
+        help="with --jsonl, --parquet or --load-from-disk: the key or column holding the target text (default: "
+        "--target-lang, e.g. summary)",
     )

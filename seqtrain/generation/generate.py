@@ -37,6 +37,7 @@ from seqtrain.generation.output import (
     write_files,
     write_out,
 )
+from seqtrain.generation.rerank import rerank
 from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
@@ -101,6 +102,12 @@ def _check_args(args: argparse.Namespace) -> None:
         raise SeqtrainError(f"--shard-id must be in [0, --num-shards {args.num_shards}), got {args.shard_id}")
     if not args.path:
         raise SeqtrainError("--path: give the checkpoint to generate with")
+    if args.rerank_lenpen is not None and args.rerank != "length":
+        raise SeqtrainError("--rerank-lenpen: only --rerank length uses it")
+    if args.rerank and args.score_reference:
+        raise SeqtrainError(
+            "--rerank with --score-reference: the references are scored, there is no beam to rerank"
+        )
     if args.output_format is None:
         args.output_format = "text" if args.input is not None else "fairseq"
     if args.results_path:
@@ -228,7 +235,11 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
         )
     else:
         check_generation_args(args)
-        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
+        # --rerank chooses among all --beam finished hypotheses: the search returns them all, the output --nbest
+        gen_args = argparse.Namespace(**{**vars(args), "nbest": args.beam}) if args.rerank else args
+        generator = build_generator(
+            loaded.model, loaded.lm.tgt_dict, gen_args, bos=loaded.start, eos=loaded.end
+        )
     ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)
     if world > 1:
@@ -255,11 +266,14 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
         len(order[rank::world]), args.log_format, args.no_progress_bar, args.log_interval, enabled=rank == 0
     )
     results: dict[int, tuple] = {}
+    rerank_lenpen = 1.0 if args.rerank_lenpen is None else args.rerank_lenpen
     t0 = time.perf_counter()
     try:
         for sid, sample, row, hypos in runner.run_batches(
             loaded, generator, ds, batches, args.prefix_size, progress.update
         ):
+            if args.rerank:  # on the finished beam only (seqtrain.generation.rerank)
+                hypos = rerank(hypos, args.rerank, lambda t: runner.decode(loaded, t), rerank_lenpen)
             results[sid] = fairseq_lines(loaded, sid, sample, row, hypos, args.nbest, args.post_process)
     finally:
         progress.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import multiprocessing
@@ -46,6 +47,7 @@ from seqtrain.data.tokenizer import (
 from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
 from seqtrain.preprocess import jsonl as preprocess_jsonl
+from seqtrain.preprocess import tables as preprocess_tables
 from seqtrain.preprocess.scratch import signals_deferred, work_folder
 from seqtrain.workers import child_pool
 
@@ -72,8 +74,8 @@ class SplitInput:
     flag: str
     paths: dict[str, str] = field(default_factory=dict)  # lang -> input file
     n_lines: int = 0
-    jsonl_path: str = (
-        ""  # with --jsonl: PREFIX.jsonl, whose values become `paths` (seqtrain.preprocess.jsonl)
+    jsonl_path: str = (  # with --jsonl: PREFIX.jsonl, whose values become `paths` (seqtrain.preprocess.jsonl);
+        ""  # with --parquet PREFIX.parquet, with --load-from-disk the folder PREFIX (seqtrain.preprocess.tables)
     )
 
 
@@ -109,10 +111,16 @@ def check_args(args: argparse.Namespace) -> None:
     resolve_languages(args)
     if not (args.trainpref or args.validpref or args.testpref):
         raise SeqtrainError("nothing to preprocess: give --trainpref, --validpref and/or --testpref")
-    if (args.source_key or args.target_key) and not args.jsonl:
-        raise SeqtrainError("--source-key / --target-key need --jsonl (they name keys of JSON lines inputs)")
-    if args.jsonl and args.only_source and not (args.source_key or args.source_lang):
-        raise SeqtrainError("--jsonl --only-source: name the JSON key holding the text with --source-key")
+    fmt = preprocess_jsonl.input_format(args)
+    if (args.source_key or args.target_key) and not fmt:
+        raise SeqtrainError(
+            "--source-key / --target-key need --jsonl, --parquet or --load-from-disk (they name keys or columns "
+            "of those inputs)"
+        )
+    if fmt and args.only_source and not (args.source_key or args.source_lang):
+        raise SeqtrainError(
+            f"{preprocess_jsonl.FORMATS[fmt]} --only-source: name the key holding the text with --source-key"
+        )
     if args.workers < 1:
         raise SeqtrainError(f"--workers must be at least 1, got {args.workers}")
     if args.padding_factor < 1:
@@ -177,18 +185,26 @@ def collect_inputs(args: argparse.Namespace) -> list[SplitInput]:
     for s in splits:
         for lang in languages(args):
             s.paths[lang] = s.prefix if lang is None else f"{s.prefix}.{lang}"
-        if args.jsonl:
+        fmt = preprocess_jsonl.input_format(args)
+        if fmt == "jsonl":
             s.jsonl_path = f"{s.prefix}.jsonl"
+        elif fmt:
+            s.jsonl_path = preprocess_tables.input_path(fmt, s.prefix)
     return splits
 
 
 def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
     """Every file exists, is valid UTF-8, has no empty line; source and target line counts agree. (JSON lines
     inputs are checked as they are read, by seqtrain.preprocess.jsonl.)"""
-    if args.jsonl:
+    fmt = preprocess_jsonl.input_format(args)
+    if fmt == "jsonl":
         for s in splits:
             if not os.path.isfile(s.jsonl_path):
                 raise SeqtrainError(f"{s.flag} {s.prefix}: input file not found: {s.jsonl_path}")
+        return
+    if fmt:
+        for s in splits:
+            preprocess_tables.check_exists(fmt, s.flag, s.prefix)
         return
     for s in splits:
         for path in s.paths.values():
@@ -445,8 +461,12 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     ok = False
     try:  # (the work folder entered inside: a signal while it is made gets the line below and the clean-up)
         work = cleanup.enter_context(work_folder(destdir, "preprocess"))
-        if args.jsonl:
+        fmt = preprocess_jsonl.input_format(args)
+        if fmt == "jsonl":
             preprocess_jsonl.extract_splits(args, splits, languages(args), work)
+        elif fmt:
+            read = functools.partial(preprocess_tables.extract, fmt)
+            preprocess_jsonl.extract_splits(args, splits, languages(args), work, read)
         spec = make_tokenizer(args, train, work).spec()
         dicts = make_dictionaries(args, spec, train)
         for lang, d in dicts.items():
@@ -645,7 +665,7 @@ def binarize_splits(
     os.makedirs(shard_dir)
     jobs = []  # (split, lang, output prefix, shard prefixes)
     tasks, line_counts = [], []
-    json_keys = preprocess_jsonl.keys(args, languages(args)) if args.jsonl else {}
+    json_keys = preprocess_jsonl.keys(args, languages(args)) if preprocess_jsonl.input_format(args) else {}
     for s in splits:
         for lang, path in s.paths.items():
             chunks = line_chunks(path, _chunk_count(path, args.workers))

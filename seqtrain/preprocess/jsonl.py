@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
 from seqtrain.errors import SeqtrainError
@@ -89,12 +90,31 @@ def extract(path: str, lang_keys: dict[str, str], out_paths: dict[str, str]) -> 
     return n
 
 
-def extract_splits(args: argparse.Namespace, splits: list[Any], langs: list[str], work: str) -> None:
-    """Turn every split's PREFIX.jsonl into line files in `work`, and point the split at them."""
+FORMATS = {"jsonl": "--jsonl", "parquet": "--parquet", "load_from_disk": "--load-from-disk"}
+
+
+def input_format(args: argparse.Namespace) -> str | None:
+    """The structured input format chosen (jsonl, parquet, load_from_disk), None for line files; more than one
+    flag is an error."""
+    chosen = [fmt for fmt in FORMATS if getattr(args, fmt, False)]
+    if len(chosen) > 1:
+        raise SeqtrainError(f"{' and '.join(FORMATS[f] for f in chosen)}: choose one input format")
+    return chosen[0] if chosen else None
+
+
+def extract_splits(
+    args: argparse.Namespace,
+    splits: list[Any],
+    langs: list[str],
+    work: str,
+    read: Callable[[str, dict[str, str], dict[str, str]], int] = extract,
+) -> None:
+    """Turn every split's PREFIX.jsonl into line files in `work`, and point the split at them. `read`: another
+    reader with extract's signature (seqtrain.preprocess.tables: parquet files, save_to_disk folders)."""
     folder = os.path.join(work, "jsonl-text")  # a folder: publish() moves only the files of `work`
     os.makedirs(folder, exist_ok=True)
     lang_keys = keys(args, langs)
     for s in splits:
         out_paths = {lang: os.path.join(folder, f"{s.name}.{lang}") for lang in langs}
-        s.n_lines = extract(s.jsonl_path, lang_keys, out_paths)
+        s.n_lines = read(s.jsonl_path, lang_keys, out_paths)
         s.paths = out_paths

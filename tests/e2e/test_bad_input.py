@@ -1141,6 +1141,37 @@ CASES += [
     ),
 ]
 
+# Issue 38: seqtrain-eval's inputs and outputs; the table inputs of seqtrain-preprocess
+CASES += [
+    (
+        "eval-hypothesis-count-differs",
+        "eval",
+        ["--hyps", "{raw}/valid10.tgt", "--source", "{raw}/valid.src", "--reference", "{raw}/valid.tgt"],
+        "{raw}/valid10.tgt: 10 hypotheses but {raw}/valid.tgt has 12 references (one line each, same order)",
+    ),
+    (
+        "eval-html-folder-missing",
+        "eval",
+        [
+            "--hyps",
+            "{raw}/valid.tgt",
+            "--source",
+            "{raw}/valid.src",
+            "--reference",
+            "{raw}/valid.tgt",
+            "--html",
+            "{root}/nofolder/r.html",
+        ],  # fmt: skip
+        "--html {root}/nofolder/r.html: folder {root}/nofolder does not exist; create it first",
+    ),
+    (
+        "preprocess-parquet-missing",
+        "preprocess",
+        pre("--parquet", prefix="{raw}/nope"),
+        "--trainpref {raw}/nope: input file not found: {raw}/nope.parquet",
+    ),
+]
+
 # Environment variables a case runs with (set for the in-process run only)
 _SLURM = dict(SLURM_STEP_ID="0", SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_NNODES="1")
 ENV = {
@@ -1237,6 +1268,7 @@ def test_catalogue_is_large_and_covers_every_cli():
         "score",
         "average_checkpoints",
     }
+    assert {c[1] for c in CASES} == {"train", "generate", "preprocess", "convert", "score", "eval"}
 
 
 @pytest.mark.parametrize(

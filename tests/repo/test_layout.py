@@ -19,7 +19,7 @@ LAYERS = (
         "entry points",
         ("seqtrain_cli", "seqtrain"),
     ),  # `seqtrain` itself: the public face (Summarizer, load_model)
-    ("programs", ("seqtrain.train", "seqtrain.generation", "seqtrain.preprocess")),
+    ("programs", ("seqtrain.train", "seqtrain.generation", "seqtrain.preprocess", "seqtrain.evaluation")),
     ("flags", ("seqtrain.flags",)),
     ("checkpoint, tasks, distributed", ("seqtrain.checkpoint", "seqtrain.tasks", "seqtrain.distributed")),
     (

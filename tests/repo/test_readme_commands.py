@@ -2,6 +2,7 @@
 (parsed from the files), in a folder holding what they expect: the tiny fairseq-tiny model as the checkpoint, its
 data-bin, a few documents. Console scripts run from this checkout (shims on PATH)."""
 
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,12 @@ import pytest
 
 from tests.utils import REPO
 
-SCRIPTS = {"seqtrain-generate": "generate", "seqtrain-interactive": "interactive", "seqtrain-score": "score"}
+SCRIPTS = {
+    "seqtrain-generate": "generate",
+    "seqtrain-interactive": "interactive",
+    "seqtrain-score": "score",
+    "seqtrain-eval": "eval",
+}
 N = 5
 
 
@@ -62,6 +68,9 @@ def folder(tmp_path_factory):
     texts = (FAIRSEQ_TINY / "raw" / "valid.src").read_text(encoding="utf-8").split("\n")[:N]
     (d / "new_docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     os.symlink(REPO / "configs", d / "configs")
+    (d / "raw").mkdir()
+    for side, ext in (("source", "src"), ("target", "tgt")):  # the test split's raw text, for seqtrain-eval
+        shutil.copy(FAIRSEQ_TINY / "raw" / f"test.{ext}", d / "raw" / f"test.{side}")
     (d / "data" / "debdesc-sample").mkdir(parents=True)
     (d / "data" / "debdesc-sample" / "test.source").write_text("\n".join(texts) + "\n", encoding="utf-8")
     # the console scripts, running this checkout's code with this python
@@ -91,13 +100,16 @@ def test_readme_summarize_section_commands_work_as_printed(folder):
     section = readme_section()
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     cmds = [c for b in blocks for c in commands(b)]
-    assert len(cmds) == 4 and all(c.split()[0] in SCRIPTS for c in cmds)
+    assert len(cmds) == 5 and all(c.split()[0] in SCRIPTS for c in cmds)
     want = Summarizer.from_pretrained(d / "checkpoints" / "checkpoint_best.pt").summarize(texts, beam=4)
     outs = [run(folder, c, stdin="\n".join(texts) + "\n").stdout for c in cmds]
     assert (d / "summaries.txt").read_text().split("\n")[:-1] == want  # command 1: > summaries.txt
     assert outs[1].split("\n")[:-1] == want  # seqtrain-interactive, piped
     assert len((d / "out" / "hypotheses-test.txt").read_text().split("\n")[:-1]) == 200
     assert re.match(r"ROUGE-1 [\d.]+ \| ROUGE-2", outs[3])
+    report = json.loads((d / "report.json").read_text())  # seqtrain-eval: the same ROUGE, and its page
+    assert report["n"] == 200 and f"ROUGE-1 {report['rouge']['rouge1']:.2f}" in outs[3]
+    assert (d / "report.html").read_text().startswith("<!DOCTYPE html>")
     (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
     ns: dict = {}
     cwd = os.getcwd()

@@ -35,6 +35,12 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
     },
     ("score", "--seed"): {"0": "seed 0 is a seed like any other"},
     ("score", "--bootstrap"): {"0": "0 resamples: no intervals"},
+    ("eval", "--seed"): {"0": "seed 0 is a seed like any other"},
+    ("eval", "--bootstrap"): {"0": "0 resamples: no intervals"},
+    ("eval", "--examples"): {"0": "no worst / best examples shown"},
+    ("generate", "--rerank-lenpen"): {
+        "0": "exponent 0: the summed log-probabilities, no length normalisation"
+    },
     **{
         ("train", flag): _ZERO_OFF
         for flag in (
@@ -133,7 +139,7 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
     gen = parsers.get_generation_parser()
     parsers._add_choice_args(gen, "task", "translation")
     scan(gen, "generate")
-    for cli in ("preprocess", "convert", "score"):
+    for cli in ("preprocess", "convert", "score", "eval"):
         scan(getattr(parsers, f"get_{'preprocessing' if cli == 'preprocess' else cli}_parser")(), cli)
     return [(cli, flag, extra) for (cli, flag), extra in sorted(found.items())]
 
@@ -154,6 +160,7 @@ def _argv(cli: str, flag: str, value: str, extra: tuple[str, ...], root: str) ->
         "preprocess": ["-s", "a", "-t", "b", "--trainpref", f"{root}/raw", "--destdir", f"{root}/bin"],
         "convert": [f"{root}/in.pt", f"{root}/out.pt", "--to", "hf"],
         "score": ["--sys", f"{root}/sys", "--ref", f"{root}/ref"],
+        "eval": ["--hyps", f"{root}/sys", "--source", f"{root}/src", "--reference", f"{root}/ref"],
     }[cli]
     return base + list(extra) + [f"{flag}={value}"]
 
@@ -178,6 +185,8 @@ def test_legal_values_parse(tmp_path):
                 parsers.parse_generation_args(argv)
             elif cli == "score":
                 parsers.get_score_parser().parse_args(argv)
+            elif cli == "eval":
+                parsers.get_eval_parser().parse_args(argv)
             elif cli == "convert":
                 parsers.get_convert_parser().parse_args(argv)
             else:

@@ -1,0 +1,280 @@
+"""seqtrain-eval: one report of a system on a split, as JSON (report()) and as an HTML page (seqtrain.evaluation.page).
+
+Everything is computed on the same examples: the system's ROUGE with bootstrap intervals, the lead-k baselines
+and the extractive oracle (seqtrain.evaluation.analyses), length statistics and ROUGE by source-length bucket,
+the faithfulness proxy for the system and, as its base rate, for the references, the share of each reference past
+the source truncation limit, train/split near-duplicates, the worst and best examples, the validation curves of a
+training log, and with --compare the paired bootstrap test and per-bucket differences. All inputs are read and
+checked before anything is scored; the outputs are written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.evaluation import analyses, page
+from seqtrain.fileio import atomic_write
+from seqtrain.scoring.rouge import (
+    ROUGE_TYPES,
+    _read_lines,
+    bootstrap_intervals,
+    check_lengths,
+    example_scores,
+    format_comparison,
+    format_intervals,
+    format_summary,
+    mean_scores,
+    paired_bootstrap,
+)
+
+SORT_KEY = "rougeLsum"  # worst / best examples: by ROUGE-Lsum, ties by the lower example id
+
+
+def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[str]]:
+    """(the file read, its lines): `path` itself, or in a seqtrain-generate --results-path folder its
+    hypotheses-SPLIT.txt (SPLIT from --split, else the only one there)."""
+    if os.path.isdir(path):
+        if split:
+            file = os.path.join(path, f"hypotheses-{split}.txt")
+            if not os.path.isfile(file):
+                raise SeqtrainError(f"{flag} {path}: no hypotheses-{split}.txt in the folder")
+        else:
+            found = sorted(glob.glob(os.path.join(path, "hypotheses-*.txt")))
+            if len(found) != 1:
+                names = ", ".join(os.path.basename(f) for f in found) or "no hypotheses-SPLIT.txt"
+                raise SeqtrainError(f"{flag} {path}: {names}; choose the split with --split")
+            file = found[0]
+    elif os.path.exists(path):
+        file = path
+    else:
+        raise SeqtrainError(f"{flag} {path}: no such file or folder")
+    return file, _read_lines(file)
+
+
+def _check_count(name: str, lines: list[str], ref_name: str, refs: list[str], what: str) -> None:
+    if len(lines) != len(refs):
+        raise SeqtrainError(
+            f"{name}: {len(lines)} {what} but {ref_name} has {len(refs)} references (one line each, same order)"
+        )
+
+
+def _means_ci(per: dict[str, list[float]], n_boot: int, seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = mean_scores(per)
+    if n_boot:
+        out["ci"] = {k: list(v) for k, v in bootstrap_intervals(per, n_boot, seed).items()}
+    return out
+
+
+def _subset(per: dict[str, list[float]], ids: list[int]) -> dict[str, float]:
+    return {k: float(np.mean([per[k][i] for i in ids])) for k in ROUGE_TYPES}
+
+
+def report(args: argparse.Namespace) -> dict[str, Any]:
+    """The report's figures (what --json holds) from the parsed flags."""
+    if args.bootstrap < 0:
+        raise SeqtrainError(f"--bootstrap {args.bootstrap}: must be 0 (off) or more")
+    if args.buckets < 1 or args.examples < 0 or args.source_limit < 1:
+        bad = [f for f, v in (("--buckets", args.buckets), ("--source-limit", args.source_limit)) if v < 1]
+        raise SeqtrainError(f"{(bad or ['--examples'])[0]}: must be at least {1 if bad else 0}")
+    if not 0.0 < args.dup_threshold <= 1.0:
+        raise SeqtrainError(f"--dup-threshold {args.dup_threshold}: must be in (0, 1]")
+    if any(k < 1 for k in args.lead):
+        raise SeqtrainError(f"--lead {','.join(map(str, args.lead))}: each k must be at least 1")
+    hyp_file, hyps = read_hypotheses(args.hyps, args.split, "--hyps")
+    sources, refs = _read_lines(args.source), _read_lines(args.reference)
+    if not refs:
+        raise SeqtrainError(f"{args.reference}: no references (the file is empty)")
+    _check_count(args.source, sources, args.reference, refs, "sources")
+    _check_count(hyp_file, hyps, args.reference, refs, "hypotheses")
+    check_lengths(hyps, hyp_file)
+    check_lengths(refs, args.reference)
+    other = None
+    if args.compare:
+        other_file, other_hyps = read_hypotheses(args.compare, args.split, "--compare")
+        _check_count(other_file, other_hyps, args.reference, refs, "hypotheses")
+        check_lengths(other_hyps, other_file)
+        other = (other_file, other_hyps)
+    train = _read_lines(args.train_source) if args.train_source else None
+    curves = analyses.validation_curves(args.train_log) if args.train_log else None
+
+    n, n_boot, seed = len(refs), args.bootstrap, args.seed
+    per = example_scores(hyps, refs)
+    out: dict[str, Any] = {
+        "format": "seqtrain-eval",
+        "version": 1,
+        "hypotheses": hyp_file,
+        "source": args.source,
+        "reference": args.reference,
+        "n": n,
+        "bootstrap": n_boot,
+        "seed": seed,
+        "rouge": _means_ci(per, n_boot, seed),
+    }
+
+    baselines: dict[str, Any] = {}
+    for k in args.lead:
+        lead_per = example_scores([analyses.lead(s, k) for s in sources], refs)
+        baselines[f"lead-{k}"] = mean_scores(lead_per)
+    picks = [analyses.oracle(s, r) for s, r in zip(sources, refs)]
+    oracle_per = example_scores([text for text, _ in picks], refs)
+    baselines["oracle"] = {
+        **mean_scores(oracle_per),
+        "mean_sentences": float(np.mean([len(ids) for _, ids in picks])),
+    }
+    out["baselines"] = baselines
+
+    src_len = [len(analyses.words(s)) for s in sources]
+    hyp_len = [len(analyses.words(h)) for h in hyps]
+    ref_len = [len(analyses.words(r)) for r in refs]
+    out["lengths"] = {
+        "unit": "words (ROUGE's tokens)",
+        "hypothesis": analyses.length_stats(hyp_len),
+        "reference": analyses.length_stats(ref_len),
+        "source": analyses.length_stats(src_len),
+        "hypothesis_over_reference": float(np.mean(hyp_len) / max(np.mean(ref_len), 1e-9)),
+    }
+
+    edges = analyses.bucket_edges(src_len, args.buckets)
+    labels = analyses.bucket_labels(edges, src_len)
+    members: list[list[int]] = [[] for _ in labels]
+    for i, length in enumerate(src_len):
+        members[analyses.bucket_of(length, edges)].append(i)
+    buckets = []
+    for label, ids in zip(labels, members):
+        if ids:
+            buckets.append({"source_words": label, "n": len(ids), "ids": ids, "rouge": _subset(per, ids)})
+    out["buckets"] = buckets
+
+    hyp_faith = [analyses.unsupported(h, s) for h, s in zip(hyps, sources)]
+    ref_faith = [analyses.unsupported(r, s) for r, s in zip(refs, sources)]
+    out["faithfulness"] = {
+        "hypothesis": analyses.faithfulness_summary(hyp_faith),
+        "reference": analyses.faithfulness_summary(ref_faith),
+    }
+
+    past = [analyses.past_limit(s, r, args.source_limit) for s, r in zip(sources, refs)]
+    out["truncation"] = {
+        "limit_words": args.source_limit,
+        "sources_over_limit": sum(1 for x in src_len if x > args.source_limit),
+        "reference_past_limit_mean": float(np.mean(past)),
+        "references_with_words_past_limit": sum(1 for x in past if x > 0),
+    }
+
+    if train is not None:
+        out["duplicates"] = {
+            "train_source": args.train_source,
+            **analyses.duplicates(train, sources, args.dup_threshold),
+        }
+    if curves is not None:
+        out["validation_curves"] = {"train_log": args.train_log, "subsets": curves}
+
+    examples = [
+        {
+            "id": i,
+            "source": sources[i],
+            "reference": refs[i],
+            "hypothesis": hyps[i],
+            "rouge": {k: per[k][i] for k in ROUGE_TYPES},
+            "hypothesis_words": hyp_len[i],
+            "reference_words": ref_len[i],
+            "source_words": src_len[i],
+            "absent": hyp_faith[i]["absent"],
+            "reference_past_limit": past[i],
+            "oracle_sentences": picks[i][1],
+        }
+        for i in range(n)
+    ]
+    k = min(args.examples, n)
+    out["worst"] = sorted(range(n), key=lambda i: (per[SORT_KEY][i], i))[:k]
+    out["best"] = sorted(range(n), key=lambda i: (-per[SORT_KEY][i], i))[:k]
+    out["sorted_by"] = SORT_KEY
+
+    if other is not None:
+        other_per = example_scores(other[1], refs)
+        out["compare"] = {
+            "hypotheses": other[0],
+            "rouge": _means_ci(other_per, n_boot, seed),
+            "test": paired_bootstrap(per, other_per, n_boot or 1000, seed),
+            "buckets": [
+                {
+                    "source_words": b["source_words"],
+                    "n": b["n"],
+                    "rouge": _subset(other_per, b["ids"]),
+                    "delta": {
+                        key: b["rouge"][key] - _subset(other_per, b["ids"])[key] for key in ROUGE_TYPES
+                    },
+                }
+                for b in buckets
+            ],
+        }
+        for e, o in zip(examples, other[1]):
+            e["compare_hypothesis"] = o
+        for e in examples:
+            e["compare_rouge"] = {key: other_per[key][e["id"]] for key in ROUGE_TYPES}
+    out["examples"] = examples
+    return out
+
+
+def _lines(r: dict[str, Any]) -> list[str]:
+    """The console summary."""
+    lines = [f"{r['hypotheses']}: {format_summary(r['rouge'])}"]
+    if "ci" in r["rouge"]:
+        lines.append(
+            format_intervals({k: tuple(v) for k, v in r["rouge"]["ci"].items()}, r["bootstrap"], r["seed"])
+        )
+    for name, scores in r["baselines"].items():
+        lines.append(f"{name}: {format_summary({k: scores[k] for k in ROUGE_TYPES})}")
+    f = r["faithfulness"]
+    lines.append(
+        f"faithfulness proxy: {f['hypothesis']['absent']} of {f['hypothesis']['items']} numbers/names in the "
+        f"hypotheses are absent from their source ({100 * f['hypothesis']['absent_share']:.1f}%; references "
+        f"{100 * f['reference']['absent_share']:.1f}%)"
+    )
+    t = r["truncation"]
+    lines.append(
+        f"truncation at {t['limit_words']} words: {t['sources_over_limit']} sources longer; "
+        f"{100 * t['reference_past_limit_mean']:.2f}% of reference words lie only past it"
+    )
+    if "duplicates" in r:
+        d = r["duplicates"]
+        lines.append(
+            f"train duplicates: {d['exact']} exact, {d['high_overlap']} with >= {100 * d['threshold']:.0f}% "
+            f"5-gram overlap, of {r['n']} sources"
+        )
+    if "compare" in r:
+        c = r["compare"]
+        lines.append(f"{c['hypotheses']}: {format_summary(c['rouge'])}")
+        lines.append(format_comparison(c["test"], c["hypotheses"], r["bootstrap"] or 1000, r["seed"]))
+    return lines
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    """seqtrain-eval: compute the report, print its summary, write --json and --html (each whole or not at all)."""
+    for flag, path in (("--json", args.json), ("--html", args.html)):
+        if path and os.path.isdir(path):
+            raise SeqtrainError(f"{flag} {path}: is a folder; give a file name")
+        if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise SeqtrainError(
+                f"{flag} {path}: folder {os.path.dirname(path)} does not exist; create it first"
+            )
+    r = report(args)
+    texts = {}
+    if args.json:
+        texts[args.json] = json.dumps(r, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    if args.html:
+        texts[args.html] = page.render(r, args.title or r["hypotheses"])
+    for path, text in texts.items():
+        with atomic_write(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    for line in _lines(r):
+        print(line)
+    for path in texts:
+        print(f"wrote {path}")
+    return r
