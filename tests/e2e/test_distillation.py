@@ -88,3 +88,57 @@ def test_distillation_changes_the_updates_and_alpha_zero_is_label_smoothing(teac
     assert not torch.equal(
         runs["alpha08"]["decoder.layers.0.fc1.weight"], runs["plain"]["decoder.layers.0.fc1.weight"]
     )
+
+
+def test_sequence_level_kd_commands_of_the_docs(teacher, tmp_path):
+    """docs/training.md's sequence-level KD: the teacher's beam outputs on train (hypotheses-train.txt, input
+    order) become the target side of a new data-bin with the teacher's dictionary, on which a student trains."""
+    import shutil
+
+    from seqtrain.data.dictionary import Dictionary
+    from seqtrain.data.indexed_dataset import MMapIndexedDataset
+    from seqtrain_cli.generate import generate_main
+    from seqtrain_cli.preprocess import preprocess_main
+
+    data, path = teacher
+    raw, out, kd = os.path.join(os.path.dirname(data), "raw"), str(tmp_path / "gen"), tmp_path / "kd"
+    argv = [data, "--path", path, "--gen-subset", "train", "--beam", "4", "--cpu", "--batch-size", "64"]
+    generate_main([*argv, "--results-path", out], out=open(os.devnull, "w"))
+    kd.mkdir()
+    shutil.copy(f"{raw}/train.src", kd / "train.src")
+    shutil.copy(f"{out}/hypotheses-train.txt", kd / "train.tgt")
+    for side in ("src", "tgt"):
+        shutil.copy(f"{raw}/valid.{side}", kd / f"valid.{side}")
+    kd_bin = str(tmp_path / "kd-bin")
+    preprocess_main(
+        [
+            "--source-lang",
+            "src",
+            "--target-lang",
+            "tgt",
+            "--trainpref",
+            f"{kd}/train",
+            "--validpref",
+            f"{kd}/valid",
+            "--destdir",
+            kd_bin,
+            "--joined-dictionary",
+            "--srcdict",
+            f"{data}/dict.src.txt",
+            "--tokenizer",
+            "none",
+            "--no-progress-bar",
+        ]  # fmt: skip
+    )
+    for name in ("dict.src.txt", "dict.tgt.txt"):
+        assert open(f"{kd_bin}/{name}").read() == open(f"{data}/{name}").read()
+    hyps = open(f"{out}/hypotheses-train.txt", encoding="utf-8").read().splitlines()
+    refs = open(f"{raw}/train.tgt", encoding="utf-8").read().splitlines()
+    assert len(hyps) == len(refs) == 200 and hyps != refs
+    d = Dictionary.load(f"{data}/dict.tgt.txt")
+    targets = MMapIndexedDataset(f"{kd_bin}/train.src-tgt.tgt")
+    assert [d.string(targets[i][:-1]) for i in range(len(hyps))] == hyps
+    save = str(tmp_path / "student")
+    argv = base_args(kd_bin, save, "--finetune-from-model", path, "--decoder-layers-to-keep", "1")
+    assert train_main([*argv, "--max-update", "2", "--no-epoch-checkpoints"]) == 0
+    assert load_checkpoint_file(os.path.join(save, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 2
