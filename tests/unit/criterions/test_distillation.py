@@ -108,3 +108,44 @@ def test_needs_a_teacher_and_teacher_path_needs_the_criterion(tmp_path):
     args.criterion = "cross_entropy"
     with pytest.raises(SeqtrainError, match="--teacher-path is read only by --criterion"):
         build_criterion(args, PAD)
+
+
+def test_packed_batch_equals_padded_batch():
+    """The collater's packed layout (teacher and student both run packed) gives the padded batch's loss and
+    gradients: the two models' rows line up."""
+    packed_mod = pytest.importorskip("tests.unit.models.test_packed")
+    student = packed_mod.model_of(torch.float64)
+    torch.manual_seed(5)
+    teacher = packed_mod.model_of(torch.float64)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # another model than the student
+    sample = packed_mod.sample_of()
+    assert "layout" in sample["net_input"]
+    crit = LabelSmoothedCrossEntropyWithDistillationCriterion(
+        packed_mod.PAD, teacher, 2.0, 0.8, label_smoothing=0.1
+    )
+    out = []
+    for s in (sample, packed_mod.padded(sample)):
+        loss, _, log = crit(student, s)
+        out.append((loss, log["distill_loss"], torch.autograd.grad(loss, list(student.parameters()))))
+    (a, kd_a, ga), (b, kd_b, gb) = out
+    assert kd_a.item() > 0 and kd_a.item() == pytest.approx(kd_b.item(), rel=1e-9)
+    assert a.item() == pytest.approx(b.item(), rel=1e-9)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.cuda
+def test_teacher_moves_to_the_students_device():
+    teacher = _tiny_bart(V, dtype=torch.float32, seed=1)
+    crit = LabelSmoothedCrossEntropyWithDistillationCriterion(PAD, teacher, 2.0, 0.8).to("cuda")
+    student = _tiny_bart(V, dtype=torch.float32, seed=0)
+    cpu_loss = crit.to("cpu")(student, make_sample())[0].item()
+    crit.to("cuda")
+    assert next(crit.teacher.parameters()).is_cuda
+    sample = make_sample()
+    sample["net_input"] = {k: v.cuda() for k, v in sample["net_input"].items()}
+    sample["target"] = sample["target"].cuda()
+    loss = crit(student.cuda(), sample)[0]
+    assert loss.is_cuda and loss.item() == pytest.approx(cpu_loss, rel=1e-4)
