@@ -11,7 +11,7 @@ import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain_cli.train import train_main
-from tests.utils import base_args
+from tests.utils import base_args, parse_log
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,9 @@ def student_args(data: str, teacher: str, save: str, updates: int, *extra: str) 
 def test_student_trains_holds_itself_only_and_resumes_exactly(teacher, tmp_path):
     data, path = teacher
     unbroken, resumed = str(tmp_path / "unbroken"), str(tmp_path / "resumed")
-    assert train_main(student_args(data, path, unbroken, 6)) == 0
+    log = str(tmp_path / "train.log")
+    logging = ("--log-format", "simple", "--log-file", log, "--log-interval", "1")
+    assert train_main(student_args(data, path, unbroken, 6, *logging)) == 0
     assert train_main(student_args(data, path, resumed, 3)) == 0
     assert train_main(student_args(data, path, resumed, 6)) == 0
     a = load_checkpoint_file(os.path.join(unbroken, "checkpoint_last.pt"))
@@ -63,6 +65,10 @@ def test_student_trains_holds_itself_only_and_resumes_exactly(teacher, tmp_path)
     assert sorted(a["model"]) == sorted(k for k in t if not k.startswith("decoder.layers.1."))
     for k, v in a["model"].items():
         assert torch.equal(b["model"][k], v), k
+    # the KD term is logged beside the loss, in training and validation, and is part of it
+    for tag in ("train", "valid"):
+        rows = parse_log(log, tag)
+        assert rows and all(0 < r["distill_loss"] and r["nll_loss"] > 0 for r in rows), rows
     # it trained: the weights moved from the teacher's layer it started from
     assert not torch.equal(a["model"]["decoder.layers.0.fc1.weight"], t["decoder.layers.1.fc1.weight"])
 
