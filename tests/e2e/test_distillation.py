@@ -69,6 +69,13 @@ def test_student_trains_holds_itself_only_and_resumes_exactly(teacher, tmp_path)
     for tag in ("train", "valid"):
         rows = parse_log(log, tag)
         assert rows and all(0 < r["distill_loss"] and r["nll_loss"] > 0 for r in rows), rows
+    # the student generates as any checkpoint does (one decoder layer)
+    from seqtrain_cli.generate import generate_main
+
+    argv = [data, "--path", os.path.join(unbroken, "checkpoint_last.pt"), "--gen-subset", "valid", "--cpu"]
+    gen = str(tmp_path / "gen")
+    generate_main([*argv, "--beam", "2", "--results-path", gen], out=open(os.devnull, "w"))
+    assert len(open(f"{gen}/hypotheses-valid.txt", encoding="utf-8").read().splitlines()) == 40
     # it trained: the weights moved from the teacher's layer it started from
     assert not torch.equal(a["model"]["decoder.layers.0.fc1.weight"], t["decoder.layers.1.fc1.weight"])
 
