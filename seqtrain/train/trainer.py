@@ -795,6 +795,8 @@ def log_criterion_stats(meters: MetersDict, stats: dict[str, float], start: floa
     if "nll_loss" in stats:
         meters.log_scalar("nll_loss", stats["nll_loss"], weight=stats["ntokens"], round=3)
         meters.log_derived("ppl", lambda m: perplexity(m.avg("nll_loss")))
+    if "distill_loss" in stats:  # --criterion label_smoothed_cross_entropy_with_distillation's KD term
+        meters.log_scalar("distill_loss", stats["distill_loss"], weight=stats["sample_size"], round=3)
     if "accuracy" in stats:
         meters.log_scalar("accuracy", stats["accuracy"], weight=stats.get("total", 1), round=3)
     meters.log_speed("wps", stats["ntokens"], round=1, start=start)

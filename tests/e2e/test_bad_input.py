@@ -622,6 +622,9 @@ CASES = [
 ]
 
 
+KD = "label_smoothed_cross_entropy_with_distillation"
+
+
 def pre(*extra: str, prefix: str = "{raw}/train") -> list:
     return [
         "-s",
@@ -666,6 +669,30 @@ CASES += [
         "train",
         train("--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "1.5"),
         "argument --label-smoothing",
+    ),
+    (
+        "train-distill-alpha-above-one",
+        "train",
+        train("--criterion", KD, "--teacher-path", "{ck}", "--distill-alpha", "1.5"),
+        "argument --distill-alpha: must be between 0 and 1, got 1.5",
+    ),
+    (
+        "train-distill-temperature-zero",
+        "train",
+        train("--criterion", KD, "--teacher-path", "{ck}", "--distill-temperature", "0"),
+        "argument --distill-temperature: must be above 0",
+    ),
+    (
+        "train-distill-no-teacher",
+        "train",
+        train("--criterion", KD),
+        f"--criterion {KD} needs --teacher-path CKPT",
+    ),
+    (
+        "train-teacher-dictionary-differs",
+        "train",
+        train("--criterion", KD, "--teacher-path", "{ck}", data="bin_other_dict"),
+        "--teacher-path {ck}: its dictionary differs from {bin_other_dict}/dict.src.txt",
     ),
     (
         "train-attention-heads-zero",

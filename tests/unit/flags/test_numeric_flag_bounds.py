@@ -82,6 +82,7 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
     ("train", "--lora-rank"): {"0": "rank 0: no LoRA adapters (the default)"},
     ("train", "--eval-rouge-bootstrap"): {"0": "0 resamples: no intervals (the default)"},
     ("train", "--lora-dropout"): {"0": "no dropout on the adapters' input (the default)"},
+    ("train", "--distill-alpha"): {"0": "alpha 0: the label-smoothed loss alone, the teacher unused"},
     **{
         ("generate", flag): _ZERO_OFF
         for flag in ("--max-len-a", "--max-len-b", "--no-repeat-ngram-size", "--prefix-size")

@@ -1,0 +1,221 @@
+"""`label_smoothed_cross_entropy_with_distillation`: word-level knowledge distillation as DistilBART did.
+
+Named after fairseq's `label_smoothed_cross_entropy_with_alignment` / `_with_ctc` family (the label-smoothed loss
+plus one more term), so `--criterion` reads as what it computes. With T = --distill-temperature and
+a = --distill-alpha, summed over the non-pad target tokens t:
+
+    loss = (1 - a) * label_smoothed_ce  +  a * T^2 * sum_t KL( softmax(z_teacher_t / T) || softmax(z_student_t / T) )
+
+transformers' seq2seq-distillation/distillation.py: KLDivLoss of the softened distributions times T^2 (so the
+gradient's scale does not shrink as 1/T^2), mixed by alpha_ce (0.8) with the student's own loss (alpha_mlm, 0.2);
+its defaults T = 2 and alpha 0.8 are ours. The sum is normalised by sample_size as the other criteria do
+(tokens, or sentences with --sentence-avg). The logged nll_loss is the student's plain NLL of the references;
+`distill_loss` is the KD term alone (T^2 * KL, base 2, per sample_size).
+
+The teacher (--teacher-path) is loaded once, frozen, in eval mode (no dropout), run without grad on the
+student's device, in the student's dtype and under the same autocast; it lives in the criterion, not in the
+model, so it is not in the student's checkpoints (a resume loads it again from --teacher-path). The student is
+usually the teacher with fewer decoder layers: `--finetune-from-model TEACHER --decoder-layers-to-keep 0,5,11`.
+
+Both models' logits are made whole for the scored rows (KL needs every vocabulary entry), so this criterion does
+not use the projected loss's chunking: its memory is 2 x N x V for N target tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from seqtrain.criterions.cross_entropy import (
+    CrossEntropyCriterion,
+    _output_layer,
+    _sum,
+    _target_rows,
+    _zero_invalid,
+    smoothed_nll_loss,
+)
+from seqtrain.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+from seqtrain.errors import SeqtrainError
+from seqtrain.registry import CRITERIONS
+
+NAME = "label_smoothed_cross_entropy_with_distillation"
+
+
+def add_args(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> None:
+    existing = parser._option_string_actions
+    specs = [
+        (
+            "--teacher-path",
+            dict(default=None, metavar="CKPT", help=f"the teacher checkpoint of --criterion {NAME}"),
+        ),
+        (
+            "--distill-temperature",
+            dict(
+                type=float,
+                default=2.0,
+                metavar="T",
+                help="softmax temperature of teacher and student in the KD term (DistilBART: 2)",
+            ),
+        ),
+        (
+            "--distill-alpha",
+            dict(
+                type=float,
+                default=0.8,
+                metavar="A",
+                help="weight of the KD term; the label-smoothed loss gets 1 - A (DistilBART: 0.8)",
+            ),
+        ),
+    ]
+    for flag, kw in specs:
+        if flag not in existing:
+            group.add_argument(flag, **kw)
+
+
+def distillation_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
+    """Per-row T^2 * KL(softmax(teacher / T) || softmax(student / T)), in fp32 (fp64 kept)."""
+    dtype = torch.float64 if student_logits.dtype == torch.float64 else torch.float32
+    log_s = torch.log_softmax(student_logits.to(dtype) / temperature, dim=-1)
+    log_t = torch.log_softmax(teacher_logits.to(dtype) / temperature, dim=-1)
+    return (log_t.exp() * (log_t - log_s)).sum(-1) * (temperature * temperature)
+
+
+def _check_dictionary(teacher_dict: Any, data_dict: Any, teacher_path: str, data_file: str) -> None:
+    if data_dict is None or teacher_dict is None:
+        return
+    if list(teacher_dict.symbols) != list(data_dict.symbols):
+        raise SeqtrainError(
+            f"--teacher-path {teacher_path}: its dictionary differs from {data_file} "
+            f"({teacher_dict.difference(data_dict)}); teacher and student must share one dictionary"
+        )
+
+
+@CRITERIONS.register(NAME)
+class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(
+        self,
+        padding_idx: int,
+        teacher: torch.nn.Module,
+        distill_temperature: float = 2.0,
+        distill_alpha: float = 0.8,
+        label_smoothing: float = 0.0,
+        sentence_avg: bool = False,
+        report_accuracy: bool = False,
+        ignore_prefix_size: int = 0,
+    ):
+        if not (math.isfinite(distill_temperature) and distill_temperature > 0):
+            raise SeqtrainError(f"--distill-temperature must be above 0, got {distill_temperature}")
+        if not 0.0 <= distill_alpha <= 1.0:
+            raise SeqtrainError(f"--distill-alpha must be between 0 and 1, got {distill_alpha}")
+        super().__init__(
+            padding_idx,
+            label_smoothing=label_smoothing,
+            sentence_avg=sentence_avg,
+            report_accuracy=report_accuracy,
+            ignore_prefix_size=ignore_prefix_size,
+        )
+        self.teacher = teacher.eval().requires_grad_(False)
+        self.temperature = float(distill_temperature)
+        self.alpha = float(distill_alpha)
+
+    @classmethod
+    def from_args(cls, args: Any, padding_idx: int) -> LabelSmoothedCrossEntropyWithDistillationCriterion:
+        return cls.from_task(args, padding_idx)
+
+    @classmethod
+    def from_task(cls, args: Any, task: Any) -> LabelSmoothedCrossEntropyWithDistillationCriterion:
+        """Load --teacher-path and check its dictionaries against the task's data-bin (when given a task)."""
+        from seqtrain.checkpoint.load import load_model  # the loader imports the models; criteria load first
+
+        path = getattr(args, "teacher_path", None)
+        if not path:
+            raise SeqtrainError(f"--criterion {NAME} needs --teacher-path CKPT (the teacher's checkpoint)")
+        if not os.path.exists(path):
+            raise SeqtrainError(f"--teacher-path {path}: no such file or folder")
+        teacher = load_model(path)
+        if isinstance(task, int):
+            pad = task
+        else:
+            pad = task.target_dictionary.pad() if hasattr(task, "target_dictionary") else task.tgt_dict.pad()
+            data = str(getattr(task.args, "data", "")).split(":")[0]
+            for side, ours, theirs in (
+                ("source", getattr(task, "src_dict", None), teacher.src_dict),
+                ("target", getattr(task, "tgt_dict", None), teacher.tgt_dict),
+            ):
+                lang = getattr(task.args, f"{side}_lang", None)
+                _check_dictionary(theirs, ours, path, os.path.join(data, f"dict.{lang}.txt"))
+        return cls(
+            pad,
+            teacher.model,
+            distill_temperature=float(getattr(args, "distill_temperature", 2.0)),
+            distill_alpha=float(getattr(args, "distill_alpha", 0.8)),
+            label_smoothing=float(getattr(args, "label_smoothing", 0.0) or 0.0),
+            sentence_avg=bool(getattr(args, "sentence_avg", False)),
+            report_accuracy=bool(getattr(args, "report_accuracy", False)),
+            ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
+        )
+
+    def to(self, device: Any) -> LabelSmoothedCrossEntropyWithDistillationCriterion:
+        """The trainer moves the criterion to the student's device."""
+        self.teacher = self.teacher.to(device)
+        return self
+
+    def _logits(
+        self, model: Any, sample: dict[str, Any], reduce: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        project = _output_layer(model)
+        rows, target, valid = _target_rows(
+            model, sample, self.padding_idx, self.ignore_prefix_size, project is not None, use_rows=reduce
+        )
+        return (project(rows) if project is not None else rows), target, valid
+
+    def forward(
+        self, model: Any, sample: dict[str, Any], reduce: bool = True
+    ) -> tuple[Tensor, Any, dict[str, Any]]:
+        logits, target, valid = self._logits(model, sample, reduce)
+        # the student's precision: a bf16 compute copy (--bf16-mode fairseq) gets a bf16 teacher; under
+        # autocast both run the same low-precision matmuls
+        dtype = next(iter(getattr(model, "module", model).parameters())).dtype
+        if next(iter(self.teacher.parameters())).dtype != dtype:
+            self.teacher = self.teacher.to(dtype)
+        with torch.no_grad():
+            teacher_logits, _, _ = self._logits(self.teacher, sample, reduce)
+        ce, nll = smoothed_nll_loss(logits, target, self.eps)
+        kd = distillation_kl(logits, teacher_logits, self.temperature)
+        loss = (1.0 - self.alpha) * ce + self.alpha * kd.to(ce.dtype)
+        loss, nll, kd = _zero_invalid(loss, valid), _zero_invalid(nll, valid), _zero_invalid(kd, valid)
+        if reduce:
+            loss, nll, kd = loss.sum(), nll.sum(), kd.sum()
+        n_correct = None
+        if self.report_accuracy:
+            with torch.no_grad():
+                hits = logits.argmax(-1).eq(target)
+                n_correct = (hits if valid is None else hits & valid).sum()
+        nsentences = sample["target"].size(0)
+        scored = target.numel() if valid is None else valid.sum()
+        ntokens = sample.get("ntokens", scored)
+        sample_size = nsentences if self.sentence_avg else ntokens
+        logging_output: dict[str, Any] = {
+            "loss": loss.detach(),
+            "nll_loss": nll.detach(),
+            "distill_loss": kd.detach(),
+            "ntokens": ntokens,
+            "nsentences": nsentences,
+            "sample_size": sample_size,
+        }
+        if self.report_accuracy:
+            logging_output["n_correct"] = n_correct
+            logging_output["total"] = scored
+        return loss, sample_size, logging_output
+
+    @staticmethod
+    def reduce_metrics(logging_outputs: list[dict[str, Any]]) -> dict[str, float]:
+        out = CrossEntropyCriterion.reduce_metrics(logging_outputs)
+        size = out["sample_size"]
+        out["distill_loss"] = _sum(logging_outputs, "distill_loss") / size / math.log(2) if size else 0.0
+        return out
