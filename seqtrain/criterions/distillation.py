@@ -130,14 +130,14 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
     @classmethod
     def from_task(cls, args: Any, task: Any) -> LabelSmoothedCrossEntropyWithDistillationCriterion:
         """Load --teacher-path and check its dictionaries against the task's data-bin (when given a task)."""
-        from seqtrain.checkpoint.load import load_model  # the loader imports the models; criteria load first
-
         path = getattr(args, "teacher_path", None)
         if not path:
             raise SeqtrainError(f"--criterion {NAME} needs --teacher-path CKPT (the teacher's checkpoint)")
         if not os.path.exists(path):
             raise SeqtrainError(f"--teacher-path {path}: no such file or folder")
-        teacher = load_model(path)
+        if not hasattr(task, "load_teacher"):  # criteria sit below the checkpoint readers: the task loads it
+            raise SeqtrainError(f"--criterion {NAME}: build it from a task (task.build_criterion(args))")
+        teacher = task.load_teacher(path)
         if isinstance(task, int):
             pad = task
         else:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from seqtrain.checkpoint.load import load_model
 from seqtrain.criterions import build_criterion
 from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
 from seqtrain.data.dictionary import Dictionary
@@ -273,6 +274,11 @@ class TranslationTask:
 
     def build_criterion(self, args: argparse.Namespace) -> Any:
         return build_criterion(args, self)
+
+    def load_teacher(self, path: str) -> Any:
+        """--teacher-path's model for distillation (seqtrain.criterions.distillation): criteria sit below the
+        checkpoint readers, so the task loads it for them."""
+        return load_model(path)
 
     # ---------------------------------------------------------------------------------------------- steps
     def train_step(
