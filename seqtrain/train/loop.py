@@ -173,9 +173,17 @@ def _main(args: argparse.Namespace) -> int:
     check_args(args)
     if args.no_save:
         return _train(args)
-    # one run per --save-dir: the lock is held before anything there is read or deleted
-    with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
-        return _train(args)
+    created = is_master(args) and not os.path.exists(args.save_dir)
+    try:
+        # one run per --save-dir: the lock is held before anything there is read or deleted
+        with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
+            return _train(args)
+    finally:
+        if created:
+            # a run that failed before writing anything (a wrong DATA path, a bad flag the task finds) leaves no
+            # empty --save-dir behind; rmdir removes only an empty folder
+            with contextlib.suppress(OSError):
+                os.rmdir(args.save_dir)
 
 
 def _train(args: argparse.Namespace) -> int:

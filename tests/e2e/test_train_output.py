@@ -51,3 +51,26 @@ def test_start_progress_and_end_lines(databin, tmp_path, monkeypatch):
     generate_main(argv[1:] + ["--quiet"])  # as printed
     hyps = (save / "gen" / "hypotheses-valid.txt").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 40 and all(hyps)
+
+
+def test_a_wrong_data_path_leaves_no_empty_save_dir(databin, tmp_path):
+    from seqtrain.errors import SeqtrainError
+
+    save = tmp_path / "ck"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for data in (tmp_path / "nowhere", empty):
+        try:
+            train_main(base_args(str(data), str(save), "--max-update", "1"))
+        except SeqtrainError as e:
+            assert str(data) in str(e)
+        else:
+            raise AssertionError("trained on a wrong DATA")
+        assert not save.exists()
+    save.mkdir()  # a folder the user made stays
+    (save / "notes.txt").write_text("mine")
+    try:
+        train_main(base_args(str(empty), str(save), "--max-update", "1"))
+    except SeqtrainError:
+        pass
+    assert sorted(p.name for p in save.iterdir()) == ["notes.txt"]
