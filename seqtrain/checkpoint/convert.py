@@ -24,6 +24,7 @@ from seqtrain.checkpoint.load import LoadedModel, build_from_contents
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
+from seqtrain.flags.config_file import load_config
 from seqtrain.logging import setup_logging
 from seqtrain.models.lora import merge_lora
 
@@ -118,11 +119,25 @@ def _run_generation_args(text: Any, where: str) -> dict[str, Any]:
     return {k: v for k, v in vars(known).items() if v is not None}
 
 
+def _run_preset_settings(path: Any) -> tuple[dict[str, Any], str] | None:
+    """The generation keys of the --config preset the run trained with (configs/debdesc_small.yaml's beam 4,
+    max-len-b 30, ...: what seqtrain-generate --config FILE uses), when that file is still there."""
+    if not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    try:
+        values, _ = load_config(path)
+    except SeqtrainError:
+        return None  # edited since into something else: the defaults, as without it
+    found = {str(k).lstrip("-").replace("-", "_"): v for k, v in values.items()}
+    found = {k: v for k, v in found.items() if k in GENERATION_DEFAULTS}
+    return (found, f"the run's --config {path}") if found else None
+
+
 def export_generation_settings(args: argparse.Namespace, ck: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """The generation settings a Hugging Face export records, and where each came from: the convert flag given
     (--beam, --lenpen, --max-len-b, --min-len, --no-repeat-ngram-size), else the input's own (a seqtrain or
-    fairseq run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's
-    defaults."""
+    fairseq run's --eval-rouge-args, a Hugging Face folder's generation_config.json; without those, the
+    generation keys of the --config preset the run trained with), else seqtrain-generate's defaults."""
     own: dict[str, Any] = {}
     origin = ""
     if ck.format == "hf":
@@ -132,6 +147,8 @@ def export_generation_settings(args: argparse.Namespace, ck: Any) -> tuple[dict[
     elif getattr(ck.args, "eval_rouge", False) or getattr(ck.args, "eval_rouge_args", None):
         own = _run_generation_args(getattr(ck.args, "eval_rouge_args", None), ck.path)
         origin = "the run's --eval-rouge-args"
+    if not own and ck.format != "hf":
+        own, origin = _run_preset_settings(getattr(ck.args, "config", None)) or (own, origin)
     settings, sources = {}, {}
     for k, default in GENERATION_DEFAULTS.items():
         given = getattr(args, k, None)
