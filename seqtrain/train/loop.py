@@ -396,7 +396,12 @@ class TrainLoop:
                 f"--merge-max-tokens: {merge.batches} batches of epoch {epoch} ran as {merge.passes} passes"
             )
         logger.info(f"end of epoch {epoch} (average epoch stats below)")
-        progress.print(self.training_stats("train"), tag="train", step=trainer.get_num_updates())
+        # an epoch left unfinished (a signal, --max-update, the time budget) gets its line but no tracker point:
+        # the launch that finishes it logs the epoch's point, and TensorBoard's series keeps one per epoch
+        finished = epoch_itr.end_of_epoch()
+        progress.print(
+            self.training_stats("train"), tag="train", step=trainer.get_num_updates() if finished else None
+        )
         trainer.meters["train"].reset()
         trainer.meters["train_inner"].reset()
         return should_stop

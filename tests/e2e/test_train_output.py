@@ -74,3 +74,22 @@ def test_a_wrong_data_path_leaves_no_empty_save_dir(databin, tmp_path):
     except SeqtrainError:
         pass
     assert sorted(p.name for p in save.iterdir()) == ["notes.txt"]
+
+
+def test_an_interrupted_epoch_adds_no_tensorboard_point(databin, tmp_path):
+    """4 updates an epoch: a launch stopped by --max-update 6 in the middle of epoch 2, then resumed to 8. The
+    epoch series holds one point per epoch (updates 4 and 8), not the stopped half (6); the log keeps its line."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb, save, log = tmp_path / "tb", str(tmp_path / "ck"), tmp_path / "train.log"
+    flags = ["--tensorboard-logdir", str(tb), "--log-format", "simple", "--log-file", str(log)]
+    assert train_main(base_args(databin, save, "--max-update", "6", *flags)) == 0
+    assert train_main(base_args(databin, save, "--max-update", "8", *flags)) == 0
+    acc = EventAccumulator(str(tb / "train"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [4, 8]
+    epoch_lines = [line for line in log.read_text().splitlines() if " | train | epoch " in line]
+    assert [re.search(r"num_updates (\d+)", line).group(1) for line in epoch_lines] == ["4", "6", "8"]
+    acc = EventAccumulator(str(tb / "valid"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [4, 6, 8]  # validations are points in time: all kept
