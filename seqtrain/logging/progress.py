@@ -8,6 +8,10 @@ tag's logger name (train_inner, train, valid), so they read like fairseq's:
     epoch 001:     10 / 16 loss=7.592, nll_loss=7.574, ppl=190.48, wps=284.2, ...      (simple, log)
     epoch 001 | loss 7.454 | nll_loss 7.419 | ppl 171.09 | ...                          (simple/tqdm, print)
     {"epoch": 1, "update": 0.625, "loss": 7.592, ...}                                   (json, log)
+
+A simple line ends with `eta=12m30s` (the time to --max-update, seqtrain.logging.eta) when the training loop
+sets `bar.eta`; the tqdm bar shows it in its postfix. A tqdm bar is drawn only on a terminal: off one (a pipe, a
+log file) the same progress comes as simple lines.
 """
 
 from __future__ import annotations
