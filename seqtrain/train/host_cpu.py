@@ -153,4 +153,5 @@ if __name__ == "__main__":
 
     cpus, load_now = usable_cpus(), load_average()
     print(choose_threads(cpus, load_now))
-    print(f"{cpus} usable CPUs, load {load_now if load_now is not None else '?'}", file=sys.stderr)
+    load_text = f"{load_now:.1f}" if load_now is not None else "unknown"
+    print(f"{cpus} usable CPUs, load {load_text}", file=sys.stderr)

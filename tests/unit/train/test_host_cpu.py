@@ -3,6 +3,8 @@ each test gives the same result on any CPU (with or without AVX-512-BF16 / AMX, 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -111,3 +113,17 @@ def test_fit_threads_sets_torch_and_says_so(monkeypatch):
         assert host_cpu.fit_threads("cpu") is None and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(n)
+
+
+def test_the_module_prints_the_choice_for_scripts():
+    """scripts/quickstart.sh exports `python -m seqtrain.train.host_cpu`'s number as OMP_NUM_THREADS."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "seqtrain.train.host_cpu"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert 1 <= int(out.stdout) <= len(os.sched_getaffinity(0))
+    assert re.fullmatch(r"\d+ usable CPUs?, load ([\d.]+|unknown)\n", out.stderr)
