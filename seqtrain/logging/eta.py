@@ -1,4 +1,4 @@
-"""How long until --max-update / --max-epoch: the figure a progress line ends with (`eta=1h02m`).
+"""How long until --max-update / --max-epoch: the figure a progress line shows after its position (`(eta 1h02m)`).
 
 tqdm's own estimate covers one epoch; a run is many. The estimate is this launch's wall-clock pace (validation
 and checkpoint writes included, they are part of what is left) times the updates still to go. A resumed launch

@@ -9,9 +9,9 @@ tag's logger name (train_inner, train, valid), so they read like fairseq's:
     epoch 001 | loss 7.454 | nll_loss 7.419 | ppl 171.09 | ...                          (simple/tqdm, print)
     {"epoch": 1, "update": 0.625, "loss": 7.592, ...}                                   (json, log)
 
-A simple line ends with `eta=12m30s` (the time to --max-update, seqtrain.logging.eta) when the training loop
-sets `bar.eta`; the tqdm bar shows it in its postfix. A tqdm bar is drawn only on a terminal: off one (a pipe, a
-log file) the same progress comes as simple lines.
+A simple line shows `(eta 12m30s)` after its position (the time to --max-update, seqtrain.logging.eta) when the
+training loop sets `bar.eta`; the tqdm bar shows it in its postfix. A tqdm bar is drawn only on a terminal:
+off one (a pipe, a log file) the same progress comes as simple lines.
 """
 
 from __future__ import annotations
@@ -111,9 +111,9 @@ class NoneProgressBar(ProgressBar):
 class SimpleProgressBar(ProgressBar):
     def _log(self, stats, tag, step):
         body = ", ".join(f"{k}={format_stat(v)}" for k, v in stats.items())
-        if self.eta is not None:
-            body += f", eta={self.eta}"
-        logging.getLogger(tag).info(f"{self.prefix}: {self._position()} {body}")
+        # beside the position, not among the stats: scripts that read every key=value as a number keep working
+        eta = f" (eta {self.eta})" if self.eta is not None else ""
+        logging.getLogger(tag).info(f"{self.prefix}: {self._position()}{eta} {body}")
 
     def _print(self, stats, tag, step):
         logging.getLogger(tag).info(self._summary(stats))

@@ -40,7 +40,7 @@ def test_eta_from_this_launchs_pace():
     assert eta.text(210) is None  # no limit: nothing to count down to
 
 
-def test_simple_lines_end_with_the_eta(caplog):
+def test_simple_lines_show_the_eta_beside_the_position(caplog):
     caplog.set_level(logging.INFO)
     bar = progress.progress_bar(range(16), "simple", epoch=1, total=16)
     for i in bar:
@@ -48,7 +48,7 @@ def test_simple_lines_end_with_the_eta(caplog):
             bar.eta = "12m30s"
             bar.log({"loss": 7.592, "lr": 0.001}, tag="train_inner", step=10)
     assert [r.getMessage() for r in caplog.records if r.name == "train_inner"] == [
-        "epoch 001:    10 / 16 loss=7.592, lr=0.001, eta=12m30s"
+        "epoch 001:    10 / 16 (eta 12m30s) loss=7.592, lr=0.001"
     ]
 
 
