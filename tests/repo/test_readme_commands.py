@@ -162,7 +162,9 @@ def test_readme_own_data_commands_work_as_printed(tmp_path):
     for split, n in QUICK_SIZES.items():
         for side in ("source", "target"):
             lines = (
-                (REPO / "data" / "debdesc-sample" / f"{split}.{side}").read_text(encoding="utf-8").split("\n")
+                (REPO / "data" / "debdesc-sample" / f"{split}.{side}")
+                .read_text(encoding="utf-8")
+                .splitlines()
             )
             (sample / f"{split}.{side}").write_text(
                 "\n".join(lines[: None if full else n]) + "\n", encoding="utf-8"
