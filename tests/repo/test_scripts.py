@@ -128,6 +128,21 @@ def test_plot_curves_reads_the_jsonl_log_quickstart_writes(tmp_path, monkeypatch
     assert '--jsonl-log "$work/train.jsonl"' in script and "plot_curves.py $work/train.jsonl" in script
 
 
+def test_quickstart_header_and_readme_give_the_same_minutes():
+    """The script's header said 6 minutes while the README said 8 (measured: 482 s from a fresh clone)."""
+    header = (REPO / "scripts" / "quickstart.sh").read_text(encoding="utf-8").split("\nset -")[0]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    said = re.findall(r"about (\d+) minutes", " ".join(header.replace("#", " ").split()))
+    said += re.findall(r"about (\d+) minutes on an idle", readme) + re.findall(
+        r"\(~(\d+) min on CPU\)", readme
+    )
+    assert len(said) == 3 and len(set(said)) == 1, said
+    seconds = int(
+        re.search(r"From a fresh clone on an idle 2-core machine: ([\d,]+) s in all", readme).group(1)
+    )
+    assert abs(seconds / 60 - int(said[0])) <= 1
+
+
 def test_quickstart_reuses_its_joined_data_bin(tmp_path):
     """Stage 2's reuse test, run as the script has it, on data-bins laid out as seqtrain-preprocess
     --joined-dictionary writes them (dict.source.txt / dict.target.txt: there is no dict.txt)."""
