@@ -128,7 +128,7 @@ def test_quickstart_printed_commands_work_as_printed(folder):
 # cores). Beating the lead baseline takes more: on the sample's 300 test pairs, fine-tuned from the bundled model
 # with these flags, ROUGE-1/2/Lsum were 34.52 / 17.24 / 31.81 after 50 updates, 36.16 / 19.08 / 33.57 after 100
 # and 37.72 / 20.03 / 34.50 after 150, against lead's 36.52 / 17.72 / 31.75. That claim is checked by hand:
-#   SEQTRAIN_OWN_DATA_UPDATES=150 python -m pytest tests/repo/test_readme_commands.py -k own_data
+#   SEQTRAIN_OWN_DATA_UPDATES=150 python -m pytest --timeout 0 tests/repo/test_readme_commands.py -k own_data
 # (the whole sample, --max-update cut to 150; SEQTRAIN_OWN_DATA_UPDATES=800 runs the printed commands unchanged).
 QUICK_UPDATES = 40
 QUICK_SIZES = {"train": 1000, "valid": 50, "test": 100}
