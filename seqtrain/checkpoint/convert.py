@@ -24,7 +24,6 @@ from seqtrain.checkpoint.load import LoadedModel, build_from_contents
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
-from seqtrain.flags.config_file import load_config
 from seqtrain.logging import setup_logging
 from seqtrain.models.lora import merge_lora
 
@@ -121,15 +120,31 @@ def _run_generation_args(text: Any, where: str) -> dict[str, Any]:
 
 def _run_preset_settings(path: Any) -> tuple[dict[str, Any], str] | None:
     """The generation keys of the --config preset the run trained with (configs/debdesc_small.yaml's beam 4,
-    max-len-b 30, ...: what seqtrain-generate --config FILE uses), when that file is still there."""
-    if not isinstance(path, str) or not os.path.isfile(path):
+    max-len-b 30, ...: what seqtrain-generate --config FILE uses), when that file is still there. Read here with
+    PyYAML's safe loader (JSON is YAML) rather than seqtrain.flags' reader: checkpoint/ sits below flags/; a file
+    that no longer reads as a mapping gives the defaults, as a missing one does."""
+    if not isinstance(path, str) or not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
         return None
+    import yaml  # only for a run that had a --config
+
     try:
-        values, _ = load_config(path)
-    except SeqtrainError:
-        return None  # edited since into something else: the defaults, as without it
-    found = {str(k).lstrip("-").replace("-", "_"): v for k, v in values.items()}
-    found = {k: v for k, v in found.items() if k in GENERATION_DEFAULTS}
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    found: dict[str, Any] = {}
+    stack = [values]
+    while stack:  # sections (nested mappings) are flattened, as --config reads them
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for k, v in node.items():
+            if isinstance(v, dict):
+                stack.append(v)
+                continue
+            key = str(k).lstrip("-").replace("-", "_")
+            if key in GENERATION_DEFAULTS:
+                found[key] = v
     return (found, f"the run's --config {path}") if found else None
 
 
