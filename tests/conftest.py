@@ -1,5 +1,6 @@
 """Fixtures shared by the test modules (helpers that are not fixtures live in tests/utils.py)."""
 
+import os
 import pathlib
 
 import pytest
@@ -62,8 +63,14 @@ def _one_torch_thread():
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
+    # an explicit choice, so seqtrain-train's own (seqtrain.train.host_cpu.fit_threads) keeps the tests' one
+    # thread, in this process and in the commands the tests start
+    env = os.environ.get("OMP_NUM_THREADS")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     yield
     torch.set_num_threads(n)
+    if env is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
 
 
 @pytest.fixture(autouse=True)

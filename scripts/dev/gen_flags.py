@@ -26,7 +26,8 @@ the same. Flag names are fairseq 0.12's wherever fairseq has the flag, and so ar
 [fairseq.md](fairseq.md)'s table says otherwise; a fairseq flag seqtrain lacks is refused, naming it.
 
 Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtrain-train) ·
-[seqtrain-generate](#seqtrain-generate) · [seqtrain-convert](#seqtrain-convert) ·
+[seqtrain-generate](#seqtrain-generate) · [seqtrain-interactive](#seqtrain-interactive) ·
+[seqtrain-convert](#seqtrain-convert) ·
 [seqtrain-average-checkpoints](#seqtrain-average-checkpoints) · [seqtrain-score](#seqtrain-score) ·
 [seqtrain-eval](#seqtrain-eval)
 
@@ -46,6 +47,30 @@ GENERATE = """## seqtrain-generate
 
 `seqtrain-generate [DATA] --path CHECKPOINT [flags]` (DATA is optional with `--input`).
 """
+
+INTERACTIVE = """## seqtrain-interactive
+
+`seqtrain-interactive --path CHECKPOINT [flags]` reads documents from stdin (or `--input FILE`), one per line,
+and answers each `--buffer-size` lines as soon as they are read. It takes seqtrain-generate's flags above,
+except for these:
+"""
+
+
+def interactive_tables(out: list[str]) -> None:
+    """seqtrain-interactive's flags where they differ from seqtrain-generate's, and the ones it refuses."""
+    generate = {tuple(a.option_strings): a for a in parsers.get_generation_parser()._actions}
+    parser = parsers.get_interactive_parser()
+    changed = [
+        a
+        for a in parser._actions
+        if a.help is not argparse.SUPPRESS
+        and (
+            tuple(a.option_strings) not in generate or generate[tuple(a.option_strings)].default != a.default
+        )
+    ]
+    table("Its own flags and defaults", changed, out)
+    refused = ", ".join(f"`{f}`" for f in parsers.INTERACTIVE_REFUSED)
+    out.append(f"Refused (they name files or splits that interactive use has none of): {refused}.\n")
 
 
 def fmt_default(a: argparse.Action) -> str:
@@ -132,6 +157,9 @@ def main() -> None:
     parsers._add_choice_args(parser, "task", "translation")
     parsers._order_groups(parser)
     parser_tables(parser, out)
+
+    out.append(INTERACTIVE)
+    interactive_tables(out)
 
     out.append("## seqtrain-convert\n")
     parser_tables(parsers.get_convert_parser(), out)

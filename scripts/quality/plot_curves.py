@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Plot training and validation curves from a seqtrain-train (or fairseq-train) log written with
-`--log-format json`: `train_inner` lines give the training loss every --log-interval updates, the validation lines
-(`valid`, `valid1`, ...: one series per --valid-subset) the validation loss.
+`--log-format json`, or from seqtrain-train's `--jsonl-log FILE` (what scripts/quickstart.sh writes):
+`train_inner` lines give the training loss every --log-interval updates, the validation lines (`valid`,
+`valid1`, ...: one series per --valid-subset) the validation loss.
 Left panel: loss against updates; right panel: the same against training wall-clock minutes.
 
     python scripts/quality/plot_curves.py logs/train.log -o docs/img/curves.png --title "debdesc, bart_small"
@@ -50,6 +51,15 @@ def read_json_log(path: str) -> dict[str, Series]:
                 continue  # a Namespace dump or other text with braces
             if not isinstance(stats, dict):
                 continue
+            if "tag" in stats and "step" in stats:  # --jsonl-log: {"tag": ..., "step": updates, stats...}
+                tag = stats.pop("tag")
+                if tag == "train":
+                    continue  # end-of-epoch summaries repeat the inner lines
+                kind = "train" if tag == "train_inner" else str(tag)
+                stats = {"num_updates": stats.pop("step"), **stats}
+                if kind != "train":  # as the json log format spells a validation record
+                    stats = {f"{kind}_{k}": v for k, v in stats.items()}
+                head = "| train_inner |" if kind == "train" else ""
             subsets = [k[: -len("_num_updates")] for k in stats if k.endswith("_num_updates")]
             if "| train_inner |" in head or ("num_updates" in stats and "loss" in stats):
                 kind, prefix = "train", ""
@@ -73,8 +83,8 @@ def read_json_log(path: str) -> dict[str, Series]:
         result[kind] = {k: sorted((u, w, v) for u, (w, v) in points.items()) for k, points in series.items()}
     if not result["train"].get("loss"):
         raise SeqtrainError(
-            f"{path}: no train_inner JSON lines (train with --log-format json, and --log-file or "
-            "a redirect to keep them)"
+            f"{path}: no train_inner JSON lines (train with --jsonl-log FILE, or with --log-format json "
+            "and --log-file or a redirect to keep them)"
         )
     return result
 
@@ -125,6 +135,12 @@ def main(argv: list[str] = None) -> int:
     args = p.parse_args(argv)
     try:
         curves = read_json_log(args.log)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SeqtrainError(
+                "needs matplotlib to draw (pip install -e '.[plot]' or pip install matplotlib)"
+            ) from None
         plot(curves, args.output, args.title)
     except SeqtrainError as e:
         print(f"plot_curves.py: error: {e}", file=sys.stderr)

@@ -132,11 +132,41 @@ def _run_generation_args(text: Any, where: str) -> dict[str, Any]:
     return {k: v for k, v in vars(known).items() if v is not None}
 
 
+def _run_preset_settings(path: Any) -> tuple[dict[str, Any], str] | None:
+    """The generation keys of the --config preset the run trained with (configs/debdesc_small.yaml's beam 4,
+    max-len-b 30, ...: what seqtrain-generate --config FILE uses), when that file is still there. Read here with
+    PyYAML's safe loader (JSON is YAML) rather than seqtrain.flags' reader: checkpoint/ sits below flags/; a file
+    that no longer reads as a mapping gives the defaults, as a missing one does."""
+    if not isinstance(path, str) or not os.path.isfile(path) or os.path.getsize(path) > 1 << 20:
+        return None
+    import yaml  # only for a run that had a --config
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    found: dict[str, Any] = {}
+    stack = [values]
+    while stack:  # sections (nested mappings) are flattened, as --config reads them
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for k, v in node.items():
+            if isinstance(v, dict):
+                stack.append(v)
+                continue
+            key = str(k).lstrip("-").replace("-", "_")
+            if key in GENERATION_DEFAULTS:
+                found[key] = v
+    return (found, f"the run's --config {path}") if found else None
+
+
 def export_generation_settings(args: argparse.Namespace, ck: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """The generation settings a Hugging Face export records, and where each came from: the convert flag given
     (--beam, --lenpen, --max-len-b, --min-len, --no-repeat-ngram-size), else the input's own (a seqtrain or
-    fairseq run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's
-    defaults."""
+    fairseq run's --eval-rouge-args, a Hugging Face folder's generation_config.json; without those, the
+    generation keys of the --config preset the run trained with), else seqtrain-generate's defaults."""
     own: dict[str, Any] = {}
     origin = ""
     if ck.format == "hf":
@@ -146,6 +176,8 @@ def export_generation_settings(args: argparse.Namespace, ck: Any) -> tuple[dict[
     elif getattr(ck.args, "eval_rouge", False) or getattr(ck.args, "eval_rouge_args", None):
         own = _run_generation_args(getattr(ck.args, "eval_rouge_args", None), ck.path)
         origin = "the run's --eval-rouge-args"
+    if not own and ck.format != "hf":
+        own, origin = _run_preset_settings(getattr(ck.args, "config", None)) or (own, origin)
     settings, sources = {}, {}
     for k, default in GENERATION_DEFAULTS.items():
         given = getattr(args, k, None)

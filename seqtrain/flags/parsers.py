@@ -14,6 +14,7 @@ Why one module: every flag of every program is defined here once, so the CLIs, t
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
@@ -43,9 +44,8 @@ class ArgumentParser(argparse.ArgumentParser):
     block and exiting, like every other user error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(
-            f"{fairseq_compat.unrecognized_message(self.get_default('_stage'), message)} (see --help)"
-        )
+        text = fairseq_compat.unrecognized_message(self.get_default("_stage"), message)
+        raise UsageError(f"{text}{did_you_mean(message, list(self._option_string_actions))} (see --help)")
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
         value = super()._get_value(action, arg_string)
@@ -53,6 +53,29 @@ class ArgumentParser(argparse.ArgumentParser):
             return check_value(action.dest, value)  # finite and in range (seqtrain.flag_bounds)
         except argparse.ArgumentTypeError as e:
             raise argparse.ArgumentError(action, str(e)) from None
+
+
+def did_you_mean(message: str, options: list[str]) -> str:
+    """For argparse's "unrecognized arguments: ...": the parser's nearest flag to each unknown one that is no
+    fairseq flag (those are named by fairseq_compat.unrecognized_message), as "; did you mean --max-tokens?".
+    allow_abbrev stays off (fairseq's prefixes would silently pick a flag); a suggestion only answers."""
+    prefix = "unrecognized arguments: "
+    if not message.startswith(prefix):
+        return ""
+    longs = [o for o in options if o.startswith("--")]
+    hints = []
+    for arg in message[len(prefix) :].split():
+        flag = arg.split("=", 1)[0]
+        if not flag.startswith("--") or flag in fairseq_compat.FAIRSEQ_FLAGS:
+            continue
+        close = difflib.get_close_matches(flag, longs, n=1, cutoff=0.75)
+        if close:
+            hints.append((flag, close[0]))
+    if not hints:
+        return ""
+    if len(hints) == 1:
+        return f"; did you mean {hints[0][1]}?"
+    return "; did you mean " + ", ".join(f"{good} (for {bad})" for bad, good in hints) + "?"
 
 
 # ------------------------------------------------------------------------------------------------- small types

@@ -79,9 +79,18 @@ def _loop(
     buffer: list[str] = []
     lineno = 0
 
+    max_src = min(loaded.model.max_positions()[0], args.max_source_positions)
+
     def answer() -> None:
         nonlocal start, n_tok
-        ds = runner.text_dataset(loaded, runner.encode(loaded, buffer))
+        sources = runner.encode(loaded, buffer)
+        too_long = [start + i for i, s in enumerate(sources) if len(s) > max_src]
+        if too_long:  # seqtrain-generate's warning, with the ids the fairseq output format numbers lines by
+            logger.warning(
+                f"truncated {len(too_long)} of {len(sources)} sources longer than {max_src} tokens to fit; "
+                f"first ids: {too_long[:10]}"
+            )
+        ds = runner.text_dataset(loaded, sources)
         order = runner.order_examples(ds, None, args.seed)
         batches = runner.plan_batches(ds, order, args.max_tokens, args.batch_size)
         results = {}

@@ -8,6 +8,10 @@ tag's logger name (train_inner, train, valid), so they read like fairseq's:
     epoch 001:     10 / 16 loss=7.592, nll_loss=7.574, ppl=190.48, wps=284.2, ...      (simple, log)
     epoch 001 | loss 7.454 | nll_loss 7.419 | ppl 171.09 | ...                          (simple/tqdm, print)
     {"epoch": 1, "update": 0.625, "loss": 7.592, ...}                                   (json, log)
+
+A simple line shows `(eta 12m30s)` after its position (the time to --max-update, seqtrain.logging.eta) when the
+training loop sets `bar.eta`; the tqdm bar shows it in its postfix. A tqdm bar is drawn only on a terminal:
+off one (a pipe, a log file) the same progress comes as simple lines.
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ class ProgressBar:
         if prefix:
             self.prefix += (" | " if self.prefix else "") + prefix
         self.tracker: Tracker | None = None
+        # time left to --max-update/--max-epoch (seqtrain.logging.eta), set by the training loop before log();
+        # shown on the line, never sent to trackers (it is no statistic of the model)
+        self.eta: str | None = None
 
     def __iter__(self) -> Iterator:
         for item in self.iterable:
@@ -104,7 +111,9 @@ class NoneProgressBar(ProgressBar):
 class SimpleProgressBar(ProgressBar):
     def _log(self, stats, tag, step):
         body = ", ".join(f"{k}={format_stat(v)}" for k, v in stats.items())
-        logging.getLogger(tag).info(f"{self.prefix}: {self._position()} {body}")
+        # beside the position, not among the stats: scripts that read every key=value as a number keep working
+        eta = f" (eta {self.eta})" if self.eta is not None else ""
+        logging.getLogger(tag).info(f"{self.prefix}: {self._position()}{eta} {body}")
 
     def _print(self, stats, tag, step):
         logging.getLogger(tag).info(self._summary(stats))
@@ -152,7 +161,10 @@ class TqdmProgressBar(ProgressBar):
             self._tqdm.close()
 
     def _log(self, stats, tag, step):
-        self._tqdm.set_postfix(OrderedDict((k, format_stat(v)) for k, v in stats.items()), refresh=False)
+        postfix = OrderedDict((k, format_stat(v)) for k, v in stats.items())
+        if self.eta is not None:
+            postfix["eta"] = self.eta
+        self._tqdm.set_postfix(postfix, refresh=False)
 
     def _print(self, stats, tag, step):
         # tqdm.write keeps the bar intact; the summary also goes to the log for log files.
@@ -167,11 +179,18 @@ _BARS = {
 }
 
 
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stream
+        return False
+
+
 def default_log_format(no_progress_bar: bool = False) -> str:
     """fairseq's default: tqdm on an interactive terminal, simple lines otherwise."""
     if no_progress_bar:
         return "simple"
-    return "tqdm" if sys.stderr.isatty() else "simple"
+    return "tqdm" if _is_terminal(sys.stderr) else "simple"
 
 
 def progress_bar(
@@ -185,7 +204,9 @@ def progress_bar(
     no_progress_bar: bool = False,
 ) -> ProgressBar:
     fmt = log_format or default_log_format(no_progress_bar)
-    if no_progress_bar and fmt == "tqdm":
+    if fmt == "tqdm" and (no_progress_bar or not _is_terminal(sys.stderr)):
+        # a bar redraws itself with carriage returns and cursor escapes: in a log file or a pipe they are
+        # garbage, and its stats never reach the log. Plain lines say the same there.
         fmt = "simple"
     if fmt not in _BARS:
         raise ValueError(f"unknown log format {fmt!r}; choose from: {', '.join(LOG_FORMATS)}")

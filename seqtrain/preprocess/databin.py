@@ -450,6 +450,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     train = next((s for s in splits if s.name == "train"), None)
 
     destdir = args.destdir
+    check_rerun_flags(args)  # before the tokenizer is trained: that takes a minute on real data
     created = not os.path.isdir(destdir)
     try:
         os.makedirs(destdir, exist_ok=True)
@@ -518,6 +519,62 @@ def publish(work: str, destdir: str) -> None:
         fileio.output_target(os.path.join(destdir, name))  # a folder in the way: refused before any move
     for name in names:
         fileio.publish(os.path.join(work, name), os.path.join(destdir, name))
+
+
+# the flags that decide the tokenizer and the dictionaries: a data-bin made with other values cannot be mixed with
+# the new one. (--trainpref only counts when the dictionaries are built from it.)
+DICTIONARY_FLAGS = (
+    "tokenizer",
+    "spm_model",
+    "spm_vocab_size",
+    "spm_model_type",
+    "spm_character_coverage",
+    "gpt2_encoder_json",
+    "gpt2_vocab_bpe",
+    "joined_dictionary",
+    "srcdict",
+    "tgtdict",
+    "nwordssrc",
+    "nwordstgt",
+    "thresholdsrc",
+    "thresholdtgt",
+    "padding_factor",
+    "source_lang",
+    "target_lang",
+    "only_source",
+)
+
+
+def check_rerun_flags(args: argparse.Namespace) -> None:
+    """A rerun into a --destdir that holds a data-bin made with other tokenizer or dictionary flags would fail
+    at the end (check_existing_dictionaries) after retraining the tokenizer; say so at once, naming the flags."""
+    try:
+        with open(os.path.join(args.destdir, "preprocess.json"), encoding="utf-8") as f:
+            before = json.load(f).get("args")
+    except (OSError, ValueError, AttributeError):
+        return  # no data-bin there (or not one of seqtrain's): nothing to compare with
+    if not isinstance(before, dict):
+        return
+    keys = list(DICTIONARY_FLAGS)
+    if not args.srcdict and not args.tgtdict:
+        keys.append("trainpref")
+    now = vars(args)
+    changed = []
+    for key in keys:
+        if key not in before or before[key] == now.get(key):
+            continue
+        flag = "--" + key.replace("_", "-")
+        old, new = before[key], now.get(key)
+        if isinstance(new, bool) or isinstance(old, bool):
+            changed.append(f"{flag} {'given now, not before' if new else 'given before, not now'}")
+        else:
+            changed.append(f"{flag} {old} before, {new} now")
+    if changed:
+        raise SeqtrainError(
+            f"--destdir {args.destdir} holds a data-bin made with other tokenizer/dictionary flags "
+            f"({'; '.join(changed)}): its files cannot be mixed with the new ones. Remove that folder or choose "
+            "another --destdir, then rerun (nothing was changed)"
+        )
 
 
 def check_existing_dictionaries(destdir: str, work: str, langs: list[str | None]) -> None:

@@ -43,8 +43,10 @@ from seqtrain.flags.fairseq_compat import import_user_dir
 from seqtrain.flags.parsers import resolved_train_config
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
+from seqtrain.logging.eta import Eta
 from seqtrain.logging.trackers import Tracker, make_trackers
 from seqtrain.tasks import setup_task
+from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
 from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
@@ -105,6 +107,42 @@ def check_args(args: argparse.Namespace) -> None:
         generation_args(args.eval_rouge_args)  # a bad --eval-rouge-args fails now, not after the first epoch
 
 
+def model_summary(model: torch.nn.Module, task: Any) -> str:
+    """The model in one line of sizes (fairseq logs the whole module tree: 39 lines for bart_small)."""
+    cfg = getattr(model, "cfg", None)
+
+    def get(name: str) -> Any:
+        return getattr(cfg, name, None)
+
+    parts = [type(model).__name__]
+    enc, dec = get("encoder_layers"), get("decoder_layers")
+    if enc is not None and dec is not None:
+        parts.append(f"{enc}+{dec} layers")
+    dim, ffn, heads = get("encoder_embed_dim"), get("encoder_ffn_embed_dim"), get("encoder_attention_heads")
+    if dim is not None:
+        parts.append(f"{dim} dims" + (f" (FFN {ffn}, {heads} heads)" if ffn and heads else ""))
+    tgt = getattr(task, "target_dictionary", None)
+    src = getattr(task, "src_dict", None) or tgt
+    if src is not None and tgt is not None:
+        sizes = f"{len(src):,}" if src is tgt or len(src) == len(tgt) else f"{len(src):,} / {len(tgt):,}"
+        parts.append(f"dictionary {sizes} symbols")
+    return ", ".join(parts)
+
+
+def has_split(folder: str, split: str) -> bool:
+    """Whether the data-bin `folder` holds `split` (preprocess's --testpref / --validpref)."""
+    try:
+        return any(name.startswith(f"{split}.") and name.endswith(".idx") for name in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def local_ranks(args: argparse.Namespace) -> int:
+    """Training processes on this machine (they share its CPUs)."""
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(local) if local and local.isdigit() else max(1, args.distributed_world_size)
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def train(args: argparse.Namespace) -> int:
     """Train with the parsed flags (seqtrain.flags.parsers.parse_train_args) on one process or one per rank; returns
@@ -135,14 +173,27 @@ def _main(args: argparse.Namespace) -> int:
     check_args(args)
     if args.no_save:
         return _train(args)
-    # one run per --save-dir: the lock is held before anything there is read or deleted
-    with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
-        return _train(args)
+    created = is_master(args) and not os.path.exists(args.save_dir)
+    try:
+        # one run per --save-dir: the lock is held before anything there is read or deleted
+        with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
+            return _train(args)
+    finally:
+        if created:
+            # a run that failed before writing anything (a wrong DATA path, a bad flag the task finds) leaves no
+            # empty --save-dir behind; rmdir removes only an empty folder
+            with contextlib.suppress(OSError):
+                os.rmdir(args.save_dir)
 
 
 def _train(args: argparse.Namespace) -> int:
-    logger.info(args)
+    # the full flags go to SAVE_DIR/config.yaml (and --print-config), not into the log: fairseq's one-line
+    # Namespace (3.5 KB) buried the lines a user reads first
     config = resolved_train_config(args)  # the flags as given, before the task fills in what it infers
+    where = "not saved (--no-save)" if args.no_save else f"{os.path.join(args.save_dir, 'config.yaml')}"
+    logger.info(
+        f"training {args.arch or '?'} on {args.data}; all flags: {where} (--print-config prints them)"
+    )
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
@@ -152,13 +203,18 @@ def _train(args: argparse.Namespace) -> int:
             task.load_dataset(subset)
     model = task.build_model(args)
     criterion = task.build_criterion(args)
-    logger.info(model)
     logger.info(f"task: {type(task).__name__}")
-    logger.info(f"model: {type(model).__name__}")
+    logger.info(f"model: {model_summary(model, task)}")  # one line of sizes, not the module tree
     logger.info(f"criterion: {type(criterion).__name__}")
 
     trainer = Trainer(args, task, model, criterion)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
+    threads = host_cpu.fit_threads(trainer.device.type, local_ranks(args))
+    if threads:
+        logger.info(threads)
+    bf16_warning = host_cpu.bf16_cpu_warning(bool(getattr(args, "bf16", False)), trainer.device.type)
+    if bf16_warning:
+        logger.warning(bf16_warning)
     world = args.distributed_world_size
     logger.info(
         f"training on {world} device{'s' if world > 1 else ''} ({trainer.device.type}"
@@ -215,6 +271,8 @@ def _train(args: argparse.Namespace) -> int:
     if loop.stop.requested:
         return loop.stop.exit_code
     logger.info(f"done training in {trainer.cumulative_training_time():.1f} seconds")
+    for line in loop.end_summary():
+        logger.info(line)
     return 0
 
 
@@ -236,6 +294,8 @@ class TrainLoop:
         self.rouge: Any | None = None
         if args.eval_rouge:
             self.rouge = RougeValidator(args, task)
+        self.eta = Eta(trainer.get_num_updates())
+        self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
 
     def run(self, epoch_itr: Any, get_train_iterator: Any) -> None:
         args, trainer = self.args, self.trainer
@@ -246,6 +306,7 @@ class TrainLoop:
             )
             return
         self.dry_run_validation()
+        self.eta = Eta(trainer.get_num_updates())  # the pace of this launch's updates from here
         lr = trainer.get_lr()
         with self._profiling():
             while epoch_itr.next_epoch_idx <= max_epoch:
@@ -298,6 +359,9 @@ class TrainLoop:
             tracker=self.tracker,
             no_progress_bar=args.no_progress_bar,
         )
+        self.eta.set_target(
+            args.max_update, args.max_epoch, epoch, trainer.get_num_updates() - grouped.n, len(grouped)
+        )
         trainer.begin_epoch(epoch)
         if args.distributed_world_size > 1:  # a rank whose shard runs short steps on this, with zero weight
             trainer.set_dummy_batch(epoch_itr.first_batch)
@@ -310,6 +374,9 @@ class TrainLoop:
                 self.profiler.step()
             if log_output is not None:
                 num_updates = trainer.get_num_updates()
+                progress.eta = self.eta.text(num_updates)
+                if num_updates == self.eta.start_updates + 1:
+                    self.first_update_line(num_updates)
                 if num_updates % args.log_interval == 0:
                     progress.log(self.training_stats("train_inner"), tag="train_inner", step=num_updates)
                     trainer.meters["train_inner"].reset()
@@ -329,7 +396,12 @@ class TrainLoop:
                 f"--merge-max-tokens: {merge.batches} batches of epoch {epoch} ran as {merge.passes} passes"
             )
         logger.info(f"end of epoch {epoch} (average epoch stats below)")
-        progress.print(self.training_stats("train"), tag="train", step=trainer.get_num_updates())
+        # an epoch left unfinished (a signal, --max-update, the time budget) gets its line but no tracker point:
+        # the launch that finishes it logs the epoch's point, and TensorBoard's series keeps one per epoch
+        finished = epoch_itr.end_of_epoch()
+        progress.print(
+            self.training_stats("train"), tag="train", step=trainer.get_num_updates() if finished else None
+        )
         trainer.meters["train"].reset()
         trainer.meters["train_inner"].reset()
         return should_stop
@@ -430,8 +502,59 @@ class TrainLoop:
             patience = self.manager.should_stop_early(valid_loss)
             should_stop |= distributed.agree({"patience": patience}, trainer.device)["patience"]
         if do_save or should_stop:
-            self.manager.save(trainer, epoch_itr, valid_loss)
+            paths = self.manager.save(trainer, epoch_itr, valid_loss)
+            if any(os.path.basename(p) == "checkpoint_best.pt" for p in paths or ()):
+                self.best_at = (num_updates, epoch)
         return should_stop
+
+    # ------------------------------------------------------------------------------------------------ where it stands
+    def first_update_line(self, num_updates: int) -> None:
+        """A line after the launch's first update: without it a log file shows nothing until the first
+        --log-interval (100 updates: minutes on a CPU), and nobody knows whether the run works or how long it takes."""
+        args = self.args
+        elapsed = self.eta.clock() - self.eta.start
+        text = f"update {num_updates} done in {elapsed:.1f} s (data loading included)"
+        left = self.eta.text(num_updates)
+        if left is not None:
+            goal = f"--max-update {args.max_update}" if self.eta.target == args.max_update else "--max-epoch"
+            text += f"; at this pace {goal} ({self.eta.target} updates) is reached in {left}"
+        text += f"; a progress line every {args.log_interval} updates"
+        logger.info(text)
+
+    def end_summary(self) -> list[str]:
+        """Where the run ended: the best checkpoint (path, metric, update) and the command that summarizes with
+        it. Empty on ranks other than 0 and with --no-save."""
+        args = self.args
+        if args.no_save or not is_master(args):
+            return []
+        path = os.path.join(args.save_dir, "checkpoint_best.pt")
+        if not os.path.exists(path):
+            return []
+        metric, value = args.best_checkpoint_metric, self.manager.best
+        score = f"{metric} {value:g}" if value is not None else "no validation score"
+        if self.best_at is not None:
+            where = f"update {self.best_at[0]}, epoch {self.best_at[1]}"
+        else:
+            where = "saved by an earlier launch"
+        lines = [f"best checkpoint: {path} ({score}, {where})"]
+        data = str(args.data).split(":")[0]
+        config = getattr(args, "config", None)
+        # the preset's generation settings (beam, lengths) come with --config
+        preset = (
+            f"--config {config if os.path.relpath(config).startswith('..') else os.path.relpath(config)} "
+            if config
+            else ""
+        )
+        subset = "test" if has_split(data, "test") else args.valid_subset.split(",")[0]
+        results = os.path.join(args.save_dir, "gen")
+        lines.append(
+            f"summarize the {subset} split with it: seqtrain-generate {data} {preset}--path {path} "
+            f"--gen-subset {subset} --scoring rouge --results-path {results}"
+        )
+        lines.append(
+            f"or your own text, one document per line: seqtrain-generate {preset}--path {path} --input FILE"
+        )
+        return lines
 
     def valid_iterator(self, subset: str) -> Any:
         """One pass over validation split `subset`, batched as fairseq's Trainer.get_valid_iterator does."""

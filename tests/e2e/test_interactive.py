@@ -4,6 +4,7 @@ a terminal (a pty), with the summaries seqtrain-generate writes; fairseq's lines
 import io
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -159,3 +160,25 @@ def test_closed_stdin_or_stdout_is_one_line(tiny, tmp_path):
     for module, extra, fd, line in cases:
         code, _, err = _cli(module, flags + extra, None, close=fd)
         assert (code, err) == (1, [f"seqtrain-{module}: error: {line}"]), (module, fd, err)
+
+
+def test_truncated_sources_get_generates_warning(tiny, tmp_path, caplog):
+    """A source longer than the model takes is cut to fit in both programs: interactive says so as generate does
+    (same line, ids counted over the session), and answers what generate answers."""
+    flags, texts, _ = tiny
+    flags = flags + ["--max-source-positions", "8"]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    out = io.StringIO()
+    caplog.set_level("WARNING")
+    generate_main(flags + ["--input", str(tmp_path / "in.txt")], out=out)
+    gen_warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    caplog.clear()
+    answers = io.StringIO()
+    interactive_main(flags + ["--buffer-size", str(N)], inp=io.StringIO("\n".join(texts) + "\n"), out=answers)
+    warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(gen_warnings) == 1 and re.fullmatch(
+        rf"truncated (\d+) of {N} sources longer than 8 tokens to fit; first ids: \[[\d, ]+\]",
+        gen_warnings[0],
+    )
+    assert warnings == gen_warnings
+    assert answers.getvalue() == out.getvalue()

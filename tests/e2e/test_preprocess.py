@@ -385,6 +385,50 @@ def test_destdir_with_a_different_dictionary_is_refused_identical_is_fine(tmp_pa
     assert snapshot(dest) == first  # nothing replaced, no temp folder left behind
 
 
+def test_rerun_with_other_dictionary_flags_is_refused_before_any_work(tmp_path, monkeypatch):
+    """The README's own-data path as a user walked it: a data-bin with separate dictionaries, then the same
+    --destdir again with --joined-dictionary. Refused at once, naming the flag, before the tokenizer is trained
+    (45 s on the sample), and the data-bin stays as it was; other splits or workers are a fine rerun."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_pair(raw, "train", ["a b", "b c"], ["x", "y"])
+    write_pair(raw, "valid", ["a c"], ["y"])
+    dest = tmp_path / "bin"
+    argv = [
+        "--trainpref",
+        str(raw / "train"),
+        "--destdir",
+        str(dest),
+        "--tokenizer",
+        "none",
+        "--no-progress-bar",
+    ]
+    main(argv)
+    first = snapshot(dest)
+    main(argv + ["--validpref", str(raw / "valid"), "--workers", "2"])  # adds a split: same dictionaries
+    assert snapshot(dest)["dict.source.txt"] == first[
+        "dict.source.txt"
+    ] and "valid.source-target.source.bin" in snapshot(dest)
+    second = snapshot(dest)
+
+    def no_tokenizer(*a, **k):
+        raise AssertionError("the tokenizer was built before the refusal")
+
+    monkeypatch.setattr(P, "make_tokenizer", no_tokenizer)
+    with pytest.raises(SeqtrainError) as e:
+        main(argv + ["--joined-dictionary"])
+    assert str(e.value) == (
+        f"--destdir {dest} holds a data-bin made with other tokenizer/dictionary flags (--joined-dictionary "
+        "given now, not before): its files cannot be mixed with the new ones. Remove that folder or choose "
+        "another --destdir, then rerun (nothing was changed)"
+    )
+    with pytest.raises(
+        SeqtrainError, match=r"\(--tokenizer none before, sentencepiece now; --joined-dictionary"
+    ):
+        main(argv[:-3] + ["--no-progress-bar", "--joined-dictionary"])
+    assert snapshot(dest) == second
+
+
 def test_failure_during_binarization_leaves_no_valid_looking_files(tmp_path, monkeypatch):
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -71,7 +71,7 @@ def test_loss_falls_and_valid_improves(databin, tmp_path):
         "train_wall",
         "wall",
     ]
-    inner = re.findall(r"\| train_inner \| epoch (\d+):\s+(\d+) / 4 loss=", text)
+    inner = re.findall(r"\| train_inner \| epoch (\d+):\s+(\d+) / 4 (?:\(eta \w+\) )?loss=", text)
     assert inner[0] == ("003", "2")  # update 10 is the 2nd of epoch 3
     best = torch.load(tmp_path / "ck" / "checkpoint_best.pt", weights_only=True)
     assert best["extra_state"]["best"] == pytest.approx(valid[-1]["loss"])

@@ -28,6 +28,21 @@ def test_flag_reference_is_generated_from_the_parsers():
     )
 
 
+def test_flag_reference_covers_every_program():
+    """Each console script of pyproject.toml has its section in docs/flags.md (seqtrain-interactive was missing)."""
+    scripts = re.findall(
+        r"^(seqtrain-[\w-]+) = ", (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M
+    )
+    text = (REPO / "docs" / "flags.md").read_text(encoding="utf-8")
+    assert len(scripts) == 7 and [s for s in scripts if f"\n## {s}\n" not in text] == []
+    section = text[text.index("## seqtrain-interactive") : text.index("## seqtrain-convert")]
+    assert (
+        "| `--buffer-size` | `1` |" in section
+        and "| `--input` | `-` |" in section
+        and "`--results-path`" in section
+    )
+
+
 def test_relative_links_resolve():
     pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     broken = []

@@ -235,6 +235,39 @@ def test_to_hf_generation_settings_from_flags_the_run_or_defaults(tmp_path, fair
     )
 
 
+def test_to_hf_takes_the_run_presets_search_settings(tmp_path, fairseq_ckpt, caplog):
+    """A run trained with --config PRESET (configs/debdesc_small.yaml: beam 4, max-len-b 30, no repeated
+    trigrams) exports those settings without convert flags: what seqtrain-generate --config PRESET uses. A flag
+    still wins; a preset that is gone leaves seqtrain-generate's defaults."""
+    ckpt, _, _ = fairseq_ckpt
+    st = tmp_path / "st.pt"
+    assert convert(str(ckpt), str(st), "--to", "seqtrain") == 0
+    raw = load_checkpoint_file(str(st))
+    preset = tmp_path / "preset.yaml"
+    preset.write_text(
+        "arch: bart_base\nlr: 0.001\nbeam: 4\nmax-len-b: 30\nno-repeat-ngram-size: 3\nlenpen: 1.5\n"
+    )
+    raw["args"]["config"] = str(preset)
+    save_checkpoint_file(raw, str(st))
+
+    def export(*flags):
+        out = tmp_path / f"hf{len(os.listdir(tmp_path))}"
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            assert convert(str(st), str(out), "--to", "hf", *flags) == 0
+        g = json.loads((out / "generation_config.json").read_text())
+        return (g["num_beams"], g["length_penalty"], g["max_length"], g["no_repeat_ngram_size"])
+
+    assert export() == (4, 1.5, 32, 3)
+    line = next(r.getMessage() for r in caplog.records if "generation_config.json from" in r.getMessage())
+    assert (
+        f"beam 4 (the run's --config {preset})" in line and "min_len 1 (seqtrain-generate's defaults)" in line
+    )
+    assert export("--beam", "2") == (2, 1.5, 32, 3)
+    preset.unlink()
+    assert export()[0] == 5  # seqtrain-generate's default beam
+
+
 def test_dtype_float16_halves_the_weights_and_loads_back_rounded(tmp_path, fairseq_ckpt):
     """--dtype float16: the file holds float16 tensors (half the bytes), and loading gives a float32 model whose
     weights are the original ones rounded to float16."""

@@ -1,0 +1,129 @@
+"""seqtrain.train.host_cpu: the bf16 warning and the thread choice, with the machine's answers patched in, so
+each test gives the same result on any CPU (with or without AVX-512-BF16 / AMX, idle or loaded)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from seqtrain.train import host_cpu
+
+
+@pytest.mark.parametrize(
+    ("machine", "flags", "torch_bf16", "want"),
+    [
+        ("x86_64", None, (False, False), False),  # AVX2 EPYC: torch's probe says no
+        ("x86_64", None, (True, False), True),  # AVX-512-BF16
+        ("x86_64", None, (False, True), True),  # AMX
+        ("aarch64", "fp asimd bf16 sve", None, True),
+        ("aarch64", "fp asimd", None, False),
+        ("aarch64", "", None, None),  # no /proc/cpuinfo: cannot tell
+        ("riscv64", None, None, None),
+    ],
+)
+def test_cpu_has_bf16(monkeypatch, machine, flags, torch_bf16, want):
+    monkeypatch.setattr(host_cpu.platform, "machine", lambda: machine)
+    monkeypatch.setattr(host_cpu, "cpu_flags", lambda path="": set((flags or "").split()))
+    if torch_bf16 is not None:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: torch_bf16[0])
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: torch_bf16[1])
+    assert host_cpu.cpu_has_bf16() is want
+
+
+def test_cpu_flags_reads_the_kernels_list(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512_bf16 amx_bf16\n\nprocessor\t: 1\n")
+    assert host_cpu.cpu_flags(str(info)) == {"fpu", "avx2", "avx512_bf16", "amx_bf16"}
+    assert host_cpu.cpu_flags(str(tmp_path / "missing")) == set()
+
+
+@pytest.mark.parametrize("has_bf16", [False, True, None])
+def test_bf16_warning_only_on_a_cpu_that_emulates_it(monkeypatch, has_bf16):
+    monkeypatch.setattr(host_cpu, "cpu_has_bf16", lambda: has_bf16)
+    monkeypatch.setattr(host_cpu, "cpu_capability", lambda: "AVX2")
+    line = host_cpu.bf16_cpu_warning(True, "cpu")
+    if has_bf16 is False:
+        assert line.startswith("--bf16 on a CPU without bf16 instructions") and "\n" not in line
+        assert "about 6x slower than fp32" in line and "torch sees AVX2" in line and "drop --bf16" in line
+    else:
+        assert line is None
+    assert host_cpu.bf16_cpu_warning(False, "cpu") is None  # fp32 runs: nothing to say
+    assert host_cpu.bf16_cpu_warning(True, "cuda") is None  # the GPU's bf16 is native
+
+
+@pytest.mark.parametrize(
+    ("usable", "load", "ranks", "want"),
+    [
+        (2, 0.1, 1, 2),  # idle 2-core machine: torch's default
+        (2, 1.0, 1, 1),  # one other job: one thread, not two fighting for a core
+        (2, 6.5, 1, 1),  # oversubscribed: never fewer than one
+        (16, 3.2, 1, 13),
+        (16, 0.0, 4, 4),  # 4 ranks share the machine
+        (16, 8.0, 4, 2),
+        (8, None, 1, 8),  # no load average (not Linux): every usable CPU
+    ],
+)
+def test_choose_threads(usable, load, ranks, want):
+    assert host_cpu.choose_threads(usable, load, ranks) == want
+
+
+def test_cgroup_quota_caps_the_cpus(tmp_path, monkeypatch):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert host_cpu.cgroup_cpu_limit(str(tmp_path)) == 1.5
+    monkeypatch.setattr(host_cpu, "CGROUP", str(tmp_path))
+    monkeypatch.setattr(host_cpu.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3}, raising=False)
+    assert host_cpu.usable_cpus() == 2  # 1.5 CPUs of quota: two threads can use it
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert host_cpu.usable_cpus() == 4
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert host_cpu.cgroup_cpu_limit(str(v1)) is None
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")
+    assert host_cpu.cgroup_cpu_limit(str(v1)) == 3.0
+
+
+def test_fit_threads_sets_torch_and_says_so(monkeypatch):
+    n = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        monkeypatch.setattr(host_cpu, "usable_cpus", lambda: 2)
+        monkeypatch.setattr(host_cpu, "load_average", lambda: 5.3)
+        torch.set_num_threads(2)
+        line = host_cpu.fit_threads("cpu")
+        assert torch.get_num_threads() == 1
+        assert line == (
+            "the machine is busy (2 usable CPUs, load 5.3): training uses 1 intra-op thread instead of "
+            "torch's 2; set OMP_NUM_THREADS to choose yourself"
+        )
+        monkeypatch.setattr(host_cpu, "load_average", lambda: 0.2)
+        assert (
+            host_cpu.fit_threads("cpu")
+            == "intra-op threads: 2 (2 usable CPUs, load 0.2; OMP_NUM_THREADS overrides)"
+        )
+        assert torch.get_num_threads() == 2
+        # an explicit OMP_NUM_THREADS, or a GPU run: torch's setting is left alone, nothing is logged
+        torch.set_num_threads(1)
+        assert host_cpu.fit_threads("cuda") is None
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        monkeypatch.setattr(host_cpu, "load_average", lambda: 0.0)
+        assert host_cpu.fit_threads("cpu") is None and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_the_module_prints_the_choice_for_scripts():
+    """scripts/quickstart.sh exports `python -m seqtrain.train.host_cpu`'s number as OMP_NUM_THREADS."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "seqtrain.train.host_cpu"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert 1 <= int(out.stdout) <= len(os.sched_getaffinity(0))
+    assert re.fullmatch(r"\d+ usable CPUs?, load ([\d.]+|unknown)\n", out.stderr)
