@@ -14,7 +14,10 @@ from seqtrain.models.int8 import Int8Linear, int8_supported, quantize_int8
 from tests.utils import REPO, SAMPLE
 
 PRETRAINED = str(REPO / "models" / "debdesc-small-denoising")
-pytestmark = pytest.mark.skipif(not int8_supported(), reason="torch has no quantized CPU engine here")
+pytestmark = [
+    pytest.mark.slow,  # the bundled model, 24 summaries
+    pytest.mark.skipif(not int8_supported(), reason="torch has no quantized CPU engine here"),
+]
 
 
 def lines(n):
