@@ -62,6 +62,13 @@ def test_int8_summaries_are_mostly_fp32s_through_summarizer_and_the_cli(tmp_path
     generate_main([*args, "--beam", "4", "--max-len-b", "20", "--no-repeat-ngram-size", "3"], out=out)
     # the same batch (an input's scale is its batch's: the summaries can depend on the batch's other texts)
     assert out.getvalue().split("\n")[:-1] == summarizer.summarize(texts[:6], **flags)
+    from seqtrain_cli.interactive import interactive_main
+
+    out = io.StringIO()
+    cli = ["--path", PRETRAINED, "--cpu", "--compute-type", "int8", "--buffer-size", "1", "--quiet"]
+    cli += ["--beam", "4", "--max-len-b", "20", "--no-repeat-ngram-size", "3"]
+    interactive_main(cli, inp=io.StringIO(texts[0] + "\n"), out=out)
+    assert out.getvalue().strip().split("\n")[-1] == summarizer.summarize(texts[:1], **flags)[0]
 
 
 def test_int8_refuses_where_it_cannot_run():
