@@ -26,12 +26,13 @@ from seqtrain.checkpoint.hf_files import (
     read_tokenizer_json,
     tokenizer_prepends_bos,
 )
+from seqtrain.checkpoint.hf_layout import layout_keys, pad_positions, source_limit
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.data.tokenizer import GPT2BPETokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, loads_bounded
 from seqtrain.flag_bounds import check_value
-from seqtrain.models.resize import EMBEDDING_KEYS
+from seqtrain.models.resize import EMBEDDING_KEYS, POSITION_OFFSET
 from seqtrain.registry import ARCHS
 
 HF_ACTIVATIONS = {"gelu": "gelu", "relu": "relu"}
@@ -137,8 +138,6 @@ def args_to_hf_config(
     g = lambda k, d=None: getattr(args, k, d)  # noqa: E731
     if g("encoder_embed_dim") != g("decoder_embed_dim"):
         raise SeqtrainError("Hugging Face BART needs encoder_embed_dim == decoder_embed_dim")
-    if g("max_source_positions", 1024) != g("max_target_positions", 1024):
-        raise SeqtrainError("Hugging Face BART needs max_source_positions == max_target_positions")
     act = g("activation_fn", "gelu")
     if act not in HF_ACTIVATIONS.values():
         raise SeqtrainError(f"activation_fn {act!r} has no Hugging Face BART equivalent here (gelu or relu)")
@@ -152,12 +151,18 @@ def args_to_hf_config(
             "Hugging Face BART and mBART need encoder_normalize_before == decoder_normalize_before (post-norm "
             "BART or pre-norm mBART)"
         )
+    eos_start = start is None or start == eos
     return {
+        **layout_keys(mbart, eos_start),
         "model_type": "mbart" if mbart else "bart",
         "architectures": ["MBartForConditionalGeneration" if mbart else "BartForConditionalGeneration"],
         "vocab_size": int(vocab_size),
         "d_model": int(g("encoder_embed_dim")),
-        "max_position_embeddings": int(g("max_source_positions", 1024)),
+        # one size for both learned tables: the larger (export_hf pads the other); the source limit travels as the
+        # tokenizer's model_max_length
+        "max_position_embeddings": max(
+            int(g("max_source_positions", 1024)), int(g("max_target_positions", 1024))
+        ),
         "encoder_layers": int(g("encoder_layers")),
         "decoder_layers": int(g("decoder_layers")),
         "encoder_ffn_dim": int(g("encoder_ffn_embed_dim")),
@@ -334,6 +339,7 @@ def read_hf(folder: str) -> CheckpointContents:
     bos_first = tokenizer_prepends_bos(folder)
     if bos_first is not None:  # a tokenizer.json says what a source looks like (seqtrain's exports do)
         ck.args.prepend_bos = bos_first
+    source_limit(folder, ck)
     return ck
 
 
@@ -410,6 +416,7 @@ def export_hf(
     settings = {**GENERATION_DEFAULTS, **(generation or {})}
     gen = hf_generation_config(lm.args, d, settings)
     os.makedirs(folder, exist_ok=True)
+    state = pad_positions(state, config["max_position_embeddings"] + POSITION_OFFSET)
     blob = st_save(seqtrain_state_to_hf(state), metadata={"format": "pt"})
     with atomic_write(os.path.join(folder, "model.safetensors"), "wb") as f:
         f.write(blob)

@@ -202,6 +202,20 @@ def export_tokenizer(folder: str, spec: dict | None, d: Any, prepend_bos: bool, 
     return {"kind": kind, "files": files, "missing": missing}
 
 
+def read_model_max_length(folder: str) -> int | None:
+    """tokenizer_config.json's model_max_length (the source limit of the folder's tokenizer), None when absent or
+    not a plain integer (transformers' 'no limit' is a huge float)."""
+    path = os.path.join(folder, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = loads_bounded(f.read()).get("model_max_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def tokenizer_prepends_bos(folder: str) -> bool | None:
     """Whether a folder's tokenizer.json puts <s> first (True / False), None when it does not say."""
     path = os.path.join(folder, "tokenizer.json")
@@ -381,7 +395,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 tokenizer = AutoTokenizer.from_pretrained("{here}")
 model = AutoModelForSeq2SeqLM.from_pretrained("{here}")
-batch = tokenizer(["A text to summarize."], return_tensors="pt", padding=True)
+batch = tokenizer(["A text to summarize."], return_tensors="pt", padding=True, truncation=True)
 print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 

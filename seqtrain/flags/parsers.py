@@ -920,6 +920,14 @@ def get_generation_parser(default_task: str = "translation") -> argparse.Argumen
         metavar="JSON",
         help="model args to override, e.g. '{\"dropout\": 0.0}'",
     )
+    g.add_argument(
+        "--compute-type",
+        default="default",
+        choices=["default", "auto", "float32", "int8"],
+        help="as CTranslate2's --compute-type: int8 quantizes the linear layers' weights (per channel) and, per "
+        "step, their inputs (the CPU only; faster, close to fp32's summaries); auto is int8 on a CPU that "
+        "supports it, else default; default and float32: the weights as loaded (with --fp16 / --bf16 as given)",
+    )
     _add_generation_output_args(parser, g)
     _order_groups(parser)
     return parser

@@ -35,6 +35,7 @@ from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.sequence_generator import generate_batch
+from seqtrain.models.int8 import COMPUTE_TYPES, int8_supported, quantize_int8
 from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.translation import infer_language_pair
 
@@ -253,8 +254,40 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
     loaded = ensemble(members, paths)
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
     cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
+    if getattr(args, "static_decoding", None) and args.compute_type in ("int8", "auto"):
+        raise SeqtrainError(
+            f"--static-decoding runs float weights; not with --compute-type {args.compute_type}"
+        )
+    set_compute_type(loaded, getattr(args, "compute_type", "default"), "--compute-type")
     apply_model_defaults(loaded, args, given)
     return loaded
+
+
+def set_compute_type(loaded: GenerationModel, compute_type: str, name: str = "compute_type") -> str:
+    """Apply a compute type (CTranslate2's names) to a loaded, cast model; returns the one applied. int8: the
+    linear layers become dynamically quantized int8 linears (seqtrain.models.int8), on the CPU, from fp32
+    weights; auto: int8 where that holds and the CPU has a quantized engine, else default; default / float32:
+    nothing (the weights as loaded and cast)."""
+    if compute_type not in COMPUTE_TYPES:
+        raise SeqtrainError(f"{name} must be one of {', '.join(COMPUTE_TYPES)}, got {compute_type!r}")
+    fp32_cpu = loaded.device.type == "cpu" and next(loaded.model.parameters()).dtype == torch.float32
+    if compute_type == "auto":
+        compute_type = "int8" if fp32_cpu and int8_supported() else "default"
+    if compute_type != "int8":
+        return compute_type
+    if loaded.device.type != "cpu":
+        raise SeqtrainError(
+            f"{name} int8 runs on the CPU only (torch's dynamic int8 linears): add --cpu, or use --fp16 / --bf16 "
+            f"on {loaded.device.type}"
+        )
+    if not fp32_cpu:
+        raise SeqtrainError(f"{name} int8 quantizes fp32 weights: not with --fp16 / --bf16")
+    if not int8_supported():
+        raise SeqtrainError(
+            f"{name} int8: this torch build has no quantized CPU engine (fbgemm, x86, onednn)"
+        )
+    quantize_int8(loaded.model)
+    return "int8"
 
 
 def split_paths(path: str) -> list[str]:

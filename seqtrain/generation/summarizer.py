@@ -41,6 +41,7 @@ class Summarizer:
         unsafe: bool = False,
         model_overrides: dict[str, Any] | None = None,
         lora_base: str | None = None,
+        compute_type: str = "default",
     ) -> Summarizer:
         """Load a seqtrain checkpoint (it carries its dictionary and tokenizer), a fairseq checkpoint (dict.txt,
         and GPT-2 BPE files encoder.json + vocab.bpe, from `dict_path` or next to it) or a Hugging Face BART
@@ -48,11 +49,14 @@ class Summarizer:
         read from the Hugging Face cache (seqtrain.checkpoint.hub), on `device`, in `dtype`
         (torch.float16 / torch.bfloat16; default: as stored, fp32). `unsafe=True` allows arbitrary unpickling
         (only for files you trust). `lora_base`: the base model of an adapters-only LoRA checkpoint
-        (--save-adapters-only), when it is no longer where the checkpoint says."""
+        (--save-adapters-only), when it is no longer where the checkpoint says. `compute_type`: seqtrain-generate's
+        --compute-type, CTranslate2's names ("int8": int8 linear layers on the CPU; "auto": int8 where the CPU
+        supports it)."""
         loaded = runner.load_for_generation(
             str(path), overrides=model_overrides, unsafe=unsafe, dict_path=dict_path, lora_base=lora_base
         )
         runner.cast(loaded, device, dtype)
+        runner.set_compute_type(loaded, compute_type, "Summarizer.from_pretrained(compute_type=...)")
         return cls(loaded)
 
     # ------------------------------------------------------------------------------------- device and dtype

@@ -111,6 +111,15 @@ POSITION_KEYS = ("encoder.embed_positions.weight", "decoder.embed_positions.weig
 POSITION_OFFSET = 2  # fairseq's learned positions start after padding index + 1 rows
 
 
+def extend_positions(table: torch.Tensor, rows: int) -> torch.Tensor:
+    """A learned position table (fairseq's two offset rows first) grown to `rows` rows by copying the trained rows
+    after themselves: position p computes as position p mod n did."""
+    trained = table[POSITION_OFFSET:]
+    reps = -(-(rows - POSITION_OFFSET) // trained.shape[0])
+    tiled = trained.repeat(reps, *([1] * (trained.dim() - 1)))[: rows - POSITION_OFFSET]
+    return torch.cat([table[:POSITION_OFFSET], tiled], 0)
+
+
 def fit_positions(
     state: dict[str, torch.Tensor], model: torch.nn.Module, where: str
 ) -> dict[str, torch.Tensor]:
@@ -131,10 +140,7 @@ def fit_positions(
             out[key] = state[key][:rows].clone()
             cut.append(f"{side} {have}->{rows}")
         elif have < rows and have > POSITION_OFFSET and state[key].shape[1:] == expected[key].shape[1:]:
-            trained = state[key][POSITION_OFFSET:]
-            reps = -(-(rows - POSITION_OFFSET) // trained.shape[0])
-            tiled = trained.repeat(reps, *([1] * (trained.dim() - 1)))[: rows - POSITION_OFFSET]
-            out[key] = torch.cat([state[key][:POSITION_OFFSET], tiled], 0)
+            out[key] = extend_positions(state[key], rows)
             grown.append(f"{side} {have - POSITION_OFFSET}->{rows - POSITION_OFFSET} positions")
     if cut:
         logger.info(

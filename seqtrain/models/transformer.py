@@ -167,6 +167,9 @@ class MultiheadAttention(nn.Module):
         self.v_proj = nn.Linear(kdim, embed_dim)
         self.q_proj = nn.Linear(embed_dim, embed_dim)
         self.out_proj = nn.Linear(embed_dim, embed_dim)
+        # --compute-type int8 (models/int8.py): the fused q/k/v and k/v projections, quantized once
+        self.int8_qkv: nn.Module | None = None
+        self.int8_kv: nn.Module | None = None
 
     def _heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -190,17 +193,21 @@ class MultiheadAttention(nn.Module):
             # search, in the cache), as the packed path does per call. Under autocast the weight is kept in
             # autocast's dtype: autocast caches its casts of parameters, not of this concatenation, and would
             # cast it again on every step (the same values: the cast is the one autocast makes).
-            if "qkv_weight" not in cache:
-                weight, bias = _fused_params(self.q_proj, self.k_proj, self.v_proj)
-                kind = x.device.type
-                if torch.is_autocast_enabled(kind) and weight.dtype == torch.float32:
-                    dtype = torch.get_autocast_dtype(kind)
-                    weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
-                cache["qkv_weight"] = weight
-                if bias is not None:
-                    cache["qkv_bias"] = bias
+            if self.int8_qkv is not None:  # --compute-type int8: fused and quantized once (models/int8.py)
+                qkv = self.int8_qkv(x)
+            else:
+                if "qkv_weight" not in cache:
+                    weight, bias = _fused_params(self.q_proj, self.k_proj, self.v_proj)
+                    kind = x.device.type
+                    if torch.is_autocast_enabled(kind) and weight.dtype == torch.float32:
+                        dtype = torch.get_autocast_dtype(kind)
+                        weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
+                    cache["qkv_weight"] = weight
+                    if bias is not None:
+                        cache["qkv_bias"] = bias
+                qkv = F.linear(x, cache["qkv_weight"], cache.get("qkv_bias"))
             b, t, _ = x.shape
-            qkv = F.linear(x, cache["qkv_weight"], cache.get("qkv_bias")).view(b, t, 3, self.num_heads, -1)
+            qkv = qkv.view(b, t, 3, self.num_heads, -1)
             k, v = append_to_cache(cache, qkv[:, :, 1:]).permute(2, 1, 3, 0, 4).unbind(0)  # B x H x T x d
             q = qkv[:, :, 0].transpose(1, 2)
             is_causal = False  # one new query sees every cached key
@@ -220,7 +227,12 @@ class MultiheadAttention(nn.Module):
     def packed_self_attention(self, x: Tensor, segments: Segments, causal: bool) -> Tensor:
         """Self-attention of packed tokens (N x C) within each of their sequences; N x C. q, k and v come
         from one matrix product (their weights concatenated)."""
-        qkv = _fused_linear(x, self.q_proj, self.k_proj, self.v_proj).view(x.size(0), 3, self.num_heads, -1)
+        qkv = (
+            self.int8_qkv(x)
+            if self.int8_qkv is not None
+            else _fused_linear(x, self.q_proj, self.k_proj, self.v_proj)
+        )
+        qkv = qkv.view(x.size(0), 3, self.num_heads, -1)
         q, k, v = qkv.unbind(1)
         return self._varlen(q, k, v, segments, segments, causal)
 
@@ -229,7 +241,12 @@ class MultiheadAttention(nn.Module):
     ) -> Tensor:
         """Attention of packed queries (N x C) to the packed memory (M x kdim) of the same sequences; N x C."""
         q = self.q_proj(x).view(x.size(0), self.num_heads, self.head_dim)
-        kv = _fused_linear(memory, self.k_proj, self.v_proj).view(memory.size(0), 2, self.num_heads, -1)
+        kv = (
+            self.int8_kv(memory)
+            if self.int8_kv is not None
+            else _fused_linear(memory, self.k_proj, self.v_proj)
+        )
+        kv = kv.view(memory.size(0), 2, self.num_heads, -1)
         k, v = kv.unbind(1)
         return self._varlen(q, k, v, segments, memory_segments, False)
 

@@ -1,0 +1,260 @@
+#!/usr/bin/env python
+"""Benchmark seqtrain-generate against CTranslate2 on the CPU: the same weights, sources and beam search.
+
+Both engines get the same model the way a user gets it: a seqtrain checkpoint, `seqtrain-convert --to hf`,
+then CTranslate2's converter on that folder (fp32, and --quantization int8 for int8). seqtrain decodes through
+seqtrain-generate's library path (runner: batches, beam search, --compute-type), CTranslate2 through
+Translator.translate_batch on the same token ids (as vocabulary tokens). The search is the quickstart's (beam 4,
+lenpen 1, --no-repeat-ngram-size 3 (--no-repeat-ngram-size 0: none), sources cut at 48 tokens) with --max-len-b 60,
+batches of 32 sentences.
+
+Sizes: `small` is the bundled pretrained bart_small (models/debdesc-small-denoising, trained weights; the
+quickstart's model before fine-tuning) with the quickstart's 48 source positions; `base` is bart_base's shape
+with random weights drawn wide so the next-token distribution is peaked (as bench_generate.py's), over the same
+dictionary. Precisions: fp32 (seqtrain's default; CTranslate2 float32) and int8 (seqtrain --compute-type int8;
+CTranslate2 int8 weights). Threads: 1 and 2 (torch.set_num_threads; CTranslate2 intra_threads).
+
+Reported per row: sentences/s of each engine (median over rounds; the engines alternate inside each round, the
+first one swapping every round), the share of sentences whose best hypotheses are token for token identical, and
+the peak RSS of a fresh process that loads the model and decodes the sentences once (benchlib's high-water mark,
+model included).
+
+    python scripts/bench/bench_ctranslate2.py                       # both sizes, fp32 and int8, 1 and 2 threads
+    python scripts/bench/bench_ctranslate2.py --sizes small --threads 1 --rounds 2 --no-repeat-ngram-size 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+
+from seqtrain.checkpoint.files import save_checkpoint_file  # noqa: E402
+from seqtrain.checkpoint.load import load_model  # noqa: E402
+from seqtrain.checkpoint.native import make_checkpoint_state  # noqa: E402
+from seqtrain.models.bart import build_model  # noqa: E402
+
+PRETRAINED = os.path.join(REPO, "models", "debdesc-small-denoising")
+SOURCES = os.path.join(REPO, "data", "debdesc-sample", "valid.source")
+# the quickstart's search, with room for the denoising model's outputs (it rebuilds its <= 48-token source) to end
+# with a real </s>: at the max length seqtrain forces </s> and CTranslate2 does not (docs/finetune.md)
+SEARCH = dict(beam=4, lenpen=1.0, max_len_b=60, min_len=1, no_repeat_ngram_size=3)
+MAX_SOURCE = 48
+BATCH = 32
+
+
+def make_models(workdir: str, size: str) -> dict[str, str]:
+    """{"ckpt", "hf", "ct2-float32", "ct2-int8"} paths for a size, made once in `workdir`."""
+    import ctranslate2
+
+    from seqtrain_cli.convert import main as convert
+
+    paths = {k: os.path.join(workdir, f"{size}-{k}") for k in ("hf", "ct2-float32", "ct2-int8")}
+    paths["ckpt"] = os.path.join(workdir, f"{size}.pt")
+    if os.path.isdir(paths["ct2-int8"]):
+        return paths
+    lm = load_model(PRETRAINED, arch_overrides={"max_source_positions": MAX_SOURCE})
+    args, state = lm.args, {k: v.float() for k, v in lm.model.state_dict().items()}
+    if size == "base":
+        args = argparse.Namespace(
+            arch="bart_base", dropout=0.0, max_source_positions=MAX_SOURCE, max_target_positions=128
+        )
+        torch.manual_seed(0)
+        model = build_model(args, lm.src_dict, lm.tgt_dict)
+        with torch.no_grad():  # peaked next-token distributions, as bench_generate.peaked_random_state
+            for name, p in model.named_parameters():
+                if "norm" in name and name.endswith("weight"):
+                    p.normal_(1.0, 0.1)
+                elif p.dim() == 1:
+                    p.normal_(0.0, 0.1)
+                elif "embed_tokens" in name:
+                    p.normal_(0.0, 0.3)
+                elif "embed_positions" in name:
+                    p.normal_(0.0, 1.0)
+                else:
+                    p.normal_(0.0, p.size(1) ** -0.5)
+            model.encoder.embed_tokens.weight[1].zero_()
+            model.encoder.embed_tokens.weight[2] *= (
+                3.0  # </s> likely enough to end hypotheses at varied lengths
+            )
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+    save_checkpoint_file(
+        make_checkpoint_state(args, state, lm.src_dict, lm.tgt_dict, lm.tokenizer_spec), paths["ckpt"]
+    )
+    convert([paths["ckpt"], paths["hf"], "--to", "hf"])
+    for q in ("float32", "int8"):
+        ctranslate2.converters.TransformersConverter(paths["hf"]).convert(paths[f"ct2-{q}"], quantization=q)
+    return paths
+
+
+class Seqtrain:
+    def __init__(self, paths: dict[str, str], precision: str, lines: list[str]):
+        from seqtrain.generation import runner
+        from seqtrain.generation.sequence_generator import build_generator
+
+        self.runner = runner
+        self.loaded = runner.load_for_generation(paths["ckpt"])
+        runner.set_compute_type(self.loaded, "int8" if precision == "int8" else "default")
+        args = runner.default_generation_args()
+        vars(args).update(SEARCH)
+        self.gen = build_generator(
+            self.loaded.model, self.loaded.lm.tgt_dict, args, bos=self.loaded.start, eos=self.loaded.end
+        )
+        self.ds = runner.text_dataset(self.loaded, runner.encode(self.loaded, lines))
+        self.batches = runner.plan_batches(self.ds, runner.order_examples(self.ds), None, BATCH)
+        self.n = len(lines)
+
+    def __call__(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in range(self.n)]
+        for sid, _, _, hypos in self.runner.run_batches(self.loaded, self.gen, self.ds, self.batches):
+            out[sid] = hypos[0]["tokens"].tolist()[:-1]
+        return out
+
+
+class CTranslate2:
+    def __init__(self, paths: dict[str, str], precision: str, lines: list[str], threads: int):
+        import ctranslate2
+        from transformers import AutoTokenizer
+
+        model = paths["ct2-int8" if precision == "int8" else "ct2-float32"]
+        tok = AutoTokenizer.from_pretrained(paths["hf"])
+        with open(os.path.join(model, "shared_vocabulary.json"), encoding="utf-8") as f:
+            self.vocab = json.load(f)
+        self.index = {t: i for i, t in enumerate(self.vocab)}
+        self.source = [[self.vocab[i] for i in tok(line)["input_ids"]] for line in lines]
+        compute = "int8" if precision == "int8" else "float32"
+        self.translator = ctranslate2.Translator(
+            model, device="cpu", compute_type=compute, intra_threads=threads, inter_threads=1
+        )
+
+    def __call__(self) -> list[list[int]]:
+        s = SEARCH
+        results = self.translator.translate_batch(
+            self.source,
+            max_batch_size=BATCH,
+            beam_size=s["beam"],
+            length_penalty=s["lenpen"],
+            no_repeat_ngram_size=s["no_repeat_ngram_size"],
+            min_decoding_length=s["min_len"],
+            max_decoding_length=s["max_len_b"] + 1,
+            max_input_length=MAX_SOURCE,
+            suppress_sequences=[["<pad>"]],
+        )
+        return [[self.index[t] for t in r.hypotheses[0]] for r in results]
+
+
+def make_engine(engine: str, paths: dict[str, str], precision: str, lines: list[str], threads: int):
+    torch.set_num_threads(threads)
+    if engine == "seqtrain":
+        return Seqtrain(paths, precision, lines)
+    return CTranslate2(paths, precision, lines, threads)
+
+
+def memory_probe(spec: str) -> None:
+    """(In a fresh process) load one engine, decode once, print the peak RSS in MiB."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from benchlib import MIB, _status_bytes
+
+    engine, paths_json, precision, threads, n = json.loads(spec)
+    lines = read_lines(n)
+    make_engine(engine, json.loads(paths_json), precision, lines, threads)()
+    print(json.dumps({"peak_rss_mib": _status_bytes("VmHWM") / MIB}))
+
+
+def read_lines(n: int) -> list[str]:
+    with open(SOURCES, encoding="utf-8") as f:
+        return f.read().split("\n")[:n]
+
+
+def peak_rss(engine: str, paths: dict[str, str], precision: str, threads: int, n: int) -> float:
+    spec = json.dumps([engine, json.dumps(paths), precision, threads, n])
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-probe", spec],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])["peak_rss_mib"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", default="small,base")
+    p.add_argument("--precisions", default="fp32,int8")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--sentences", type=int, default=64, help="valid sources decoded per pass (small)")
+    p.add_argument(
+        "--sentences-base", type=int, default=16, help="the same for base (random weights: slower)"
+    )
+    p.add_argument("--no-repeat-ngram-size", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "seqtrain-bench-ct2"))
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
+    p.add_argument("--memory-probe", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.memory_probe:
+        return memory_probe(a.memory_probe)
+    os.makedirs(a.workdir, exist_ok=True)
+    SEARCH["no_repeat_ngram_size"] = a.no_repeat_ngram_size
+    print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}")
+    rows = []
+    for size in a.sizes.split(","):
+        paths = make_models(a.workdir, size)
+        n = a.sentences if size == "small" else a.sentences_base
+        lines = read_lines(n)
+        for precision in a.precisions.split(","):
+            for threads in map(int, a.threads.split(",")):
+                engines = {
+                    e: make_engine(e, paths, precision, lines, threads) for e in ("seqtrain", "ctranslate2")
+                }
+                times: dict[str, list[float]] = {e: [] for e in engines}
+                hyps = {e: engines[e]() for e in engines}  # warm-up pass, and the hypotheses compared
+                for r in range(a.rounds):
+                    order = list(engines) if r % 2 == 0 else list(engines)[::-1]
+                    for e in order:
+                        torch.set_num_threads(threads)
+                        t = time.perf_counter()
+                        engines[e]()
+                        times[e].append(time.perf_counter() - t)
+                same = sum(x == y for x, y in zip(hyps["seqtrain"], hyps["ctranslate2"])) / len(lines)
+                mem = {e: float("nan") for e in engines}
+                if not a.no_memory:
+                    mem = {e: peak_rss(e, paths, precision, threads, n) for e in engines}
+                sps = {e: len(lines) / statistics.median(times[e]) for e in engines}
+                rows.append((size, precision, threads, n, sps, same, mem))
+                print(
+                    f"{size:5} {precision:4} {threads}t  seqtrain {sps['seqtrain']:6.1f}/s  "
+                    f"ctranslate2 {sps['ctranslate2']:6.1f}/s  ratio {sps['seqtrain'] / sps['ctranslate2']:.2f}  "
+                    f"identical {same:.0%}  RSS {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} MiB",
+                    flush=True,
+                )
+                del engines
+    print(f"# load average at end: {os.getloadavg()[0]:.2f}")
+    print()
+    print(
+        "| size | precision | threads | sentences | seqtrain sent/s | CTranslate2 sent/s | seqtrain / CT2 "
+        "| identical | peak RSS seqtrain / CT2 (MiB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size, precision, threads, n, sps, same, mem in rows:
+        ratio = sps["seqtrain"] / sps["ctranslate2"]
+        print(
+            f"| {size} | {precision} | {threads} | {n} | {sps['seqtrain']:.1f} | {sps['ctranslate2']:.1f} | "
+            f"{ratio:.2f}x | {same:.0%} | {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
