@@ -193,6 +193,37 @@ def _sum(logs: list[dict[str, Any]], key: str) -> float:
 
 
 @CRITERIONS.register("cross_entropy")
+def count_correct(logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
+    """--report-accuracy's count: argmax hits over the scored (non-pad) rows, on the device."""
+    with torch.no_grad():
+        hits = logits.argmax(-1).eq(target)
+        return (hits if valid is None else hits & valid).sum()
+
+
+def step_logging_output(
+    sample: dict[str, Any],
+    target: Tensor,
+    valid: Tensor | None,
+    sentence_avg: bool,
+    losses: dict[str, Tensor],
+    n_correct: Tensor | None = None,
+) -> tuple[Any, dict[str, Any]]:
+    """(sample_size, logging_output) of one step, as every criterion here reports it: `losses` (name -> summed
+    tensor, in log order) detached, then the counts; n_correct and total with --report-accuracy."""
+    nsentences = sample["target"].size(0)
+    # the collater's count (a host int); else counted on the device, no sync
+    scored = target.numel() if valid is None else valid.sum()
+    ntokens = sample.get("ntokens", scored)
+    sample_size = nsentences if sentence_avg else ntokens
+    # detached tensors, not floats: .item() here would force a device sync every step
+    logging_output: dict[str, Any] = {name: value.detach() for name, value in losses.items()}
+    logging_output.update(ntokens=ntokens, nsentences=nsentences, sample_size=sample_size)
+    if n_correct is not None:
+        logging_output["n_correct"] = n_correct
+        logging_output["total"] = scored
+    return sample_size, logging_output
+
+
 class CrossEntropyCriterion:
     """Summed token NLL (natural log) over non-pad targets; sample_size = ntokens (nsentences with
     --sentence-avg)."""
@@ -262,25 +293,15 @@ class CrossEntropyCriterion:
             if reduce:
                 loss, nll = loss.sum(), nll.sum()
             if self.report_accuracy:
-                with torch.no_grad():
-                    hits = logits.argmax(-1).eq(target)
-                    n_correct = (hits if valid is None else hits & valid).sum()
-        nsentences = sample["target"].size(0)
-        # the collater's count (a host int); else counted on the device, no sync
-        scored = target.numel() if valid is None else valid.sum()
-        ntokens = sample.get("ntokens", scored)
-        sample_size = nsentences if self.sentence_avg else ntokens
-        # detached tensors, not floats: .item() here would force a device sync every step
-        logging_output: dict[str, Any] = {
-            "loss": loss.detach(),
-            "nll_loss": nll.detach(),
-            "ntokens": ntokens,
-            "nsentences": nsentences,
-            "sample_size": sample_size,
-        }
-        if self.report_accuracy:
-            logging_output["n_correct"] = n_correct
-            logging_output["total"] = scored
+                n_correct = count_correct(logits, target, valid)
+        sample_size, logging_output = step_logging_output(
+            sample,
+            target,
+            valid,
+            self.sentence_avg,
+            {"loss": loss, "nll_loss": nll},
+            n_correct if self.report_accuracy else None,
+        )
         return loss, sample_size, logging_output
 
     @staticmethod

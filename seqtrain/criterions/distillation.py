@@ -37,7 +37,9 @@ from seqtrain.criterions.cross_entropy import (
     _sum,
     _target_rows,
     _zero_invalid,
+    count_correct,
     smoothed_nll_loss,
+    step_logging_output,
 )
 from seqtrain.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from seqtrain.errors import SeqtrainError
@@ -191,26 +193,15 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         loss, nll, kd = _zero_invalid(loss, valid), _zero_invalid(nll, valid), _zero_invalid(kd, valid)
         if reduce:
             loss, nll, kd = loss.sum(), nll.sum(), kd.sum()
-        n_correct = None
-        if self.report_accuracy:
-            with torch.no_grad():
-                hits = logits.argmax(-1).eq(target)
-                n_correct = (hits if valid is None else hits & valid).sum()
-        nsentences = sample["target"].size(0)
-        scored = target.numel() if valid is None else valid.sum()
-        ntokens = sample.get("ntokens", scored)
-        sample_size = nsentences if self.sentence_avg else ntokens
-        logging_output: dict[str, Any] = {
-            "loss": loss.detach(),
-            "nll_loss": nll.detach(),
-            "distill_loss": kd.detach(),
-            "ntokens": ntokens,
-            "nsentences": nsentences,
-            "sample_size": sample_size,
-        }
-        if self.report_accuracy:
-            logging_output["n_correct"] = n_correct
-            logging_output["total"] = scored
+        n_correct = count_correct(logits, target, valid) if self.report_accuracy else None
+        sample_size, logging_output = step_logging_output(
+            sample,
+            target,
+            valid,
+            self.sentence_avg,
+            {"loss": loss, "nll_loss": nll, "distill_loss": kd},
+            n_correct,
+        )
         return loss, sample_size, logging_output
 
     @staticmethod
