@@ -192,7 +192,6 @@ def _sum(logs: list[dict[str, Any]], key: str) -> float:
     return float(sum(float(log.get(key, 0)) for log in logs))
 
 
-@CRITERIONS.register("cross_entropy")
 def count_correct(logits: Tensor, target: Tensor, valid: Tensor | None) -> Tensor:
     """--report-accuracy's count: argmax hits over the scored (non-pad) rows, on the device."""
     with torch.no_grad():
@@ -224,6 +223,7 @@ def step_logging_output(
     return sample_size, logging_output
 
 
+@CRITERIONS.register("cross_entropy")
 class CrossEntropyCriterion:
     """Summed token NLL (natural log) over non-pad targets; sample_size = ntokens (nsentences with
     --sentence-avg)."""
