@@ -39,6 +39,8 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
+from benchlib import peak_weights_  # noqa: E402  (scripts/bench/benchlib.py)
+
 from seqtrain.checkpoint.files import save_checkpoint_file  # noqa: E402
 from seqtrain.checkpoint.load import load_model  # noqa: E402
 from seqtrain.checkpoint.native import make_checkpoint_state  # noqa: E402
@@ -71,22 +73,7 @@ def make_models(workdir: str, size: str) -> dict[str, str]:
         )
         torch.manual_seed(0)
         model = build_model(args, lm.src_dict, lm.tgt_dict)
-        with torch.no_grad():  # peaked next-token distributions, as bench_generate.peaked_random_state
-            for name, p in model.named_parameters():
-                if "norm" in name and name.endswith("weight"):
-                    p.normal_(1.0, 0.1)
-                elif p.dim() == 1:
-                    p.normal_(0.0, 0.1)
-                elif "embed_tokens" in name:
-                    p.normal_(0.0, 0.3)
-                elif "embed_positions" in name:
-                    p.normal_(0.0, 1.0)
-                else:
-                    p.normal_(0.0, p.size(1) ** -0.5)
-            model.encoder.embed_tokens.weight[1].zero_()
-            model.encoder.embed_tokens.weight[2] *= (
-                3.0  # </s> likely enough to end hypotheses at varied lengths
-            )
+        peak_weights_(model, 3.0)  # </s> likely enough to end hypotheses at varied lengths
         state = {k: v.clone() for k, v in model.state_dict().items()}
     save_checkpoint_file(
         make_checkpoint_state(args, state, lm.src_dict, lm.tgt_dict, lm.tokenizer_spec), paths["ckpt"]

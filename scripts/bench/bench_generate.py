@@ -49,7 +49,7 @@ import torch
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from benchlib import MIB, PeakRSS, release_free_heap  # noqa: E402  (scripts/bench/benchlib.py)
+from benchlib import MIB, PeakRSS, peak_weights_, release_free_heap  # noqa: E402  (scripts/bench/benchlib.py)
 
 from seqtrain.checkpoint.hf import hf_state_to_seqtrain, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
@@ -167,21 +167,7 @@ def peaked_random_state(
     is likely enough to end hypotheses at varied lengths. Deterministic for a seed."""
     torch.manual_seed(seed)
     model = BARTModel(seqtrain_config(vocab, shape))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.normal_(1.0, 0.1)
-            elif p.dim() == 1:
-                p.normal_(0.0, 0.1)
-            elif "embed_tokens" in name:
-                p.normal_(0.0, 0.3)
-            elif "embed_positions" in name:
-                p.normal_(0.0, 1.0)
-            else:
-                p.normal_(0.0, p.size(1) ** -0.5)
-        emb = model.encoder.embed_tokens.weight
-        emb[PAD].zero_()
-        emb[EOS] *= eos_scale
+    peak_weights_(model, eos_scale, PAD, EOS)
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 

@@ -94,3 +94,26 @@ def release_free_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def peak_weights_(model: Any, eos_scale: float, pad: int = 1, eos: int = 2) -> None:
+    """Random weights in place (the torch seed is the caller's) with a peaked next-token distribution, and an EOS
+    embedding scaled by `eos_scale` so that hypotheses end at varied lengths: a benchmark's model that decodes
+    like a trained one without training it."""
+    import torch  # the other helpers here need no torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.normal_(1.0, 0.1)
+            elif p.dim() == 1:
+                p.normal_(0.0, 0.1)
+            elif "embed_tokens" in name:
+                p.normal_(0.0, 0.3)
+            elif "embed_positions" in name:
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, p.size(1) ** -0.5)
+        emb = model.encoder.embed_tokens.weight
+        emb[pad].zero_()
+        emb[eos] *= eos_scale
