@@ -1,5 +1,9 @@
 """Hugging Face BART folders: read and write config.json, the weights (safetensors or pytorch_model.bin) and
-the tokenizer files."""
+the tokenizer files.
+
+Why one module: import and export are the two directions of one mapping (config keys, weight names, the
+tokenizer's special tokens); kept side by side, a key added to one side is seen missing on the other, and the
+round-trip tests read one file."""
 
 from __future__ import annotations
 

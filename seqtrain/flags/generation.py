@@ -201,7 +201,8 @@ def check_generation_args(args: argparse.Namespace, name: Callable[[str], str] =
         raise SeqtrainError(f"{name('no_repeat_ngram_size')} must be >= 0, got {args.no_repeat_ngram_size}")
     if args.temperature <= 0:
         raise SeqtrainError(f"{name('temperature')} must be > 0, got {args.temperature}")
-    if args.sampling and args.nbest != args.beam:
+    # --rerank picks --nbest of the beam's finished hypotheses, so sampling may keep fewer than --beam
+    if args.sampling and args.nbest != args.beam and not getattr(args, "rerank", None):
         raise SeqtrainError(f"{name('sampling')} requires {name('nbest')} to be equal to {name('beam')}")
     if args.sampling_topp != -1.0 and not 0 < args.sampling_topp <= 1:
         raise SeqtrainError(f"{name('sampling_topp')} must be in (0, 1], got {args.sampling_topp}")
