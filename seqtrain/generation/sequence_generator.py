@@ -131,14 +131,21 @@ class SequenceGenerator:
         src_lengths: Tensor | None = None,
         prefix_tokens: Tensor | None = None,
         bos_token: int | None = None,
+        encoder_out: Any = None,
     ) -> list[list[Hypothesis]]:
         """src_tokens: B x S (left or right padded). prefix_tokens: B x P tokens to force first (pad = not forced).
-        Returns, per sentence in src_tokens' order, its hypotheses best first."""
+        `encoder_out`: this batch's encoder output (`encode`), when the caller already has it: seqtrain-tune
+        searches many settings from one encoder pass per batch (the search never changes it). Returns, per
+        sentence in src_tokens' order, its hypotheses best first."""
         was_training = self.model.training
         self.model.eval()
         try:
             return self._generate(
-                src_tokens, src_lengths, prefix_tokens, self.bos if bos_token is None else bos_token
+                src_tokens,
+                src_lengths,
+                prefix_tokens,
+                self.bos if bos_token is None else bos_token,
+                encoder_out,
             )
         finally:
             self.model.train(was_training)
@@ -146,13 +153,19 @@ class SequenceGenerator:
     # ------------------------------------------------------------------ the loop
 
     def _generate(
-        self, src_tokens: Tensor, src_lengths: Tensor | None, prefix_tokens: Tensor | None, bos: int
+        self,
+        src_tokens: Tensor,
+        src_lengths: Tensor | None,
+        prefix_tokens: Tensor | None,
+        bos: int,
+        encoder_out: Any = None,
     ) -> list[list[Hypothesis]]:
         if src_tokens.size(0) == 0:
             return []
         if src_lengths is None:
             src_lengths = src_tokens.ne(self.decode_step.pad).sum(dim=1)
-        encoder_out = encode(self.model, src_tokens, src_lengths, self.packed_encoder)  # both loops' one pass
+        if encoder_out is None:  # both loops' one pass
+            encoder_out = encode(self.model, src_tokens, src_lengths, self.packed_encoder)
         if self.static_decoding:
             if self._static_steps is None:
                 self._static_steps = StaticSteps(self.model, self.beam_size)
@@ -349,13 +362,15 @@ def generate_batch(
     sample: dict[str, Any],
     prefix_size: int = 0,
     force_bos: int | None = None,
+    encoder_out: Any = None,
 ) -> list[tuple[int, list[Hypothesis]]]:
     """Run `generator` on a collated sample ({"id", "net_input": {"src_tokens", "src_lengths", ...}, "target"}).
 
     Returns [(sample_id, hypotheses)] aligned with sample["id"] (row i of the batch is entry i), which is the
     order fairseq prints S-/T-/H- lines in. `prefix_size` > 0 forces the first tokens of sample["target"]
     (fairseq's --prefix-size). `force_bos` forces that token first (e.g. `<s>` for models trained with
-    --prepend-bos, as fairseq's BART hub does); it comes before any target prefix.
+    --prepend-bos, as fairseq's BART hub does); it comes before any target prefix. `encoder_out`: the
+    sample's encoder output when already computed (SequenceGenerator.generate).
     """
     net_input = sample["net_input"]
     src_tokens = net_input["src_tokens"]
@@ -367,6 +382,8 @@ def generate_batch(
     if force_bos is not None:
         first = torch.full((src_tokens.size(0), 1), force_bos, dtype=torch.long, device=src_tokens.device)
         prefix = first if prefix is None else torch.cat([first, prefix], dim=1)
-    hypos = generator.generate(src_tokens, net_input.get("src_lengths"), prefix_tokens=prefix)
+    hypos = generator.generate(
+        src_tokens, net_input.get("src_lengths"), prefix_tokens=prefix, encoder_out=encoder_out
+    )
     ids: Sequence[int] = sample["id"].tolist() if torch.is_tensor(sample["id"]) else list(sample["id"])
     return list(zip(ids, hypos))
