@@ -120,6 +120,8 @@ BOUNDS: dict[str, Bounds] = {
     "sampling_topp": Bounds(0, 1, lo_open=True, off=-1),
     "diverse_beam_groups": Bounds(1, 10000, off=-1),
     "diverse_beam_strength": Bounds(-1000, 1000),
+    "tune_subset": POSITIVE_INT,  # seqtrain-tune's sample
+    "tune_bootstrap": Bounds(1, 1_000_000),  # seqtrain-tune's resamples
     # the denoising task (BART pretraining)
     "tokens_per_sample": Bounds(3, 1 << 20),  # <s>, one token, </s>
     "mask": PROBABILITY,

@@ -29,7 +29,7 @@ Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtr
 [seqtrain-generate](#seqtrain-generate) · [seqtrain-interactive](#seqtrain-interactive) ·
 [seqtrain-convert](#seqtrain-convert) ·
 [seqtrain-average-checkpoints](#seqtrain-average-checkpoints) · [seqtrain-score](#seqtrain-score) ·
-[seqtrain-eval](#seqtrain-eval)
+[seqtrain-eval](#seqtrain-eval) · [seqtrain-tune](#seqtrain-tune)
 
 Precedence, highest first: the command line, then `--config FILE`, then the `--arch` preset, then the defaults
 below. A config file holds `key: value` lines whose keys are these flag names (see
@@ -54,6 +54,31 @@ INTERACTIVE = """## seqtrain-interactive
 and answers each `--buffer-size` lines as soon as they are read. It takes seqtrain-generate's flags above,
 except for these:
 """
+
+TUNE = """## seqtrain-tune
+
+`seqtrain-tune [DATA] --path CHECKPOINT --tune-output DIR [flags]` searches generation settings on a validation
+sample ([generate.md](generate.md#tuning-the-settings-on-validation-seqtrain-tune)). It takes seqtrain-generate's
+flags above (the given settings are the search's starting point and its baseline), except for these:
+"""
+
+
+def tune_tables(out: list[str]) -> None:
+    """seqtrain-tune's own flags, the generate flags whose default differs, and the ones it refuses."""
+    from seqtrain.flags.tune import TUNE_REFUSED
+
+    generate = {a.dest: a for a in parsers.get_generation_parser()._actions}
+    parser = parsers.get_tune_parser()
+    group = next(g for g in parser._action_groups if g.title == "Tuning")
+    changed = [
+        a
+        for a in parser._actions
+        if a.dest in generate and a.help is not argparse.SUPPRESS and generate[a.dest].default != a.default
+    ]
+    table("Its own flags", group._group_actions, out)
+    table("seqtrain-generate's flags with another default", changed, out)
+    refused = ", ".join(f"`{f}`" for f in TUNE_REFUSED)
+    out.append(f"Refused (it scores every setting and writes its own files): {refused}.\n")
 
 
 def interactive_tables(out: list[str]) -> None:
@@ -169,6 +194,8 @@ def main() -> None:
     parser_tables(parsers.get_score_parser(), out)
     out.append("## seqtrain-eval\n")
     parser_tables(parsers.get_eval_parser(), out)
+    out.append(TUNE)
+    tune_tables(out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")
 
 

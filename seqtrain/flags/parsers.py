@@ -1316,13 +1316,17 @@ def parse_train_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parse_args_and_arch(get_training_parser(), argv)
 
 
-def parse_generation_args(argv: Sequence[str] | None = None, interactive: bool = False) -> argparse.Namespace:
-    """seqtrain-generate's (or seqtrain-interactive's) flags, parsed; --config FILE supplies defaults, as in
-    seqtrain-train. Flags that do nothing there are refused; `given_flags` lists the dests set on the command
-    line or in --config (they win over the generation defaults a model ships)."""
+def parse_generation_args(
+    argv: Sequence[str] | None = None,
+    interactive: bool = False,
+    parser: argparse.ArgumentParser | None = None,
+) -> argparse.Namespace:
+    """seqtrain-generate's (or seqtrain-interactive's, or `parser`'s: seqtrain-tune's) flags, parsed; --config
+    FILE supplies defaults, as in seqtrain-train. Flags that do nothing there are refused; `given_flags` lists the
+    dests set on the command line or in --config (they win over the generation defaults a model ships)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     fairseq_compat.import_user_dir_of(argv)
-    parser = get_interactive_parser() if interactive else get_generation_parser()
+    parser = parser or (get_interactive_parser() if interactive else get_generation_parser())
     refused = GENERATION_REFUSED + (INTERACTIVE_REFUSED if interactive else ())
     for arg in argv:
         if arg == "--":
@@ -1336,6 +1340,21 @@ def parse_generation_args(argv: Sequence[str] | None = None, interactive: bool =
         given |= {str(k).lstrip("-").replace("-", "_") for k in config}
     args.given_flags = sorted(given)
     return args
+
+
+def get_tune_parser() -> argparse.ArgumentParser:
+    """seqtrain-tune's parser: seqtrain-generate's, plus the search's flags (seqtrain.flags.tune)."""
+    from seqtrain.flags.tune import add_tune_args  # seqtrain-tune's own module: read when its parser is built
+
+    parser = get_generation_parser()
+    parser.prog = "seqtrain-tune"
+    parser.description = (
+        "Choose generation settings (beam, lenpen, min-len, max-len-b, no-repeat-ngram-size) on a validation "
+        "sample by ROUGE; write them as a --config preset and a generation_config.json, and measure the gain "
+        "over the given settings on the whole split."
+    )
+    add_tune_args(parser)
+    return parser
 
 
 def get_interactive_parser() -> argparse.ArgumentParser:

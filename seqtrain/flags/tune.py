@@ -1,0 +1,164 @@
+"""seqtrain-tune's flags (seqtrain.generation.tune does the search): which settings to search, their candidates
+(--tune-grid, checked value by value against the generation flags' kinds and ranges), the metric, the sample, the
+search and the output folder. In one function, add_tune_args, which seqtrain.flags.parsers.get_tune_parser adds
+to seqtrain-generate's parser."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from seqtrain.errors import SeqtrainError
+from seqtrain.flags.generation import add_generation_args, check_generation_args, check_generation_value
+
+# --tune's names (the flags') -> (flag dest, candidates tried when --tune-grid names none). The given value of a
+# setting is always among its candidates, so the best is never below the given settings on the sample.
+TUNABLE: dict[str, tuple[str, tuple[int | float, ...]]] = {
+    "beam": ("beam", (2, 4, 5, 8)),
+    "lenpen": ("lenpen", (0.6, 1.0, 1.5, 2.0)),
+    "min-len": ("min_len", (1, 5, 10, 20)),
+    "max-len-b": ("max_len_b", (50, 100, 200)),
+    "no-repeat-ngram-size": ("no_repeat_ngram_size", (0, 3, 4)),
+}
+METRICS = {"rouge_1": "rouge1", "rouge_2": "rouge2", "rouge_l": "rougeL", "rouge_lsum": "rougeLsum"}
+# seqtrain-generate's flags that do nothing here (tuning writes its own files and scores every setting)
+TUNE_REFUSED = (
+    "--results-path",
+    "--output",
+    "--output-format",
+    "--scoring",
+    "--quiet",
+    "--score-reference",
+    "--num-shards",
+    "--shard-id",
+)
+
+
+def _settings(text: str) -> list[str]:
+    """--tune's value: tunable setting names, comma-separated."""
+    names = [n.strip() for n in text.split(",")]
+    for n in names:
+        if n not in TUNABLE:
+            raise argparse.ArgumentTypeError(f"unknown setting {n!r} (tunable: {', '.join(TUNABLE)})")
+    if len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"a setting is named twice in {text!r}")
+    return names
+
+
+def _grid(text: str) -> dict[str, list[int | float]]:
+    """--tune-grid's value: 'SETTING=V1,V2,...;SETTING=...', each value of its flag's kind and range."""
+    out: dict[str, list[int | float]] = {}
+    for part in (p.strip() for p in text.split(";")):
+        if not part:
+            continue
+        name, eq, values = part.partition("=")
+        name = name.strip()
+        if not eq or not values.strip():
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not SETTING=V1,V2,... (e.g. 'lenpen=0.6,1.0,2.0;beam=2,4')"
+            )
+        if name not in TUNABLE:
+            raise argparse.ArgumentTypeError(f"unknown setting {name!r} (tunable: {', '.join(TUNABLE)})")
+        if name in out:
+            raise argparse.ArgumentTypeError(f"{name} is given twice")
+        dest = TUNABLE[name][0]
+        kind = type(TUNABLE[name][1][0])
+        parsed: list[int | float] = []
+        for v in (v.strip() for v in values.split(",")):
+            try:
+                value = kind(v)
+            except ValueError:
+                what = "an integer" if kind is int else "a number"
+                raise argparse.ArgumentTypeError(f"{name}={v!r}: must be {what}") from None
+            try:
+                check_generation_value(dest, value)
+                check_generation_args(_one(dest, value))
+            except SeqtrainError as e:
+                raise argparse.ArgumentTypeError(f"{name}={v}: {e}") from None
+            if value not in parsed:
+                parsed.append(value)
+        out[name] = parsed
+    if not out:
+        raise argparse.ArgumentTypeError("empty; give e.g. 'lenpen=0.6,1.0,2.0;beam=2,4'")
+    return out
+
+
+def _one(dest: str, value: Any) -> argparse.Namespace:
+    """seqtrain-generate's default settings with one changed, for the range checks of a single value (min-len
+    against max-len-b is checked per combination, in the search)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_generation_args(parser)
+    args = parser.parse_args([])
+    setattr(args, dest, value)
+    if dest == "min_len":
+        args.max_len_b = max(args.max_len_b, int(value))
+    if dest == "max_len_b":
+        args.min_len = min(args.min_len, int(value))
+    return args
+
+
+def add_tune_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """seqtrain-tune's own flags (on top of seqtrain-generate's), in one group."""
+    g = parser.add_argument_group("Tuning")
+    g.add_argument(
+        "--tune",
+        type=_settings,
+        default=list(TUNABLE),
+        metavar="SETTING,...",
+        help=f"the settings to search, comma-separated, among: {', '.join(TUNABLE)} (default: all)",
+    )
+    defaults = "; ".join(f"{n}={','.join(map(str, v))}" for n, (_, v) in TUNABLE.items())
+    g.add_argument(
+        "--tune-grid",
+        type=_grid,
+        default=None,
+        metavar="GRID",
+        help="candidate values of settings, e.g. 'lenpen=0.6,1.0,2.0;beam=2,4' (the given value is always "
+        f"tried too); settings it does not name try: {defaults}",
+    )
+    g.add_argument(
+        "--tune-metric",
+        default="rouge_lsum",
+        choices=list(METRICS),
+        help="the ROUGE F1 the search maximizes (default: rouge_lsum)",
+    )
+    g.add_argument(
+        "--tune-subset",
+        type=int,
+        default=100,
+        metavar="N",
+        help="search on N examples of the split, a sample drawn with --seed (all of them when it has fewer); "
+        "the given and the best settings are then compared on the whole split",
+    )
+    g.add_argument(
+        "--tune-search",
+        default="coordinate",
+        choices=["coordinate", "grid"],
+        help="coordinate: one setting at a time over its candidates, the others at the best so far, passes until "
+        "one changes nothing; grid: every combination (default: coordinate)",
+    )
+    g.add_argument(
+        "--tune-bootstrap",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="resamples of the bootstrap intervals and of the paired test (default: 1000)",
+    )
+    g.add_argument(
+        "--tune-output",
+        required=True,
+        metavar="DIR",
+        help="write generation.yaml (a --config preset), generation_config.json and tune.json here",
+    )
+    parser.set_defaults(gen_subset="valid")
+    return g
+
+
+def refused_flag(argv: list[str]) -> str | None:
+    """The first of seqtrain-generate's flags that do nothing in seqtrain-tune (TUNE_REFUSED) in `argv`."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if arg.split("=", 1)[0] in TUNE_REFUSED:
+            return arg.split("=", 1)[0]
+    return None

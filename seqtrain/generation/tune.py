@@ -1,0 +1,470 @@
+"""`seqtrain-tune`: generation settings (beam, lenpen, min/max length, n-gram blocking) chosen on a validation
+subset by a ROUGE figure, written as a --config preset and a generation_config.json, and the gain over the given
+settings measured on the whole split.
+
+Flow: seqtrain-generate's flags plus the search's (seqtrain.flags.tune.add_tune_args) -> load the model and the split as
+seqtrain-generate does (runner, generate._dataset) -> a seeded sample of --tune-subset examples, batched as
+seqtrain-generate batches -> the encoder runs once per batch of the sample and its outputs stay cached; every
+setting tried runs only the beam search from them (SequenceGenerator.generate(encoder_out=...)) -> each setting's
+hypotheses scored (seqtrain.scoring.rouge: the chosen ROUGE's mean and its bootstrap interval) -> the search:
+coordinate descent by default (each setting in turn over its candidates, the others held at the best so far,
+passes until one changes nothing), or the full grid (--tune-search grid) -> the best of all settings tried
+(ties keep the given settings, then the first tried) -> the given and the best settings on the whole split, one
+encoder pass per batch for both, with intervals and the paired bootstrap test -> --tune-output: generation.yaml
+(read by seqtrain-generate / -interactive --config), generation_config.json (as seqtrain-convert --to hf writes
+it) and tune.json; the table on stdout.
+
+Why coordinate descent by default: the five settings' default candidates make a grid of 4 x 4 x 4 x 3 x 3 =
+576 beam searches of the sample, coordinate descent about 18 per pass; length penalty and the length limits
+interact, which the passes (until one changes nothing) follow. --tune-search grid tries every combination, the
+right search for two or three settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+import torch
+
+from seqtrain.checkpoint.hf_files import GENERATION_DEFAULTS, hf_generation_config
+from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import atomic_write
+from seqtrain.flags.generation import check_generation_args
+from seqtrain.flags.tune import METRICS, TUNABLE
+from seqtrain.generation import generate as gen_mod
+from seqtrain.generation import runner
+from seqtrain.generation.output import check_folder_writable, fairseq_lines
+from seqtrain.generation.rerank import rerank
+from seqtrain.generation.sequence_generator import build_generator, encode, generate_batch
+from seqtrain.logging import setup_logging
+from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, mean_scores, paired_bootstrap
+
+logger = logging.getLogger("seqtrain.tune")
+
+LABELS = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rougeLsum": "ROUGE-Lsum"}
+MAX_PASSES = 3  # coordinate descent: passes over the settings at most (a pass that changes nothing ends it)
+
+
+def space(args: argparse.Namespace) -> dict[str, list[int | float]]:
+    """Each searched setting's flag dest -> its candidates (sorted, the given value among them)."""
+    grid = args.tune_grid or {}
+    extra = [n for n in grid if n not in args.tune]
+    if extra:
+        raise SeqtrainError(
+            f"--tune-grid names {', '.join(extra)}, which --tune does not search (--tune {','.join(args.tune)})"
+        )
+    out = {}
+    for name in args.tune:
+        dest, default = TUNABLE[name]
+        values = list(grid.get(name, default))
+        given = getattr(args, dest)
+        if given not in values:
+            values.append(given)
+        out[dest] = sorted(values)
+    return out
+
+
+# ---------------------------------------------------------------------- decoding with cached encoder outputs
+
+
+@dataclass
+class Split:
+    """Examples to decode: their ids (input order), the batches (seqtrain-generate's order and sizes), and the
+    ids left out as too long (their hypothesis is empty, as seqtrain-generate leaves it)."""
+
+    ids: list[int]
+    batches: list[np.ndarray]
+    skipped: set[int] = field(default_factory=set)
+
+
+class Decoder:
+    """Runs generation settings on the examples of a dataset, one encoder pass per batch: `cache` keeps every
+    batch's collated sample and encoder output across calls (the tuning sample), otherwise each batch is
+    encoded once per call of `run` for all its settings (the whole split). `encoder_calls` counts the passes."""
+
+    def __init__(self, loaded: Any, args: argparse.Namespace, ds: Any, refs: list[str] | None):
+        self.loaded, self.args, self.ds, self.refs = loaded, args, ds, refs
+        self.encoder_calls = 0
+        self._cache: dict[int, tuple[dict[str, Any], Any]] = {}
+
+    def settings_args(self, settings: dict[str, Any]) -> argparse.Namespace:
+        a = argparse.Namespace(**{**vars(self.args), **settings})
+        if a.rerank:  # --rerank chooses among all --beam finished hypotheses, as seqtrain-generate
+            a.nbest = a.beam
+        return a
+
+    def _batch(self, i: int, batch: np.ndarray, cache: bool) -> tuple[dict[str, Any], Any]:
+
+        if cache and i in self._cache:
+            return self._cache[i]
+        sample = self.ds.collater([self.ds[int(j)] for j in batch])
+        sample["net_input"] = runner._to_device(sample["net_input"], self.loaded.device)
+        net = sample["net_input"]
+        with torch.no_grad():
+            encoder_out = encode(
+                self.loaded.model,
+                net["src_tokens"],
+                net["src_lengths"],
+                getattr(self.args, "packed_encoder", None),
+            )
+        self.encoder_calls += 1
+        if cache:
+            self._cache[i] = (sample, encoder_out)
+        return sample, encoder_out
+
+    def run(
+        self, split: Split, all_settings: list[dict[str, Any]], cache: bool = False
+    ) -> list[tuple[list[str], list[str]]]:
+        """(hypotheses, references) in split.ids' order, for each of `all_settings`."""
+
+        loaded, args = self.loaded, self.args
+        generators = [
+            build_generator(
+                loaded.model, loaded.lm.tgt_dict, self.settings_args(s), bos=loaded.start, eos=loaded.end
+            )
+            for s in all_settings
+        ]
+        lenpen = 1.0 if args.rerank_lenpen is None else args.rerank_lenpen
+        hyps: list[dict[int, str]] = [{} for _ in all_settings]
+        refs: dict[int, str] = {}
+        for i, batch in enumerate(split.batches):
+            sample, encoder_out = self._batch(i, batch, cache)
+            for k, gen in enumerate(generators):
+                with torch.no_grad():
+                    results = generate_batch(
+                        gen, sample, args.prefix_size, loaded.force_bos, encoder_out=encoder_out
+                    )
+                for row, (sid, hypos) in enumerate(results):
+                    if args.rerank:
+                        hypos = rerank(hypos, args.rerank, lambda t: runner.decode(loaded, t), lenpen)
+                    _, texts, target, _ = fairseq_lines(loaded, sid, sample, row, hypos, 1, args.post_process)
+                    hyps[k][sid] = texts[0] if texts else ""
+                    if target is not None:
+                        refs[sid] = target
+        if self.refs is not None:
+            ref_list = [self.refs[i] for i in split.ids]
+        elif len(refs) == len(split.ids) - len(split.skipped):
+            ref_list = [refs.get(i, "") for i in split.ids]
+        else:
+            raise SeqtrainError(
+                "no references to score against: the split has no target side (with --input give --reference FILE)"
+            )
+        return [([h.get(i, "") for i in split.ids], ref_list) for h in hyps]
+
+
+# ---------------------------------------------------------------------- scoring and the search
+
+
+@dataclass
+class Scored:
+    settings: dict[str, Any]
+    rouge: dict[str, float]  # mean F1 x 100 per ROUGE type, and n
+    interval: dict[str, tuple[float, float]]
+    per: dict[str, list[float]]  # per-example scores (for the paired test)
+
+    def value(self, metric: str) -> float:
+        return self.rouge[metric]
+
+
+def score(hyps: list[str], refs: list[str], n_resamples: int, seed: int, settings: dict[str, Any]) -> Scored:
+
+    per = example_scores(hyps, refs)
+    return Scored(dict(settings), mean_scores(per), bootstrap_intervals(per, n_resamples, seed), per)
+
+
+def _key(settings: dict[str, Any]) -> tuple:
+    return tuple(sorted(settings.items()))
+
+
+def valid_combination(args: argparse.Namespace, settings: dict[str, Any], max_tgt: int) -> str | None:
+    """Why a combination cannot run (seqtrain-generate would refuse it), or None."""
+    a = argparse.Namespace(**{**vars(args), **settings})
+    try:
+        check_generation_args(a)
+    except SeqtrainError as e:
+        return str(e)
+    if a.min_len > max_tgt - 1:
+        return f"--min-len {a.min_len} is above the model's maximum target length {max_tgt - 1}"
+    return None
+
+
+def search(
+    candidates: dict[str, list[int | float]],
+    given: dict[str, Any],
+    evaluate: Callable[[dict[str, Any]], float | None],
+    strategy: str,
+) -> dict[str, Any]:
+    """The best settings found: `evaluate` scores a combination (None: it cannot run) and keeps every result;
+    the given settings are tried first. grid: every combination; coordinate: one setting at a time over its
+    candidates, the others at the best so far, until a pass changes nothing (MAX_PASSES at most). A setting
+    replaces the best only when it scores strictly higher, so ties keep the given settings, then the first
+    tried: the result is the argmax of everything evaluated."""
+    best, best_score = dict(given), evaluate(given)
+    if best_score is None:
+        raise SeqtrainError("the given generation settings cannot run; see the line above")
+
+    def consider(s: dict[str, Any]) -> None:
+        nonlocal best, best_score
+        v = evaluate(s)
+        if v is not None and v > best_score:
+            best, best_score = dict(s), v
+
+    if strategy == "grid":
+        dests = list(candidates)
+        for values in itertools.product(*(candidates[d] for d in dests)):
+            consider({**given, **dict(zip(dests, values))})
+        return best
+    for _ in range(MAX_PASSES):
+        start = dict(best)
+        for dest, values in candidates.items():
+            current = dict(best)
+            for v in values:
+                consider({**current, dest: v})
+        if best == start:
+            break
+    return best
+
+
+# ---------------------------------------------------------------------- the program
+
+
+def _sample(ids: list[int], n: int, seed: int) -> list[int]:
+    """A seeded sample of n ids (all when there are no more), in input order."""
+    if n >= len(ids):
+        return list(ids)
+    pick = np.random.default_rng(seed).choice(len(ids), size=n, replace=False)
+    return [ids[i] for i in sorted(pick.tolist())]
+
+
+def _fmt(s: Scored, metric: str) -> str:
+    lo, hi = s.interval[metric]
+    return f"{s.rouge[metric]:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _describe(settings: dict[str, Any]) -> str:
+    return ", ".join(f"{d.replace('_', '-')} {v}" for d, v in settings.items())
+
+
+def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
+    """Search the settings, write --tune-output's files and print the table; returns tune.json's content."""
+
+    out = out or sys.stdout
+    candidates = space(args)
+    args.scoring, args.output, args.results_path, args.output_format = "none", None, None, "text"
+    gen_mod._check_args(args)
+    os.makedirs(args.tune_output, exist_ok=True)
+    check_folder_writable(args.tune_output, "--tune-output")
+    handler = setup_logging(sys.stderr, log_file=args.log_file)
+    try:
+        return _tune(args, out, candidates)
+    finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+
+
+def _tune(args: argparse.Namespace, out: TextIO, candidates: dict) -> dict[str, Any]:
+    loaded = runner.load_from_flags(args)
+    check_generation_args(args)
+    max_src, max_tgt = loaded.model.max_positions()
+    max_src, max_tgt = min(max_src, args.max_source_positions), min(max_tgt, args.max_target_positions)
+    given = {d: getattr(args, d) for d in (TUNABLE[n][0] for n in TUNABLE)}
+    why = valid_combination(args, given, max_tgt)
+    if why:
+        raise SeqtrainError(why)
+    ds, raw_sizes, refs, _ = gen_mod._dataset(args, loaded)
+    every = list(range(len(ds)))
+    skipped: set[int] = set()
+    too_long = [i for i in every if raw_sizes[i] > max_src]
+    if too_long and args.skip_invalid_size_inputs_valid_test and not args.truncate_source:
+        skipped = set(too_long)  # as seqtrain-generate: left out, their hypotheses empty
+        logger.warning(f"skipped {len(too_long)} of {len(ds)} sources longer than {max_src} tokens")
+
+    def make_split(ids: list[int]) -> Split:
+        keep = np.array([i for i in ids if i not in skipped], dtype=np.int64)
+        order = runner.order_examples(ds, keep, args.seed)
+        return Split(
+            ids, runner.plan_batches(ds, order, args.max_tokens, args.batch_size), skipped & set(ids)
+        )
+
+    subset = make_split(_sample(every, args.tune_subset, args.seed))
+    full = make_split(every)
+    decoder = Decoder(loaded, args, ds, refs)
+    metric = METRICS[args.tune_metric]
+    split_name = "input" if args.input is not None else args.gen_subset
+    n_sub = len(subset.ids)
+    logger.info(
+        f"searching {', '.join(f'{d.replace(chr(95), chr(45))} {v}' for d, v in candidates.items())} "
+        f"({args.tune_search}) on {n_sub} of {len(every)} examples of {split_name} by {LABELS[metric]}"
+    )
+    trials: list[Scored] = []
+    skipped_combos: list[dict[str, Any]] = []
+    seen: dict[tuple, float | None] = {}
+
+    def evaluate(settings: dict[str, Any]) -> float | None:
+        k = _key(settings)
+        if k in seen:
+            return seen[k]
+        reason = valid_combination(args, settings, max_tgt)
+        if reason:
+            skipped_combos.append({"settings": settings, "reason": reason})
+            logger.info(f"not tried: {_describe(settings)} ({reason})")
+            seen[k] = None
+            return None
+        ((hyps, ref_list),) = decoder.run(subset, [settings], cache=True)
+        s = score(hyps, ref_list, args.tune_bootstrap, args.seed, settings)
+        trials.append(s)
+        seen[k] = s.value(metric)
+        logger.info(f"trial {len(trials)}: {_describe(settings)}: {LABELS[metric]} {_fmt(s, metric)}")
+        return seen[k]
+
+    best = search(candidates, given, evaluate, args.tune_search)
+    sub_calls = decoder.encoder_calls
+    # the given and the best settings on the whole split: one encoder pass per batch for both
+    runs = [given] if best == given else [given, best]
+    decoded = decoder.run(full, runs)
+    full_scores = [score(h, r, args.tune_bootstrap, args.seed, s) for (h, r), s in zip(decoded, runs)]
+    base_full, best_full = full_scores[0], full_scores[-1]
+
+    test = paired_bootstrap(best_full.per, base_full.per, args.tune_bootstrap, args.seed)
+    result = {
+        "metric": metric,
+        "search": args.tune_search,
+        "split": split_name,
+        "candidates": {d.replace("_", "-"): v for d, v in candidates.items()},
+        "subset": {"n": n_sub, "seed": args.seed, "ids": subset.ids},
+        "trials": [
+            {
+                "settings": t.settings,
+                "rouge": t.rouge,
+                "interval": {k: list(v) for k, v in t.interval.items()},
+            }
+            for t in trials
+        ],
+        "not_tried": skipped_combos,
+        "given": given,
+        "best": best,
+        "full": {
+            "n": len(full.ids),
+            "given": {
+                "rouge": base_full.rouge,
+                "interval": {k: list(v) for k, v in base_full.interval.items()},
+            },
+            "best": {
+                "rouge": best_full.rouge,
+                "interval": {k: list(v) for k, v in best_full.interval.items()},
+            },
+            "gain": {k: best_full.rouge[k] - base_full.rouge[k] for k in LABELS},
+            "paired_test": test,
+        },
+        "bootstrap": args.tune_bootstrap,
+        "encoder_passes": {"subset": sub_calls, "full": decoder.encoder_calls - sub_calls},
+        "files": {},
+    }
+    result["files"] = write_outputs(args, loaded, best, result)
+    out.write(table(result, n_sub))
+    out.flush()
+    return result
+
+
+def preset_text(args: argparse.Namespace, best: dict[str, Any], result: dict[str, Any]) -> str:
+    """generation.yaml: the best settings as `--config` keys, with a header saying how they were chosen."""
+    metric = LABELS[result["metric"]]
+    full = result["full"]
+    lines = [
+        "# Generation settings chosen by seqtrain-tune on "
+        f"{result['subset']['n']} examples of {result['split']} (seed {result['subset']['seed']}) by {metric}",
+        f"# ({result['search']} search, {len(result['trials'])} settings tried). On all {full['n']} examples: "
+        f"{metric} {full['best']['rouge'][result['metric']]:.2f}, given settings "
+        f"{full['given']['rouge'][result['metric']]:.2f}.",
+        f"#   seqtrain-generate DATA --path {args.path} --config THIS_FILE",
+        "# Other generation flags of the tuning command (e.g. --rerank) are not in this file: give them again.",
+    ]
+    for dest, value in best.items():
+        lines.append(
+            f"{dest.replace('_', '-')}: {float(value)!r}"
+            if isinstance(value, float)
+            else f"{dest.replace('_', '-')}: {value}"
+        )
+    if args.max_len_a:
+        lines.append(f"max-len-a: {float(args.max_len_a)!r}")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(
+    args: argparse.Namespace, loaded: Any, best: dict[str, Any], result: dict[str, Any]
+) -> dict[str, str]:
+    """--tune-output's three files, each written atomically; returns their paths."""
+
+    folder = args.tune_output
+    paths = {
+        k: os.path.join(folder, n)
+        for k, n in (("preset", "generation.yaml"), ("hf", "generation_config.json"), ("json", "tune.json"))
+    }
+    settings = {**GENERATION_DEFAULTS, "max_len_a": args.max_len_a, **best}
+    if settings["max_len_a"]:
+        logger.warning(
+            f"max_len_a {settings['max_len_a']} has no transformers equivalent: generation_config.json's "
+            "max_length comes from max_len_b alone"
+        )
+    gen = hf_generation_config(loaded.lm.args, loaded.lm.src_dict, settings)
+    with atomic_write(paths["preset"], "w", encoding="utf-8") as f:
+        f.write(preset_text(args, best, result))
+    with atomic_write(paths["hf"], "w", encoding="utf-8") as f:
+        json.dump(gen, f, indent=2, sort_keys=True)
+        f.write("\n")
+    result["files"] = paths
+    with atomic_write(paths["json"], "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=2, sort_keys=True, default=_json_default)
+        f.write("\n")
+    return paths
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    raise TypeError(type(x))
+
+
+def table(result: dict[str, Any], n_sub: int) -> str:
+    """The report on stdout: the settings (given, best) and each ROUGE on the whole split with its 95%
+    interval, the gain and the paired test's p-value."""
+    given, best, full = result["given"], result["best"], result["full"]
+    rows = [("setting", "given", "best")]
+    for dest in given:
+        rows.append((dest.replace("_", "-"), str(given[dest]), str(best[dest])))
+    w = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]:>{w[2]}}" for r in rows]
+    lines.append("")
+    head = (
+        f"{result['split']}, all {full['n']} examples (searched on {n_sub}, by {LABELS[result['metric']]}; "
+        f"95% bootstrap intervals, {result['bootstrap']} resamples)"
+    )
+    lines.append(head)
+    rows2 = [("ROUGE", "given", "best", "gain", "p")]
+    for k, label in LABELS.items():
+        g, b = full["given"], full["best"]
+        rows2.append(
+            (
+                label,
+                f"{g['rouge'][k]:.2f} [{g['interval'][k][0]:.2f}, {g['interval'][k][1]:.2f}]",
+                f"{b['rouge'][k]:.2f} [{b['interval'][k][0]:.2f}, {b['interval'][k][1]:.2f}]",
+                f"{full['gain'][k]:+.2f}",
+                f"{full['paired_test'][k]['p_value']:.3f}",
+            )
+        )
+    w = [max(len(r[i]) for r in rows2) for i in range(5)]
+    lines += ["  ".join(f"{c:<{w[i]}}" if i == 0 else f"{c:>{w[i]}}" for i, c in enumerate(r)) for r in rows2]
+    lines.append(f"wrote {', '.join(result['files'].values())}")
+    return "\n".join(lines) + "\n"
