@@ -37,12 +37,11 @@ import torch
 
 from seqtrain.checkpoint.hf_files import GENERATION_DEFAULTS, hf_generation_config
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write
 from seqtrain.flags.generation import check_generation_args
 from seqtrain.flags.tune import METRICS, TUNABLE
 from seqtrain.generation import generate as gen_mod
 from seqtrain.generation import runner
-from seqtrain.generation.output import check_folder_writable, fairseq_lines
+from seqtrain.generation.output import check_folder_writable, fairseq_lines, write_files
 from seqtrain.generation.rerank import rerank
 from seqtrain.generation.sequence_generator import build_generator, encode, generate_batch
 from seqtrain.logging import setup_logging
@@ -103,7 +102,6 @@ class Decoder:
         return a
 
     def _batch(self, i: int, batch: np.ndarray, cache: bool) -> tuple[dict[str, Any], Any]:
-
         if cache and i in self._cache:
             return self._cache[i]
         sample = self.ds.collater([self.ds[int(j)] for j in batch])
@@ -125,7 +123,6 @@ class Decoder:
         self, split: Split, all_settings: list[dict[str, Any]], cache: bool = False
     ) -> list[tuple[list[str], list[str]]]:
         """(hypotheses, references) in split.ids' order, for each of `all_settings`."""
-
         loaded, args = self.loaded, self.args
         generators = [
             build_generator(
@@ -176,7 +173,6 @@ class Scored:
 
 
 def score(hyps: list[str], refs: list[str], n_resamples: int, seed: int, settings: dict[str, Any]) -> Scored:
-
     per = example_scores(hyps, refs)
     return Scored(dict(settings), mean_scores(per), bootstrap_intervals(per, n_resamples, seed), per)
 
@@ -256,25 +252,27 @@ def _describe(settings: dict[str, Any]) -> str:
 
 def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
     """Search the settings, write --tune-output's files and print the table; returns tune.json's content."""
-
     out = out or sys.stdout
-    candidates = space(args)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise SeqtrainError("seqtrain-tune runs in one process; start it without torchrun")
+    space(args)  # --tune-grid against --tune, before the model loads (again after: a model's own defaults)
     args.scoring, args.output, args.results_path, args.output_format = "none", None, None, "text"
     gen_mod._check_args(args)
     os.makedirs(args.tune_output, exist_ok=True)
     check_folder_writable(args.tune_output, "--tune-output")
     handler = setup_logging(sys.stderr, log_file=args.log_file)
     try:
-        return _tune(args, out, candidates)
+        return _tune(args, out)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
 
 
-def _tune(args: argparse.Namespace, out: TextIO, candidates: dict) -> dict[str, Any]:
-    loaded = runner.load_from_flags(args)
+def _tune(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
+    loaded = runner.load_from_flags(args)  # takes a Hugging Face folder's defaults for settings not given
     check_generation_args(args)
+    candidates = space(args)
     max_src, max_tgt = loaded.model.max_positions()
     max_src, max_tgt = min(max_src, args.max_source_positions), min(max_tgt, args.max_target_positions)
     given = {d: getattr(args, d) for d in (TUNABLE[n][0] for n in TUNABLE)}
@@ -403,8 +401,7 @@ def preset_text(args: argparse.Namespace, best: dict[str, Any], result: dict[str
 def write_outputs(
     args: argparse.Namespace, loaded: Any, best: dict[str, Any], result: dict[str, Any]
 ) -> dict[str, str]:
-    """--tune-output's three files, each written atomically; returns their paths."""
-
+    """--tune-output's three files; returns their paths."""
     folder = args.tune_output
     paths = {
         k: os.path.join(folder, n)
@@ -417,15 +414,14 @@ def write_outputs(
             "max_length comes from max_len_b alone"
         )
     gen = hf_generation_config(loaded.lm.args, loaded.lm.src_dict, settings)
-    with atomic_write(paths["preset"], "w", encoding="utf-8") as f:
-        f.write(preset_text(args, best, result))
-    with atomic_write(paths["hf"], "w", encoding="utf-8") as f:
-        json.dump(gen, f, indent=2, sort_keys=True)
-        f.write("\n")
     result["files"] = paths
-    with atomic_write(paths["json"], "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2, sort_keys=True, default=_json_default)
-        f.write("\n")
+    write_files(  # all or none, as seqtrain-generate's result files
+        {
+            paths["preset"]: preset_text(args, best, result),
+            paths["hf"]: json.dumps(gen, indent=2, sort_keys=True) + "\n",
+            paths["json"]: json.dumps(result, indent=2, sort_keys=True, default=_json_default) + "\n",
+        }
+    )
     return paths
 
 
