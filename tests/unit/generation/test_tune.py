@@ -205,3 +205,12 @@ def test_the_encoder_runs_once_per_batch(fairseq_tiny, tmp_path, monkeypatch):
     assert len(result["trials"]) >= 5 and result["best"] != result["given"]
     assert result["encoder_passes"] == {"subset": 3, "full": 20}  # 30 / 10 and 200 / 10 batches
     assert len(calls) == 3 + 20 and sum(calls) == 30 + 200
+    calls.clear()  # a sample of the whole split: its cached batches serve the comparison too
+    result = tune_main(
+        _argv(fairseq_tiny, tmp_path / "t", "--batch-size", "50", "--tune-subset", "500")
+        + ["--tune", "max-len-b", "--tune-grid", "max-len-b=3,6", "--max-len-b", "3"],
+        out=io.StringIO(),
+    )
+    assert result["subset"]["n"] == 200 and result["best"]["max_len_b"] == 6
+    assert result["encoder_passes"] == {"subset": 4, "full": 0} and len(calls) == 4
+    assert result["full"]["best"]["rouge"] == result["trials"][-1]["rouge"]
