@@ -255,6 +255,10 @@ def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
     out = out or sys.stdout
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SeqtrainError("seqtrain-tune runs in one process; start it without torchrun")
+    if args.input is not None and not args.reference:
+        raise SeqtrainError(
+            "--input: give --reference FILE too, the summaries each setting is scored against"
+        )
     space(args)  # --tune-grid against --tune, before the model loads (again after: a model's own defaults)
     args.scoring, args.output, args.results_path, args.output_format = "none", None, None, "text"
     gen_mod._check_args(args)

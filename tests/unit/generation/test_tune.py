@@ -75,6 +75,13 @@ def test_bad_flags_are_one_line_naming_the_flag(fairseq_tiny, tmp_path, flags, w
         assert isinstance(e.value, UsageError)  # found while parsing: exit 2, as argparse's errors
 
 
+def test_input_without_references_is_refused_before_loading(tmp_path):
+    with pytest.raises(SeqtrainError, match=r"^--input: give --reference FILE too"):
+        tune_main(
+            ["--path", str(tmp_path / "absent.pt"), "--input", "-", "--tune-output", str(tmp_path / "t")]
+        )
+
+
 # ---------------------------------------------------------------------- the search
 
 
