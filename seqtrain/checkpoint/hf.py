@@ -117,6 +117,8 @@ def _closest_arch(fields: dict) -> str:
     keys += ("encoder_normalize_before", "no_scale_embedding")
     presets = []
     for arch in ARCHS.names():
+        if not ARCHS.get(arch).__module__.startswith("seqtrain."):
+            continue  # a --user-dir plugin's preset: the label must not depend on which plugins a process loaded
         ns = argparse.Namespace()
         ARCHS.get(arch)(ns)
         if all(getattr(ns, k, None) == fields[k] for k in keys):

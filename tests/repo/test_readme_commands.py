@@ -18,6 +18,7 @@ SCRIPTS = {
     "seqtrain-interactive": "interactive",
     "seqtrain-score": "score",
     "seqtrain-eval": "eval",
+    "seqtrain-tune": "tune",
 }
 N = 5
 
@@ -100,15 +101,18 @@ def test_readme_summarize_section_commands_work_as_printed(folder):
     section = readme_section()
     blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
     cmds = [c for b in blocks for c in commands(b)]
-    assert len(cmds) == 5 and all(c.split()[0] in SCRIPTS for c in cmds)
+    assert len(cmds) == 6 and all(c.split()[0] in SCRIPTS for c in cmds)
     want = Summarizer.from_pretrained(d / "checkpoints" / "checkpoint_best.pt").summarize(texts, beam=4)
     outs = [run(folder, c, stdin="\n".join(texts) + "\n").stdout for c in cmds]
     assert (d / "summaries.txt").read_text().split("\n")[:-1] == want  # command 1: > summaries.txt
     assert outs[1].split("\n")[:-1] == want  # seqtrain-interactive, piped
+    # seqtrain-tune on the valid split: the preset the next command reads holds the settings it chose
+    tuned = json.loads((d / "tuned" / "tune.json").read_text())
+    assert "ROUGE-Lsum" in outs[2] and (d / "tuned" / "generation.yaml").exists() and tuned["trials"]
     assert len((d / "out" / "hypotheses-test.txt").read_text().split("\n")[:-1]) == 200
-    assert re.match(r"ROUGE-1 [\d.]+ \| ROUGE-2", outs[3])
+    assert re.match(r"ROUGE-1 [\d.]+ \| ROUGE-2", outs[4])
     report = json.loads((d / "report.json").read_text())  # seqtrain-eval: the same ROUGE, and its page
-    assert report["n"] == 200 and f"ROUGE-1 {report['rouge']['rouge1']:.2f}" in outs[3]
+    assert report["n"] == 200 and f"ROUGE-1 {report['rouge']['rouge1']:.2f}" in outs[4]
     assert (d / "report.html").read_text().startswith("<!DOCTYPE html>")
     (python,) = re.findall(r"```python\n(.*?)```", section, re.S)
     ns: dict = {}
