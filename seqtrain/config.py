@@ -1,4 +1,11 @@
-"""Typed settings: each component reads its flags once, into a dataclass, instead of from the Namespace.
+"""Typed settings: each component declares its settings once, beside its code, as a dataclass whose fields are
+also its command-line flags; the CLIs' parsers are built from those classes, and components read their flags once,
+into the dataclass, instead of from the Namespace.
+
+A field made with `setting(default, help, ...)` carries its flag: the names (default `--field-name`), the help,
+argparse's keywords (type, action, metavar, choices, nargs) and its range (`bounds=`, seqtrain.flag_bounds.Bounds).
+`@settings` on the dataclass registers those ranges with seqtrain.flag_bounds (checked at parse time, on the command
+line and in --config files alike); `add_settings(parser, cls, title)` adds the flags as an argument group.
 
 `from_args(cls, args)` fills a dataclass's fields from the parsed flags of the same names; a flag the
 Namespace lacks (a library caller's hand-made Namespace) or leaves at None keeps the field's default.
@@ -8,10 +15,87 @@ Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
-from typing import Any, TypeVar
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, NamedTuple, TypeVar
+
+from seqtrain import flag_bounds
 
 T = TypeVar("T")
+
+
+class Flag(NamedTuple):
+    """What a settings field adds to argparse besides its dest (the field name) and default (the field's)."""
+
+    names: tuple[str, ...]  # empty: --field-name
+    help: str
+    kwargs: dict[
+        str, Any
+    ]  # argparse's add_argument keywords (type, action, metavar, choices, nargs, default)
+
+
+def setting(
+    default: Any = None,
+    help: str = "",  # noqa: A002 (argparse's name)
+    *,
+    flags: tuple[str, ...] | str = (),
+    bounds: flag_bounds.Bounds | None = None,
+    **kwargs: Any,
+) -> Any:
+    """A dataclass field that is also a flag. A list default is copied per instance (default_factory).
+    `kwargs` go to add_argument as they are; a `default` among them is the flag's default where it differs from
+    the field's (argparse.SUPPRESS, or a flag whose parsed value is None until a later stage fills it)."""
+    names = (flags,) if isinstance(flags, str) else tuple(flags)
+    metadata = {"flag": Flag(names, help, kwargs), "bounds": bounds}
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def settings(cls: type[T]) -> type[T]:
+    """Make `cls` a dataclass and register its fields' ranges with seqtrain.flag_bounds (by field name, the
+    flag's dest). A range declared twice must be the same range."""
+    cls = dataclass(cls)
+    for f in fields(cls):  # type: ignore[arg-type]
+        b = f.metadata.get("bounds")
+        if b is None:
+            continue
+        known = flag_bounds.BOUNDS.setdefault(f.name, b)
+        if known != b:
+            raise ValueError(f"{cls.__name__}.{f.name}: range {b} differs from the registered {known}")
+    return cls
+
+
+def flag_names(f: Field) -> tuple[str, ...]:
+    meta: Flag = f.metadata["flag"]
+    return meta.names or ("--" + f.name.replace("_", "-"),)
+
+
+def field_default(f: Field) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
+
+
+def add_settings(
+    parser: argparse.ArgumentParser, cls: type, title: str | None = None, group: Any = None
+) -> Any:
+    """Add the flags of settings class `cls` to `parser`, in field order, in `group` or a new argument group
+    titled `title` (default: the class's first docstring line). A flag the parser already has is skipped: the
+    component that declared it first owns it (fairseq's rule for flags two components share). Returns the group."""
+    if group is None:
+        group = parser.add_argument_group(title or (cls.__doc__ or cls.__name__).strip().split("\n")[0])
+    for f in fields(cls):
+        meta: Flag | None = f.metadata.get("flag")
+        if meta is None:
+            continue
+        names = flag_names(f)
+        if any(n in parser._option_string_actions for n in names):
+            continue
+        kwargs = dict(meta.kwargs)
+        if kwargs.get("action") not in ("store_true", "store_false", "help", "version"):
+            kwargs.setdefault("default", field_default(f))
+        group.add_argument(*names, dest=f.name, help=meta.help, **kwargs)
+    return group
 
 
 def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:

@@ -58,11 +58,9 @@ BOUNDS: dict[str, Bounds] = {
     "validate_interval": POSITIVE_INT,
     "save_interval": POSITIVE_INT,
     "update_freq": POSITIVE_INT,
-    "ema_decay": PROBABILITY,
     "lora_dropout": PROBABILITY,
     "lora_alpha": POSITIVE_FLOAT,
     "lora_rank": Bounds(0, 65536),  # 0: off; at most the widest --*-embed-dim (apply_lora: the model's own)
-    "ema_update_freq": POSITIVE_INT,
     "total_num_update": POSITIVE_INT,
     "force_anneal": POSITIVE_INT,
     "keep_best_checkpoints": OFF_OR_COUNT,

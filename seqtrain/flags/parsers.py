@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from seqtrain.config import add_settings
 from seqtrain.data import options as data_options
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
@@ -29,6 +30,7 @@ from seqtrain.flags.generation import add_generation_args
 from seqtrain.flags.preprocess import add_args as add_preprocess_args
 from seqtrain.flags.rouge import add_args as add_rouge_args
 from seqtrain.logging.progress import LOG_FORMATS
+from seqtrain.optim.ema import EmaConfig
 from seqtrain.registry import ARCHS
 
 # The flags that pick a component; their values decide which further flags exist.
@@ -509,43 +511,7 @@ def add_freeze_args(parser: argparse.ArgumentParser) -> None:
 
 def add_ema_args(parser: argparse.ArgumentParser) -> None:
     """fairseq's EMA flags (seqtrain.optim.ema), plus --validate-with-ema."""
-    g = parser.add_argument_group("EMA of the weights")
-    _add(
-        g,
-        parser,
-        "--store-ema",
-        action="store_true",
-        help="keep an exponential moving average of the weights",
-    )
-    _add(g, parser, "--ema-decay", type=float, default=0.9999, metavar="D", help="EMA decay")
-    _add(
-        g,
-        parser,
-        "--ema-start-update",
-        type=int,
-        default=0,
-        metavar="N",
-        help="the EMA copies the weights (decay 0) until this many updates",
-    )
-    _add(
-        g,
-        parser,
-        "--ema-seed-model",
-        default=None,
-        metavar="FILE",
-        help="start the EMA from this checkpoint's EMA (or its weights) instead of the model",
-    )
-    _add(
-        g, parser, "--ema-update-freq", type=int, default=1, metavar="N", help="move the EMA every N updates"
-    )
-    _add(g, parser, "--ema-fp32", action="store_true", help="keep the EMA in fp32 whatever the model's dtype")
-    _add(
-        g,
-        parser,
-        "--validate-with-ema",
-        action="store_true",
-        help="validate (loss, --eval-rouge, checkpoint_best) with the EMA weights (seqtrain; needs --store-ema)",
-    )
+    add_settings(parser, EmaConfig, "EMA of the weights")
 
 
 def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
