@@ -98,6 +98,24 @@ def add_settings(
     return group
 
 
+def int_list(value: Any) -> list[int]:
+    """fairseq's list-valued int flags (--update-freq): "2", "1,2,4", "[1, 2]" or an int/list."""
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    text = str(value).strip().strip("[]()")
+    try:
+        out = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or comma-separated integers, got {value!r}"
+        ) from None
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {value!r}")
+    return out
+
+
 def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
     values: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
@@ -106,34 +124,3 @@ def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
             values[f.name] = value
     values.update(overrides)
     return cls(**values)
-
-
-@dataclass
-class CheckpointConfig:
-    """The checkpoint flags of a training run (seqtrain.train.checkpoints.CheckpointManager): where and when to
-    save, what to keep, where to resume from, and --patience."""
-
-    save_dir: str = "checkpoints"
-    restore_file: str = "checkpoint_last.pt"
-    restore_file_always: bool = False
-    finetune_from_model: str | None = None
-    reset_optimizer: bool = False
-    reset_lr_scheduler: bool = False
-    reset_meters: bool = False
-    reset_dataloader: bool = False
-    optimizer_overrides: str = "{}"
-    save_interval: int = 1
-    save_interval_updates: int = 0
-    keep_interval_updates: int = -1
-    keep_last_epochs: int = -1
-    keep_best_checkpoints: int = -1
-    no_save: bool = False
-    no_epoch_checkpoints: bool = False
-    no_last_checkpoints: bool = False
-    no_save_optimizer_state: bool = False
-    best_checkpoint_metric: str = "loss"
-    maximize_best_checkpoint_metric: bool = False
-    patience: int = -1
-    unsafe_load: bool = False
-    distributed_rank: int = 0
-    distributed_world_size: int = 1

@@ -29,19 +29,11 @@ POSITIVE_FLOAT = Bounds(0, FLOAT_MAX, lo_open=True)
 OFF_OR_COUNT = Bounds(0, INT_MAX, off=-1)
 
 BOUNDS: dict[str, Bounds] = {
-    # common, logging, distributed
-    "seed": Bounds(0, 2**32 - 1),
+    # (the ranges of settings classes are declared with their fields: seqtrain.config.setting's bounds=)
+    # scoring and evaluation
     "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
     "eval_rouge_bootstrap": Bounds(0, 1_000_000),  # --eval-rouge's resamples (0: off)
-    "log_interval": POSITIVE_INT,
-    "peak_flops": Bounds(0, 1e21, lo_open=True),
-    "distributed_world_size": Bounds(1, 65536),
-    "distributed_rank": Bounds(0, 65535),
-    "device_id": Bounds(0, 65535),
-    "distributed_port": Bounds(1, 65535, off=-1),
-    "distributed_timeout": Bounds(0, 1e7, lo_open=True),
-    "bucket_cap_mb": Bounds(1, 65536),
-    "num_workers": Bounds(0, 1024),
+    "num_workers": Bounds(0, 1024),  # data loading
     # fp16 loss scaling
     "fp16_init_scale": Bounds(1, 2**24),
     "fp16_scale_window": POSITIVE_INT,
@@ -54,19 +46,11 @@ BOUNDS: dict[str, Bounds] = {
     "max_tokens_valid": POSITIVE_INT,
     "batch_size_valid": POSITIVE_INT,
     "required_batch_size_multiple": POSITIVE_INT,
-    "max_valid_steps": POSITIVE_INT,
-    "validate_interval": POSITIVE_INT,
-    "save_interval": POSITIVE_INT,
-    "update_freq": POSITIVE_INT,
     "lora_dropout": PROBABILITY,
     "lora_alpha": POSITIVE_FLOAT,
     "lora_rank": Bounds(0, 65536),  # 0: off; at most the widest --*-embed-dim (apply_lora: the model's own)
     "total_num_update": POSITIVE_INT,
     "force_anneal": POSITIVE_INT,
-    "keep_best_checkpoints": OFF_OR_COUNT,
-    "keep_interval_updates": OFF_OR_COUNT,
-    "keep_last_epochs": OFF_OR_COUNT,
-    "patience": OFF_OR_COUNT,
     # model
     "encoder_layers": Bounds(1, 1024),
     "decoder_layers": Bounds(1, 1024),
@@ -92,7 +76,6 @@ BOUNDS: dict[str, Bounds] = {
     "end_learning_rate": Bounds(0, 1000),
     "min_lr": Bounds(0, 1000),
     "warmup_init_lr": Bounds(0, 1000, off=-1),
-    "stop_min_lr": Bounds(0, 1000, off=-1),
     "adam_eps": Bounds(0, 1, lo_open=True),
     "weight_decay": Bounds(0, 1000),
     "momentum": PROBABILITY,

@@ -9,7 +9,25 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import POSITIVE_INT
+
+
+@settings
+class ValidationConfig:
+    """Validation: which splits the training loop trains and validates on, and when it validates (in
+    seqtrain-train's dataset group)"""
+
+    train_subset: str = setting("train", "split to train on", metavar="SPLIT")
+    valid_subset: str = setting("valid", "comma-separated splits to validate on", metavar="SPLITS")
+    validate_interval: int = setting(1, "validate every N epochs", type=int, metavar="N", bounds=POSITIVE_INT)
+    validate_interval_updates: int = setting(0, "also validate every N updates", type=int, metavar="N")
+    validate_after_updates: int = setting(0, "no validation before N updates", type=int, metavar="N")
+    disable_validation: bool = setting(False, "never validate", action="store_true")
+    max_valid_steps: int | None = setting(
+        None, "validate on at most N batches", type=int, metavar="N", bounds=POSITIVE_INT
+    )
 
 
 def str2bool(value: Any) -> bool:

@@ -17,7 +17,26 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+
+
+@settings
+class TrackingConfig:
+    """Logging: the experiment trackers of seqtrain-train (make_trackers), besides --tensorboard-logdir"""
+
+    wandb_project: str | None = setting(
+        None,
+        "also log to this Weights & Biases project (needs pip install 'seqtrain[wandb]'; WANDB_MODE=offline "
+        "logs locally)",
+        metavar="NAME",
+    )
+    wandb_run_name: str | None = setting(None, "the W&B run name (default: wandb's)", metavar="NAME")
+    jsonl_log: str | None = setting(
+        None,
+        'also append every logged line\'s stats to FILE as JSON lines ({"tag", "step", stat: value, ...})',
+        metavar="FILE",
+    )
 
 
 def numeric_stats(stats: Mapping[str, Any]) -> dict[str, float]:

@@ -38,8 +38,9 @@ from seqtrain import distributed
 from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
 from seqtrain.checkpoint.hub import resolve_model_path
+from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.checkpoint.train_state import TrainState
-from seqtrain.config import CheckpointConfig, from_args
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, file_kind, link_or_copy, loads_bounded
 
