@@ -64,6 +64,21 @@ class DeviceConfig:
     )
 
 
+BF16_MODES = ("autocast", "fairseq")
+
+
+@settings
+class Bf16ModeConfig:
+    """Common: how seqtrain-train runs --bf16 (seqtrain.train.precision; generation always casts the model)"""
+
+    bf16_mode: str = setting(
+        "autocast",
+        "with --bf16: autocast (fp32 weights, each matrix product cast to bf16), or fairseq (as fairseq's "
+        "--bf16: the model computes in bf16, the optimizer steps fp32 master weights, which checkpoints hold)",
+        choices=BF16_MODES,
+    )
+
+
 def set_cuda_kernels(tf32: bool | None, cudnn_attention: bool) -> None:
     """The CUDA kernel choices of a training or generation process (global torch settings):
     - `tf32`: fp32 matrix products on tensor cores (TF32, 10-bit mantissa), as fairseq users get by default on

@@ -22,7 +22,7 @@ from typing import Any
 
 from seqtrain import distributed
 from seqtrain.config import add_settings, int_list, setting, settings
-from seqtrain.cuda import DeviceConfig
+from seqtrain.cuda import Bf16ModeConfig, DeviceConfig
 from seqtrain.data import options as data_options
 from seqtrain.data.indexed_dataset import DataCheckConfig
 from seqtrain.errors import SeqtrainError
@@ -295,13 +295,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     model = models.add_args(parser)
     _retitle(model, "Model configuration")
     common = next(g for g in parser._action_groups if g.title == "Common")
-    common.add_argument(
-        "--bf16-mode",
-        choices=("autocast", "fairseq"),
-        default="autocast",
-        help="with --bf16: autocast (fp32 weights, each matrix product cast to bf16), or fairseq (as fairseq's "
-        "--bf16: the model computes in bf16, the optimizer steps fp32 master weights, which checkpoints hold)",
-    )
+    add_settings(parser, Bf16ModeConfig, group=common)
     model.add_argument(
         "--arch",
         "-a",

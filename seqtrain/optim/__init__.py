@@ -12,8 +12,8 @@ from seqtrain.optim.overrides import check_optimizer_overrides
 
 @settings
 class OptimizationConfig:
-    """Optimization: what one update is (accumulation, clipping, normalisation) and when training stops (the
-    Trainer's update and the training loop read them)"""
+    """Optimization: what one update is (accumulation, clipping; --sentence-avg is the criterion's) and when
+    training stops (the Trainer's update and the training loop read them)"""
 
     max_epoch: int = setting(0, "stop after this epoch (0: no limit)", type=int, metavar="N")
     max_update: int = setting(0, "stop after this many updates (0: no limit)", type=int, metavar="N")
@@ -21,10 +21,6 @@ class OptimizationConfig:
         0, "stop after this much cumulative training time (0: no limit)", type=float, metavar="H"
     )
     clip_norm: float = setting(0.0, "clip gradients to this L2 norm (0: off)", type=float, metavar="NORM")
-    # the criterion's --sentence-avg comes first in seqtrain-train's parser (same flag, the criterion owns it)
-    sentence_avg: bool = setting(
-        False, "normalize gradients by the number of sentences, not tokens", action="store_true"
-    )
     update_freq: list[int] = setting(
         [1],
         "accumulate gradients over N batches per update (a list gives one value per epoch)",

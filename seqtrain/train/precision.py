@@ -27,9 +27,8 @@ from typing import Any
 
 import torch
 
+from seqtrain.cuda import BF16_MODES
 from seqtrain.errors import SeqtrainError
-
-BF16_MODES = ("autocast", "fairseq")
 
 
 def bf16_mode(args: Any) -> str:
