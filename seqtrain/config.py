@@ -8,14 +8,16 @@ argparse's keywords (type, action, metavar, choices, nargs) and its range (`boun
 line and in --config files alike); `add_settings(parser, cls, title)` adds the flags as an argument group.
 
 `from_args(cls, args)` fills a dataclass's fields from the parsed flags of the same names; a flag the
-Namespace lacks (a library caller's hand-made Namespace) or leaves at None keeps the field's default.
+Namespace lacks (a library caller's hand-made Namespace) or leaves at None keeps the field's default. A field
+`x: Other = field(default_factory=Other)` nests another settings class, filled from the same flags: a component's
+config composes the groups it reads instead of repeating their fields.
 Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by seqtrain.flags.parsers when parsing.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass
 from typing import Any, NamedTuple, TypeVar
 
 from seqtrain import flag_bounds
@@ -92,6 +94,8 @@ def add_settings(
         if any(n in parser._option_string_actions for n in names):
             continue
         kwargs = dict(meta.kwargs)
+        if callable(kwargs.get("choices")):  # a registry's names, read when the parser is built (plugins)
+            kwargs["choices"] = kwargs["choices"]()
         if kwargs.get("action") not in ("store_true", "store_false", "help", "version"):
             kwargs.setdefault("default", field_default(f))
         group.add_argument(*names, dest=f.name, help=meta.help, **kwargs)
@@ -119,6 +123,9 @@ def int_list(value: Any) -> list[int]:
 def from_args(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
     values: dict[str, Any] = {}
     for f in fields(cls):  # type: ignore[arg-type]
+        if is_dataclass(f.default_factory):  # a nested settings class: read from the same flags
+            values[f.name] = from_args(f.default_factory, args)  # type: ignore[arg-type]
+            continue
         value = getattr(args, f.name, None)
         if value is not None:
             values[f.name] = value

@@ -66,10 +66,6 @@ BOUNDS: dict[str, Bounds] = {
     "attention_dropout": PROBABILITY,
     "activation_dropout": PROBABILITY,
     "relu_dropout": PROBABILITY,
-    "label_smoothing": PROBABILITY,
-    "loss_chunk_mb": Bounds(0, 1 << 20, lo_open=True),
-    "distill_temperature": Bounds(0, 1000, lo_open=True),
-    "distill_alpha": PROBABILITY,
     # optimizers and schedulers
     "lr": Bounds(0, 1000),  # 0: weights stay as loaded (checks of loading and resuming)
     "max_lr": Bounds(0, 1000, lo_open=True),
