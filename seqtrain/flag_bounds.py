@@ -34,12 +34,6 @@ BOUNDS: dict[str, Bounds] = {
     "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
     "eval_rouge_bootstrap": Bounds(0, 1_000_000),  # --eval-rouge's resamples (0: off)
     "num_workers": Bounds(0, 1024),  # data loading
-    # fp16 loss scaling
-    "fp16_init_scale": Bounds(1, 2**24),
-    "fp16_scale_window": POSITIVE_INT,
-    "fp16_scale_tolerance": PROBABILITY,
-    "min_loss_scale": POSITIVE_FLOAT,
-    "threshold_loss_scale": POSITIVE_FLOAT,
     # dataset and batching
     "max_tokens": POSITIVE_INT,
     "batch_size": POSITIVE_INT,
