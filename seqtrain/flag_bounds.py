@@ -43,8 +43,6 @@ BOUNDS: dict[str, Bounds] = {
     "lora_dropout": PROBABILITY,
     "lora_alpha": POSITIVE_FLOAT,
     "lora_rank": Bounds(0, 65536),  # 0: off; at most the widest --*-embed-dim (apply_lora: the model's own)
-    "total_num_update": POSITIVE_INT,
-    "force_anneal": POSITIVE_INT,
     # model
     "encoder_layers": Bounds(1, 1024),
     "decoder_layers": Bounds(1, 1024),
@@ -60,22 +58,6 @@ BOUNDS: dict[str, Bounds] = {
     "attention_dropout": PROBABILITY,
     "activation_dropout": PROBABILITY,
     "relu_dropout": PROBABILITY,
-    # optimizers and schedulers
-    "lr": Bounds(0, 1000),  # 0: weights stay as loaded (checks of loading and resuming)
-    "max_lr": Bounds(0, 1000, lo_open=True),
-    "end_learning_rate": Bounds(0, 1000),
-    "min_lr": Bounds(0, 1000),
-    "warmup_init_lr": Bounds(0, 1000, off=-1),
-    "adam_eps": Bounds(0, 1, lo_open=True),
-    "weight_decay": Bounds(0, 1000),
-    "momentum": PROBABILITY,
-    "beta1": PROBABILITY,
-    "decay_rate": Bounds(-1, 0),
-    "clip_threshold": POSITIVE_FLOAT,
-    "lr_shrink": Bounds(0, 1, lo_open=True),
-    "lr_period_updates": Bounds(0, FLOAT_MAX, lo_open=True, off=-1),
-    "t_mult": POSITIVE_FLOAT,
-    "power": POSITIVE_FLOAT,
     # generation
     "num_shards": Bounds(1, 65536),
     "shard_id": Bounds(0, 65535),
