@@ -33,13 +33,7 @@ BOUNDS: dict[str, Bounds] = {
     # scoring and evaluation
     "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
     "eval_rouge_bootstrap": Bounds(0, 1_000_000),  # --eval-rouge's resamples (0: off)
-    "num_workers": Bounds(0, 1024),  # data loading
-    # dataset and batching
-    "max_tokens": POSITIVE_INT,
-    "batch_size": POSITIVE_INT,
-    "max_tokens_valid": POSITIVE_INT,
-    "batch_size_valid": POSITIVE_INT,
-    "required_batch_size_multiple": POSITIVE_INT,
+    # LoRA
     "lora_dropout": PROBABILITY,
     "lora_alpha": POSITIVE_FLOAT,
     "lora_rank": Bounds(0, 65536),  # 0: off; at most the widest --*-embed-dim (apply_lora: the model's own)
