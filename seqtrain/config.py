@@ -98,7 +98,9 @@ def add_settings(
             kwargs["choices"] = kwargs["choices"]()
         if kwargs.get("action") not in ("store_true", "store_false", "help", "version"):
             kwargs.setdefault("default", field_default(f))
-        group.add_argument(*names, dest=f.name, help=meta.help, **kwargs)
+        if names[0].startswith("-"):  # (a positional argument's dest is its name: the field's)
+            kwargs["dest"] = f.name
+        group.add_argument(*names, help=meta.help, **kwargs)
     return group
 
 

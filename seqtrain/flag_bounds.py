@@ -67,19 +67,6 @@ BOUNDS: dict[str, Bounds] = {
     "sampling_topp": Bounds(0, 1, lo_open=True, off=-1),
     "diverse_beam_groups": Bounds(1, 10000, off=-1),
     "diverse_beam_strength": Bounds(-1000, 1000),
-    # the denoising task (BART pretraining)
-    "tokens_per_sample": Bounds(3, 1 << 20),  # <s>, one token, </s>
-    "mask": PROBABILITY,
-    "mask_random": PROBABILITY,
-    "insert": PROBABILITY,
-    "permute": PROBABILITY,
-    "rotate": PROBABILITY,
-    # fairseq's span distribution keeps P(k) up to the first below 1e-7: above -ln(1e-7) = 16.1 that is P(0)
-    # alone (every span empty), and from ~100 P(0) underflows to 0 (torch: invalid multinomial distribution)
-    "poisson_lambda": Bounds(0, 16, lo_open=True),
-    "permute_sentences": Bounds(0, 1, off=-1),
-    "replace_length": Bounds(-1, 1),
-    "shuffle_instance": PROBABILITY,
     # preprocess
     "workers": Bounds(1, 1024),
     "nwordssrc": Bounds(1, INT_MAX, off=-1),
