@@ -41,12 +41,16 @@ def setting(
     *,
     flags: tuple[str, ...] | str = (),
     bounds: flag_bounds.Bounds | None = None,
+    flag_default: Any = MISSING,
     **kwargs: Any,
 ) -> Any:
     """A dataclass field that is also a flag. A list default is copied per instance (default_factory).
-    `kwargs` go to add_argument as they are; a `default` among them is the flag's default where it differs from
-    the field's (argparse.SUPPRESS, or a flag whose parsed value is None until a later stage fills it)."""
+    `kwargs` go to add_argument as they are; `flag_default` is the flag's default where it differs from the
+    field's (argparse.SUPPRESS, or a flag whose parsed value is None until a later stage fills it: the model's
+    flags, which the --arch preset fills)."""
     names = (flags,) if isinstance(flags, str) else tuple(flags)
+    if flag_default is not MISSING:  # (`default` names the field's default: the flag's comes by this name)
+        kwargs["default"] = flag_default
     metadata = {"flag": Flag(names, help, kwargs), "bounds": bounds}
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)

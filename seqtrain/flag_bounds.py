@@ -33,25 +33,6 @@ BOUNDS: dict[str, Bounds] = {
     # scoring and evaluation
     "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
     "eval_rouge_bootstrap": Bounds(0, 1_000_000),  # --eval-rouge's resamples (0: off)
-    # LoRA
-    "lora_dropout": PROBABILITY,
-    "lora_alpha": POSITIVE_FLOAT,
-    "lora_rank": Bounds(0, 65536),  # 0: off; at most the widest --*-embed-dim (apply_lora: the model's own)
-    # model
-    "encoder_layers": Bounds(1, 1024),
-    "decoder_layers": Bounds(1, 1024),
-    "encoder_attention_heads": Bounds(1, 1024),
-    "decoder_attention_heads": Bounds(1, 1024),
-    "encoder_embed_dim": Bounds(1, 65536),
-    "decoder_embed_dim": Bounds(1, 65536),
-    "encoder_ffn_embed_dim": Bounds(1, 262144),
-    "decoder_ffn_embed_dim": Bounds(1, 262144),
-    "max_source_positions": Bounds(1, 1 << 20),
-    "max_target_positions": Bounds(1, 1 << 20),
-    "dropout": PROBABILITY,
-    "attention_dropout": PROBABILITY,
-    "activation_dropout": PROBABILITY,
-    "relu_dropout": PROBABILITY,
     # generation
     "num_shards": Bounds(1, 65536),
     "shard_id": Bounds(0, 65535),
