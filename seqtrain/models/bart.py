@@ -664,13 +664,12 @@ def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTM
         )
     cfg = BartConfig.from_args(args, len(src_dict), None if args.share_all_embeddings else len(tgt_dict))
     model = BARTModel(cfg, padding_idx=pad)
-    if getattr(args, "lora_rank", None):
-        alpha = getattr(args, "lora_alpha", None)
+    if cfg.lora_rank:
         apply_lora(
             model,
-            args.lora_rank,
-            16.0 if alpha is None else alpha,
-            getattr(args, "lora_dropout", None) or 0.0,
-            parse_targets(getattr(args, "lora_modules", None)),
+            cfg.lora_rank,
+            16.0 if cfg.lora_alpha is None else cfg.lora_alpha,
+            cfg.lora_dropout or 0.0,
+            parse_targets(cfg.lora_modules),
         )
     return model

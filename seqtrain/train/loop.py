@@ -32,6 +32,8 @@ import torch
 
 from seqtrain import distributed
 from seqtrain.checkpoint.formats import read_checkpoint
+from seqtrain.checkpoint.options import CheckpointConfig
+from seqtrain.config import from_args
 from seqtrain.cuda import set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
@@ -52,7 +54,7 @@ from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain.train.savedir_lock import save_dir_lock
 from seqtrain.train.stop_signals import GracefulStop
-from seqtrain.train.trainer import Trainer, rng_state, set_rng_state
+from seqtrain.train.trainer import Trainer, TrainerConfig, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
 
@@ -207,7 +209,7 @@ def _train(args: argparse.Namespace) -> int:
     logger.info(f"model: {model_summary(model, task)}")  # one line of sizes, not the module tree
     logger.info(f"criterion: {type(criterion).__name__}")
 
-    trainer = Trainer(args, task, model, criterion)
+    trainer = Trainer(TrainerConfig.from_args(args), task, model, criterion, args)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
     threads = host_cpu.fit_threads(trainer.device.type, local_ranks(args))
     if threads:
@@ -245,7 +247,7 @@ def _train(args: argparse.Namespace) -> int:
             split=split,
         )
 
-    manager = CheckpointManager(args, config)
+    manager = CheckpointManager(from_args(CheckpointConfig, args), config)
     resumed, epoch_itr = manager.restore(trainer, get_train_iterator)
     if trainer.save_adapters_only and trainer.lora_base is None:
         raise SeqtrainError(

@@ -135,11 +135,27 @@ class TrainerConfig:
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any):
-        """`args`: the parsed flags; the Trainer's own come from TrainerConfig, the optimizer's, scheduler's,
-        loss scaler's and DDP/FSDP's from their builders, and the whole Namespace goes into checkpoints."""
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any
+    ) -> Trainer:
+        """The Trainer of parsed flags (scripts and tests; the training loop builds its TrainerConfig itself)."""
+        return cls(TrainerConfig.from_args(args), task, model, criterion, args)
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        task: Any,
+        model: torch.nn.Module,
+        criterion: Any,
+        args: argparse.Namespace,
+    ):
+        """`cfg`: the Trainer's settings (TrainerConfig.from_args, once, by the training loop). `args`: the run's
+        parsed flags, kept only for what takes the Namespace as it is: the checkpoints' fairseq-style `args`,
+        the registered optimizer and lr-scheduler builders (their interface, --user-dir plugins included), and
+        --max-tokens auto's budget, which the loop's batching reads from it."""
         self.args = args
-        self.cfg = cfg = TrainerConfig.from_args(args)
+        self.cfg = cfg
         self.task = task
         self.criterion = criterion
         dev = cfg.device
