@@ -32,7 +32,6 @@ BOUNDS: dict[str, Bounds] = {
     # (the ranges of settings classes are declared with their fields: seqtrain.config.setting's bounds=)
     # scoring and evaluation
     "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
-    "eval_rouge_bootstrap": Bounds(0, 1_000_000),  # --eval-rouge's resamples (0: off)
     # generation
     "num_shards": Bounds(1, 65536),
     "shard_id": Bounds(0, 65535),

@@ -295,7 +295,7 @@ class TrainLoop:
         self.stop = GracefulStop()
         self.rouge: Any | None = None
         if args.eval_rouge:
-            self.rouge = RougeValidator(args, task)
+            self.rouge = RougeValidator.from_args(args, task)
         self.eta = Eta(trainer.get_num_updates())
         self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
 
