@@ -34,7 +34,7 @@ from seqtrain import distributed
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.config import from_args
-from seqtrain.cuda import set_deterministic
+from seqtrain.cuda import DeviceConfig, set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
@@ -150,7 +150,7 @@ def train(args: argparse.Namespace) -> int:
     """Train with the parsed flags (seqtrain.flags.parsers.parse_train_args) on one process or one per rank; returns
     the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.train.stop_signals). User errors raise
     SeqtrainError."""
-    if getattr(args, "deterministic", False):
+    if from_args(DeviceConfig, args).deterministic:
         # before any rank starts: spawned ranks inherit CUBLAS_WORKSPACE_CONFIG from this process's
         # environment (the Trainer sets torch's own settings again in each rank)
         set_deterministic()
@@ -214,7 +214,7 @@ def _train(args: argparse.Namespace) -> int:
     threads = host_cpu.fit_threads(trainer.device.type, local_ranks(args))
     if threads:
         logger.info(threads)
-    bf16_warning = host_cpu.bf16_cpu_warning(bool(getattr(args, "bf16", False)), trainer.device.type)
+    bf16_warning = host_cpu.bf16_cpu_warning(trainer.cfg.device.bf16, trainer.device.type)
     if bf16_warning:
         logger.warning(bf16_warning)
     world = args.distributed_world_size
@@ -254,7 +254,7 @@ def _train(args: argparse.Namespace) -> int:
             "--save-adapters-only: adapters need a base model file to be saved against; start from one with "
             "--finetune-from-model PATH"
         )
-    seed = getattr(args, "ema_seed_model", None)
+    seed = trainer.cfg.ema.ema_seed_model
     if seed and resumed is None:  # a first launch: the EMA starts from --ema-seed-model's
         if not os.path.exists(seed):
             raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
