@@ -46,7 +46,8 @@ from seqtrain.flags.parsers import resolved_train_config
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
-from seqtrain.logging.trackers import Tracker, make_trackers
+from seqtrain.logging.progress import LoggingConfig
+from seqtrain.logging.trackers import Tracker, TrackingConfig, make_trackers
 from seqtrain.tasks import setup_task
 from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
@@ -259,7 +260,13 @@ def _train(args: argparse.Namespace) -> int:
         if not os.path.exists(seed):
             raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
         trainer.seed_ema(read_checkpoint(seed, unsafe=args.unsafe_load, require_dict=False), seed)
-    tracker = make_trackers(args) if is_master(args) else None
+    tracker = None
+    if is_master(args):
+        tracking = from_args(TrackingConfig, args)
+        run_dir = None if manager.cfg.no_save else manager.cfg.save_dir
+        tracker = make_trackers(
+            tracking, from_args(LoggingConfig, args).tensorboard_logdir, run_dir, vars(args)
+        )
     loop = TrainLoop(args, trainer, task, manager, tracker)
     try:
         with loop.stop:
