@@ -7,10 +7,76 @@ import re
 
 import torch
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import Bounds
 
 CUBLAS_VAR = "CUBLAS_WORKSPACE_CONFIG"
 CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the values torch accepts (cuBLAS reproducibility docs)
+
+
+@settings
+class DeviceConfig:
+    """Common: the device, precision and kernels of a training or generation process (and its seed)"""
+
+    seed: int = setting(1, "random seed (default: 1)", type=int, metavar="N", bounds=Bounds(0, 2**32 - 1))
+    cpu: bool = setting(False, "use the CPU even when CUDA is available", action="store_true")
+    fp16: bool = setting(False, "fp16 autocast with dynamic loss scaling (CUDA)", action="store_true")
+    bf16: bool = setting(
+        False,
+        "bf16, no loss scaling (CUDA or CPU). Training: autocast over fp32 weights, or with --bf16-mode "
+        "fairseq as fairseq's --bf16 (a bf16 model over fp32 master weights); generation: the model cast to bf16",
+        action="store_true",
+    )
+    memory_efficient_fp16: bool = setting(
+        False,
+        "accepted for fairseq command lines; implies --fp16 (seqtrain always keeps fp32 master weights "
+        "and optimizer state, with fp16 autocast)",
+        action="store_true",
+    )
+    memory_efficient_bf16: bool = setting(
+        False, "accepted for fairseq command lines; implies --bf16", action="store_true"
+    )
+    compile: bool = setting(
+        False,
+        "torch.compile each encoder and decoder layer of the packed training path (CPU or CUDA; "
+        "the criterion, the optimizer and generation stay eager)",
+        action="store_true",
+    )
+    no_tf32: bool = setting(
+        False,
+        "keep fp32 matrix products in full fp32 on CUDA (default: TF32 tensor cores, as on Ampere+)",
+        action="store_true",
+    )
+    cudnn_attention: bool = setting(
+        False,
+        "let attention use cuDNN's kernel on CUDA (default: off; it builds a plan, 0.1-0.4 s, for every "
+        "new batch shape)",
+        action="store_true",
+    )
+    deterministic: bool = setting(
+        False,
+        "deterministic kernels (torch.use_deterministic_algorithms without warn_only, cuDNN "
+        "deterministic, CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset): two runs from the same state are "
+        "bitwise equal on a GPU too, at a cost (docs/training.md); an operator without a deterministic "
+        "kernel stops the run",
+        action="store_true",
+    )
+
+
+BF16_MODES = ("autocast", "fairseq")
+
+
+@settings
+class Bf16ModeConfig:
+    """Common: how seqtrain-train runs --bf16 (seqtrain.train.precision; generation always casts the model)"""
+
+    bf16_mode: str = setting(
+        "autocast",
+        "with --bf16: autocast (fp32 weights, each matrix product cast to bf16), or fairseq (as fairseq's "
+        "--bf16: the model computes in bf16, the optimizer steps fp32 master weights, which checkpoints hold)",
+        choices=BF16_MODES,
+    )
 
 
 def set_cuda_kernels(tf32: bool | None, cudnn_attention: bool) -> None:

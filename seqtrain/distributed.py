@@ -45,7 +45,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,8 +52,9 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 from torch.nn.parallel import DistributedDataParallel
 
-from seqtrain.config import from_args
+from seqtrain.config import from_args, setting, settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import Bounds
 from seqtrain.slurm import slurm_task
 
 logger = logging.getLogger(__name__)
@@ -65,19 +65,49 @@ PEER_LOSS_DELAY_S = 2.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-@dataclass
+@settings
 class LaunchConfig:
-    """How the ranks are started and joined (the --distributed-* flags, --device-id, --cpu)."""
+    """Distributed training: how the ranks are started and joined (the --distributed-* flags, --device-id;
+    --cpu is the common flag's)"""
 
-    distributed_world_size: int = 1
-    distributed_rank: int = 0
-    device_id: int = 0
-    distributed_backend: str | None = None
-    distributed_init_method: str | None = None
-    distributed_port: int = -1
-    distributed_no_spawn: bool = False
-    distributed_timeout: float = 1800
-    cpu: bool = False
+    distributed_world_size: int = setting(
+        1,
+        "total number of processes (GPUs) across all nodes",
+        type=int,
+        metavar="N",
+        bounds=Bounds(1, 65536),
+    )
+    distributed_rank: int = setting(0, "rank of this process", type=int, metavar="N", bounds=Bounds(0, 65535))
+    distributed_backend: str | None = setting(
+        None, "torch.distributed backend (default: nccl on CUDA, gloo on the CPU)", metavar="NAME"
+    )
+    distributed_timeout: float = setting(
+        1800,
+        "a collective waiting longer than this on another rank fails (instead of hanging)",
+        type=float,
+        metavar="SECONDS",
+        bounds=Bounds(0, 1e7, lo_open=True),
+    )
+    distributed_init_method: str | None = setting(
+        None, "init method, e.g. tcp://host:port (default: from torchrun's environment)", metavar="URL"
+    )
+    distributed_port: int = setting(
+        -1, "port for the init method", type=int, metavar="N", bounds=Bounds(1, 65535, off=-1)
+    )
+    device_id: int = setting(
+        0,
+        "which local GPU to use",
+        flags=("--device-id", "--local_rank"),
+        type=int,
+        metavar="N",
+        bounds=Bounds(0, 65535),
+    )
+    distributed_no_spawn: bool = setting(
+        False,
+        "do not spawn one process per GPU (processes are launched externally, e.g. by torchrun)",
+        action="store_true",
+    )
+    cpu: bool = False  # DeviceConfig's --cpu
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
@@ -88,13 +118,19 @@ class LaunchConfig:
         return torch.cuda.is_available() and not self.cpu
 
 
-@dataclass
+@settings
 class DataParallelConfig:
-    """How the model is wrapped when there are several ranks (--ddp-backend and its DDP settings)."""
+    """Distributed training: how the model is wrapped when there are several ranks (--ddp-backend and its DDP
+    settings)"""
 
-    ddp_backend: str = "pytorch_ddp"
-    bucket_cap_mb: int = 25
-    find_unused_parameters: bool = False
+    ddp_backend: str = setting(
+        "pytorch_ddp",
+        "data-parallel wrapper: DistributedDataParallel (pytorch_ddp, c10d, legacy_ddp, no_c10d are one) or "
+        "fully_sharded (FSDP2: parameters, gradients and optimizer state sharded over ranks)",
+        choices=("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded"),
+    )
+    bucket_cap_mb: int = setting(25, "DDP bucket size", type=int, metavar="MB", bounds=Bounds(1, 65536))
+    find_unused_parameters: bool = setting(False, "DDP find_unused_parameters", action="store_true")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DataParallelConfig:

@@ -286,7 +286,7 @@ def build(
     task = setup_task(targs)
     torch.manual_seed(1)
     model = task.build_model(targs)
-    trainer = Trainer(targs, task, model, task.build_criterion(targs))
+    trainer = Trainer.from_args(targs, task, model, task.build_criterion(targs))
     config = args_to_hf_config(targs, len(task.tgt_dict))
     config.pop("architectures", None)
     config.pop("model_type", None)

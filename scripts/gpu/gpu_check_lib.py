@@ -62,7 +62,7 @@ def make_trainer(
     task = TranslationTask(targs, d, d)
     torch.manual_seed(1)
     model = task.build_model(targs)
-    return Trainer(targs, task, model, task.build_criterion(targs)), task
+    return Trainer.from_args(targs, task, model, task.build_criterion(targs)), task
 
 
 def make_pairs(

@@ -9,6 +9,7 @@
     formats.py   which format a path is, `read_checkpoint` for any of them, `EXPORTERS` for each
     load.py      a model from any checkpoint (`load_model`, `LoadedModel`)
     convert.py   seqtrain-convert: any format into any other
+    options.py   the Checkpoint flags of a training run (CheckpointConfig)
 
 Every reader ends in `CheckpointContents` (fairseq's arg and parameter names, the dictionaries when known).
 """

@@ -20,6 +20,7 @@ import torch
 
 from seqtrain.checkpoint.train_state import EXTRA_STATE, SCALAR_KINDS, TrainState
 from seqtrain.data.dictionary import parse_langs
+from seqtrain.distributed import LaunchConfig  # noqa: F401 (registers its fields' ranges, read below)
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import BOUNDS, bounds_for, check_value, describe
 from seqtrain.models.lora import LORA_TARGETS, is_lora_key
@@ -40,12 +41,13 @@ _SHAPES = {
 
 
 # The other model args a reader uses (the model builder's BartConfig fields, LoRA's, the task's langs, resume's
-# world size), by the kind each must have; numbers must also lie in their flag's range (seqtrain.flag_bounds).
+# world size), by the kind each must have; numbers must also lie in their flag's range (seqtrain.flag_bounds: the
+# ranges that settings classes declare are registered when their module is imported, hence LaunchConfig's import).
 ARG_KINDS: dict[str, type] = {
     **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout", "relu_dropout"), float),
     **dict.fromkeys(("lora_alpha", "lora_dropout"), float),
     "lora_rank": int,
-    "distributed_world_size": int,
+    "distributed_world_size": int,  # its range: LaunchConfig's field
     **dict.fromkeys(
         (
             "share_all_embeddings",

@@ -10,14 +10,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from seqtrain.config import add_settings
+from seqtrain.config import from_args as read_settings
 from seqtrain.criterions import distillation
 from seqtrain.criterions.cross_entropy import (
+    CriterionConfig,
     CrossEntropyCriterion,
     get_perplexity,
     smoothed_nll_loss,
 )
-from seqtrain.criterions.cross_entropy import add_args as _add_common_args
-from seqtrain.criterions.distillation import LabelSmoothedCrossEntropyWithDistillationCriterion
+from seqtrain.criterions.distillation import (
+    DistillationConfig,
+    LabelSmoothedCrossEntropyWithDistillationCriterion,
+)
 from seqtrain.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import CRITERIONS
@@ -25,14 +30,14 @@ from seqtrain.registry import CRITERIONS
 
 def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """Flags of the criteria (fairseq names, then distillation's); flags already on the parser are skipped."""
-    group = _add_common_args(parser)
-    distillation.add_args(parser, group)
+    group = add_settings(parser, CriterionConfig, "criterion")
+    add_settings(parser, DistillationConfig, group=group)
     return group
 
 
 def build_criterion(args: Any, task_or_padding_idx: Any) -> CrossEntropyCriterion:
-    """Build `args.criterion`; the second argument is a task (its target dictionary gives the pad index), a
-    Dictionary, or the pad index itself."""
+    """Build `args.criterion` from its settings class (its `config`); the second argument is a task (its target
+    dictionary gives the pad index), a Dictionary, or the pad index itself."""
     if isinstance(task_or_padding_idx, int):
         pad = task_or_padding_idx
     else:
@@ -42,21 +47,25 @@ def build_criterion(args: Any, task_or_padding_idx: Any) -> CrossEntropyCriterio
                 obj = getattr(obj, attr)
                 break
         pad = obj.pad()
-    name = getattr(args, "criterion", None) or "cross_entropy"
+    cfg = read_settings(DistillationConfig, args)  # every criterion flag (the criteria's settings extend it)
+    name = cfg.criterion
     if name not in CRITERIONS:
         raise SeqtrainError(
             f"--criterion: unknown criterion {name!r}; choose from: {', '.join(CRITERIONS.names())}"
         )
-    if getattr(args, "teacher_path", None) and name != distillation.NAME:
+    if cfg.teacher_path and name != distillation.NAME:
         raise SeqtrainError(f"--teacher-path is read only by --criterion {distillation.NAME}, not {name}")
     cls = CRITERIONS.get(name)
-    if hasattr(cls, "from_task") and not isinstance(task_or_padding_idx, int):
-        return cls.from_task(args, task_or_padding_idx)  # it checks the task's dictionaries too
-    return cls.from_args(args, pad)
+    if not hasattr(cls, "from_config"):  # a --user-dir plugin built from the flags themselves
+        return cls.from_args(args, pad)
+    # the distillation criterion loads its teacher through the task and checks the task's dictionaries
+    return cls.from_config(read_settings(cls.config, args), task_or_padding_idx if cls.needs_task else pad)
 
 
 __all__ = [
+    "CriterionConfig",
     "CrossEntropyCriterion",
+    "DistillationConfig",
     "LabelSmoothedCrossEntropyCriterion",
     "LabelSmoothedCrossEntropyWithDistillationCriterion",
     "add_args",

@@ -17,61 +17,48 @@ full logits from `model(**net_input)`. Nothing here forces a host-device sync.
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from seqtrain.config import from_args as read_settings
+from seqtrain.config import setting, settings
 from seqtrain.criterions.projected_loss import projected_nll_loss
+from seqtrain.flag_bounds import PROBABILITY, Bounds
 from seqtrain.registry import CRITERIONS
 
 
-def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """Flags of the criteria (fairseq names); flags already on the parser are skipped."""
-    group = parser.add_argument_group("criterion")
-    existing = parser._option_string_actions
-    specs = [
-        (
-            ("--criterion",),
-            dict(
-                default="cross_entropy",
-                choices=CRITERIONS.names(),  # a --user-dir plugin's are registered by now
-                help="training criterion",
-            ),
-        ),
-        (
-            ("--label-smoothing",),
-            dict(
-                type=float,
-                default=0.0,
-                metavar="D",
-                help="epsilon for label smoothing, 0 means no label smoothing",
-            ),
-        ),
-        (("--report-accuracy",), dict(action="store_true", help="report token accuracy")),
-        (("--ignore-prefix-size",), dict(type=int, default=0, help="ignore the first N target tokens")),
-        (
-            ("--sentence-avg",),
-            dict(action="store_true", help="normalize gradients by the number of sentences, not tokens"),
-        ),
-        (
-            ("--loss-chunk-mb",),
-            dict(
-                type=float,
-                default=None,
-                metavar="MB",
-                help="memory for the loss's logits, per chunk of target rows (default: 256 on a CPU, 1024 on "
-                "CUDA); the chunking follows from the shapes and this budget only, so a resumed run sums as the "
-                "unbroken one",
-            ),
-        ),
-    ]
-    for flags, kw in specs:
-        if not any(f in existing for f in flags):
-            group.add_argument(*flags, **kw)
-    return group
+@settings
+class CriterionConfig:
+    """criterion: the settings every criterion reads (fairseq's names); a criterion class names its settings
+    class in its `config` attribute, and builds from it (`from_config`)"""
+
+    criterion: str = setting(
+        "cross_entropy", "training criterion", choices=CRITERIONS.names
+    )  # a --user-dir plugin's are registered by the time the parser is built
+    label_smoothing: float = setting(
+        0.0,
+        "epsilon for label smoothing, 0 means no label smoothing",
+        type=float,
+        metavar="D",
+        bounds=PROBABILITY,
+    )
+    report_accuracy: bool = setting(False, "report token accuracy", action="store_true")
+    ignore_prefix_size: int = setting(0, "ignore the first N target tokens", type=int)
+    sentence_avg: bool = setting(
+        False, "normalize gradients by the number of sentences, not tokens", action="store_true"
+    )
+    loss_chunk_mb: float | None = setting(
+        None,
+        "memory for the loss's logits, per chunk of target rows (default: 256 on a CPU, 1024 on "
+        "CUDA); the chunking follows from the shapes and this budget only, so a resumed run sums as the "
+        "unbroken one",
+        type=float,
+        metavar="MB",
+        bounds=Bounds(0, 1 << 20, lo_open=True),
+    )
 
 
 class _SmoothedNLL(torch.autograd.Function):
@@ -247,15 +234,23 @@ class CrossEntropyCriterion:
         # the projected loss makes its gradients in the forward pass and applies it before their fp16 casts.
         self.loss_scale = 1.0
 
+    config: type = CriterionConfig  # the settings it is built from (fairseq registers a dataclass likewise)
+    needs_task = False  # from_config takes the padding index (True: the task)
+
     @classmethod
-    def from_args(cls, args: Any, padding_idx: int) -> CrossEntropyCriterion:
+    def from_config(cls, cfg: CriterionConfig, padding_idx: int) -> CrossEntropyCriterion:
         return cls(
             padding_idx,
-            sentence_avg=bool(getattr(args, "sentence_avg", False)),
-            report_accuracy=bool(getattr(args, "report_accuracy", False)),
-            ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
-            loss_chunk_mb=getattr(args, "loss_chunk_mb", None),
+            sentence_avg=cfg.sentence_avg,
+            report_accuracy=cfg.report_accuracy,
+            ignore_prefix_size=cfg.ignore_prefix_size,
+            loss_chunk_mb=cfg.loss_chunk_mb,
         )
+
+    @classmethod
+    def from_args(cls, args: Any, padding_idx: int) -> CrossEntropyCriterion:
+        """The criterion of parsed flags (a library caller's Namespace may lack some: defaults fill them)."""
+        return cls.from_config(read_settings(cls.config, args), padding_idx)
 
     def __call__(
         self, model: Any, sample: dict[str, Any], reduce: bool = True

@@ -23,7 +23,6 @@ not use the projected loss's chunking: its memory is 2 x N x V for N target toke
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 from typing import Any
@@ -31,7 +30,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqtrain.config import setting, settings
 from seqtrain.criterions.cross_entropy import (
+    CriterionConfig,
     CrossEntropyCriterion,
     _output_layer,
     _sum,
@@ -43,40 +44,31 @@ from seqtrain.criterions.cross_entropy import (
 )
 from seqtrain.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import PROBABILITY, Bounds
 from seqtrain.registry import CRITERIONS
 
 NAME = "label_smoothed_cross_entropy_with_distillation"
 
 
-def add_args(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> None:
-    existing = parser._option_string_actions
-    specs = [
-        (
-            "--teacher-path",
-            dict(default=None, metavar="CKPT", help=f"the teacher checkpoint of --criterion {NAME}"),
-        ),
-        (
-            "--distill-temperature",
-            dict(
-                type=float,
-                default=2.0,
-                metavar="T",
-                help="softmax temperature of teacher and student in the KD term (DistilBART: 2)",
-            ),
-        ),
-        (
-            "--distill-alpha",
-            dict(
-                type=float,
-                default=0.8,
-                metavar="A",
-                help="weight of the KD term; the label-smoothed loss gets 1 - A (DistilBART: 0.8)",
-            ),
-        ),
-    ]
-    for flag, kw in specs:
-        if flag not in existing:
-            group.add_argument(flag, **kw)
+@settings
+class DistillationConfig(CriterionConfig):
+    """criterion: the settings of --criterion label_smoothed_cross_entropy_with_distillation (the teacher)"""
+
+    teacher_path: str | None = setting(None, f"the teacher checkpoint of --criterion {NAME}", metavar="CKPT")
+    distill_temperature: float = setting(
+        2.0,
+        "softmax temperature of teacher and student in the KD term (DistilBART: 2)",
+        type=float,
+        metavar="T",
+        bounds=Bounds(0, 1000, lo_open=True),
+    )
+    distill_alpha: float = setting(
+        0.8,
+        "weight of the KD term; the label-smoothed loss gets 1 - A (DistilBART: 0.8)",
+        type=float,
+        metavar="A",
+        bounds=PROBABILITY,
+    )
 
 
 def distillation_kl(student_logits: Tensor, teacher_logits: Tensor, temperature: float) -> Tensor:
@@ -125,14 +117,15 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         self.temperature = float(distill_temperature)
         self.alpha = float(distill_alpha)
 
-    @classmethod
-    def from_args(cls, args: Any, padding_idx: int) -> LabelSmoothedCrossEntropyWithDistillationCriterion:
-        return cls.from_task(args, padding_idx)
+    config: type = DistillationConfig
+    needs_task = True
 
     @classmethod
-    def from_task(cls, args: Any, task: Any) -> LabelSmoothedCrossEntropyWithDistillationCriterion:
+    def from_config(
+        cls, cfg: DistillationConfig, task: Any
+    ) -> LabelSmoothedCrossEntropyWithDistillationCriterion:
         """Load --teacher-path and check its dictionaries against the task's data-bin (when given a task)."""
-        path = getattr(args, "teacher_path", None)
+        path = cfg.teacher_path
         if not path:
             raise SeqtrainError(f"--criterion {NAME} needs --teacher-path CKPT (the teacher's checkpoint)")
         if not os.path.exists(path):
@@ -140,26 +133,23 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         if not hasattr(task, "load_teacher"):  # criteria sit below the checkpoint readers: the task loads it
             raise SeqtrainError(f"--criterion {NAME}: build it from a task (task.build_criterion(args))")
         teacher = task.load_teacher(path)
-        if isinstance(task, int):
-            pad = task
-        else:
-            pad = task.target_dictionary.pad() if hasattr(task, "target_dictionary") else task.tgt_dict.pad()
-            data = str(getattr(task.args, "data", "")).split(":")[0]
-            for side, ours, theirs in (
-                ("source", getattr(task, "src_dict", None), teacher.src_dict),
-                ("target", getattr(task, "tgt_dict", None), teacher.tgt_dict),
-            ):
-                lang = getattr(task.args, f"{side}_lang", None)
-                _check_dictionary(theirs, ours, path, os.path.join(data, f"dict.{lang}.txt"))
+        pad = task.target_dictionary.pad() if hasattr(task, "target_dictionary") else task.tgt_dict.pad()
+        data = str(getattr(task.args, "data", "")).split(":")[0]
+        for side, ours, theirs in (
+            ("source", getattr(task, "src_dict", None), teacher.src_dict),
+            ("target", getattr(task, "tgt_dict", None), teacher.tgt_dict),
+        ):
+            lang = getattr(task.args, f"{side}_lang", None)
+            _check_dictionary(theirs, ours, path, os.path.join(data, f"dict.{lang}.txt"))
         return cls(
             pad,
             teacher.model,
-            distill_temperature=float(getattr(args, "distill_temperature", 2.0)),
-            distill_alpha=float(getattr(args, "distill_alpha", 0.8)),
-            label_smoothing=float(getattr(args, "label_smoothing", 0.0) or 0.0),
-            sentence_avg=bool(getattr(args, "sentence_avg", False)),
-            report_accuracy=bool(getattr(args, "report_accuracy", False)),
-            ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
+            distill_temperature=cfg.distill_temperature,
+            distill_alpha=cfg.distill_alpha,
+            label_smoothing=cfg.label_smoothing,
+            sentence_avg=cfg.sentence_avg,
+            report_accuracy=cfg.report_accuracy,
+            ignore_prefix_size=cfg.ignore_prefix_size,
         )
 
     def to(self, device: Any) -> LabelSmoothedCrossEntropyWithDistillationCriterion:

@@ -9,9 +9,7 @@ negative log-likelihood. The computation is the shared fast path in cross_entrop
 
 from __future__ import annotations
 
-from typing import Any
-
-from seqtrain.criterions.cross_entropy import CrossEntropyCriterion
+from seqtrain.criterions.cross_entropy import CriterionConfig, CrossEntropyCriterion
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import CRITERIONS
 
@@ -39,12 +37,12 @@ class LabelSmoothedCrossEntropyCriterion(CrossEntropyCriterion):
         )
 
     @classmethod
-    def from_args(cls, args: Any, padding_idx: int) -> LabelSmoothedCrossEntropyCriterion:
+    def from_config(cls, cfg: CriterionConfig, padding_idx: int) -> LabelSmoothedCrossEntropyCriterion:
         return cls(
             padding_idx,
-            label_smoothing=float(getattr(args, "label_smoothing", 0.0) or 0.0),
-            sentence_avg=bool(getattr(args, "sentence_avg", False)),
-            report_accuracy=bool(getattr(args, "report_accuracy", False)),
-            ignore_prefix_size=int(getattr(args, "ignore_prefix_size", 0) or 0),
-            loss_chunk_mb=getattr(args, "loss_chunk_mb", None),
+            label_smoothing=cfg.label_smoothing,
+            sentence_avg=cfg.sentence_avg,
+            report_accuracy=cfg.report_accuracy,
+            ignore_prefix_size=cfg.ignore_prefix_size,
+            loss_chunk_mb=cfg.loss_chunk_mb,
         )

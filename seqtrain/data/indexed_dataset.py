@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import Output, atomic_write
 
@@ -271,6 +272,18 @@ def recorded_max_id(prefix: str) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return value if isinstance(value, int) else None
+
+
+@settings
+class DataCheckConfig:
+    """Common: how thoroughly an opened data-bin split is checked against its dictionary (check_token_ids)"""
+
+    check_data: bool = setting(
+        False,
+        "check every token id of each opened data-bin split against its dictionary (default: the maximum "
+        "id preprocess.json recorded, the whole .bin when under 64 MiB, else samples)",
+        action="store_true",
+    )
 
 
 def check_token_ids(ds: MMapIndexedDataset, vocab_size: int, dict_path: str, full: bool = False) -> None:

@@ -20,7 +20,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from seqtrain import distributed
+from seqtrain.config import add_settings, int_list, setting, settings
+from seqtrain.cuda import Bf16ModeConfig, DeviceConfig
 from seqtrain.data import options as data_options
+from seqtrain.data.indexed_dataset import DataCheckConfig
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
 from seqtrain.flags import fairseq_compat
@@ -28,7 +32,10 @@ from seqtrain.flags.config_file import actions_by_key, apply_config, config_text
 from seqtrain.flags.generation import add_generation_args
 from seqtrain.flags.preprocess import add_args as add_preprocess_args
 from seqtrain.flags.rouge import add_args as add_rouge_args
-from seqtrain.logging.progress import LOG_FORMATS
+from seqtrain.logging.progress import LoggingConfig
+from seqtrain.logging.trackers import TrackingConfig
+from seqtrain.optim import OptimizationConfig
+from seqtrain.optim.ema import EmaConfig
 from seqtrain.registry import ARCHS
 
 # The flags that pick a component; their values decide which further flags exist.
@@ -79,24 +86,6 @@ def did_you_mean(message: str, options: list[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------- small types
-def int_list(value: Any) -> list[int]:
-    """fairseq's list-valued int flags (--update-freq): "2", "1,2,4", "[1, 2]" or an int/list."""
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [int(v) for v in value]
-    text = str(value).strip().strip("[]()")
-    try:
-        out = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer or comma-separated integers, got {value!r}"
-        ) from None
-    if not out:
-        raise argparse.ArgumentTypeError(f"expected an integer or comma-separated integers, got {value!r}")
-    return out
-
-
 class _Switch(argparse._StoreTrueAction):
     """A store_true flag that also has a negative form (--no-X; for a flag named --no-X, --X): the negative
     turns off a true that a --config file set."""
@@ -136,569 +125,80 @@ def _add(group: Any, parser: argparse.ArgumentParser, *flags: str, **kw: Any) ->
 
 
 # ------------------------------------------------------------------------------------------------- flag groups
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("Common")
-    _add(
-        g,
-        parser,
-        "--config",
-        metavar="FILE",
-        help="YAML (or JSON) file of flag values (keys: flag names with - or _, at the top level or in "
+# Each group is declared beside the code it configures, as a settings class (seqtrain.config); these functions
+# only place the classes in the parsers, in fairseq's group order.
+@settings
+class ConfigFileSettings:
+    """Common: a run's flags read from, or printed as, a config file (seqtrain.flags.config_file)"""
+
+    config: str | None = setting(
+        None,
+        "YAML (or JSON) file of flag values (keys: flag names with - or _, at the top level or in "
         "sections); flags given on the command line override it",
+        metavar="FILE",
     )
-    _add(
-        g,
-        parser,
-        "--print-config",
-        action="store_true",
-        help="print the resolved flags (command line > --config > arch preset > defaults) as a YAML config "
+    print_config: bool = setting(
+        False,
+        "print the resolved flags (command line > --config > arch preset > defaults) as a YAML config "
         "file that reproduces the run, and exit",
-    )
-    _add(g, parser, "--seed", type=int, default=1, metavar="N", help="random seed (default: 1)")
-    _add(g, parser, "--cpu", action="store_true", help="use the CPU even when CUDA is available")
-    _add(g, parser, "--fp16", action="store_true", help="fp16 autocast with dynamic loss scaling (CUDA)")
-    _add(
-        g,
-        parser,
-        "--bf16",
         action="store_true",
-        help="bf16, no loss scaling (CUDA or CPU). Training: autocast over fp32 weights, or with --bf16-mode "
-        "fairseq as fairseq's --bf16 (a bf16 model over fp32 master weights); generation: the model cast to bf16",
     )
-    _add(
-        g,
-        parser,
-        "--memory-efficient-fp16",
-        action="store_true",
-        help="accepted for fairseq command lines; implies --fp16 (seqtrain always keeps fp32 master weights "
-        "and optimizer state, with fp16 autocast)",
-    )
-    _add(
-        g,
-        parser,
-        "--memory-efficient-bf16",
-        action="store_true",
-        help="accepted for fairseq command lines; implies --bf16",
-    )
-    _add(
-        g,
-        parser,
-        "--compile",
-        action="store_true",
-        help="torch.compile each encoder and decoder layer of the packed training path (CPU or CUDA; "
-        "the criterion, the optimizer and generation stay eager)",
-    )
-    _add(
-        g,
-        parser,
-        "--no-tf32",
-        action="store_true",
-        help="keep fp32 matrix products in full fp32 on CUDA (default: TF32 tensor cores, as on Ampere+)",
-    )
-    _add(
-        g,
-        parser,
-        "--cudnn-attention",
-        action="store_true",
-        help="let attention use cuDNN's kernel on CUDA (default: off; it builds a plan, 0.1-0.4 s, for every "
-        "new batch shape)",
-    )
-    _add(
-        g,
-        parser,
-        "--deterministic",
-        action="store_true",
-        help="deterministic kernels (torch.use_deterministic_algorithms without warn_only, cuDNN "
-        "deterministic, CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset): two runs from the same state are "
-        "bitwise equal on a GPU too, at a cost (docs/training.md); an operator without a deterministic "
-        "kernel stops the run",
-    )
-    _add(g, parser, "--debug", action="store_true", help="show full tracebacks for user errors")
-    _add(
-        g,
-        parser,
-        "--check-data",
-        action="store_true",
-        help="check every token id of each opened data-bin split against its dictionary (default: the maximum "
-        "id preprocess.json recorded, the whole .bin when under 64 MiB, else samples)",
-    )
+
+
+@settings
+class DebugSettings:
+    """Common: how the CLIs report a user error"""
+
+    debug: bool = setting(False, "show full tracebacks for user errors", action="store_true")
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    g = add_settings(parser, ConfigFileSettings, "Common")
+    for cls in (DeviceConfig, DebugSettings, DataCheckConfig):
+        add_settings(parser, cls, group=g)
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("Logging")
-    _add(
-        g,
-        parser,
-        "--log-format",
-        default=None,
-        choices=LOG_FORMATS,
-        help="progress output (default: tqdm on a terminal, simple otherwise)",
-    )
-    _add(g, parser, "--log-interval", type=int, default=100, metavar="N", help="log progress every N updates")
-    _add(g, parser, "--log-file", default=None, metavar="FILE", help="also write the log to this file")
-    _add(g, parser, "--no-progress-bar", action="store_true", help="disable the tqdm progress bar")
-    _add(
-        g,
-        parser,
-        "--tensorboard-logdir",
-        default=None,
-        metavar="DIR",
-        help="write TensorBoard scalars (train_inner/, train/, valid/ subfolders) to DIR",
-    )
-    _add(
-        g,
-        parser,
-        "--peak-flops",
-        type=float,
-        default=None,
-        metavar="FLOPS",
-        help="peak FLOP/s of one device (default: from a table of A100/H100/H200 by precision); logs "
-        "mfu = counted FLOP/s (source and target tokens, attention included; docs/performance.md) / peak",
-    )
-    _add(
-        g,
-        parser,
-        "--profile",
-        type=int,
-        nargs="?",
-        const=10,
-        default=0,
-        metavar="N",
-        help="record a torch.profiler trace of N updates (bare --profile, as fairseq's: 10) after 1 warm-up, "
-        "into --tensorboard-logdir or --save-dir",
-    )
+    add_settings(parser, LoggingConfig, "Logging")
 
 
 def add_tracking_args(parser: argparse.ArgumentParser) -> None:
     """Experiment trackers of seqtrain-train (seqtrain.logging.trackers), in the Logging group."""
-    g = next(g for g in parser._action_groups if g.title == "Logging")
-    _add(
-        g,
-        parser,
-        "--wandb-project",
-        default=None,
-        metavar="NAME",
-        help="also log to this Weights & Biases project (needs pip install 'seqtrain[wandb]'; WANDB_MODE=offline "
-        "logs locally)",
-    )
-    _add(
-        g,
-        parser,
-        "--wandb-run-name",
-        default=None,
-        metavar="NAME",
-        help="the W&B run name (default: wandb's)",
-    )
-    _add(
-        g,
-        parser,
-        "--jsonl-log",
-        default=None,
-        metavar="FILE",
-        help='also append every logged line\'s stats to FILE as JSON lines ({"tag", "step", stat: value, ...})',
-    )
+    add_settings(parser, TrackingConfig, group=next(g for g in parser._action_groups if g.title == "Logging"))
 
 
 def add_distributed_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("Distributed training")
-    _add(
-        g,
-        parser,
-        "--distributed-world-size",
-        type=int,
-        default=1,
-        metavar="N",
-        help="total number of processes (GPUs) across all nodes",
-    )
-    _add(g, parser, "--distributed-rank", type=int, default=0, metavar="N", help="rank of this process")
-    _add(
-        g,
-        parser,
-        "--distributed-backend",
-        default=None,
-        metavar="NAME",
-        help="torch.distributed backend (default: nccl on CUDA, gloo on the CPU)",
-    )
-    _add(
-        g,
-        parser,
-        "--distributed-timeout",
-        type=float,
-        default=1800,
-        metavar="SECONDS",
-        help="a collective waiting longer than this on another rank fails (instead of hanging)",
-    )
-    _add(
-        g,
-        parser,
-        "--distributed-init-method",
-        default=None,
-        metavar="URL",
-        help="init method, e.g. tcp://host:port (default: from torchrun's environment)",
-    )
-    _add(g, parser, "--distributed-port", type=int, default=-1, metavar="N", help="port for the init method")
-    _add(
-        g,
-        parser,
-        "--device-id",
-        "--local_rank",
-        type=int,
-        default=0,
-        metavar="N",
-        help="which local GPU to use",
-    )
-    _add(
-        g,
-        parser,
-        "--distributed-no-spawn",
-        action="store_true",
-        help="do not spawn one process per GPU (processes are launched externally, e.g. by torchrun)",
-    )
-    _add(
-        g,
-        parser,
-        "--ddp-backend",
-        default="pytorch_ddp",
-        choices=("pytorch_ddp", "c10d", "legacy_ddp", "no_c10d", "fully_sharded"),
-        help="data-parallel wrapper: DistributedDataParallel (pytorch_ddp, c10d, legacy_ddp, no_c10d are one) or "
-        "fully_sharded (FSDP2: parameters, gradients and optimizer state sharded over ranks)",
-    )
-    _add(g, parser, "--bucket-cap-mb", type=int, default=25, metavar="MB", help="DDP bucket size")
-    _add(g, parser, "--find-unused-parameters", action="store_true", help="DDP find_unused_parameters")
+    g = add_settings(parser, distributed.LaunchConfig, "Distributed training")
+    add_settings(parser, distributed.DataParallelConfig, group=g)
 
 
 def add_optimization_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("Optimization")
-    _add(
-        g, parser, "--max-epoch", type=int, default=0, metavar="N", help="stop after this epoch (0: no limit)"
-    )
-    _add(
-        g,
-        parser,
-        "--max-update",
-        type=int,
-        default=0,
-        metavar="N",
-        help="stop after this many updates (0: no limit)",
-    )
-    _add(
-        g,
-        parser,
-        "--stop-time-hours",
-        type=float,
-        default=0,
-        metavar="H",
-        help="stop after this much cumulative training time (0: no limit)",
-    )
-    _add(
-        g,
-        parser,
-        "--clip-norm",
-        type=float,
-        default=0.0,
-        metavar="NORM",
-        help="clip gradients to this L2 norm (0: off)",
-    )
-    _add(
-        g,
-        parser,
-        "--sentence-avg",
-        action="store_true",
-        help="normalize gradients by the number of sentences, not tokens",
-    )
-    _add(
-        g,
-        parser,
-        "--update-freq",
-        type=int_list,
-        default=[1],
-        metavar="N1,N2,...",
-        help="accumulate gradients over N batches per update (a list gives one value per epoch)",
-    )
-    _add(
-        g,
-        parser,
-        "--merge-max-tokens",
-        type=int,
-        default=0,
-        metavar="N",
-        help="run consecutive --update-freq batches of an update as one forward/backward pass while the merged "
-        "batch, padded, holds at most N token slots (rows x longer side, as --max-tokens counts): the same "
-        "update up to summation order and dropout masks; decided from the batches' shapes only, so resume "
-        "stays exact. 0 (default): one pass per batch",
-    )
-    _add(
-        g,
-        parser,
-        "--stop-min-lr",
-        type=float,
-        default=-1.0,
-        metavar="LR",
-        help="stop when the lr falls to this",
-    )
+    add_settings(parser, OptimizationConfig, "Optimization")
 
 
 def add_validation_args(parser: argparse.ArgumentParser, group: Any = None) -> None:
-    g = group if group is not None else parser.add_argument_group("Validation")
-    _add(g, parser, "--train-subset", default="train", metavar="SPLIT", help="split to train on")
-    _add(
-        g,
-        parser,
-        "--valid-subset",
-        default="valid",
-        metavar="SPLITS",
-        help="comma-separated splits to validate on",
-    )
-    _add(g, parser, "--validate-interval", type=int, default=1, metavar="N", help="validate every N epochs")
-    _add(
-        g,
-        parser,
-        "--validate-interval-updates",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also validate every N updates",
-    )
-    _add(
-        g,
-        parser,
-        "--validate-after-updates",
-        type=int,
-        default=0,
-        metavar="N",
-        help="no validation before N updates",
-    )
-    _add(g, parser, "--disable-validation", action="store_true", help="never validate")
-    _add(
-        g,
-        parser,
-        "--max-valid-steps",
-        type=int,
-        default=None,
-        metavar="N",
-        help="validate on at most N batches",
-    )
+    add_settings(parser, data_options.ValidationConfig, "Validation", group=group)
 
 
 def add_freeze_args(parser: argparse.ArgumentParser) -> None:
     """Frozen weights for fine-tuning (seqtrain.models.freeze)."""
-    g = parser.add_argument_group("Fine-tuning: frozen weights")
-    _add(
-        g,
-        parser,
-        "--freeze-encoder",
-        action="store_true",
-        help="train no encoder weight (with --share-all-embeddings this freezes the shared token embeddings too)",
+    from seqtrain.models.freeze import (
+        FreezeConfig,  # imports torch and the models: seqtrain-train's parser only
     )
-    _add(
-        g,
-        parser,
-        "--freeze-embeddings",
-        action="store_true",
-        help="train no token or position embedding (nor the output projection tied to them)",
-    )
-    _add(
-        g,
-        parser,
-        "--freeze-params",
-        default=None,
-        metavar="REGEX",
-        help="train no parameter whose name matches REGEX (re.search; e.g. 'decoder\\.layers\\.[0-2]\\.')",
-    )
+
+    add_settings(parser, FreezeConfig, "Fine-tuning: frozen weights")
 
 
 def add_ema_args(parser: argparse.ArgumentParser) -> None:
     """fairseq's EMA flags (seqtrain.optim.ema), plus --validate-with-ema."""
-    g = parser.add_argument_group("EMA of the weights")
-    _add(
-        g,
-        parser,
-        "--store-ema",
-        action="store_true",
-        help="keep an exponential moving average of the weights",
-    )
-    _add(g, parser, "--ema-decay", type=float, default=0.9999, metavar="D", help="EMA decay")
-    _add(
-        g,
-        parser,
-        "--ema-start-update",
-        type=int,
-        default=0,
-        metavar="N",
-        help="the EMA copies the weights (decay 0) until this many updates",
-    )
-    _add(
-        g,
-        parser,
-        "--ema-seed-model",
-        default=None,
-        metavar="FILE",
-        help="start the EMA from this checkpoint's EMA (or its weights) instead of the model",
-    )
-    _add(
-        g, parser, "--ema-update-freq", type=int, default=1, metavar="N", help="move the EMA every N updates"
-    )
-    _add(g, parser, "--ema-fp32", action="store_true", help="keep the EMA in fp32 whatever the model's dtype")
-    _add(
-        g,
-        parser,
-        "--validate-with-ema",
-        action="store_true",
-        help="validate (loss, --eval-rouge, checkpoint_best) with the EMA weights (seqtrain; needs --store-ema)",
-    )
+    add_settings(parser, EmaConfig, "EMA of the weights")
 
 
 def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("Checkpoint")
-    _add(g, parser, "--save-dir", default="checkpoints", metavar="DIR", help="where to save checkpoints")
-    _add(
-        g,
-        parser,
-        "--restore-file",
-        default="checkpoint_last.pt",
-        metavar="FILE",
-        help="checkpoint to resume from (default: checkpoint_last.pt, looked up in --save-dir); another path "
-        "(e.g. pretrained weights) initialises only a first launch: once --save-dir has a checkpoint_last.pt, "
-        "a relaunch resumes from that (see --restore-file-always); a Hugging Face hub name org/name[@revision] "
-        "that is no local path is read from the hub cache's snapshot",
-    )
-    _add(
-        g,
-        parser,
-        "--restore-file-always",
-        action="store_true",
-        help="load --restore-file at every launch, also when --save-dir has a checkpoint_last.pt (fairseq's "
-        "behaviour; by default a relaunch resumes from checkpoint_last.pt and --restore-file with its --reset-* "
-        "flags initialises only the first launch)",
-    )
-    _add(
-        g,
-        parser,
-        "--finetune-from-model",
-        default=None,
-        metavar="FILE",
-        help="start from this model's weights (optimizer, lr scheduler, meters and data position reset) when "
-        "--save-dir has no checkpoint_last.pt yet; FILE may be a Hugging Face hub name org/name[@revision]",
-    )
-    _add(g, parser, "--reset-dataloader", action="store_true", help="do not restore the data position")
-    _add(g, parser, "--reset-lr-scheduler", action="store_true", help="do not restore the lr scheduler")
-    _add(g, parser, "--reset-meters", action="store_true", help="do not restore meters")
-    _add(
-        g,
-        parser,
-        "--reset-optimizer",
-        action="store_true",
-        help="do not restore the optimizer (nor the update count, lr scheduler and loss scale)",
-    )
-    _add(
-        g,
-        parser,
-        "--optimizer-overrides",
-        default="{}",
-        metavar="DICT",
-        help="JSON dict of optimizer hyper-parameters to override when restoring, e.g. '{\"lr\": 1e-4}'",
-    )
-    _add(
-        g,
-        parser,
-        "--save-interval",
-        type=int,
-        default=1,
-        metavar="N",
-        help="save a checkpoint every N epochs",
-    )
-    _add(
-        g,
-        parser,
-        "--save-interval-updates",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also save checkpoint_{epoch}_{updates}.pt (and validate) every N updates",
-    )
-    _add(
-        g,
-        parser,
-        "--keep-interval-updates",
-        type=int,
-        default=-1,
-        metavar="N",
-        help="keep only the last N update checkpoints",
-    )
-    _add(
-        g,
-        parser,
-        "--keep-last-epochs",
-        type=int,
-        default=-1,
-        metavar="N",
-        help="keep only the last N epoch checkpoints",
-    )
-    _add(
-        g,
-        parser,
-        "--keep-best-checkpoints",
-        type=int,
-        default=-1,
-        metavar="N",
-        help="keep the N best checkpoints as checkpoint.best_{metric}_{value}.pt",
-    )
-    _add(g, parser, "--no-save", action="store_true", help="save no checkpoints")
-    _add(g, parser, "--no-epoch-checkpoints", action="store_true", help="save only best and last checkpoints")
-    _add(g, parser, "--no-last-checkpoints", action="store_true", help="do not save checkpoint_last.pt")
-    _add(
-        g,
-        parser,
-        "--no-save-optimizer-state",
-        action="store_true",
-        help="leave optimizer state out of checkpoints (smaller; resuming then starts a fresh optimizer)",
-    )
-    _add(
-        g,
-        parser,
-        "--save-adapters-only",
-        action="store_true",
-        help="LoRA runs (--lora-rank): checkpoints hold only the adapters (with their optimizer state, so a "
-        "resume stays exact) and the base model's path and sha256; loading re-reads the base",
-    )
-    _add(
-        g,
-        parser,
-        "--best-checkpoint-metric",
-        default="loss",
-        metavar="METRIC",
-        help="validation metric that picks the best checkpoint",
-    )
-    _add(
-        g,
-        parser,
-        "--maximize-best-checkpoint-metric",
-        action="store_true",
-        help="higher is better for --best-checkpoint-metric",
-    )
-    _add(
-        g,
-        parser,
-        "--patience",
-        type=int,
-        default=-1,
-        metavar="N",
-        help="stop when validation has not improved for N consecutive validations (-1: off)",
-    )
-    _add(
-        g,
-        parser,
-        "--unsafe-load",
-        action="store_true",
-        help="allow arbitrary unpickling when loading checkpoints (only for files you trust)",
-    )
-    _add(
-        g,
-        parser,
-        "--resize-vocab",
-        action="store_true",
-        help=_RESIZE_VOCAB_HELP,
-    )
+    # the checkpoint package imports the formats and the models: only seqtrain-train's parser pays for them
+    from seqtrain.checkpoint.options import CheckpointConfig
+
+    add_settings(parser, CheckpointConfig, "Checkpoint")
 
 
 _LORA_BASE_HELP = (
@@ -795,13 +295,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     model = models.add_args(parser)
     _retitle(model, "Model configuration")
     common = next(g for g in parser._action_groups if g.title == "Common")
-    common.add_argument(
-        "--bf16-mode",
-        choices=("autocast", "fairseq"),
-        default="autocast",
-        help="with --bf16: autocast (fp32 weights, each matrix product cast to bf16), or fairseq (as fairseq's "
-        "--bf16: the model computes in bf16, the optimizer steps fp32 master weights, which checkpoints hold)",
-    )
+    add_settings(parser, Bf16ModeConfig, group=common)
     model.add_argument(
         "--arch",
         "-a",

@@ -11,43 +11,47 @@ import argparse
 import shlex
 from typing import Any
 
+from seqtrain.config import add_settings, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
+from seqtrain.flag_bounds import Bounds
 from seqtrain.flags.generation import add_generation_args, check_generation_args
+
+
+@settings
+class RougeValidationConfig:
+    """Validation with generation (ROUGE): seqtrain-train's --eval-rouge (seqtrain.train.rouge_validation)"""
+
+    eval_rouge: bool = setting(
+        False,
+        "generate for the validation subsets and log ROUGE (rouge1, rouge2, rouge_l, rouge_lsum, "
+        "F1 x 100); pick checkpoints with --best-checkpoint-metric rouge_l "
+        "--maximize-best-checkpoint-metric",
+        action="store_true",
+    )
+    eval_rouge_args: str = setting(
+        "{}",
+        'generation settings for --eval-rouge: JSON (\'{"beam": 4, "max_len_b": 30}\') or '
+        "seqtrain-generate flags ('--beam 4 --max-len-b 30') (default: generate's defaults)",
+        metavar="JSON_OR_FLAGS",
+    )
+    eval_rouge_bootstrap: int = setting(
+        0,
+        "also log 95%% percentile-bootstrap confidence intervals of each ROUGE figure from N resamples of "
+        "the validation examples, seeded with --seed (rouge_l_lo, rouge_l_hi, ...; the figures seqtrain-score "
+        "--bootstrap N --seed S gives on the same hypotheses; 0: off)",
+        type=int,
+        metavar="N",
+        bounds=Bounds(0, 1_000_000),  # resamples (0: off)
+    )
+    eval_rouge_print_samples: bool = setting(
+        False, "log the first hypothesis and reference of every validation batch", action="store_true"
+    )
 
 
 def add_args(parser: argparse.ArgumentParser, group: Any = None) -> Any:
     """The --eval-rouge flags, into `group` (seqtrain-train: the validation flags' group) or a new group."""
-    group = group if group is not None else parser.add_argument_group("Validation with generation (ROUGE)")
-    group.add_argument(
-        "--eval-rouge",
-        action="store_true",
-        help="generate for the validation subsets and log ROUGE (rouge1, rouge2, rouge_l, rouge_lsum, "
-        "F1 x 100); pick checkpoints with --best-checkpoint-metric rouge_l "
-        "--maximize-best-checkpoint-metric",
-    )
-    group.add_argument(
-        "--eval-rouge-args",
-        default="{}",
-        metavar="JSON_OR_FLAGS",
-        help='generation settings for --eval-rouge: JSON (\'{"beam": 4, "max_len_b": 30}\') or '
-        "seqtrain-generate flags ('--beam 4 --max-len-b 30') (default: generate's defaults)",
-    )
-    group.add_argument(
-        "--eval-rouge-bootstrap",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also log 95%% percentile-bootstrap confidence intervals of each ROUGE figure from N resamples of "
-        "the validation examples, seeded with --seed (rouge_l_lo, rouge_l_hi, ...; the figures seqtrain-score "
-        "--bootstrap N --seed S gives on the same hypotheses; 0: off)",
-    )
-    group.add_argument(
-        "--eval-rouge-print-samples",
-        action="store_true",
-        help="log the first hypothesis and reference of every validation batch",
-    )
-    return group
+    return add_settings(parser, RougeValidationConfig, group=group)
 
 
 def _generation_parser() -> argparse.ArgumentParser:

@@ -27,9 +27,45 @@ from typing import Any
 
 from tqdm import tqdm
 
+from seqtrain.config import setting, settings
+from seqtrain.flag_bounds import POSITIVE_INT, Bounds
 from seqtrain.logging.trackers import Tracker
 
 LOG_FORMATS = ("tqdm", "simple", "json", "none")
+
+
+@settings
+class LoggingConfig:
+    """Logging"""
+
+    log_format: str | None = setting(
+        None, "progress output (default: tqdm on a terminal, simple otherwise)", choices=LOG_FORMATS
+    )
+    log_interval: int = setting(
+        100, "log progress every N updates", type=int, metavar="N", bounds=POSITIVE_INT
+    )
+    log_file: str | None = setting(None, "also write the log to this file", metavar="FILE")
+    no_progress_bar: bool = setting(False, "disable the tqdm progress bar", action="store_true")
+    tensorboard_logdir: str | None = setting(
+        None, "write TensorBoard scalars (train_inner/, train/, valid/ subfolders) to DIR", metavar="DIR"
+    )
+    peak_flops: float | None = setting(
+        None,
+        "peak FLOP/s of one device (default: from a table of A100/H100/H200 by precision); logs "
+        "mfu = counted FLOP/s (source and target tokens, attention included; docs/performance.md) / peak",
+        type=float,
+        metavar="FLOPS",
+        bounds=Bounds(0, 1e21, lo_open=True),
+    )
+    profile: int = setting(
+        0,
+        "record a torch.profiler trace of N updates (bare --profile, as fairseq's: 10) after 1 warm-up, "
+        "into --tensorboard-logdir or --save-dir",
+        type=int,
+        nargs="?",
+        const=10,
+        metavar="N",
+    )
 
 
 def format_stat(value: Any) -> str:

@@ -9,7 +9,6 @@ A new tracker is one subclass of Tracker; `make_trackers` picks them from the fl
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import numbers
@@ -17,7 +16,26 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+
+
+@settings
+class TrackingConfig:
+    """Logging: the experiment trackers of seqtrain-train (make_trackers), besides --tensorboard-logdir"""
+
+    wandb_project: str | None = setting(
+        None,
+        "also log to this Weights & Biases project (needs pip install 'seqtrain[wandb]'; WANDB_MODE=offline "
+        "logs locally)",
+        metavar="NAME",
+    )
+    wandb_run_name: str | None = setting(None, "the W&B run name (default: wandb's)", metavar="NAME")
+    jsonl_log: str | None = setting(
+        None,
+        'also append every logged line\'s stats to FILE as JSON lines ({"tag", "step", stat: value, ...})',
+        metavar="FILE",
+    )
 
 
 def numeric_stats(stats: Mapping[str, Any]) -> dict[str, float]:
@@ -135,19 +153,22 @@ class WandbTracker(Tracker):
         self.run.finish()
 
 
-def make_trackers(args: argparse.Namespace) -> Tracker | None:
-    """The trackers the flags ask for (None when none)."""
+def make_trackers(
+    cfg: TrackingConfig, tensorboard_logdir: str | None, run_dir: str | None, run_config: Mapping[str, Any]
+) -> Tracker | None:
+    """The trackers the settings ask for (None when none): `tensorboard_logdir` is LoggingConfig's, `run_dir`
+    where W&B keeps its files (the run's --save-dir; None with --no-save), `run_config` the run's flags as W&B
+    records them (the plain values)."""
     trackers: list[Tracker] = []
-    if args.tensorboard_logdir:
-        trackers.append(TensorboardWriter(args.tensorboard_logdir))
-    if args.jsonl_log:
-        trackers.append(JsonLinesTracker(args.jsonl_log))
-    if args.wandb_project:
+    if tensorboard_logdir:
+        trackers.append(TensorboardWriter(tensorboard_logdir))
+    if cfg.jsonl_log:
+        trackers.append(JsonLinesTracker(cfg.jsonl_log))
+    if cfg.wandb_project:
         config = {
-            k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool, list, type(None)))
+            k: v for k, v in run_config.items() if isinstance(v, (str, int, float, bool, list, type(None)))
         }
-        folder = None if args.no_save else args.save_dir
-        trackers.append(WandbTracker(args.wandb_project, args.wandb_run_name, config, folder))
+        trackers.append(WandbTracker(cfg.wandb_project, cfg.wandb_run_name, config, run_dir))
     if not trackers:
         return None
     return trackers[0] if len(trackers) == 1 else Trackers(trackers)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -39,7 +38,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from seqtrain.config import add_settings, setting, settings
+from seqtrain.config import from_args as read_settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import POSITIVE_FLOAT, PROBABILITY, Bounds
 from seqtrain.models.lora import apply_lora, parse_targets
 from seqtrain.models.resize import parse_layers_to_keep
 from seqtrain.models.transformer import (
@@ -63,48 +65,133 @@ CPU_PACK_MIN_PAD_SHARE = 0.2
 Layout = dict[str, Any]
 
 
-@dataclass
+def _arch(default: Any, text: str, **kw: Any) -> Any:
+    """A model setting: the field's default is bart_base's; the flag's is None, so the --arch preset fills what the
+    command line and --config leave unset (seqtrain.flags.parsers)."""
+    return setting(default, text, flag_default=None, **kw)
+
+
+def _dim(default: int, text: str, hi: int) -> Any:
+    return _arch(default, text, type=int, metavar="N", bounds=Bounds(1, hi))
+
+
+def _keep(side: str) -> Any:
+    return _arch(
+        None,
+        f"keep only these {side} layers (comma-separated indices, e.g. 0,5,11) of the loaded "
+        f"checkpoint, renumbered from 0; sets --{side}-layers to their count (a smaller student from "
+        "a deeper model, as fairseq prunes)",
+        metavar="LIST",
+    )
+
+
+def _normalize_before(side: str) -> Any:
+    return _arch(
+        False,
+        f"pre-norm {side} layers and a final layer norm (mBART's layout; bart presets: off)",
+        action="store_true",
+    )
+
+
+@settings
 class BartConfig:
+    """Model configuration
+
+    A BART model's settings, declared once: the fields are the Model flags (fairseq's names, in their --help
+    order) and the built model's config (BARTModel(cfg)); vocab_size and tgt_vocab_size come from the
+    dictionaries. The layers-to-keep, LoRA and accepted-only flags are read by build_model."""
+
     vocab_size: int = 1000
     tgt_vocab_size: int | None = None  # only when embeddings are not shared; None = vocab_size
-    encoder_layers: int = 6
-    decoder_layers: int = 6
-    encoder_embed_dim: int = 768
-    decoder_embed_dim: int = 768
-    encoder_ffn_embed_dim: int = 3072
-    decoder_ffn_embed_dim: int = 3072
-    encoder_attention_heads: int = 12
-    decoder_attention_heads: int = 12
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    activation_fn: str = "gelu"
-    max_source_positions: int = 1024
-    max_target_positions: int = 1024
-    share_all_embeddings: bool = True
-    no_scale_embedding: bool = True
+    encoder_layers: int = _dim(6, "number of encoder layers", 1024)
+    encoder_embed_dim: int = _dim(768, "encoder embedding dimension", 65536)
+    encoder_ffn_embed_dim: int = _dim(3072, "encoder feed-forward dimension", 262144)
+    encoder_attention_heads: int = _dim(12, "number of encoder attention heads", 1024)
+    encoder_layers_to_keep: str | None = _keep("encoder")
+    decoder_layers: int = _dim(6, "number of decoder layers", 1024)
+    decoder_embed_dim: int = _dim(768, "decoder embedding dimension", 65536)
+    decoder_ffn_embed_dim: int = _dim(3072, "decoder feed-forward dimension", 262144)
+    decoder_attention_heads: int = _dim(12, "number of decoder attention heads", 1024)
+    decoder_layers_to_keep: str | None = _keep("decoder")
+    dropout: float = _arch(
+        0.1, "dropout probability (bart presets: 0.1)", type=float, metavar="P", bounds=PROBABILITY
+    )
+    attention_dropout: float = _arch(
+        0.0, "dropout on attention weights (bart presets: 0.0)", type=float, metavar="P", bounds=PROBABILITY
+    )
+    activation_dropout: float = _arch(
+        0.0, "dropout after the FFN activation (0.0)", type=float, metavar="P", bounds=PROBABILITY
+    )
+    # fairseq's --relu-dropout is the old name of --activation-dropout (used when the latter is 0)
+    relu_dropout: float | None = _arch(
+        None, "old name of --activation-dropout", type=float, metavar="P", bounds=PROBABILITY
+    )
+    activation_fn: str = _arch("gelu", "FFN activation (bart presets: gelu)", choices=sorted(ACTIVATIONS))
+    max_source_positions: int = _dim(1024, "max source length (1024)", 1 << 20)
+    max_target_positions: int = _dim(1024, "max target length (1024)", 1 << 20)
+    share_all_embeddings: bool = _arch(
+        True,
+        "share encoder, decoder and output embeddings (bart: on; needs a joined dictionary)",
+        action=argparse.BooleanOptionalAction,
+    )
+    # Accepted because fairseq's BART fine-tuning commands pass them; BART always has both.
+    share_decoder_input_output_embed: bool | None = _arch(
+        None, "tie decoder input and output embeddings (bart: on)", action="store_true"
+    )
+    layernorm_embedding: bool | None = _arch(
+        None, "layer norm after the embeddings (bart: on)", action="store_true"
+    )
+    no_scale_embedding: bool = _arch(
+        True, "do not scale embeddings by sqrt(dim) (bart: on)", action="store_true"
+    )
     # pre-norm layers and a final layer norm after each stack (fairseq's flags; mBART's layout; BART: False)
-    encoder_normalize_before: bool = False
-    decoder_normalize_before: bool = False
+    encoder_normalize_before: bool = _normalize_before("encoder")
+    decoder_normalize_before: bool = _normalize_before("decoder")
     # how a model trained from scratch starts: "bert" (BART's N(0, 0.02)) or "xavier" (fairseq's transformer)
-    weight_init: str = "bert"
-    checkpoint_activations: bool = False
+    weight_init: str = _arch(
+        "bert",
+        "initial weights of a model trained from scratch: bert (BART's N(0, 0.02); default) or xavier "
+        "(fairseq's transformer init: xavier-uniform layers, N(0, dim^-0.5) embeddings; learns far faster "
+        "for small models). Ignored when weights are loaded",
+        choices=["bert", "xavier"],
+    )
+    lora_rank: int | None = _arch(
+        None,
+        "LoRA: train rank-R adapters on --lora-modules of every layer, every other weight frozen (0: off)",
+        type=int,
+        metavar="R",
+        bounds=Bounds(0, 65536),  # 0: off; at most the widest --*-embed-dim (apply_lora: the model's own)
+    )
+    lora_alpha: float | None = _arch(
+        None,
+        "LoRA scaling numerator: adapters scale by A / R (16)",
+        type=float,
+        metavar="A",
+        bounds=POSITIVE_FLOAT,
+    )
+    lora_dropout: float | None = _arch(
+        None, "dropout on the adapters' input (0.0)", type=float, metavar="P", bounds=PROBABILITY
+    )
+    lora_modules: str | None = _arch(
+        None,
+        "projections that get adapters, comma-separated from q_proj,k_proj,v_proj,out_proj,fc1,fc2 "
+        "(q_proj,v_proj)",
+        metavar="LIST",
+    )
+    checkpoint_activations: bool = _arch(
+        False,
+        "recompute each layer's activations in the backward pass (less memory, more compute)",
+        action="store_true",
+    )
 
     @classmethod
     def from_args(
         cls, args: argparse.Namespace, vocab_size: int, tgt_vocab_size: int | None = None
     ) -> BartConfig:
-        kw: dict[str, Any] = {}
-        for f in fields(cls):
-            value = getattr(args, f.name, None)
-            if value is not None:
-                kw[f.name] = value
-        # fairseq's --relu-dropout is the old name of --activation-dropout (used when the latter is 0)
-        if not kw.get("activation_dropout") and getattr(args, "relu_dropout", None):
-            kw["activation_dropout"] = args.relu_dropout
-        kw["vocab_size"] = vocab_size
-        kw["tgt_vocab_size"] = tgt_vocab_size
-        return cls(**kw)
+        cfg = read_settings(cls, args, vocab_size=vocab_size, tgt_vocab_size=tgt_vocab_size)
+        if not cfg.activation_dropout and cfg.relu_dropout:
+            cfg.activation_dropout = cfg.relu_dropout
+        return cfg
 
 
 def _check_config(cfg: BartConfig) -> None:
@@ -546,86 +633,9 @@ def mbart_base(args: argparse.Namespace) -> None:
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """Model flags (fairseq's names). All default to None so the --arch preset fills what is not given.
-
-    A flag another component already added (e.g. the task's --max-source-positions) is not added twice."""
-    group = parser.add_argument_group("Model configuration")
-    taken = set(parser._option_string_actions)
-
-    def add(flag: str, **kw: Any) -> None:
-        if flag not in taken:
-            group.add_argument(flag, default=None, **kw)
-
-    for side in ("encoder", "decoder"):
-        add(f"--{side}-layers", type=int, metavar="N", help=f"number of {side} layers")
-        add(f"--{side}-embed-dim", type=int, metavar="N", help=f"{side} embedding dimension")
-        add(f"--{side}-ffn-embed-dim", type=int, metavar="N", help=f"{side} feed-forward dimension")
-        add(f"--{side}-attention-heads", type=int, metavar="N", help=f"number of {side} attention heads")
-        add(
-            f"--{side}-layers-to-keep",
-            metavar="LIST",
-            help=f"keep only these {side} layers (comma-separated indices, e.g. 0,5,11) of the loaded "
-            f"checkpoint, renumbered from 0; sets --{side}-layers to their count (a smaller student from "
-            "a deeper model, as fairseq prunes)",
-        )
-    add("--dropout", type=float, metavar="P", help="dropout probability (bart presets: 0.1)")
-    add(
-        "--attention-dropout",
-        type=float,
-        metavar="P",
-        help="dropout on attention weights (bart presets: 0.0)",
-    )
-    add("--activation-dropout", type=float, metavar="P", help="dropout after the FFN activation (0.0)")
-    add("--relu-dropout", type=float, metavar="P", help="old name of --activation-dropout")
-    add("--activation-fn", choices=sorted(ACTIVATIONS), help="FFN activation (bart presets: gelu)")
-    add("--max-source-positions", type=int, metavar="N", help="max source length (1024)")
-    add("--max-target-positions", type=int, metavar="N", help="max target length (1024)")
-    add(
-        "--share-all-embeddings",
-        action=argparse.BooleanOptionalAction,
-        help="share encoder, decoder and output embeddings (bart: on; needs a joined dictionary)",
-    )
-    # Accepted because fairseq's BART fine-tuning commands pass them; BART always has both.
-    add(
-        "--share-decoder-input-output-embed",
-        action="store_true",
-        help="tie decoder input and output embeddings (bart: on)",
-    )
-    add("--layernorm-embedding", action="store_true", help="layer norm after the embeddings (bart: on)")
-    add("--no-scale-embedding", action="store_true", help="do not scale embeddings by sqrt(dim) (bart: on)")
-    for side in ("encoder", "decoder"):
-        add(
-            f"--{side}-normalize-before",
-            action="store_true",
-            help=f"pre-norm {side} layers and a final layer norm (mBART's layout; bart presets: off)",
-        )
-    add(
-        "--weight-init",
-        choices=["bert", "xavier"],
-        help="initial weights of a model trained from scratch: bert (BART's N(0, 0.02); default) or xavier "
-        "(fairseq's transformer init: xavier-uniform layers, N(0, dim^-0.5) embeddings; learns far faster "
-        "for small models). Ignored when weights are loaded",
-    )
-    add(
-        "--lora-rank",
-        type=int,
-        metavar="R",
-        help="LoRA: train rank-R adapters on --lora-modules of every layer, every other weight frozen (0: off)",
-    )
-    add("--lora-alpha", type=float, metavar="A", help="LoRA scaling numerator: adapters scale by A / R (16)")
-    add("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input (0.0)")
-    add(
-        "--lora-modules",
-        metavar="LIST",
-        help="projections that get adapters, comma-separated from q_proj,k_proj,v_proj,out_proj,fc1,fc2 "
-        "(q_proj,v_proj)",
-    )
-    add(
-        "--checkpoint-activations",
-        action="store_true",
-        help="recompute each layer's activations in the backward pass (less memory, more compute)",
-    )
-    return group
+    """Model flags (fairseq's names): BartConfig's. All default to None so the --arch preset fills what is not
+    given; a flag another component already added (e.g. the task's --max-source-positions) is not added twice."""
+    return add_settings(parser, BartConfig)
 
 
 def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTModel:
@@ -654,13 +664,12 @@ def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTM
         )
     cfg = BartConfig.from_args(args, len(src_dict), None if args.share_all_embeddings else len(tgt_dict))
     model = BARTModel(cfg, padding_idx=pad)
-    if getattr(args, "lora_rank", None):
-        alpha = getattr(args, "lora_alpha", None)
+    if cfg.lora_rank:
         apply_lora(
             model,
-            args.lora_rank,
-            16.0 if alpha is None else alpha,
-            getattr(args, "lora_dropout", None) or 0.0,
-            parse_targets(getattr(args, "lora_modules", None)),
+            cfg.lora_rank,
+            16.0 if cfg.lora_alpha is None else cfg.lora_alpha,
+            cfg.lora_dropout or 0.0,
+            parse_targets(cfg.lora_modules),
         )
     return model

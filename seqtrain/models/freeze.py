@@ -15,12 +15,34 @@ import re
 
 import torch
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.lora import is_lora_key
 
 logger = logging.getLogger(__name__)
 
 EMBEDDING_PATTERN = r"\.(embed_tokens|embed_positions)\.|^decoder\.output_projection\."
+
+
+@settings
+class FreezeConfig:
+    """Fine-tuning: frozen weights"""
+
+    freeze_encoder: bool = setting(
+        False,
+        "train no encoder weight (with --share-all-embeddings this freezes the shared token embeddings too)",
+        action="store_true",
+    )
+    freeze_embeddings: bool = setting(
+        False,
+        "train no token or position embedding (nor the output projection tied to them)",
+        action="store_true",
+    )
+    freeze_params: str | None = setting(
+        None,
+        "train no parameter whose name matches REGEX (re.search; e.g. 'decoder\\.layers\\.[0-2]\\.')",
+        metavar="REGEX",
+    )
 
 
 def freeze(

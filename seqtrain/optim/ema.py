@@ -23,12 +23,37 @@ from typing import Any
 
 import torch
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import POSITIVE_INT, PROBABILITY
 
 try:  # torch >= 2.4 has the public DTensor API (FSDP2)
     from torch.distributed.tensor import DTensor, distribute_tensor
 except ImportError:  # pragma: no cover - older torch: no FSDP2 either
     DTensor, distribute_tensor = (), None
+
+
+@settings
+class EmaConfig:
+    """EMA of the weights"""
+
+    store_ema: bool = setting(False, "keep an exponential moving average of the weights", action="store_true")
+    ema_decay: float = setting(0.9999, "EMA decay", type=float, metavar="D", bounds=PROBABILITY)
+    ema_start_update: int = setting(
+        0, "the EMA copies the weights (decay 0) until this many updates", type=int, metavar="N"
+    )
+    ema_seed_model: str | None = setting(
+        None, "start the EMA from this checkpoint's EMA (or its weights) instead of the model", metavar="FILE"
+    )
+    ema_update_freq: int = setting(
+        1, "move the EMA every N updates", type=int, metavar="N", bounds=POSITIVE_INT
+    )
+    ema_fp32: bool = setting(False, "keep the EMA in fp32 whatever the model's dtype", action="store_true")
+    validate_with_ema: bool = setting(
+        False,
+        "validate (loss, --eval-rouge, checkpoint_best) with the EMA weights (seqtrain; needs --store-ema)",
+        action="store_true",
+    )
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,10 @@ from typing import Any
 
 import torch
 
+from seqtrain.config import add_settings, setting, settings
+from seqtrain.config import from_args as read_settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import POSITIVE_FLOAT, POSITIVE_INT, PROBABILITY, Bounds
 
 
 class GradientOverflow(OverflowError):
@@ -28,46 +31,37 @@ class MinimumLossScaleError(SeqtrainError, FloatingPointError):
     """The loss scale fell to --min-loss-scale: training cannot continue in fp16 as configured."""
 
 
+@settings
+class LossScalerConfig:
+    """fp16 loss scaling (DynamicLossScaler, with --fp16)"""
+
+    fp16_init_scale: int = setting(2**7, "initial fp16 loss scale", type=int, bounds=Bounds(1, 2**24))
+    fp16_scale_window: int | None = setting(
+        None,
+        "clean updates before the loss scale doubles (default: 2**14 / world size / update freq)",
+        type=int,
+        bounds=POSITIVE_INT,
+    )
+    fp16_scale_tolerance: float = setting(
+        0.0,
+        "fraction of updates that may overflow before the scale is lowered",
+        type=float,
+        bounds=PROBABILITY,
+    )
+    min_loss_scale: float = setting(
+        1e-4,
+        "stop training when the loss scale falls to this value",
+        type=float,
+        metavar="D",
+        bounds=POSITIVE_FLOAT,
+    )
+    threshold_loss_scale: float | None = setting(
+        None, "never lower the scale below this", type=float, bounds=POSITIVE_FLOAT
+    )
+
+
 def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    group = parser.add_argument_group("fp16 loss scaling")
-    existing = parser._option_string_actions
-    specs = [
-        (("--fp16-init-scale",), dict(type=int, default=2**7, help="initial fp16 loss scale")),
-        (
-            ("--fp16-scale-window",),
-            dict(
-                type=int,
-                default=None,
-                help="clean updates before the loss scale doubles "
-                "(default: 2**14 / world size / update freq)",
-            ),
-        ),
-        (
-            ("--fp16-scale-tolerance",),
-            dict(
-                type=float,
-                default=0.0,
-                help="fraction of updates that may overflow before the scale is lowered",
-            ),
-        ),
-        (
-            ("--min-loss-scale",),
-            dict(
-                type=float,
-                default=1e-4,
-                metavar="D",
-                help="stop training when the loss scale falls to this value",
-            ),
-        ),
-        (
-            ("--threshold-loss-scale",),
-            dict(type=float, default=None, help="never lower the scale below this"),
-        ),
-    ]
-    for flags, kw in specs:
-        if not any(f in existing for f in flags):
-            group.add_argument(*flags, **kw)
-    return group
+    return add_settings(parser, LossScalerConfig, "fp16 loss scaling")
 
 
 def default_scale_window(world_size: int = 1, update_freq: int = 1) -> int:
@@ -98,17 +92,25 @@ class DynamicLossScaler:
         self._overflows_since_rescale = 0
 
     @classmethod
-    def from_args(cls, args: Any, world_size: int = 1) -> DynamicLossScaler:
-        update_freq = getattr(args, "update_freq", [1])
-        update_freq = update_freq[0] if isinstance(update_freq, (list, tuple)) else update_freq
-        window = getattr(args, "fp16_scale_window", None)
+    def from_config(
+        cls, cfg: LossScalerConfig, world_size: int = 1, update_freq: int = 1
+    ) -> DynamicLossScaler:
+        window = cfg.fp16_scale_window
         return cls(
-            init_scale=getattr(args, "fp16_init_scale", 2**7),
-            scale_window=window if window is not None else default_scale_window(world_size, int(update_freq)),
-            tolerance=getattr(args, "fp16_scale_tolerance", 0.0),
-            threshold=getattr(args, "threshold_loss_scale", None),
-            min_loss_scale=getattr(args, "min_loss_scale", 1e-4),
+            init_scale=cfg.fp16_init_scale,
+            scale_window=window if window is not None else default_scale_window(world_size, update_freq),
+            tolerance=cfg.fp16_scale_tolerance,
+            threshold=cfg.threshold_loss_scale,
+            min_loss_scale=cfg.min_loss_scale,
         )
+
+    @classmethod
+    def from_args(cls, args: Any, world_size: int = 1) -> DynamicLossScaler:
+        """The scaler of parsed flags (a hand-made Namespace may lack some: defaults fill them); the window's
+        default follows the first --update-freq."""
+        update_freq = getattr(args, "update_freq", None) or [1]  # OptimizationConfig's (the optim package)
+        update_freq = update_freq[0] if isinstance(update_freq, (list, tuple)) else update_freq
+        return cls.from_config(read_settings(LossScalerConfig, args), world_size, int(update_freq))
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.loss_scale

@@ -13,98 +13,142 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import field
 from typing import Any
 
+from seqtrain.config import from_args as read_settings
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.optim.optimizers import FlagSpec, Optimizer, add_component_args, flag_value, parse_lr_list
+from seqtrain.flag_bounds import FLOAT_MAX, POSITIVE_FLOAT, POSITIVE_INT, Bounds
+from seqtrain.optim.optimizers import Optimizer, add_component_args, parse_lr_list
 from seqtrain.registry import LR_SCHEDULERS
 
-_WARMUP_0: FlagSpec = (
-    ("--warmup-updates",),
-    dict(type=int, default=0, metavar="N", help="warm the lr up linearly for the first N updates"),
-)
-_WARMUP_INIT: FlagSpec = (
-    ("--warmup-init-lr",),
-    dict(type=float, default=-1, metavar="LR", help="initial lr during warmup (default: 0 with warmup)"),
-)
-_LR_SHRINK: FlagSpec = (
-    ("--lr-shrink",),
-    dict(type=float, default=0.1, metavar="LS", help="shrink factor for annealing, lr_new = lr * lr_shrink"),
-)
-_FORCE_ANNEAL: FlagSpec = (
-    ("--force-anneal", "--fa"),
-    dict(type=int, default=None, metavar="N", help="force annealing at the given epoch (1-based)"),
-)
 
-SCHEDULER_FLAGS: dict[str, list[FlagSpec]] = {
-    "fixed": [_FORCE_ANNEAL, _LR_SHRINK, _WARMUP_0],
-    "inverse_sqrt": [
-        (
-            ("--warmup-updates",),
-            dict(type=int, default=4000, metavar="N", help="warm the lr up linearly for the first N updates"),
-        ),
-        _WARMUP_INIT,
-    ],
-    "polynomial_decay": [
-        _WARMUP_0,
-        _FORCE_ANNEAL,
-        (("--end-learning-rate",), dict(type=float, default=0.0, help="learning rate to decay to")),
-        (("--power",), dict(type=float, default=1.0, help="decay exponent")),
-        (
-            ("--total-num-update",),
-            dict(type=int, default=None, help="updates over which to decay the lr (default: --max-update)"),
-        ),
-    ],
-    "reduce_lr_on_plateau": [
-        _LR_SHRINK,
-        (
-            ("--lr-threshold",),
-            dict(
-                type=float,
-                default=1e-4,
-                metavar="LT",
-                help="relative improvement needed to count as a new optimum",
-            ),
-        ),
-        (
-            ("--lr-patience",),
-            dict(
-                type=int,
-                default=0,
-                metavar="N",
-                help="epochs with no improvement after which the lr is shrunk",
-            ),
-        ),
-        _WARMUP_0,
-        _WARMUP_INIT,
-    ],
-    "cosine": [
-        _WARMUP_0,
-        _WARMUP_INIT,
-        (("--min-lr",), dict(type=float, default=0.0, help="cosine floor (fairseq 0.12: --lr is the peak)")),
-        (
-            ("--max-lr",),
-            dict(type=float, default=None, help="fairseq <= 0.10 form: the peak lr, with --lr as the floor"),
-        ),
-        (
-            ("--lr-period-updates",),
-            dict(type=float, default=-1, help="updates in the first period (default: --max-update - warmup)"),
-        ),
-        (("--t-mult",), dict(type=float, default=1.0, help="factor to grow the length of each period")),
-        _LR_SHRINK,
-    ],
+def _warmup_updates(default: int) -> Any:
+    return setting(default, "warm the lr up linearly for the first N updates", type=int, metavar="N")
+
+
+def _warmup_init_lr() -> Any:
+    return setting(
+        -1,
+        "initial lr during warmup (default: 0 with warmup)",
+        type=float,
+        metavar="LR",
+        bounds=Bounds(0, 1000, off=-1),
+    )
+
+
+def _lr_shrink() -> Any:
+    return setting(
+        0.1,
+        "shrink factor for annealing, lr_new = lr * lr_shrink",
+        type=float,
+        metavar="LS",
+        bounds=Bounds(0, 1, lo_open=True),
+    )
+
+
+def _force_anneal() -> Any:
+    return setting(
+        None,
+        "force annealing at the given epoch (1-based)",
+        flags=("--force-anneal", "--fa"),
+        type=int,
+        metavar="N",
+        bounds=POSITIVE_INT,
+    )
+
+
+@settings
+class SchedulerConfig:
+    """LR scheduler: what every schedule reads besides its own flags (the optimizer's, training's)"""
+
+    lr: list[float] = field(default_factory=lambda: [0.25])  # --lr (the optimizer's flag)
+    max_update: int = 0  # OptimizationConfig's --max-update
+    maximize_best_checkpoint_metric: bool = False  # CheckpointConfig's
+
+
+@settings
+class FixedConfig(SchedulerConfig):
+    force_anneal: int | None = _force_anneal()
+    lr_shrink: float = _lr_shrink()
+    warmup_updates: int = _warmup_updates(0)
+
+
+@settings
+class InverseSqrtConfig(SchedulerConfig):
+    warmup_updates: int = _warmup_updates(4000)
+    warmup_init_lr: float = _warmup_init_lr()
+
+
+@settings
+class PolynomialDecayConfig(SchedulerConfig):
+    warmup_updates: int = _warmup_updates(0)
+    force_anneal: int | None = _force_anneal()
+    end_learning_rate: float = setting(0.0, "learning rate to decay to", type=float, bounds=Bounds(0, 1000))
+    power: float = setting(1.0, "decay exponent", type=float, bounds=POSITIVE_FLOAT)
+    total_num_update: int | None = setting(
+        None, "updates over which to decay the lr (default: --max-update)", type=int, bounds=POSITIVE_INT
+    )
+
+
+@settings
+class ReduceLROnPlateauConfig(SchedulerConfig):
+    lr_shrink: float = _lr_shrink()
+    lr_threshold: float = setting(
+        1e-4, "relative improvement needed to count as a new optimum", type=float, metavar="LT"
+    )
+    lr_patience: int = setting(
+        0, "epochs with no improvement after which the lr is shrunk", type=int, metavar="N"
+    )
+    warmup_updates: int = _warmup_updates(0)
+    warmup_init_lr: float = _warmup_init_lr()
+
+
+@settings
+class CosineConfig(SchedulerConfig):
+    warmup_updates: int = _warmup_updates(0)
+    warmup_init_lr: float = _warmup_init_lr()
+    min_lr: float = setting(
+        0.0, "cosine floor (fairseq 0.12: --lr is the peak)", type=float, bounds=Bounds(0, 1000)
+    )
+    max_lr: float | None = setting(
+        None,
+        "fairseq <= 0.10 form: the peak lr, with --lr as the floor",
+        type=float,
+        bounds=Bounds(0, 1000, lo_open=True),
+    )
+    lr_period_updates: float = setting(
+        -1,
+        "updates in the first period (default: --max-update - warmup)",
+        type=float,
+        bounds=Bounds(0, FLOAT_MAX, lo_open=True, off=-1),
+    )
+    t_mult: float = setting(
+        1.0, "factor to grow the length of each period", type=float, bounds=POSITIVE_FLOAT
+    )
+    lr_shrink: float = _lr_shrink()
+
+
+# each schedule's settings (fairseq registers a dataclass with each scheduler likewise)
+SCHEDULER_CONFIGS: dict[str, type] = {
+    "fixed": FixedConfig,
+    "inverse_sqrt": InverseSqrtConfig,
+    "polynomial_decay": PolynomialDecayConfig,
+    "reduce_lr_on_plateau": ReduceLROnPlateauConfig,
+    "cosine": CosineConfig,
 }
 
 
 def add_args(parser: argparse.ArgumentParser, name: str | None = None) -> argparse._ArgumentGroup:
     """Add `--lr-scheduler` and the flags of scheduler `name` (or of all schedulers; see optimizers.py)."""
     existing = parser._option_string_actions
-    group = add_component_args(parser, "lr scheduler", SCHEDULER_FLAGS, name)
+    group = add_component_args(parser, "lr scheduler", SCHEDULER_CONFIGS, name)
     if "--lr-scheduler" not in existing:
         group.add_argument(
             "--lr-scheduler",
             default=name or "fixed",
-            choices=sorted(SCHEDULER_FLAGS),
+            choices=sorted(SCHEDULER_CONFIGS),
             help="learning rate scheduler (fairseq names)",
         )
     return group
@@ -116,13 +160,14 @@ class LRScheduler:
     state_keys: tuple[str, ...] = ()
 
     def __init__(self, args: Any, optimizer: Optimizer):
-        self.args = args
+        # this schedule's settings, read once (a --user-dir schedule without its own class reads the common ones)
+        self.cfg = read_settings(SCHEDULER_CONFIGS.get(self.name, SchedulerConfig), args)
         self.optimizer = optimizer
-        self.lrs = parse_lr_list(getattr(args, "lr", 0.25))
+        self.lrs = parse_lr_list(self.cfg.lr)
         self.best: float | None = None
 
     def opt(self, dest: str) -> Any:
-        return flag_value(self.args, SCHEDULER_FLAGS, self.name, dest)
+        return getattr(self.cfg, dest)
 
     def _single_lr(self) -> float:
         if len(self.lrs) > 1:
@@ -227,7 +272,7 @@ class PolynomialDecaySchedule(LRScheduler):
         self.lr = self.lrs[0]
         self.warmup_updates = int(self.opt("warmup_updates") or 0)
         self.warmup_factor = 1.0 / self.warmup_updates if self.warmup_updates > 0 else 1.0
-        total = self.opt("total_num_update") or getattr(args, "max_update", 0) or 0
+        total = self.opt("total_num_update") or self.cfg.max_update or 0
         if total <= 0:
             raise SeqtrainError(
                 "--total-num-update (or --max-update) must be > 0 for --lr-scheduler polynomial_decay"
@@ -275,7 +320,7 @@ class ReduceLROnPlateauSchedule(LRScheduler):
     def __init__(self, args: Any, optimizer: Optimizer):
         super().__init__(args, optimizer)
         peak = self._single_lr()
-        self.maximize = bool(getattr(args, "maximize_best_checkpoint_metric", False))
+        self.maximize = self.cfg.maximize_best_checkpoint_metric
         self.shrink = float(self.opt("lr_shrink"))
         self.threshold = float(self.opt("lr_threshold"))
         self.patience = int(self.opt("lr_patience"))
@@ -348,7 +393,7 @@ class CosineSchedule(LRScheduler):
         self.lr_shrink = float(self.opt("lr_shrink"))
         self.period = float(self.opt("lr_period_updates"))
         if self.period <= 0:
-            max_update = getattr(args, "max_update", 0) or 0
+            max_update = self.cfg.max_update or 0
             if max_update <= 0:
                 raise SeqtrainError("--lr-scheduler cosine needs --lr-period-updates or --max-update")
             self.period = max_update - self.warmup_updates

@@ -20,19 +20,21 @@ from __future__ import annotations
 import argparse
 import ast
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
+from dataclasses import fields
 from typing import Any
 
 import torch
 
+from seqtrain.config import add_settings, field_default, setting, settings
+from seqtrain.config import from_args as read_settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import POSITIVE_FLOAT, PROBABILITY, Bounds
 from seqtrain.optim.overrides import check_optimizer_overrides
 from seqtrain.registry import OPTIMIZERS
 
 # ---------------------------------------------------------------------------------------------------------------
-# flag tables shared by optimizers and lr schedulers
-
-FlagSpec = tuple[tuple[str, ...], dict[str, Any]]
+# settings classes of the optimizers and lr schedulers, one per component
 
 
 def parse_lr_list(value: Any) -> list[float]:
@@ -62,41 +64,25 @@ def _lr_arg(value: str) -> list[float]:
 
 
 def add_component_args(
-    parser: argparse.ArgumentParser,
-    title: str,
-    tables: dict[str, list[FlagSpec]],
-    name: str | None,
-    common: Sequence[FlagSpec] = (),
+    parser: argparse.ArgumentParser, title: str, configs: dict[str, type], name: str | None
 ) -> argparse._ArgumentGroup:
-    """Add `common` plus the flags of `tables[name]` (or of every entry when name is None), skipping flags the
-    parser already has. In the union case a flag with different defaults per component defaults to None."""
-    if name is not None and name not in tables:
-        raise SeqtrainError(f"unknown {title} {name!r}; choose from: {', '.join(sorted(tables))}")
-    chosen = [name] if name is not None else list(tables)
+    """Add the flags of component `name`'s settings class `configs[name]` (or of every component's when name is
+    None), skipping flags the parser already has. In the union case a flag with different defaults per component
+    defaults to None (each component's builder then reads its own default: seqtrain.config.from_args)."""
+    if name is not None and name not in configs:
+        raise SeqtrainError(f"unknown {title} {name!r}; choose from: {', '.join(sorted(configs))}")
+    chosen = [name] if name is not None else list(configs)
     defaults: dict[str, set] = {}
     for n in chosen:
-        for flags, kw in tables[n]:
-            defaults.setdefault(flags[0], set()).add(repr(kw.get("default")))
+        for f in fields(configs[n]):
+            defaults.setdefault(f.name, set()).add(repr(field_default(f)))
     group = parser.add_argument_group(title if name is None else f"{title} ({name})")
-    existing = parser._option_string_actions
-    for flags, kw in list(common) + [spec for n in chosen for spec in tables[n]]:
-        if any(f in existing for f in flags):
-            continue
-        if len(defaults.get(flags[0], ())) > 1:
-            kw = {**kw, "default": None}
-        group.add_argument(*flags, **kw)
+    for n in chosen:
+        add_settings(parser, configs[n], group=group)
+    for action in group._group_actions:
+        if len(defaults.get(action.dest, ())) > 1:
+            action.default = None
     return group
-
-
-def flag_value(args: Any, tables: dict[str, list[FlagSpec]], name: str, dest: str) -> Any:
-    """`args.<dest>`, or component `name`'s default when the flag is absent or None (union-mode parsers)."""
-    value = getattr(args, dest, None)
-    if value is not None:
-        return value
-    for flags, kw in tables[name]:
-        if flags[0].lstrip("-").replace("-", "_") == dest:
-            return kw.get("default")
-    return None
 
 
 def _literal_floats(value: Any, flag: str, n: int) -> tuple[float, ...]:
@@ -113,82 +99,105 @@ def _literal_floats(value: Any, flag: str, n: int) -> tuple[float, ...]:
     return out
 
 
-COMMON_FLAGS: list[FlagSpec] = [
-    (
-        ("--lr",),
-        dict(
-            default=[0.25],
-            type=_lr_arg,
-            metavar="LR_1,LR_2,...,LR_N",
-            help="learning rate; a comma-separated list gives one per epoch (fixed schedule)",
-        ),
-    ),
-]
+def _weight_decay(text: str) -> Any:
+    return setting(
+        0.0, text, flags=("--weight-decay", "--wd"), type=float, metavar="WD", bounds=Bounds(0, 1000)
+    )
 
-OPTIMIZER_FLAGS: dict[str, list[FlagSpec]] = {
-    "adam": [
-        (("--adam-betas",), dict(default="(0.9, 0.999)", metavar="B", help="betas for Adam")),
-        (("--adam-eps",), dict(type=float, default=1e-8, metavar="D", help="epsilon for Adam")),
-        (
-            ("--weight-decay", "--wd"),
-            dict(type=float, default=0.0, metavar="WD", help="decoupled weight decay"),
-        ),
-    ],
-    "nag": [
-        (("--momentum",), dict(type=float, default=0.99, metavar="M", help="momentum factor")),
-        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="weight decay")),
-    ],
-    "sgd": [
-        (("--momentum",), dict(type=float, default=0.0, metavar="M", help="momentum factor")),
-        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="weight decay")),
-    ],
-    "adafactor": [
-        (("--adafactor-eps",), dict(default="(1e-30, 1e-3)", metavar="E", help="epsilons for Adafactor")),
-        (
-            ("--clip-threshold",),
-            dict(
-                type=float,
-                default=1.0,
-                metavar="C",
-                help="threshold for clipping the update's root mean square",
-            ),
-        ),
-        (
-            ("--decay-rate",),
-            dict(type=float, default=-0.8, metavar="D", help="decay rate of the second moment estimator"),
-        ),
-        (
-            ("--beta1",),
-            dict(
-                type=float,
-                default=None,
-                metavar="B",
-                help="beta for the first moment estimator (off when unset)",
-            ),
-        ),
-        (("--weight-decay", "--wd"), dict(type=float, default=0.0, metavar="WD", help="weight decay")),
-        (("--scale-parameter",), dict(action="store_true", help="scale the lr by the parameter's RMS")),
-        (
-            ("--relative-step",),
-            dict(action="store_true", help="use lr = 1/sqrt(step) (capped at 1e-2) instead of --lr"),
-        ),
-        (
-            ("--warmup-init",),
-            dict(action="store_true", help="relative step warm-up: lr = min(1e-6*step, ...)"),
-        ),
-    ],
+
+def _momentum(default: float) -> Any:
+    return setting(default, "momentum factor", type=float, metavar="M", bounds=PROBABILITY)
+
+
+@settings
+class LrConfig:
+    """Optimizer: the learning rate every optimizer takes"""
+
+    # 0: weights stay as loaded (checks of loading and resuming)
+    lr: list[float] = setting(
+        [0.25],
+        "learning rate; a comma-separated list gives one per epoch (fixed schedule)",
+        type=_lr_arg,
+        metavar="LR_1,LR_2,...,LR_N",
+        bounds=Bounds(0, 1000),
+    )
+
+
+@settings
+class AdamConfig(LrConfig):
+    """Optimizer (adam)"""
+
+    adam_betas: str = setting("(0.9, 0.999)", "betas for Adam", metavar="B")
+    adam_eps: float = setting(
+        1e-8, "epsilon for Adam", type=float, metavar="D", bounds=Bounds(0, 1, lo_open=True)
+    )
+    weight_decay: float = _weight_decay("decoupled weight decay")
+
+
+@settings
+class NagConfig(LrConfig):
+    """Optimizer (nag)"""
+
+    momentum: float = _momentum(0.99)
+    weight_decay: float = _weight_decay("weight decay")
+
+
+@settings
+class SgdConfig(LrConfig):
+    """Optimizer (sgd)"""
+
+    momentum: float = _momentum(0.0)
+    weight_decay: float = _weight_decay("weight decay")
+
+
+@settings
+class AdafactorConfig(LrConfig):
+    """Optimizer (adafactor)"""
+
+    adafactor_eps: str = setting("(1e-30, 1e-3)", "epsilons for Adafactor", metavar="E")
+    clip_threshold: float = setting(
+        1.0,
+        "threshold for clipping the update's root mean square",
+        type=float,
+        metavar="C",
+        bounds=POSITIVE_FLOAT,
+    )
+    decay_rate: float = setting(
+        -0.8, "decay rate of the second moment estimator", type=float, metavar="D", bounds=Bounds(-1, 0)
+    )
+    beta1: float | None = setting(
+        None,
+        "beta for the first moment estimator (off when unset)",
+        type=float,
+        metavar="B",
+        bounds=PROBABILITY,
+    )
+    weight_decay: float = _weight_decay("weight decay")
+    scale_parameter: bool = setting(False, "scale the lr by the parameter's RMS", action="store_true")
+    relative_step: bool = setting(
+        False, "use lr = 1/sqrt(step) (capped at 1e-2) instead of --lr", action="store_true"
+    )
+    warmup_init: bool = setting(False, "relative step warm-up: lr = min(1e-6*step, ...)", action="store_true")
+
+
+# each optimizer's settings (fairseq registers a dataclass with each optimizer likewise)
+OPTIMIZER_CONFIGS: dict[str, type] = {
+    "adam": AdamConfig,
+    "nag": NagConfig,
+    "sgd": SgdConfig,
+    "adafactor": AdafactorConfig,
 }
 
 
 def add_args(parser: argparse.ArgumentParser, name: str | None = None) -> argparse._ArgumentGroup:
     """Add `--optimizer`, `--lr` and the optimizer flags (of `name`, or of all optimizers)."""
     existing = parser._option_string_actions
-    group = add_component_args(parser, "optimizer", OPTIMIZER_FLAGS, name, COMMON_FLAGS)
+    group = add_component_args(parser, "optimizer", OPTIMIZER_CONFIGS, name)
     if "--optimizer" not in existing:
         group.add_argument(
             "--optimizer",
             default=name or "adam",
-            choices=sorted(OPTIMIZER_FLAGS),
+            choices=sorted(OPTIMIZER_CONFIGS),
             help="optimizer (fairseq names)",
         )
     return group
@@ -481,12 +490,12 @@ def build_adam(args: Any, params: Iterable) -> Optimizer:
     enters the bias correction (torch: sqrt(v/bc2) + eps; fairseq: (sqrt(v) + eps)/sqrt(bc2)), which matters only
     while sqrt(v) is comparable to eps."""
     params = _trainable(params)
-    t = OPTIMIZER_FLAGS
+    c = read_settings(AdamConfig, args)
     kw = dict(
-        lr=parse_lr_list(args.lr)[0],
-        betas=_literal_floats(flag_value(args, t, "adam", "adam_betas"), "--adam-betas", 2),
-        eps=float(flag_value(args, t, "adam", "adam_eps")),
-        weight_decay=float(flag_value(args, t, "adam", "weight_decay")),
+        lr=parse_lr_list(c.lr)[0],
+        betas=_literal_floats(c.adam_betas, "--adam-betas", 2),
+        eps=float(c.adam_eps),
+        weight_decay=float(c.weight_decay),
     )
     # fused: one kernel for all parameters, on CUDA and (torch >= 2.4) on the CPU too, where it is also several
     # times faster than foreach and needs no parameter-sized temporaries (bart_base: 408 MiB less at the step)
@@ -498,13 +507,13 @@ def build_adam(args: Any, params: Iterable) -> Optimizer:
 
 @OPTIMIZERS.register("nag")
 def build_nag(args: Any, params: Iterable) -> Optimizer:
-    t = OPTIMIZER_FLAGS
+    c = read_settings(NagConfig, args)
     return Optimizer(
         NAG(
             _trainable(params),
-            lr=parse_lr_list(args.lr)[0],
-            momentum=float(flag_value(args, t, "nag", "momentum")),
-            weight_decay=float(flag_value(args, t, "nag", "weight_decay")),
+            lr=parse_lr_list(c.lr)[0],
+            momentum=float(c.momentum),
+            weight_decay=float(c.weight_decay),
         ),
         "nag",
     )
@@ -512,13 +521,13 @@ def build_nag(args: Any, params: Iterable) -> Optimizer:
 
 @OPTIMIZERS.register("sgd")
 def build_sgd(args: Any, params: Iterable) -> Optimizer:
-    t = OPTIMIZER_FLAGS
+    c = read_settings(SgdConfig, args)
     return Optimizer(
         torch.optim.SGD(
             _trainable(params),
-            lr=parse_lr_list(args.lr)[0],
-            momentum=float(flag_value(args, t, "sgd", "momentum")),
-            weight_decay=float(flag_value(args, t, "sgd", "weight_decay")),
+            lr=parse_lr_list(c.lr)[0],
+            momentum=float(c.momentum),
+            weight_decay=float(c.weight_decay),
             foreach=True,
         ),
         "sgd",
@@ -529,19 +538,18 @@ def build_sgd(args: Any, params: Iterable) -> Optimizer:
 def build_adafactor(args: Any, params: Iterable) -> Optimizer:
     """fairseq's adafactor flags. With --relative-step the step size comes from the step count and --lr is
     ignored (fairseq refuses the combination, but its --lr always has a value, so it could never be used)."""
-    t = OPTIMIZER_FLAGS
-    relative = bool(flag_value(args, t, "adafactor", "relative_step"))
+    c = read_settings(AdafactorConfig, args)
     opt = Adafactor(
         _trainable(params),
-        lr=None if relative else parse_lr_list(args.lr)[0],
-        eps=_literal_floats(flag_value(args, t, "adafactor", "adafactor_eps"), "--adafactor-eps", 2),
-        clip_threshold=float(flag_value(args, t, "adafactor", "clip_threshold")),
-        decay_rate=float(flag_value(args, t, "adafactor", "decay_rate")),
-        beta1=flag_value(args, t, "adafactor", "beta1"),
-        weight_decay=float(flag_value(args, t, "adafactor", "weight_decay")),
-        scale_parameter=bool(flag_value(args, t, "adafactor", "scale_parameter")),
-        relative_step=relative,
-        warmup_init=bool(flag_value(args, t, "adafactor", "warmup_init")),
+        lr=None if c.relative_step else parse_lr_list(c.lr)[0],
+        eps=_literal_floats(c.adafactor_eps, "--adafactor-eps", 2),
+        clip_threshold=float(c.clip_threshold),
+        decay_rate=float(c.decay_rate),
+        beta1=c.beta1,
+        weight_decay=float(c.weight_decay),
+        scale_parameter=c.scale_parameter,
+        relative_step=c.relative_step,
+        warmup_init=c.warmup_init,
     )
     return Optimizer(opt, "adafactor")
 

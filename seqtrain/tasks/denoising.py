@@ -14,6 +14,7 @@ import logging
 import os
 from typing import Any
 
+from seqtrain.config import setting, settings
 from seqtrain.data.denoising_dataset import DenoisingDataset, full_stop_index, word_start_table
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
@@ -21,114 +22,94 @@ from seqtrain.data.noise import MASK_LENGTHS, Noise
 from seqtrain.data.token_blocks import BREAK_MODES, TokenBlockDataset
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import PROBABILITY, Bounds
 from seqtrain.registry import TASKS
 from seqtrain.tasks import bpe_flags
-from seqtrain.tasks.translation import TranslationTask
+from seqtrain.tasks.translation import TranslationConfig, TranslationTask
 
 logger = logging.getLogger(__name__)
+
+
+def _share(default: float, text: str, metavar: str = "P") -> Any:
+    return setting(default, text, type=float, metavar=metavar, bounds=PROBABILITY)
+
+
+@settings
+class DenoisingConfig(TranslationConfig):
+    """Task (denoising)
+
+    fairseq 0.12's DenoisingConfig flags, names and defaults (the noise: seqtrain.data.noise)."""
+
+    data: str | None = setting(
+        None,
+        "monolingual data-bin (dict.txt, {split}.bin/.idx from seqtrain-preprocess --only-source), or "
+        "several separated by ':', used one per epoch in turn",
+        flags="data",
+        metavar="DATA",
+    )
+    tokens_per_sample: int = setting(
+        512,
+        "positions per block, <s> and </s> included (default: 512)",
+        type=int,
+        metavar="N",
+        bounds=Bounds(3, 1 << 20),  # <s>, one token, </s>
+    )
+    sample_break_mode: str = setting(
+        "complete_doc",
+        "where blocks may break: none (anywhere), complete (between lines), complete_doc (between "
+        "lines, not across documents), eos (one line per block) (default: complete_doc)",
+        choices=BREAK_MODES,
+    )
+    mask: float = _share(0.0, "share of words (or subwords, by --mask-length) to mask (default: 0.0)")
+    mask_random: float = _share(
+        0.0, "share of masks (and insertions) that are a random token instead of <mask> (default: 0.0)"
+    )
+    insert: float = _share(0.0, "insert this share of additional <mask> (or random) tokens (default: 0.0)")
+    permute: float = _share(
+        0.0,
+        "share of the tokens of a block moved to each other's places (fairseq 0.12 "
+        "accepts the flag but never applies it)",
+    )
+    rotate: float = _share(0.5, "share of blocks rotated to start at a random token (default: 0.5)")
+    # fairseq's span distribution keeps P(k) up to the first below 1e-7: above -ln(1e-7) = 16.1 that is P(0)
+    # alone (every span empty), and from ~100 P(0) underflows to 0 (torch: invalid multinomial distribution)
+    poisson_lambda: float = setting(
+        3.0,
+        "mean span length of --mask-length span-poisson (default: 3.0)",
+        type=float,
+        metavar="L",
+        bounds=Bounds(0, 16, lo_open=True),
+    )
+    permute_sentences: float = setting(
+        -1.0,
+        "share of the sentences of a block to shuffle; <= 0: none",
+        type=float,
+        metavar="P",
+        bounds=Bounds(0, 1, off=-1),
+    )
+    mask_length: str = setting(
+        "subword",
+        "what one mask covers: a subword, a whole word, or a span of words of Poisson(--poisson-lambda) "
+        "length (default: subword)",
+        choices=MASK_LENGTHS,
+    )
+    replace_length: int = setting(
+        0,
+        "a masked span becomes 0 tokens (deleted), 1 <mask>, or -1: one <mask> per token (default: 0)",
+        type=int,
+        choices=(-1, 0, 1),
+        bounds=Bounds(-1, 1),
+    )
+    shuffle_instance: float = _share(
+        0.0, "non-zero: shuffle the blocks before sorting them by size into batches", metavar="X"
+    )
 
 
 @TASKS.register("denoising")
 class DenoisingTask(TranslationTask):
     """Rebuild token blocks of monolingual text from noised copies (BART's pretraining objective)."""
 
-    @staticmethod
-    def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-        """fairseq 0.12's DenoisingConfig flags, names and defaults."""
-        group = parser.add_argument_group("Task (denoising)")
-        group.add_argument(
-            "data",
-            metavar="DATA",
-            help="monolingual data-bin (dict.txt, {split}.bin/.idx from seqtrain-preprocess --only-source), or "
-            "several separated by ':', used one per epoch in turn",
-        )
-        add = group.add_argument
-        add(
-            "--tokens-per-sample",
-            type=int,
-            default=512,
-            metavar="N",
-            help="positions per block, <s> and </s> included (default: 512)",
-        )
-        add(
-            "--sample-break-mode",
-            default="complete_doc",
-            choices=BREAK_MODES,
-            help="where blocks may break: none (anywhere), complete (between lines), complete_doc (between "
-            "lines, not across documents), eos (one line per block) (default: complete_doc)",
-        )
-        add(
-            "--mask",
-            type=float,
-            default=0.0,
-            metavar="P",
-            help="share of words (or subwords, by --mask-length) to mask (default: 0.0)",
-        )
-        add(
-            "--mask-random",
-            type=float,
-            default=0.0,
-            metavar="P",
-            help="share of masks (and insertions) that are a random token instead of <mask> (default: 0.0)",
-        )
-        add(
-            "--insert",
-            type=float,
-            default=0.0,
-            metavar="P",
-            help="insert this share of additional <mask> (or random) tokens (default: 0.0)",
-        )
-        add(
-            "--permute",
-            type=float,
-            default=0.0,
-            metavar="P",
-            help="share of the tokens of a block moved to each other's places (fairseq 0.12 "
-            "accepts the flag but never applies it)",
-        )
-        add(
-            "--rotate",
-            type=float,
-            default=0.5,
-            metavar="P",
-            help="share of blocks rotated to start at a random token (default: 0.5)",
-        )
-        add(
-            "--poisson-lambda",
-            type=float,
-            default=3.0,
-            metavar="L",
-            help="mean span length of --mask-length span-poisson (default: 3.0)",
-        )
-        add(
-            "--permute-sentences",
-            type=float,
-            default=-1.0,
-            metavar="P",
-            help="share of the sentences of a block to shuffle; <= 0: none",
-        )
-        add(
-            "--mask-length",
-            default="subword",
-            choices=MASK_LENGTHS,
-            help="what one mask covers: a subword, a whole word, or a span of words of Poisson(--poisson-lambda) "
-            "length (default: subword)",
-        )
-        add(
-            "--replace-length",
-            type=int,
-            default=0,
-            choices=(-1, 0, 1),
-            help="a masked span becomes 0 tokens (deleted), 1 <mask>, or -1: one <mask> per token (default: 0)",
-        )
-        add(
-            "--shuffle-instance",
-            type=float,
-            default=0.0,
-            metavar="X",
-            help="non-zero: shuffle the blocks before sorting them by size into batches",
-        )
-        return group
+    config: type = DenoisingConfig
 
     def __init__(self, args: argparse.Namespace, dictionary: Dictionary, tokenizer_spec: dict | None = None):
         super().__init__(args, dictionary, dictionary, tokenizer_spec)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from seqtrain.checkpoint.load import load_model
+from seqtrain.config import add_settings, setting, settings
 from seqtrain.criterions import build_criterion
 from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
 from seqtrain.data.dictionary import Dictionary
@@ -46,19 +47,29 @@ def infer_language_pair(path: str) -> tuple[str | None, str | None]:
     return found[0][1], found[0][2]
 
 
+@settings
+class TranslationConfig:
+    """Task (translation)
+
+    The data-bin a translation or summarization task reads (the first docstring line is the group's title)."""
+
+    data: str | None = setting(
+        None,
+        "data-bin folder (or several, separated by ':', used one per epoch in turn)",
+        flags="data",
+        metavar="DATA",
+    )
+
+
 @TASKS.register("translation", "summarization")
 class TranslationTask:
     """Translate a source sequence into a target sequence (summarization is the same task)."""
 
-    @staticmethod
-    def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-        group = parser.add_argument_group("Task (translation)")
-        group.add_argument(
-            "data",
-            metavar="DATA",
-            help="data-bin folder (or several, separated by ':', used one per epoch in turn)",
-        )
-        return group
+    config: type = TranslationConfig  # its settings (fairseq registers a dataclass with each task likewise)
+
+    @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+        return add_settings(parser, cls.config)
 
     def __init__(
         self,

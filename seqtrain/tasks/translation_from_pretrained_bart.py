@@ -16,22 +16,31 @@ from __future__ import annotations
 
 import argparse
 
+from seqtrain.config import add_settings, setting, settings
+from seqtrain.config import from_args as read_settings
 from seqtrain.data.dictionary import add_language_symbols, language_id, parse_langs
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TASKS
 from seqtrain.tasks.translation import TranslationTask
 
 
+@settings
+class LangsConfig:
+    """Task (translation_from_pretrained_bart)
+
+    fairseq's --langs (seqtrain-train, -generate and -interactive take it)."""
+
+    langs: str | None = setting(
+        None,
+        "comma-separated language codes of the pretrained mBART, in its order (e.g. ar_AR,cs_CZ,...); "
+        "[code] symbols and <mask> are appended to the dictionaries, as fairseq does",
+        metavar="LANGS",
+    )
+
+
 def add_langs_flag(parser: argparse.ArgumentParser) -> None:
     """--langs, fairseq's flag (seqtrain-train, -generate and -interactive take it)."""
-    group = parser.add_argument_group("Task (translation_from_pretrained_bart)")
-    group.add_argument(
-        "--langs",
-        default=None,
-        metavar="LANGS",
-        help="comma-separated language codes of the pretrained mBART, in its order (e.g. ar_AR,cs_CZ,...); "
-        "[code] symbols and <mask> are appended to the dictionaries, as fairseq does",
-    )
+    add_settings(parser, LangsConfig)
 
 
 @TASKS.register("translation_from_pretrained_bart")
@@ -42,7 +51,7 @@ class TranslationFromPretrainedBARTTask(TranslationTask):
 
     @classmethod
     def setup_task(cls, args: argparse.Namespace) -> TranslationFromPretrainedBARTTask:
-        if not parse_langs(getattr(args, "langs", None)):
+        if not parse_langs(read_settings(LangsConfig, args).langs):
             raise SeqtrainError(
                 "--task translation_from_pretrained_bart needs --langs (the pretrained mBART's language codes, "
                 "e.g. en_XX,ro_RO)"

@@ -21,7 +21,6 @@ the intact one to use instead.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import os
@@ -38,8 +37,8 @@ from seqtrain import distributed
 from seqtrain.checkpoint.files import CheckpointContents, load_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint, read_loaded
 from seqtrain.checkpoint.hub import resolve_model_path
+from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.checkpoint.train_state import TrainState
-from seqtrain.config import CheckpointConfig, from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, file_kind, link_or_copy, loads_bounded
 
@@ -109,10 +108,11 @@ class CheckpointManager:
     """Applies the checkpoint flags of one run: what to save after an update or epoch, what to prune, where to
     resume from, and --patience."""
 
-    def __init__(self, args: argparse.Namespace, config_text: str | None = None):
-        """`config_text`: the run's resolved flags (seqtrain.flags.parsers.resolved_train_config), written to
-        SAVE_DIR/config.yaml with the run's first checkpoint."""
-        self.cfg = from_args(CheckpointConfig, args)
+    def __init__(self, cfg: CheckpointConfig, config_text: str | None = None):
+        """`cfg`: the run's Checkpoint settings (read from the flags by the training loop); `config_text`: the
+        run's resolved flags (seqtrain.flags.parsers.resolved_train_config), written to SAVE_DIR/config.yaml with
+        the run's first checkpoint."""
+        self.cfg = cfg
         self.config_text = config_text
         self.save_dir = self.cfg.save_dir
         self.best: float | None = None

@@ -32,7 +32,9 @@ import torch
 
 from seqtrain import distributed
 from seqtrain.checkpoint.formats import read_checkpoint
-from seqtrain.cuda import set_deterministic
+from seqtrain.checkpoint.options import CheckpointConfig
+from seqtrain.config import from_args
+from seqtrain.cuda import DeviceConfig, set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
 from seqtrain.data.options import check_dataset_args
@@ -44,7 +46,8 @@ from seqtrain.flags.parsers import resolved_train_config
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
-from seqtrain.logging.trackers import Tracker, make_trackers
+from seqtrain.logging.progress import LoggingConfig
+from seqtrain.logging.trackers import Tracker, TrackingConfig, make_trackers
 from seqtrain.tasks import setup_task
 from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
@@ -52,7 +55,7 @@ from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain.train.savedir_lock import save_dir_lock
 from seqtrain.train.stop_signals import GracefulStop
-from seqtrain.train.trainer import Trainer, rng_state, set_rng_state
+from seqtrain.train.trainer import Trainer, TrainerConfig, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
 
@@ -148,7 +151,7 @@ def train(args: argparse.Namespace) -> int:
     """Train with the parsed flags (seqtrain.flags.parsers.parse_train_args) on one process or one per rank; returns
     the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.train.stop_signals). User errors raise
     SeqtrainError."""
-    if getattr(args, "deterministic", False):
+    if from_args(DeviceConfig, args).deterministic:
         # before any rank starts: spawned ranks inherit CUBLAS_WORKSPACE_CONFIG from this process's
         # environment (the Trainer sets torch's own settings again in each rank)
         set_deterministic()
@@ -207,12 +210,12 @@ def _train(args: argparse.Namespace) -> int:
     logger.info(f"model: {model_summary(model, task)}")  # one line of sizes, not the module tree
     logger.info(f"criterion: {type(criterion).__name__}")
 
-    trainer = Trainer(args, task, model, criterion)
+    trainer = Trainer(TrainerConfig.from_args(args), task, model, criterion, args)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
     threads = host_cpu.fit_threads(trainer.device.type, local_ranks(args))
     if threads:
         logger.info(threads)
-    bf16_warning = host_cpu.bf16_cpu_warning(bool(getattr(args, "bf16", False)), trainer.device.type)
+    bf16_warning = host_cpu.bf16_cpu_warning(trainer.cfg.device.bf16, trainer.device.type)
     if bf16_warning:
         logger.warning(bf16_warning)
     world = args.distributed_world_size
@@ -245,19 +248,25 @@ def _train(args: argparse.Namespace) -> int:
             split=split,
         )
 
-    manager = CheckpointManager(args, config)
+    manager = CheckpointManager(from_args(CheckpointConfig, args), config)
     resumed, epoch_itr = manager.restore(trainer, get_train_iterator)
     if trainer.save_adapters_only and trainer.lora_base is None:
         raise SeqtrainError(
             "--save-adapters-only: adapters need a base model file to be saved against; start from one with "
             "--finetune-from-model PATH"
         )
-    seed = getattr(args, "ema_seed_model", None)
+    seed = trainer.cfg.ema.ema_seed_model
     if seed and resumed is None:  # a first launch: the EMA starts from --ema-seed-model's
         if not os.path.exists(seed):
             raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
         trainer.seed_ema(read_checkpoint(seed, unsafe=args.unsafe_load, require_dict=False), seed)
-    tracker = make_trackers(args) if is_master(args) else None
+    tracker = None
+    if is_master(args):
+        tracking = from_args(TrackingConfig, args)
+        run_dir = None if manager.cfg.no_save else manager.cfg.save_dir
+        tracker = make_trackers(
+            tracking, from_args(LoggingConfig, args).tensorboard_logdir, run_dir, vars(args)
+        )
     loop = TrainLoop(args, trainer, task, manager, tracker)
     try:
         with loop.stop:
@@ -293,7 +302,7 @@ class TrainLoop:
         self.stop = GracefulStop()
         self.rouge: Any | None = None
         if args.eval_rouge:
-            self.rouge = RougeValidator(args, task)
+            self.rouge = RougeValidator.from_args(args, task)
         self.eta = Eta(trainer.get_num_updates())
         self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
 

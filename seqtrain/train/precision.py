@@ -23,30 +23,28 @@ gradient, freed at the move) + 4 (fp32 gradient) bytes, as fairseq's FP16Optimiz
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 
+from seqtrain.cuda import BF16_MODES, DeviceConfig
 from seqtrain.errors import SeqtrainError
 
-BF16_MODES = ("autocast", "fairseq")
 
-
-def bf16_mode(args: Any) -> str:
+def bf16_mode(mode: str, device: DeviceConfig, ddp_backend: str) -> str:
     """The run's --bf16-mode, checked against the flags it cannot be combined with (one line each)."""
-    mode = getattr(args, "bf16_mode", None) or "autocast"
+    mode = mode or "autocast"
     if mode not in BF16_MODES:
         raise SeqtrainError(f"--bf16-mode: choose from {', '.join(BF16_MODES)}, got {mode!r}")
     if mode == "autocast":
         return mode
-    if not getattr(args, "bf16", False):
+    if not device.bf16:
         raise SeqtrainError("--bf16-mode fairseq needs --bf16 (it says how bf16 training runs)")
-    if getattr(args, "memory_efficient_bf16", False):
+    if device.memory_efficient_bf16:
         raise SeqtrainError(
             "--memory-efficient-bf16 (bf16 weights without an fp32 master copy) cannot be combined with "
             "--bf16-mode fairseq (which keeps one); drop one of them"
         )
-    if getattr(args, "ddp_backend", None) == "fully_sharded":
+    if ddp_backend == "fully_sharded":
         raise SeqtrainError(
             "--bf16-mode fairseq cannot be used with --ddp-backend fully_sharded (as in fairseq); FSDP's own "
             "mixed precision computes in bf16 over fp32 shards: use --bf16 alone"

@@ -20,8 +20,11 @@ from typing import Any
 
 import torch
 
+from seqtrain.config import from_args as read_settings
+from seqtrain.cuda import DeviceConfig
+from seqtrain.data.options import DatasetConfig
 from seqtrain.data.tokenizer import build_tokenizer
-from seqtrain.flags.rouge import generation_args
+from seqtrain.flags.rouge import RougeValidationConfig, generation_args
 from seqtrain.generation.sequence_generator import build_generator, generate_batch
 from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, format_intervals, mean_scores
 
@@ -34,15 +37,28 @@ ROUGE_LOG_NAMES = {"rouge1": "rouge1", "rouge2": "rouge2", "rougeL": "rouge_l", 
 class RougeValidator:
     """Collects (hypothesis, reference) pairs batch by batch during one validation, then scores them."""
 
-    def __init__(self, args: argparse.Namespace, task: Any):
-        self.gen_args = generation_args(getattr(args, "eval_rouge_args", "{}"), getattr(args, "seed", 1))
-        self.print_samples = bool(getattr(args, "eval_rouge_print_samples", False))
-        self.bootstrap = int(getattr(args, "eval_rouge_bootstrap", 0) or 0)
-        self.seed = int(getattr(args, "seed", 1))
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, task: Any) -> RougeValidator:
+        """The validator of parsed flags (a hand-made Namespace may lack some: defaults fill them)."""
+        data = read_settings(DatasetConfig, args)
+        return cls(
+            read_settings(RougeValidationConfig, args),
+            task,
+            read_settings(DeviceConfig, args).seed,
+            data.prepend_bos,
+        )
+
+    def __init__(self, cfg: RougeValidationConfig, task: Any, seed: int = 1, prepend_bos: bool = False):
+        """`cfg`: the --eval-rouge settings; `seed`: the run's --seed (generation and the bootstrap draw from
+        it); `prepend_bos`: the data's --prepend-bos (the decoder then starts after <s>)."""
+        self.gen_args = generation_args(cfg.eval_rouge_args, seed)
+        self.print_samples = cfg.eval_rouge_print_samples
+        self.bootstrap = int(cfg.eval_rouge_bootstrap or 0)
+        self.seed = int(seed)
         self.tgt_dict = task.target_dictionary
         spec = getattr(task, "tokenizer_spec", None)
         self.tokenizer = build_tokenizer(spec if spec else {"kind": "none"})
-        self.force_bos = self.tgt_dict.bos() if getattr(args, "prepend_bos", False) else None
+        self.force_bos = self.tgt_dict.bos() if prepend_bos else None
         # the task's decoder start and end tokens (mBART's translation task: the target's [lang] for both)
         self.gen_tokens = task.generator_tokens() if hasattr(task, "generator_tokens") else {}
         self.hypotheses: list[str] = []

@@ -46,14 +46,22 @@ from seqtrain import distributed
 from seqtrain.checkpoint.adapters import adapter_state, base_record
 from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file, strip_wrapper_prefix
 from seqtrain.checkpoint.native import make_checkpoint_state
+from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import from_args
-from seqtrain.cuda import nondeterministic_error, set_cuda_kernels, set_deterministic
+from seqtrain.cuda import (
+    Bf16ModeConfig,
+    DeviceConfig,
+    nondeterministic_error,
+    set_cuda_kernels,
+    set_deterministic,
+)
 from seqtrain.data.iterators import spare_data_workers
 from seqtrain.data.pair_dataset import split_batch
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging.meters import MetersDict, perplexity
-from seqtrain.models.freeze import freeze
+from seqtrain.logging.progress import LoggingConfig
+from seqtrain.models.freeze import FreezeConfig, freeze
 from seqtrain.models.resize import (
     check_state_fits,
     fill_adapters,
@@ -65,11 +73,13 @@ from seqtrain.models.transformer import compile_layers
 from seqtrain.optim import (
     DynamicLossScaler,
     GradientOverflow,
+    OptimizationConfig,
     build_lr_scheduler,
     build_optimizer,
     check_optimizer_overrides,
 )
-from seqtrain.optim.ema import EMA
+from seqtrain.optim.ema import EMA, EmaConfig
+from seqtrain.optim.loss_scaler import LossScalerConfig
 from seqtrain.tasks.step import StepContext
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 from seqtrain.train.precision import Bf16Compute, bf16_mode
@@ -101,26 +111,23 @@ class _Accumulated:
 
 @dataclass
 class TrainerConfig:
-    """The Trainer's own settings (the flags of the same names); TrainerConfig.from_args(args) reads them."""
+    """The Trainer's settings: the flag groups it reads, composed (each declared once, beside its own code) and
+    read from the parsed flags once, by TrainerConfig.from_args(args)."""
 
-    seed: int = 1
-    cpu: bool = False
-    device_id: int = 0
-    fp16: bool = False
-    bf16: bool = False
-    bf16_mode: str = "autocast"
-    compile: bool = False
-    no_tf32: bool = False
-    cudnn_attention: bool = False
-    deterministic: bool = False
-    clip_norm: float = 0.0
-    optimizer: str = "adam"
-    store_ema: bool = False
-    ema_decay: float = 0.9999
-    ema_start_update: int = 0
-    ema_update_freq: int = 1
-    ema_fp32: bool = False
-    validate_with_ema: bool = False
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    precision: Bf16ModeConfig = field(default_factory=Bf16ModeConfig)
+    launch: distributed.LaunchConfig = field(default_factory=distributed.LaunchConfig)  # --device-id
+    parallel: distributed.DataParallelConfig = field(default_factory=distributed.DataParallelConfig)
+    update: OptimizationConfig = field(default_factory=OptimizationConfig)  # --clip-norm, --update-freq
+    loss_scaler: LossScalerConfig = field(default_factory=LossScalerConfig)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)
+    ema: EmaConfig = field(default_factory=EmaConfig)
+    checkpoint: CheckpointConfig = field(
+        default_factory=CheckpointConfig
+    )  # --save-adapters-only, --resize-vocab
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # --peak-flops
+    optimizer: str = "adam"  # the chosen --optimizer (its own flags: seqtrain.optim.build_optimizer)
+    lora_rank: int | None = None  # --lora-rank (the task applies the adapters; the Trainer freezes the rest)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TrainerConfig:
@@ -128,17 +135,34 @@ class TrainerConfig:
 
 
 class Trainer:
-    def __init__(self, args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any):
-        """`args`: the parsed flags; the Trainer's own come from TrainerConfig, the optimizer's, scheduler's,
-        loss scaler's and DDP/FSDP's from their builders, and the whole Namespace goes into checkpoints."""
+    @classmethod
+    def from_args(
+        cls, args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any
+    ) -> Trainer:
+        """The Trainer of parsed flags (scripts and tests; the training loop builds its TrainerConfig itself)."""
+        return cls(TrainerConfig.from_args(args), task, model, criterion, args)
+
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        task: Any,
+        model: torch.nn.Module,
+        criterion: Any,
+        args: argparse.Namespace,
+    ):
+        """`cfg`: the Trainer's settings (TrainerConfig.from_args, once, by the training loop). `args`: the run's
+        parsed flags, kept only for what takes the Namespace as it is: the checkpoints' fairseq-style `args`,
+        the registered optimizer and lr-scheduler builders (their interface, --user-dir plugins included), and
+        --max-tokens auto's budget, which the loop's batching reads from it."""
         self.args = args
-        self.cfg = cfg = TrainerConfig.from_args(args)
+        self.cfg = cfg
         self.task = task
         self.criterion = criterion
-        use_cuda = torch.cuda.is_available() and not cfg.cpu
-        self.device = torch.device("cuda", cfg.device_id) if use_cuda else torch.device("cpu")
-        if cfg.deterministic:
-            if cfg.cudnn_attention:
+        dev = cfg.device
+        use_cuda = torch.cuda.is_available() and not dev.cpu
+        self.device = torch.device("cuda", cfg.launch.device_id) if use_cuda else torch.device("cpu")
+        if dev.deterministic:
+            if dev.cudnn_attention:
                 raise SeqtrainError(
                     "--cudnn-attention and --deterministic exclude each other: cuDNN's attention backward is "
                     "not deterministic (in deterministic mode torch's attention leaves it out); drop one"
@@ -146,15 +170,17 @@ class Trainer:
             set_deterministic()  # in this rank, before its first CUDA work (seqtrain.cuda)
         if use_cuda:
             torch.cuda.set_device(self.device)
-            set_cuda_kernels(tf32=not cfg.no_tf32, cudnn_attention=cfg.cudnn_attention)
-        if cfg.fp16 and cfg.bf16:
+            set_cuda_kernels(tf32=not dev.no_tf32, cudnn_attention=dev.cudnn_attention)
+        if dev.fp16 and dev.bf16:
             raise SeqtrainError("--fp16 and --bf16 exclude each other; pick one")
-        if cfg.fp16 and not use_cuda:
+        if dev.fp16 and not use_cuda:
             raise SeqtrainError("--fp16 needs a CUDA device (use --bf16 on CPU, or drop --fp16)")
-        fairseq_bf16 = bf16_mode(args) == "fairseq"  # (checked: it needs --bf16)
+        fairseq_bf16 = (
+            bf16_mode(cfg.precision.bf16_mode, dev, cfg.parallel.ddp_backend) == "fairseq"
+        )  # (checked: it needs --bf16)
         # autocast's dtype; --bf16-mode fairseq runs a bf16 model instead (no autocast)
         self.amp_dtype: torch.dtype | None = (
-            torch.float16 if cfg.fp16 else torch.bfloat16 if cfg.bf16 and not fairseq_bf16 else None
+            torch.float16 if dev.fp16 else torch.bfloat16 if dev.bf16 and not fairseq_bf16 else None
         )
         # Parameters stay fp32 (the optimizer's master copy); autocast runs matmuls in the low precision, or a
         # bf16 copy of the model computes (--bf16-mode fairseq, built below once freezing is applied).
@@ -164,14 +190,13 @@ class Trainer:
         # Frozen weights first: DDP registers, and the optimizer keeps state for, trainable parameters only.
         freeze(
             self.model,
-            bool(getattr(args, "freeze_encoder", False)),
-            bool(getattr(args, "freeze_embeddings", False)),
-            getattr(args, "freeze_params", None),
-            lora=bool(getattr(args, "lora_rank", None)),
+            cfg.freeze.freeze_encoder,
+            cfg.freeze.freeze_embeddings,
+            cfg.freeze.freeze_params,
+            lora=bool(cfg.lora_rank),
         )
         # Several ranks: DDP around the model, or FSDP sharding it in place (before the optimizer sees it).
         self.world_size = distributed.get_world_size()
-        parallel = distributed.DataParallelConfig.from_args(args)
         self.bf16: Bf16Compute | None = None
         if fairseq_bf16:
             if self.world_size > 1:  # DDP starts every rank's bf16 copy from rank 0's; the masters must agree
@@ -179,28 +204,32 @@ class Trainer:
             self.bf16 = Bf16Compute(self.model)
         self.compute_model = self.bf16.compute if self.bf16 is not None else self.model
         self._forward_model = distributed.wrap_model(
-            parallel, self.compute_model, self.device, self.amp_dtype
+            cfg.parallel, self.compute_model, self.device, self.amp_dtype
         )
         self.is_fsdp = distributed.is_fsdp(self.model)
-        if cfg.compile:
+        if dev.compile:
             # per layer, as torchtitan compiles per block: the packed path's layers, one graph per layer
             # class, reused across batch shapes; the criterion, the optimizer and generation stay eager
             compile_layers(self.compute_model)
         self.optimizer = build_optimizer(args, self.model.parameters())
         self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
-        self.scaler = DynamicLossScaler.from_args(args) if self.amp_dtype == torch.float16 else None
+        self.scaler = (
+            DynamicLossScaler.from_config(cfg.loss_scaler, update_freq=cfg.update.update_freq[0])
+            if self.amp_dtype == torch.float16
+            else None
+        )
         for flag in ("validate_with_ema", "ema_seed_model"):
-            if getattr(args, flag, None) and not cfg.store_ema:
+            if getattr(cfg.ema, flag) and not cfg.ema.store_ema:
                 raise SeqtrainError(
                     f"--{flag.replace('_', '-')} needs --store-ema (there is no EMA without it)"
                 )
-        self.ema = self._new_ema() if cfg.store_ema else None
-        self.save_adapters_only = bool(getattr(args, "save_adapters_only", False))
-        if self.save_adapters_only and not getattr(args, "lora_rank", None):
+        self.ema = self._new_ema() if cfg.ema.store_ema else None
+        self.save_adapters_only = cfg.checkpoint.save_adapters_only
+        if self.save_adapters_only and not cfg.lora_rank:
             raise SeqtrainError(
                 "--save-adapters-only needs --lora-rank R (a run without adapters saves it all)"
             )
-        if self.save_adapters_only and cfg.store_ema:
+        if self.save_adapters_only and cfg.ema.store_ema:
             raise SeqtrainError(
                 "--save-adapters-only and --store-ema exclude each other (the EMA holds every weight)"
             )
@@ -221,14 +250,14 @@ class Trainer:
         self.num_trained_params = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         # mfu: counted FLOPs of each update (seqtrain/train/flops.py) against --peak-flops or the GPU's table figure
         low = torch.bfloat16 if fairseq_bf16 else self.amp_dtype
-        self.peak_flops = device_peak_flops(self.device, low, getattr(args, "peak_flops", None))
+        self.peak_flops = device_peak_flops(self.device, low, cfg.logging.peak_flops)
         self._flop_count = Seq2SeqFlops.from_model(self.model) if self.peak_flops else None
         self._dummy_batch: dict[str, Any] | None = None
         self._valid_start: float | None = None
         spare_data_workers(self.state_tensors)  # forked DataLoader workers free their copies
 
     def _new_ema(self) -> EMA:
-        c = self.cfg
+        c = self.cfg.ema
         return EMA(self.model, c.ema_decay, c.ema_start_update, c.ema_update_freq, c.ema_fp32)
 
     def state_tensors(self) -> list[torch.Tensor]:
@@ -285,7 +314,7 @@ class Trainer:
 
     def _set_seed(self) -> None:
         # Seed from the update count so a resumed run draws the same dropout masks as an uninterrupted one.
-        torch.manual_seed(self.cfg.seed + self.num_updates)
+        torch.manual_seed(self.cfg.device.seed + self.num_updates)
 
     def set_dummy_batch(self, batch: dict[str, Any]) -> None:
         """The batch a rank runs, with zero weight, when its shard has no batch left (epoch_itr.first_batch):
@@ -467,8 +496,8 @@ class Trainer:
     def _clip_grads(self) -> torch.Tensor:
         """--clip-norm (0: no clipping); returns the gradient norm before clipping, on the device."""
         if self.is_fsdp:  # sharded gradients: the norm is taken over all ranks' shards
-            return distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.clip_norm)
-        return self.optimizer.clip_grad_norm(self.cfg.clip_norm)
+            return distributed.clip_grad_norm_(list(self.optimizer.params), self.cfg.update.clip_norm)
+        return self.optimizer.clip_grad_norm(self.cfg.update.clip_norm)
 
     def _skip_update(self, totals: dict[str, float], gnorm: float) -> bool:
         """Whether the update is skipped: only dummy batches on every rank, or an fp16 overflow (the loss scale
@@ -547,8 +576,8 @@ class Trainer:
             meters.log_last("num_updates", self.num_updates)
             meters.log_last("lr", self.get_lr())
             meters.log_scalar("gnorm", gnorm, round=3)
-            if self.cfg.clip_norm > 0:
-                meters.log_scalar("clip", 100.0 if gnorm > self.cfg.clip_norm else 0.0, round=1)
+            if self.cfg.update.clip_norm > 0:
+                meters.log_scalar("clip", 100.0 if gnorm > self.cfg.update.clip_norm else 0.0, round=1)
             if self.scaler is not None:
                 meters.log_last("loss_scale", self.scaler.loss_scale, round=4)
             meters.log_sum("train_wall", train_time, round=0)
@@ -560,7 +589,7 @@ class Trainer:
     def validation_weights(self) -> contextlib.AbstractContextManager:
         """The weights validation runs with: the EMA's with --validate-with-ema (the model's own are back after
         the block), else the model's."""
-        if self.ema is not None and self.cfg.validate_with_ema:
+        if self.ema is not None and self.cfg.ema.validate_with_ema:
             if self.bf16 is not None:
                 return self._ema_in_bf16_copy()
             return self.ema.applied_to(self.model)
@@ -673,7 +702,7 @@ class Trainer:
             len(self.task.tgt_dict),
             padding_idx=self.task.src_dict.pad(),
             where=where,
-            allow_any=bool(getattr(self.args, "resize_vocab", False)),
+            allow_any=self.cfg.checkpoint.resize_vocab,
         )
         state = fill_adapters(fit_positions(state, self.model, where), self.model, where)
         check_state_fits(self.model, state, where)

@@ -139,7 +139,7 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
     args = parsers.parse_args_and_arch(parsers.get_training_parser(), args_for(data, save_dir, *extra))
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
-    return Trainer(args, task, task.build_model(args), task.build_criterion(args))
+    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
 
 
 @pytest.mark.parametrize("flag", ["", "reset_optimizer", "reset_lr_scheduler", "reset_meters"])

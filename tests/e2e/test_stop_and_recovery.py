@@ -376,7 +376,7 @@ def make_trainer(databin: str, tmp_path, *extra: str) -> tuple:
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")
-    trainer = Trainer(args, task, task.build_model(args), task.build_criterion(args))
+    trainer = Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
     itr = task.get_batch_iterator(task.dataset("train"), max_tokens=256, seed=1).next_epoch_itr(shuffle=False)
     return trainer, [next(itr) for _ in range(4)]
 

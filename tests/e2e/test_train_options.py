@@ -83,7 +83,7 @@ def test_rouge_validator_scores_what_it_generates(databin):
     task.load_dataset("valid")
     torch.manual_seed(0)
     model = task.build_model(args)
-    rv = RougeValidator(args, task)
+    rv = RougeValidator.from_args(args, task)
     assert (rv.gen_args.beam, rv.gen_args.max_len_b) == (3, 5)
     itr = task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(shuffle=False)
     n = 0
@@ -119,7 +119,7 @@ def test_eval_rouge_bootstrap_interval_is_seqtrain_scores(databin, tmp_path, cap
     task.load_dataset("valid")
     torch.manual_seed(0)
     model = task.build_model(args)
-    rv = RougeValidator(args, task)
+    rv = RougeValidator.from_args(args, task)
     for sample in task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(
         shuffle=False
     ):

@@ -45,7 +45,7 @@ def build_trainer(data: str, save_dir: str) -> Trainer:
     task = setup_task(args)
     task.load_dataset("train")
     torch.manual_seed(0)
-    return Trainer(args, task, task.build_model(args), task.build_criterion(args))
+    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
 
 
 def _passes(trainer: Trainer) -> list[int]:

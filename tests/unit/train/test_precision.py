@@ -52,7 +52,7 @@ def build_trainer(data: str, save_dir: str, *extra: str, init: dict | None = Non
     model = task.build_model(args)
     if init is not None:
         model.load_state_dict(init)
-    return Trainer(args, task, model, task.build_criterion(args))
+    return Trainer.from_args(args, task, model, task.build_criterion(args))
 
 
 def batches(trainer: Trainer, n: int, size: int = 16) -> list:

@@ -120,7 +120,7 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")
-    return Trainer(args, task, task.build_model(args), task.build_criterion(args))
+    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
 
 
 @pytest.fixture(scope="module")
