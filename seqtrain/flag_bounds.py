@@ -32,7 +32,6 @@ BOUNDS: dict[str, Bounds] = {
     # common, logging, distributed
     "seed": Bounds(0, 2**32 - 1),
     "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
-    "eval_rouge_bootstrap": Bounds(0, 1_000_000),  # --eval-rouge's resamples (0: off)
     "log_interval": POSITIVE_INT,
     "peak_flops": Bounds(0, 1e21, lo_open=True),
     "distributed_world_size": Bounds(1, 65536),
@@ -103,21 +102,10 @@ BOUNDS: dict[str, Bounds] = {
     "lr_period_updates": Bounds(0, FLOAT_MAX, lo_open=True, off=-1),
     "t_mult": POSITIVE_FLOAT,
     "power": POSITIVE_FLOAT,
-    # generation
-    "num_shards": Bounds(1, 65536),
-    "shard_id": Bounds(0, 65535),
-    "buffer_size": POSITIVE_INT,
+    # generation: its settings' own fields (seqtrain.generation); these three are seqtrain-convert's too
     "beam": Bounds(1, 10000),
-    "nbest": Bounds(1, 10000),
     "max_len_b": Bounds(0, 1 << 20),
-    "max_len_a": Bounds(0, 1000),
     "lenpen": Bounds(-1000, 1000),
-    "unkpen": Bounds(-FLOAT_MAX, FLOAT_MAX),
-    "temperature": Bounds(0, 1000, lo_open=True),
-    "sampling_topk": Bounds(1, INT_MAX, off=-1),
-    "sampling_topp": Bounds(0, 1, lo_open=True, off=-1),
-    "diverse_beam_groups": Bounds(1, 10000, off=-1),
-    "diverse_beam_strength": Bounds(-1000, 1000),
     # the denoising task (BART pretraining)
     "tokens_per_sample": Bounds(3, 1 << 20),  # <s>, one token, </s>
     "mask": PROBABILITY,

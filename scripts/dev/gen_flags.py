@@ -15,6 +15,7 @@ from collections.abc import Iterable
 import seqtrain.tasks  # noqa: F401  (registers the tasks)
 from seqtrain import registry
 from seqtrain.flags import parsers
+from seqtrain.generation import options
 from seqtrain.optim import lr_scheduler, optimizers
 
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
@@ -58,8 +59,8 @@ except for these:
 
 def interactive_tables(out: list[str]) -> None:
     """seqtrain-interactive's flags where they differ from seqtrain-generate's, and the ones it refuses."""
-    generate = {tuple(a.option_strings): a for a in parsers.get_generation_parser()._actions}
-    parser = parsers.get_interactive_parser()
+    generate = {tuple(a.option_strings): a for a in options.get_generation_parser()._actions}
+    parser = options.get_interactive_parser()
     changed = [
         a
         for a in parser._actions
@@ -69,7 +70,7 @@ def interactive_tables(out: list[str]) -> None:
         )
     ]
     table("Its own flags and defaults", changed, out)
-    refused = ", ".join(f"`{f}`" for f in parsers.INTERACTIVE_REFUSED)
+    refused = ", ".join(f"`{f}`" for f in options.refused_in_interactive())
     out.append(f"Refused (they name files or splits that interactive use has none of): {refused}.\n")
 
 
@@ -153,7 +154,7 @@ def main() -> None:
         table(f"LR scheduler `{name}` (`--lr-scheduler {name}`)", actions, out, CHOICE_FLAGS)
 
     out.append(GENERATE)
-    parser = parsers.get_generation_parser()
+    parser = options.get_generation_parser()
     parsers._add_choice_args(parser, "task", "translation")
     parsers._order_groups(parser)
     parser_tables(parser, out)

@@ -15,12 +15,28 @@ import sys
 import time
 from typing import TextIO
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import check_generation_args
+from seqtrain.flag_bounds import POSITIVE_INT
 from seqtrain.generation import runner
 from seqtrain.generation.output import fairseq_lines, write_out
+from seqtrain.generation.search import check_generation_args
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
+
+
+@settings
+class InteractiveConfig:
+    """seqtrain-interactive's buffering"""
+
+    buffer_size: int = setting(
+        1,
+        "read N lines, then answer them together (default: 1)",
+        type=int,
+        metavar="N",
+        bounds=POSITIVE_INT,
+    )
+
 
 logger = logging.getLogger("seqtrain.interactive")
 

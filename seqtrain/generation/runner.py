@@ -24,6 +24,7 @@ from seqtrain.checkpoint.hf import generation_key, read_generation_config
 from seqtrain.checkpoint.hf_files import read_decoder_start
 from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.checkpoint.load import model_from_contents
+from seqtrain.config import setting, settings
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.batching import batch_by_size
 from seqtrain.data.dictionary import Dictionary, add_language_symbols, language_id
@@ -31,15 +32,46 @@ from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
-from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
+from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.sequence_generator import generate_batch
 from seqtrain.models.int8 import COMPUTE_TYPES, int8_supported, quantize_int8
 from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
+
+RESIZE_VOCAB_HELP = (
+    "fit the checkpoint's embedding rows to a dictionary whose size differs by more than fairseq's padding "
+    "explains (cut rows, or add mean-initialised ones); without it that is refused, as the dictionary probably "
+    "belongs to another model"
+)
+LORA_BASE_HELP = (
+    "the base model of an adapters-only LoRA checkpoint (--save-adapters-only), when it is no longer at the "
+    "path stored in it; its weights must be the ones the adapters were trained on (checked by sha256)"
+)
+
+
+@settings
+class CheckpointLoadConfig:
+    """Checkpoint"""
+
+    path: str | None = setting(
+        None,
+        "checkpoint to generate with: a file, a Hugging Face folder, or a hub name org/name[@revision]",
+        metavar="FILE",
+    )
+    results_path: str | None = setting(
+        None, "write generate-{split}.txt here", metavar="DIR", not_in=("interactive",)
+    )
+    unsafe_load: bool = setting(
+        False,
+        "allow arbitrary unpickling when loading checkpoints (only for files you trust)",
+        action="store_true",
+    )
+    resize_vocab: bool = setting(False, RESIZE_VOCAB_HELP, action="store_true")
+    lora_base: str | None = setting(None, LORA_BASE_HELP, metavar="PATH")
 
 
 @dataclass
@@ -330,10 +362,8 @@ def ensemble(members: list[GenerationModel], paths: list[str]) -> GenerationMode
 
 
 def default_generation_args() -> argparse.Namespace:
-    """The generation flags (seqtrain.flags.generation) at their defaults, fairseq's."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_generation_args(parser)
-    return parser.parse_args([])
+    """The generation flags (GenerationConfig's) at their defaults, fairseq's."""
+    return argparse.Namespace(**vars(GenerationConfig()))
 
 
 def encode(loaded: GenerationModel, lines: Sequence[str]) -> list[torch.Tensor]:

@@ -20,8 +20,8 @@ import torch
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
-from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation import runner
+from seqtrain.generation.search import check_generation_args
 from seqtrain.generation.sequence_generator import build_generator
 
 

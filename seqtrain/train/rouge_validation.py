@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from seqtrain.data.tokenizer import build_tokenizer
-from seqtrain.flags.rouge import generation_args
+from seqtrain.generation.options import generation_args
 from seqtrain.generation.sequence_generator import build_generator, generate_batch
 from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, format_intervals, mean_scores
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from seqtrain.config import add_settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.runner import split_paths
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import DiverseBeamSearch
+from seqtrain.generation.search import DiverseBeamSearch, GenerationConfig, check_generation_args
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator
 from tests.unit.generation.reference_beam_search import reference_beam_search
 from tests.unit.generation.test_sequence_generator import EOS, PAD, Dict4, left_pad, sources, tiny_model
@@ -28,7 +28,7 @@ def models():
 
 def gen_args(**kw) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    add_generation_args(parser)
+    add_settings(parser, GenerationConfig)
     args = parser.parse_args([])
     for k, v in kw.items():
         setattr(args, k, v)
