@@ -119,7 +119,10 @@ def add_settings(
         kwargs = dict(meta.kwargs)
         if kwargs.get("action") not in ("store_true", "store_false", "help", "version"):
             kwargs.setdefault("default", field_default(f))
-        group.add_argument(*names, dest=f.name, help=meta.help, **kwargs)
+        if names[0].startswith("-"):
+            group.add_argument(*names, dest=f.name, help=meta.help, **kwargs)
+        else:  # a positional: its name is its dest (the field's name)
+            group.add_argument(*names, help=meta.help, **kwargs)
     return group
 
 

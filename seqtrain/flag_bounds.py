@@ -31,7 +31,6 @@ OFF_OR_COUNT = Bounds(0, INT_MAX, off=-1)
 BOUNDS: dict[str, Bounds] = {
     # common, logging, distributed
     "seed": Bounds(0, 2**32 - 1),
-    "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
     "log_interval": POSITIVE_INT,
     "peak_flops": Bounds(0, 1e21, lo_open=True),
     "distributed_world_size": Bounds(1, 65536),
@@ -102,10 +101,6 @@ BOUNDS: dict[str, Bounds] = {
     "lr_period_updates": Bounds(0, FLOAT_MAX, lo_open=True, off=-1),
     "t_mult": POSITIVE_FLOAT,
     "power": POSITIVE_FLOAT,
-    # generation: its settings' own fields (seqtrain.generation); these three are seqtrain-convert's too
-    "beam": Bounds(1, 10000),
-    "max_len_b": Bounds(0, 1 << 20),
-    "lenpen": Bounds(-1000, 1000),
     # the denoising task (BART pretraining)
     "tokens_per_sample": Bounds(3, 1 << 20),  # <s>, one token, </s>
     "mask": PROBABILITY,
@@ -119,14 +114,6 @@ BOUNDS: dict[str, Bounds] = {
     "permute_sentences": Bounds(0, 1, off=-1),
     "replace_length": Bounds(-1, 1),
     "shuffle_instance": PROBABILITY,
-    # preprocess
-    "workers": Bounds(1, 1024),
-    "nwordssrc": Bounds(1, INT_MAX, off=-1),
-    "nwordstgt": Bounds(1, INT_MAX, off=-1),
-    "padding_factor": Bounds(1, 1 << 16),
-    "spm_character_coverage": Bounds(0, 1, lo_open=True),
-    "spm_num_threads": Bounds(1, 1024),
-    "spm_vocab_size": Bounds(1, INT_MAX),
 }
 
 

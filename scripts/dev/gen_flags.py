@@ -14,9 +14,11 @@ from collections.abc import Iterable
 
 import seqtrain.tasks  # noqa: F401  (registers the tasks)
 from seqtrain import registry
+from seqtrain.evaluation.report import get_eval_parser
 from seqtrain.flags import parsers
 from seqtrain.generation import options
 from seqtrain.optim import lr_scheduler, optimizers
+from seqtrain.preprocess import options as preprocess_options
 
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
 INTRO = """# Flag reference
@@ -131,7 +133,7 @@ def choice_group(add_args, name: str) -> list[argparse.Action]:
 
 def main() -> None:
     out = [INTRO]
-    parser_tables(parsers.get_preprocessing_parser(), out)
+    parser_tables(preprocess_options.get_preprocessing_parser(), out)
     out.append(TRAIN)
     parser = parsers.get_training_parser()
     parsers._add_choice_args(parser, "task", "translation")
@@ -169,7 +171,7 @@ def main() -> None:
     out.append("## seqtrain-score\n")
     parser_tables(parsers.get_score_parser(), out)
     out.append("## seqtrain-eval\n")
-    parser_tables(parsers.get_eval_parser(), out)
+    parser_tables(get_eval_parser(), out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")
 
 

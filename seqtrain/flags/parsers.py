@@ -26,11 +26,10 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
 from seqtrain.flags import fairseq_compat
 from seqtrain.flags.config_file import actions_by_key, apply_config, config_text, load_config
-from seqtrain.flags.preprocess import add_args as add_preprocess_args
 from seqtrain.logging.progress import LOG_FORMATS
 from seqtrain.optim.ema import EmaConfig
 from seqtrain.registry import ARCHS
-from seqtrain.scoring.settings import EvalRougeConfig
+from seqtrain.scoring.settings import EvalRougeConfig, ScoreConfig
 
 # The flags that pick a component; their values decide which further flags exist.
 _CHOICE_FLAGS = (("--task",), ("--arch", "-a"), ("--criterion",), ("--optimizer",), ("--lr-scheduler",))
@@ -666,12 +665,6 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-_LORA_BASE_HELP = (
-    "the base model of an adapters-only LoRA checkpoint (--save-adapters-only), when it is no longer at the "
-    "path stored in it; its weights must be the ones the adapters were trained on (checked by sha256)"
-)
-
-
 _RESIZE_VOCAB_HELP = (
     "fit the checkpoint's embedding rows to a dictionary whose size differs by more than fairseq's padding "
     "explains (cut rows, or add mean-initialised ones); without it that is refused, as the dictionary probably "
@@ -788,228 +781,42 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
     return parser
 
 
-def get_preprocessing_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(
-        prog="seqtrain-preprocess",
-        description="Tokenize, build dictionaries and binarize parallel text into a fairseq-style data-bin.",
-    )
-    return add_negations(add_preprocess_args(parser))
-
-
 def get_convert_parser() -> argparse.ArgumentParser:
-    from seqtrain.checkpoint.formats import FORMATS  # imports torch: only seqtrain-convert's parser needs it
+    """seqtrain-convert's parser, composed from its settings (seqtrain.checkpoint.convert)."""
+    from seqtrain.checkpoint import convert  # imports torch: only seqtrain-convert's parser needs it
 
     p = ArgumentParser(
         prog="seqtrain-convert",
         description="Convert a BART checkpoint between seqtrain, fairseq and Hugging Face formats.",
     )
-    p.add_argument(
-        "input",
-        help="checkpoint file (seqtrain / fairseq), Hugging Face model folder, or hub name org/name[@revision]",
-    )
-    p.add_argument("output", help="output file (--to seqtrain / fairseq) or folder (--to hf)")
-    p.add_argument("--to", required=True, choices=FORMATS, help="output format")
-    p.add_argument(
-        "--ema",
-        action="store_true",
-        help="export the EMA of the weights a --store-ema run kept (extra_state['ema']) instead of the weights",
-    )
-    p.add_argument(
-        "--from",
-        dest="from_format",
-        default="auto",
-        choices=("auto",) + FORMATS,
-        help="input format (default: detect)",
-    )
-    p.add_argument(
-        "--dict",
-        dest="dict_path",
-        metavar="PATH",
-        help="dict.txt (or a data-bin folder) for fairseq inputs; default: dict.txt next to the input",
-    )
-    p.add_argument(
-        "--unsafe-load",
-        action="store_true",
-        help="allow arbitrary unpickling of the input (may run code; only for trusted files)",
-    )
-    p.add_argument(
-        "--resize-vocab",
-        action="store_true",
-        help=_RESIZE_VOCAB_HELP,
-    )
-    p.add_argument("--lora-base", metavar="PATH", help=_LORA_BASE_HELP)
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "float16", "bfloat16"),
-        default=None,
-        help="store the weights in this type (default: as they are; float16 halves the file, as the released "
-        "models ship; seqtrain, fairseq and transformers load them into float32 models)",
-    )
-    g = p.add_argument_group(
-        "generation_config.json (--to hf)",
-        "the search transformers' generate() runs by default; each flag not given comes from the input (a "
-        "run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's "
-        "default",
-    )
-    g.add_argument("--beam", type=int, metavar="N", help="num_beams (default: 5)")
-    g.add_argument("--lenpen", type=float, metavar="X", help="length_penalty (default: 1.0)")
-    g.add_argument(
-        "--max-len-b",
-        type=int,
-        metavar="N",
-        help="at most N tokens before </s>: max_length N + 2, capped at the model's positions (default: 200)",
-    )
-    g.add_argument("--min-len", type=int, metavar="N", help="min_length N + 1 (default: 1)")
-    g.add_argument("--no-repeat-ngram-size", type=int, metavar="N", help="no_repeat_ngram_size (default: 0)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_settings(p, convert.ConvertConfig, group=p)
+    g = p.add_argument_group("generation_config.json (--to hf)", convert.HF_GENERATION_HELP)
+    add_settings(p, convert.HfGenerationConfig, group=g)
     return add_negations(p)
 
 
 def get_average_parser() -> argparse.ArgumentParser:
-    """seqtrain-average-checkpoints: fairseq's scripts/average_checkpoints.py flags."""
+    """seqtrain-average-checkpoints' parser, composed from its settings (seqtrain.checkpoint.average)."""
+    from seqtrain.checkpoint import average  # imports torch: only this program's parser needs it
+
     p = ArgumentParser(
         prog="seqtrain-average-checkpoints",
         description="Average the parameters of checkpoints (seqtrain or fairseq) into a new checkpoint.",
     )
-    p.add_argument(
-        "--inputs",
-        required=True,
-        nargs="+",
-        metavar="PATH",
-        help="checkpoint files, or one folder with --num-epoch-checkpoints / --num-update-checkpoints",
-    )
-    p.add_argument("--output", required=True, metavar="FILE", help="write the averaged checkpoint here")
-    n = p.add_mutually_exclusive_group()
-    n.add_argument(
-        "--num-epoch-checkpoints",
-        type=int,
-        metavar="N",
-        help="average the N newest checkpoint{E}.pt in the --inputs folder",
-    )
-    n.add_argument(
-        "--num-update-checkpoints",
-        type=int,
-        metavar="N",
-        help="average the N newest checkpoint_{E}_{U}.pt in the --inputs folder",
-    )
-    p.add_argument(
-        "--checkpoint-upper-bound",
-        type=int,
-        metavar="N",
-        help="with --num-*-checkpoints: only epochs (or updates) up to N; e.g. --num-epoch-checkpoints 10 "
-        "--checkpoint-upper-bound 50 averages checkpoints 41-50",
-    )
-    p.add_argument(
-        "--unsafe-load",
-        action="store_true",
-        help="allow arbitrary unpickling of the inputs (may run code; only for trusted files)",
-    )
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    add_settings(p, average.AverageConfig, group=p)
+    exclusive = p.add_mutually_exclusive_group()
+    exclusive._group_actions += [p._option_string_actions[f] for f in average.EXCLUSIVE]
     return add_negations(p)
 
 
 def get_score_parser() -> argparse.ArgumentParser:
+    """seqtrain-score's parser, composed from its settings (seqtrain.scoring.settings)."""
     p = ArgumentParser(
         prog="seqtrain-score",
         description="ROUGE F1 x 100 (rouge-score, Porter stemming) averaged over lines; ROUGE-Lsum splits "
         "sentences at '.', '!', '?' followed by whitespace.",
     )
-    p.add_argument("--sys", required=True, metavar="HYP", help="hypotheses, one per line")
-    p.add_argument("--ref", required=True, metavar="REF", help="references, one per line, aligned with --sys")
-    p.add_argument("--json", metavar="OUT", help="also write the scores as JSON to OUT")
-    p.add_argument(
-        "--bootstrap",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also print 95%% percentile-bootstrap confidence intervals of each ROUGE figure from N resamples "
-        "of the examples (0: off; 1000 is usual)",
-    )
-    p.add_argument(
-        "--compare",
-        metavar="OTHER",
-        help="paired bootstrap test of --sys against the hypotheses OTHER on the same --ref: the fraction of "
-        "resamples where --sys scores higher and a two-sided p-value (N from --bootstrap, else 1000)",
-    )
-    p.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the resampling (default: 1)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    return add_negations(p)
-
-
-def get_eval_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(
-        prog="seqtrain-eval",
-        description="One report of a summarization system on a split, as JSON and a self-contained HTML page: "
-        "ROUGE with bootstrap intervals beside lead-k and an extractive oracle, lengths, ROUGE by source length, "
-        "a faithfulness proxy, truncation, train/split near-duplicates, the worst and best examples, plots.",
-    )
-    g = p.add_argument_group("inputs")
-    g.add_argument(
-        "--hyps",
-        required=True,
-        metavar="PATH",
-        help="the hypotheses: a file of lines, or a seqtrain-generate --results-path folder (its "
-        "hypotheses-SPLIT.txt)",
-    )
-    g.add_argument("--source", required=True, metavar="FILE", help="the split's sources, one per line")
-    g.add_argument("--reference", required=True, metavar="FILE", help="the split's references, one per line")
-    g.add_argument(
-        "--split",
-        metavar="NAME",
-        help="with a --results-path folder: which hypotheses-NAME.txt (default: the only one there)",
-    )
-    g.add_argument(
-        "--train-source",
-        metavar="FILE",
-        help="train's sources, one per line: count sources of the split that train holds (exact and high-overlap)",
-    )
-    g.add_argument(
-        "--train-log",
-        metavar="FILE",
-        help="a training log (--log-format json, or a --jsonl-log file): plot its validation curves",
-    )
-    g.add_argument(
-        "--compare",
-        metavar="OTHER",
-        help="a second system's hypotheses (file or folder): the paired bootstrap test and per-bucket differences",
-    )
-    g = p.add_argument_group("report")
-    g.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT")
-    g.add_argument("--html", metavar="OUT", help="write the report as one self-contained HTML page to OUT")
-    g.add_argument("--title", metavar="TEXT", help="the page's title (default: the hypotheses' path)")
-    g.add_argument(
-        "--bootstrap",
-        type=int,
-        default=1000,
-        metavar="N",
-        help="resamples of the bootstrap intervals and test",
-    )
-    g.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the resampling (default: 1)")
-    g.add_argument(
-        "--lead",
-        type=int_list,
-        default=[1, 2, 3],
-        metavar="K,...",
-        help="lead-k baselines: first k sentences",
-    )
-    g.add_argument("--buckets", type=int, default=4, metavar="N", help="source-length buckets (quantiles)")
-    g.add_argument(
-        "--source-limit",
-        type=int,
-        default=1024,
-        metavar="WORDS",
-        help="the source truncation limit in words (ROUGE's tokens): how much of each reference lies past it "
-        "(a model's --max-source-positions counts subword pieces; 1024 pieces are roughly 750 words)",
-    )
-    g.add_argument(
-        "--dup-threshold",
-        type=float,
-        default=0.8,
-        metavar="F",
-        help="a source is a high-overlap duplicate when this share of its word 5-grams is in one train source",
-    )
-    g.add_argument("--examples", type=int, default=5, metavar="N", help="the N worst and best examples shown")
-    g.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    add_settings(p, ScoreConfig, group=p)
     return add_negations(p)
 
 

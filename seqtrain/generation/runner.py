@@ -23,7 +23,7 @@ from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import generation_key, read_generation_config
 from seqtrain.checkpoint.hf_files import read_decoder_start
 from seqtrain.checkpoint.hub import resolve_model_path
-from seqtrain.checkpoint.load import model_from_contents
+from seqtrain.checkpoint.load import LORA_BASE_HELP, RESIZE_VOCAB_HELP, model_from_contents
 from seqtrain.config import setting, settings
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.batching import batch_by_size
@@ -41,16 +41,6 @@ from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
-
-RESIZE_VOCAB_HELP = (
-    "fit the checkpoint's embedding rows to a dictionary whose size differs by more than fairseq's padding "
-    "explains (cut rows, or add mean-initialised ones); without it that is refused, as the dictionary probably "
-    "belongs to another model"
-)
-LORA_BASE_HELP = (
-    "the base model of an adapters-only LoRA checkpoint (--save-adapters-only), when it is no longer at the "
-    "path stored in it; its weights must be the ones the adapters were trained on (checked by sha256)"
-)
 
 
 @settings

@@ -14,6 +14,7 @@ from seqtrain.data.options import check_dataset_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsers
 from seqtrain.generation import options
+from seqtrain.preprocess import options as preprocess_options
 from tests.utils import REPO, base_args
 
 
@@ -163,7 +164,7 @@ def test_every_switch_has_a_negative_form(tmp_path):
     built = [
         train,
         gen,
-        parsers.get_preprocessing_parser(),
+        preprocess_options.get_preprocessing_parser(),
         parsers.get_convert_parser(),
         parsers.get_score_parser(),
     ]

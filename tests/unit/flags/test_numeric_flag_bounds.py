@@ -14,8 +14,10 @@ import pytest
 
 from seqtrain import registry
 from seqtrain.config import left_out
+from seqtrain.evaluation.report import get_eval_parser
 from seqtrain.flags import parsers
 from seqtrain.generation import options
+from seqtrain.preprocess import options as preprocess_options
 
 VALUES = ("nan", "inf", "-5", "0", "1e30")
 HUGE_INT = str(10**20)
@@ -146,8 +148,10 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
     gen = options.get_generation_parser()
     parsers._add_choice_args(gen, "task", "translation")
     scan(gen, "generate")
-    for cli in ("preprocess", "convert", "score", "eval"):
-        scan(getattr(parsers, f"get_{'preprocessing' if cli == 'preprocess' else cli}_parser")(), cli)
+    scan(preprocess_options.get_preprocessing_parser(), "preprocess")
+    scan(parsers.get_convert_parser(), "convert")
+    scan(parsers.get_score_parser(), "score")
+    scan(get_eval_parser(), "eval")
     return [(cli, flag, extra) for (cli, flag), extra in sorted(found.items())]
 
 
@@ -193,11 +197,11 @@ def test_legal_values_parse(tmp_path):
             elif cli == "score":
                 parsers.get_score_parser().parse_args(argv)
             elif cli == "eval":
-                parsers.get_eval_parser().parse_args(argv)
+                get_eval_parser().parse_args(argv)
             elif cli == "convert":
                 parsers.get_convert_parser().parse_args(argv)
             else:
-                parsers.get_preprocessing_parser().parse_args(argv)
+                preprocess_options.get_preprocessing_parser().parse_args(argv)
 
 
 @pytest.mark.parametrize("cli,flag,extra", GRID, ids=[f"{c}{f}" for c, f, _ in GRID])
@@ -240,6 +244,6 @@ def _parsers_of(cli: str) -> list[argparse.Action]:
             parsers._add_choice_args(p, "task", "translation")
             actions = p._actions
         else:
-            actions = parsers.get_preprocessing_parser()._actions
+            actions = preprocess_options.get_preprocessing_parser()._actions
         _PARSERS[cli] = actions
     return _PARSERS[cli]
