@@ -13,6 +13,7 @@ fairseq-generate's batch order (`--output-format fairseq`, the default for a dat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -39,7 +40,7 @@ from seqtrain.generation.output import (
 )
 from seqtrain.generation.rerank import rerank
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import check_generation_args
+from seqtrain.generation.search import check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import format_summary, score_pairs
@@ -148,10 +149,9 @@ def read_text(path: str) -> list[str]:
 def _check_args(args: argparse.Namespace) -> None:
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
-    for flag in ("batch_size", "max_tokens"):
-        v = getattr(args, flag)
+    for flag, v in (("--batch-size", args.batch_size), ("--max-tokens", args.max_tokens)):
         if v is not None and v <= 0:
-            raise SeqtrainError(f"--{flag.replace('_', '-')} must be positive, got {v}")
+            raise SeqtrainError(f"{flag} must be positive, got {v}")
     if args.min_len > 0 and args.max_len_a == 0 and args.min_len > args.max_len_b:
         raise SeqtrainError(
             f"--min-len {args.min_len} is above the maximum length --max-len-b {args.max_len_b}"
@@ -213,7 +213,7 @@ def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):
             f"{prefixes[s]}.idx has {len(src)} examples but {prefixes[t]}.idx has {len(tgt)}: source and target "
             f"of --gen-subset {args.gen_subset} must be aligned"
         )
-    full = bool(getattr(args, "check_data", False))
+    full = bool(args.check_data)
     for data, d, lang in ((src, loaded.lm.src_dict, s), (tgt, loaded.lm.tgt_dict, t)):
         if data is not None:
             check_token_ids(data, len(d), os.path.join(args.data, f"dict.{lang}.txt"), full=full)
@@ -288,15 +288,14 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             raise SeqtrainError(
                 "--score-reference scores a data-bin split's references; --input text has none"
             )
-        generator: Any = SequenceScorer(
-            loaded.model, loaded.lm.tgt_dict, getattr(args, "packed_encoder", None)
-        )
+        generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict, args.packed_encoder)
     else:
         check_generation_args(args)
-        # --rerank chooses among all --beam finished hypotheses: the search returns them all, the output --nbest
-        gen_args = argparse.Namespace(**{**vars(args), "nbest": args.beam}) if args.rerank else args
+        config = generation_config(args)
+        if args.rerank:  # it chooses among all --beam finished hypotheses: the search returns them all
+            config = dataclasses.replace(config, nbest=config.beam)
         generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, gen_args, bos=loaded.start, eos=loaded.end
+            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
         )
     ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)

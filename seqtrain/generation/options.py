@@ -29,7 +29,7 @@ from seqtrain.generation.interactive import InteractiveConfig
 from seqtrain.generation.output import OutputConfig
 from seqtrain.generation.rerank import RerankConfig
 from seqtrain.generation.runner import CheckpointLoadConfig
-from seqtrain.generation.search import GenerationConfig, check_generation_args
+from seqtrain.generation.search import GenerationConfig, check_generation_args, generation_config
 from seqtrain.optim import loss_scaler
 
 # Flags of the shared training groups (seqtrain.flags.parsers' common, logging and dataset groups) that do
@@ -170,10 +170,10 @@ def _eval_rouge_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
+def generation_args(text: str, seed: int = 1) -> GenerationConfig:
     """The generation settings seqtrain-train's --eval-rouge-args describes (JSON object with generation flag
     names as keys, or the flags themselves), on top of seqtrain-generate's defaults, checked as seqtrain-generate
-    checks its flags."""
+    checks its flags; as the search's typed settings."""
     parser = _eval_rouge_parser()
     text = (text or "").strip()
     if text.startswith("{") or not text:
@@ -217,4 +217,4 @@ def generation_args(text: str, seed: int = 1) -> argparse.Namespace:
         check_generation_args(args)
     except SeqtrainError as e:
         raise SeqtrainError(f"--eval-rouge-args: {e}") from None
-    return args
+    return generation_config(args)

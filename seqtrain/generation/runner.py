@@ -248,13 +248,17 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     torch.manual_seed(args.seed)
     overrides = parse_overrides(args.model_overrides)
-    given = set(getattr(args, "given_flags", ()))
-    for dest in ("max_source_positions", "max_target_positions"):
+    given = set(getattr(args, "given_flags", ()))  # parse_generation_args's; none for a parser's own parse
+    positions = {
+        "max_source_positions": args.max_source_positions,
+        "max_target_positions": args.max_target_positions,
+    }
+    for dest, value in positions.items():
         if (
             dest in given and dest not in overrides
         ):  # longer inputs than the checkpoint's: positions are extended
-            overrides[dest] = getattr(args, dest)
-    if getattr(args, "bpe", None) and args.data and os.path.isdir(args.data):
+            overrides[dest] = value
+    if args.bpe and args.data and os.path.isdir(args.data):
         # fairseq-generate's --bpe flags: accepted where they name the data-bin's own tokenizer (checked)
         bpe_flags.databin_tokenizer(args, args.data)
     paths = split_paths(args.path)
@@ -266,21 +270,21 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
             args.target_lang,
             overrides,
             args.unsafe_load,
-            resize_vocab=getattr(args, "resize_vocab", False),
-            lora_base=getattr(args, "lora_base", None),
-            task=getattr(args, "task", None),
-            langs=getattr(args, "langs", None),
+            resize_vocab=args.resize_vocab,
+            lora_base=args.lora_base,
+            task=args.task,
+            langs=getattr(args, "langs", None),  # a flag of the mBART task only
         )
         for path in paths
     ]
     loaded = ensemble(members, paths)
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
     cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
-    if getattr(args, "static_decoding", None) and args.compute_type in ("int8", "auto"):
+    if args.static_decoding and args.compute_type in ("int8", "auto"):
         raise SeqtrainError(
             f"--static-decoding runs float weights; not with --compute-type {args.compute_type}"
         )
-    set_compute_type(loaded, getattr(args, "compute_type", "default"), "--compute-type")
+    set_compute_type(loaded, args.compute_type, "--compute-type")
     apply_model_defaults(loaded, args, given)
     return loaded
 

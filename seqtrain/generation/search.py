@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from seqtrain.config import setting, settings
+from seqtrain.config import from_args, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import FLOAT_MAX, INT_MAX, Bounds, check_value
 
@@ -330,50 +330,56 @@ def check_generation_value(dest: str, value: Any, name: Callable[[str], str] = f
         raise SeqtrainError(f"{name(dest)} {e}") from None
 
 
+def generation_config(args: Any) -> GenerationConfig:
+    """The search settings among a program's parsed flags (an argparse.Namespace, or any object holding them;
+    one left out or None keeps its default): the one conversion the front ends make before build_generator."""
+    return from_args(GenerationConfig, args)
+
+
 def check_generation_args(args: Any, name: Callable[[str], str] = flag_name) -> None:
     """The one check of generation settings, wherever they come from: the command line and --config,
     --eval-rouge-args, a Hugging Face generation_config.json, seqtrain.Summarizer.summarize(**flags). `args` is a
-    GenerationConfig or an argparse.Namespace holding its fields. Every setting's kind and range
-    (check_generation_value), then fairseq's checks across them, as SeqtrainErrors naming each setting by `name`
-    (the command line's --beam by default; a caller names its own source: `FOLDER/generation_config.json:
-    num_beams`, `Summarizer.summarize(beam=...)`)."""
+    GenerationConfig or an argparse.Namespace holding its fields (with seqtrain-generate's --rerank, if given).
+    Every setting's kind and range (check_generation_value), then fairseq's checks across them, as SeqtrainErrors
+    naming each setting by `name` (the command line's --beam by default; a caller names its own source:
+    `FOLDER/generation_config.json: num_beams`, `Summarizer.summarize(beam=...)`)."""
+    values = vars(args)
     for dest in KINDS:
-        if hasattr(args, dest):
-            check_generation_value(dest, getattr(args, dest), name)
+        if dest in values:
+            check_generation_value(dest, values[dest], name)
     for dest in ("static_decoding", "packed_encoder"):  # switches with a default the device decides (None)
-        if getattr(args, dest, None) not in (None, True, False):
-            raise SeqtrainError(f"{name(dest)} must be True, False or None, got {getattr(args, dest)!r}")
-    if args.beam < 1:
-        raise SeqtrainError(f"{name('beam')} must be >= 1, got {args.beam}")
-    if not 1 <= args.nbest <= args.beam:
-        raise SeqtrainError(
-            f"{name('nbest')} must be between 1 and {name('beam')} ({args.beam}), got {args.nbest}"
-        )
-    if args.min_len < 0:
-        raise SeqtrainError(f"{name('min_len')} must be >= 0, got {args.min_len}")
-    if args.max_len_b < 0 or args.max_len_a < 0:
+        if values.get(dest) not in (None, True, False):
+            raise SeqtrainError(f"{name(dest)} must be True, False or None, got {values[dest]!r}")
+    a = generation_config(args)
+    if a.beam < 1:
+        raise SeqtrainError(f"{name('beam')} must be >= 1, got {a.beam}")
+    if not 1 <= a.nbest <= a.beam:
+        raise SeqtrainError(f"{name('nbest')} must be between 1 and {name('beam')} ({a.beam}), got {a.nbest}")
+    if a.min_len < 0:
+        raise SeqtrainError(f"{name('min_len')} must be >= 0, got {a.min_len}")
+    if a.max_len_b < 0 or a.max_len_a < 0:
         raise SeqtrainError(f"{name('max_len_a')} and {name('max_len_b')} must be >= 0")
-    if args.min_len > 0 and args.max_len_a == 0 and args.min_len > args.max_len_b:
+    if a.min_len > 0 and a.max_len_a == 0 and a.min_len > a.max_len_b:
         raise SeqtrainError(
-            f"{name('min_len')} {args.min_len} is above the maximum length {name('max_len_b')} {args.max_len_b}"
+            f"{name('min_len')} {a.min_len} is above the maximum length {name('max_len_b')} {a.max_len_b}"
         )
-    if args.prefix_size < 0:
-        raise SeqtrainError(f"{name('prefix_size')} must be >= 0, got {args.prefix_size}")
-    if args.no_repeat_ngram_size < 0:
-        raise SeqtrainError(f"{name('no_repeat_ngram_size')} must be >= 0, got {args.no_repeat_ngram_size}")
-    if args.temperature <= 0:
-        raise SeqtrainError(f"{name('temperature')} must be > 0, got {args.temperature}")
+    if a.prefix_size < 0:
+        raise SeqtrainError(f"{name('prefix_size')} must be >= 0, got {a.prefix_size}")
+    if a.no_repeat_ngram_size < 0:
+        raise SeqtrainError(f"{name('no_repeat_ngram_size')} must be >= 0, got {a.no_repeat_ngram_size}")
+    if a.temperature <= 0:
+        raise SeqtrainError(f"{name('temperature')} must be > 0, got {a.temperature}")
     # --rerank picks --nbest of the beam's finished hypotheses, so sampling may keep fewer than --beam
-    if args.sampling and args.nbest != args.beam and not getattr(args, "rerank", None):
+    if a.sampling and a.nbest != a.beam and not values.get("rerank"):
         raise SeqtrainError(f"{name('sampling')} requires {name('nbest')} to be equal to {name('beam')}")
-    if args.sampling_topp != -1.0 and not 0 < args.sampling_topp <= 1:
-        raise SeqtrainError(f"{name('sampling_topp')} must be in (0, 1], got {args.sampling_topp}")
-    groups = getattr(args, "diverse_beam_groups", -1)
-    if groups > 0 and args.sampling:
+    if a.sampling_topp != -1.0 and not 0 < a.sampling_topp <= 1:
+        raise SeqtrainError(f"{name('sampling_topp')} must be in (0, 1], got {a.sampling_topp}")
+    groups = a.diverse_beam_groups
+    if groups > 0 and a.sampling:
         raise SeqtrainError(f"{name('diverse_beam_groups')} and {name('sampling')} cannot be used together")
-    if groups > 0 and args.beam % groups:
+    if groups > 0 and a.beam % groups:
         raise SeqtrainError(
-            f"{name('beam')} {args.beam} must be a multiple of {name('diverse_beam_groups')} {groups}"
+            f"{name('beam')} {a.beam} must be a multiple of {name('diverse_beam_groups')} {groups}"
         )
-    if (args.sampling_topk > 0 or args.sampling_topp > 0) and not args.sampling:
+    if (a.sampling_topk > 0 or a.sampling_topp > 0) and not a.sampling:
         raise SeqtrainError(f"{name('sampling_topk')}/{name('sampling_topp')} need {name('sampling')}")

@@ -10,7 +10,7 @@ import torch
 from seqtrain.config import add_settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation.ngram import NGramRepeatBlocker, has_repeated_ngram
-from seqtrain.generation.search import GenerationConfig, Sampling, check_generation_args
+from seqtrain.generation.search import GenerationConfig, Sampling, check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
 from seqtrain.models.bart import BartConfig, BARTModel
 from tests.unit.generation.reference_beam_search import fairseq_forced_eos, reference_beam_search
@@ -299,7 +299,7 @@ def test_generate_batch_keeps_sample_order(model):
     args = argparse.ArgumentParser()
     add_settings(args, GenerationConfig)
     args = args.parse_args(["--beam", "3", "--max-len-b", "9", "--prefix-size", "1"])
-    gen = build_generator(model, Dict4(), args)
+    gen = build_generator(model, Dict4(), generation_config(args))
     out = generate_batch(gen, sample, prefix_size=args.prefix_size, force_bos=0)
     assert [i for i, _ in out] == [11, 3, 7, 0]
     for (_i, hypos), first in zip(out, [9, 10, 11, 13]):
