@@ -6,6 +6,9 @@ A field made with `setting(default, help, ...)` carries its flag: the names (def
 argparse's keywords (type, action, metavar, choices, nargs) and its range (`bounds=`, seqtrain.flag_bounds.Bounds).
 `@settings` on the dataclass registers those ranges with seqtrain.flag_bounds (checked at parse time, on the command
 line and in --config files alike); `add_settings(parser, cls, title)` adds the flags as an argument group.
+A program composes its parser from the classes it uses; a field with `not_in=("interactive",)` is a flag of the
+group everywhere but there: `add_settings(..., program="interactive")` leaves it out, keeps its default, and
+lists it in `left_out(parser)`, which the parser refuses with one line ("does nothing in PROG").
 
 `from_args(cls, args)` fills a dataclass's fields from the parsed flags of the same names; a flag the
 Namespace lacks (a library caller's hand-made Namespace) or leaves at None keeps the field's default. A field
@@ -42,6 +45,7 @@ def setting(
     flags: tuple[str, ...] | str = (),
     bounds: flag_bounds.Bounds | None = None,
     flag_default: Any = MISSING,
+    not_in: tuple[str, ...] = (),
     **kwargs: Any,
 ) -> Any:
     """A dataclass field that is also a flag. A list default is copied per instance (default_factory).
@@ -51,7 +55,7 @@ def setting(
     names = (flags,) if isinstance(flags, str) else tuple(flags)
     if flag_default is not MISSING:  # (`default` names the field's default: the flag's comes by this name)
         kwargs["default"] = flag_default
-    metadata = {"flag": Flag(names, help, kwargs), "bounds": bounds}
+    metadata = {"flag": Flag(names, help, kwargs), "bounds": bounds, "not_in": tuple(not_in)}
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -82,12 +86,29 @@ def field_default(f: Field) -> Any:
     return f.default_factory() if f.default_factory is not MISSING else None  # type: ignore[misc]
 
 
+def left_out(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """The flags of the groups `parser` composes that its program leaves out (flag -> its dest): given on the
+    command line, each is refused with one line, as doing nothing there."""
+    return parser.__dict__.setdefault("left_out_flags", {})
+
+
+def leave_out(parser: argparse.ArgumentParser, names: Any, dest: str) -> None:
+    """Record flags `names` (of dest `dest`) as left out of `parser`'s program (see left_out)."""
+    for n in names:
+        left_out(parser)[n] = dest
+
+
 def add_settings(
-    parser: argparse.ArgumentParser, cls: type, title: str | None = None, group: Any = None
+    parser: argparse.ArgumentParser,
+    cls: type,
+    title: str | None = None,
+    group: Any = None,
+    program: str | None = None,
 ) -> Any:
     """Add the flags of settings class `cls` to `parser`, in field order, in `group` or a new argument group
     titled `title` (default: the class's first docstring line). A flag the parser already has is skipped: the
-    component that declared it first owns it (fairseq's rule for flags two components share). Returns the group."""
+    component that declared it first owns it (fairseq's rule for flags two components share). A field whose
+    `not_in` names `program` is left out (its default kept, its flags in left_out(parser)). Returns the group."""
     if group is None:
         group = parser.add_argument_group(title or (cls.__doc__ or cls.__name__).strip().split("\n")[0])
     for f in fields(cls):
@@ -96,6 +117,10 @@ def add_settings(
             continue
         names = flag_names(f)
         if any(n in parser._option_string_actions for n in names):
+            continue
+        if program is not None and program in f.metadata.get("not_in", ()):
+            leave_out(parser, names, f.name)
+            parser.set_defaults(**{f.name: field_default(f)})
             continue
         kwargs = dict(meta.kwargs)
         if callable(kwargs.get("choices")):  # a registry's names, read when the parser is built (plugins)

@@ -30,33 +30,8 @@ OFF_OR_COUNT = Bounds(0, INT_MAX, off=-1)
 
 BOUNDS: dict[str, Bounds] = {
     # (the ranges of settings classes are declared with their fields: seqtrain.config.setting's bounds=)
-    # scoring and evaluation
-    "bootstrap": Bounds(0, 1_000_000),  # seqtrain-score's resamples
-    # generation
-    "num_shards": Bounds(1, 65536),
-    "shard_id": Bounds(0, 65535),
-    "buffer_size": POSITIVE_INT,
-    "beam": Bounds(1, 10000),
-    "nbest": Bounds(1, 10000),
-    "max_len_b": Bounds(0, 1 << 20),
-    "max_len_a": Bounds(0, 1000),
-    "lenpen": Bounds(-1000, 1000),
-    "unkpen": Bounds(-FLOAT_MAX, FLOAT_MAX),
-    "temperature": Bounds(0, 1000, lo_open=True),
-    "sampling_topk": Bounds(1, INT_MAX, off=-1),
-    "sampling_topp": Bounds(0, 1, lo_open=True, off=-1),
-    "diverse_beam_groups": Bounds(1, 10000, off=-1),
-    "diverse_beam_strength": Bounds(-1000, 1000),
     "tune_subset": POSITIVE_INT,  # seqtrain-tune's sample
     "tune_bootstrap": Bounds(1, 1_000_000),  # seqtrain-tune's resamples
-    # preprocess
-    "workers": Bounds(1, 1024),
-    "nwordssrc": Bounds(1, INT_MAX, off=-1),
-    "nwordstgt": Bounds(1, INT_MAX, off=-1),
-    "padding_factor": Bounds(1, 1 << 16),
-    "spm_character_coverage": Bounds(0, 1, lo_open=True),
-    "spm_num_threads": Bounds(1, 1024),
-    "spm_vocab_size": Bounds(1, INT_MAX),
 }
 
 

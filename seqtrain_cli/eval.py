@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from seqtrain.flags.parsers import get_eval_parser
+from seqtrain.evaluation.report import evaluate, get_eval_parser
 from seqtrain_cli._main import run_cli
 
 
 def main(argv: list[str] | None = None) -> None:
-    from seqtrain.evaluation.report import evaluate  # after parsing: --help and flag errors answer first
-
     evaluate(get_eval_parser().parse_args(argv))
 
 

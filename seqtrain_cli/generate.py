@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TextIO
 
-from seqtrain.flags.parsers import parse_generation_args
+from seqtrain.generation.options import parse_generation_args
 from seqtrain_cli._main import run_cli
 
 

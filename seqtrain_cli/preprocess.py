@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from seqtrain.flags.parsers import get_preprocessing_parser
+from seqtrain.preprocess.options import get_preprocessing_parser
 from seqtrain_cli._main import run_cli
 
 

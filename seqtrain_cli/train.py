@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from seqtrain.flags.parsers import parse_train_args
+from seqtrain.generation.options import generation_flags
 from seqtrain_cli._main import run_cli
 
 
@@ -10,7 +11,7 @@ def train_main(argv: list[str] | None = None) -> int:
     """Parse `argv` and train (raises SeqtrainError on user errors); returns the exit code."""
     from seqtrain.train.loop import train  # after parsing: --help and flag errors answer first
 
-    return train(parse_train_args(argv))
+    return train(parse_train_args(argv, generation_flags))  # a preset's generation keys are skipped
 
 
 def cli_main(argv: list[str] | None = None) -> None:

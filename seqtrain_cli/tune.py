@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from seqtrain.flags.parsers import UsageError, get_tune_parser, parse_generation_args
-from seqtrain.flags.tune import refused_flag
+from seqtrain.flags.parsers import UsageError
+from seqtrain.generation.options import get_tune_parser, parse_generation_args
+from seqtrain.generation.tune_flags import refused_flag
 from seqtrain_cli._main import run_cli
 
 

@@ -87,6 +87,7 @@ def make_models(workdir: str, size: str) -> dict[str, str]:
 class Seqtrain:
     def __init__(self, paths: dict[str, str], precision: str, lines: list[str]):
         from seqtrain.generation import runner
+        from seqtrain.generation.search import generation_config
         from seqtrain.generation.sequence_generator import build_generator
 
         self.runner = runner
@@ -95,7 +96,11 @@ class Seqtrain:
         args = runner.default_generation_args()
         vars(args).update(SEARCH)
         self.gen = build_generator(
-            self.loaded.model, self.loaded.lm.tgt_dict, args, bos=self.loaded.start, eos=self.loaded.end
+            self.loaded.model,
+            self.loaded.lm.tgt_dict,
+            generation_config(args),
+            bos=self.loaded.start,
+            eos=self.loaded.end,
         )
         self.ds = runner.text_dataset(self.loaded, runner.encode(self.loaded, lines))
         self.batches = runner.plan_batches(self.ds, runner.order_examples(self.ds), None, BATCH)

@@ -113,7 +113,9 @@ def dump() -> dict:
 
 def seqtrain_actions(tool: str) -> dict:
     """seqtrain's flags for the tool (every component seqtrain shares with fairseq): {flag: action}."""
+    from seqtrain.config import left_out
     from seqtrain.flags import parsers
+    from seqtrain.generation import options
 
     actions: dict = {}
     if tool == "fairseq-train":
@@ -132,10 +134,14 @@ def seqtrain_actions(tool: str) -> dict:
                 actions.setdefault(flag, action)
     else:
         for task in ("translation", MBART_TASK):
-            parser = parsers.get_generation_parser()
+            parser = options.get_generation_parser()
             parsers._add_choice_args(parser, "task", task)
             for flag, action in parser._option_string_actions.items():
                 actions.setdefault(flag, action)
+            train = parsers.get_training_parser()  # the flags seqtrain-generate takes and leaves out ...
+            parsers._add_choice_args(train, "task", task)
+            for flag in left_out(parser):  # ... are refused as doing nothing there: seqtrain-train's
+                actions.setdefault(flag, train._option_string_actions[flag])
     return actions
 
 

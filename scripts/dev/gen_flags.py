@@ -14,8 +14,11 @@ from collections.abc import Iterable
 
 import seqtrain.tasks  # noqa: F401  (registers the tasks)
 from seqtrain import registry
+from seqtrain.evaluation.report import get_eval_parser
 from seqtrain.flags import parsers
+from seqtrain.generation import options
 from seqtrain.optim import lr_scheduler, optimizers
+from seqtrain.preprocess import options as preprocess_options
 
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
 INTRO = """# Flag reference
@@ -65,10 +68,10 @@ flags above (the given settings are the search's starting point and its baseline
 
 def tune_tables(out: list[str]) -> None:
     """seqtrain-tune's own flags, the generate flags whose default differs, and the ones it refuses."""
-    from seqtrain.flags.tune import TUNE_REFUSED
+    from seqtrain.generation.tune_flags import TUNE_REFUSED
 
-    generate = {a.dest: a for a in parsers.get_generation_parser()._actions}
-    parser = parsers.get_tune_parser()
+    generate = {a.dest: a for a in options.get_generation_parser()._actions}
+    parser = options.get_tune_parser()
     group = next(g for g in parser._action_groups if g.title == "Tuning")
     changed = [
         a
@@ -83,8 +86,8 @@ def tune_tables(out: list[str]) -> None:
 
 def interactive_tables(out: list[str]) -> None:
     """seqtrain-interactive's flags where they differ from seqtrain-generate's, and the ones it refuses."""
-    generate = {tuple(a.option_strings): a for a in parsers.get_generation_parser()._actions}
-    parser = parsers.get_interactive_parser()
+    generate = {tuple(a.option_strings): a for a in options.get_generation_parser()._actions}
+    parser = options.get_interactive_parser()
     changed = [
         a
         for a in parser._actions
@@ -94,7 +97,7 @@ def interactive_tables(out: list[str]) -> None:
         )
     ]
     table("Its own flags and defaults", changed, out)
-    refused = ", ".join(f"`{f}`" for f in parsers.INTERACTIVE_REFUSED)
+    refused = ", ".join(f"`{f}`" for f in options.refused_in_interactive())
     out.append(f"Refused (they name files or splits that interactive use has none of): {refused}.\n")
 
 
@@ -155,7 +158,7 @@ def choice_group(add_args, name: str) -> list[argparse.Action]:
 
 def main() -> None:
     out = [INTRO]
-    parser_tables(parsers.get_preprocessing_parser(), out)
+    parser_tables(preprocess_options.get_preprocessing_parser(), out)
     out.append(TRAIN)
     parser = parsers.get_training_parser()
     parsers._add_choice_args(parser, "task", "translation")
@@ -178,7 +181,7 @@ def main() -> None:
         table(f"LR scheduler `{name}` (`--lr-scheduler {name}`)", actions, out, CHOICE_FLAGS)
 
     out.append(GENERATE)
-    parser = parsers.get_generation_parser()
+    parser = options.get_generation_parser()
     parsers._add_choice_args(parser, "task", "translation")
     parsers._order_groups(parser)
     parser_tables(parser, out)
@@ -193,7 +196,7 @@ def main() -> None:
     out.append("## seqtrain-score\n")
     parser_tables(parsers.get_score_parser(), out)
     out.append("## seqtrain-eval\n")
-    parser_tables(parsers.get_eval_parser(), out)
+    parser_tables(get_eval_parser(), out)
     out.append(TUNE)
     tune_tables(out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")

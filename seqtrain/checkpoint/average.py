@@ -28,6 +28,7 @@ import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.train_state import TrainState
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.logging import setup_logging
 
@@ -35,6 +36,43 @@ logger = logging.getLogger("seqtrain.average_checkpoints")
 
 _EPOCH_FILE = re.compile(r"checkpoint(\d+)\.pt")
 _UPDATE_FILE = re.compile(r"checkpoint_\d+_(\d+)\.pt")
+
+
+@settings
+class AverageConfig:
+    """seqtrain-average-checkpoints (fairseq's scripts/average_checkpoints.py flags)"""
+
+    inputs: list[str] = setting(
+        None,
+        "checkpoint files, or one folder with --num-epoch-checkpoints / --num-update-checkpoints",
+        required=True,
+        nargs="+",
+        metavar="PATH",
+    )
+    output: str = setting(None, "write the averaged checkpoint here", required=True, metavar="FILE")
+    # --num-epoch-checkpoints and --num-update-checkpoints exclude each other (EXCLUSIVE)
+    num_epoch_checkpoints: int | None = setting(
+        None, "average the N newest checkpoint{E}.pt in the --inputs folder", type=int, metavar="N"
+    )
+    num_update_checkpoints: int | None = setting(
+        None, "average the N newest checkpoint_{E}_{U}.pt in the --inputs folder", type=int, metavar="N"
+    )
+    checkpoint_upper_bound: int | None = setting(
+        None,
+        "with --num-*-checkpoints: only epochs (or updates) up to N; e.g. --num-epoch-checkpoints 10 "
+        "--checkpoint-upper-bound 50 averages checkpoints 41-50",
+        type=int,
+        metavar="N",
+    )
+    unsafe_load: bool = setting(
+        False,
+        "allow arbitrary unpickling of the inputs (may run code; only for trusted files)",
+        action="store_true",
+    )
+    debug: bool = setting(False, "show tracebacks", action="store_true")
+
+
+EXCLUSIVE = ("--num-epoch-checkpoints", "--num-update-checkpoints")
 
 
 def last_n_checkpoints(folder: str, n: int, update_based: bool, upper_bound: int | None = None) -> list[str]:
@@ -192,7 +230,8 @@ def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any
 
 
 def main(args: argparse.Namespace) -> list[str]:
-    """Average with the parsed flags of seqtrain.flags.parsers.get_average_parser; returns the inputs used."""
+    """Average with the parsed flags of seqtrain.flags.parsers.get_average_parser (AverageConfig's); returns the
+    inputs used."""
     setup_logging()
     if (
         args.checkpoint_upper_bound is not None

@@ -17,22 +17,95 @@ from typing import Any
 import torch
 
 from seqtrain.checkpoint.fairseq import export_fairseq, fairseq_arch
-from seqtrain.checkpoint.formats import EXPORTERS, read_checkpoint
+from seqtrain.checkpoint.formats import EXPORTERS, FORMATS, read_checkpoint
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
 from seqtrain.checkpoint.hub import resolve_model_path
-from seqtrain.checkpoint.load import LoadedModel, build_from_contents
+from seqtrain.checkpoint.load import LORA_BASE_HELP, RESIZE_VOCAB_HELP, LoadedModel, build_from_contents
 from seqtrain.checkpoint.train_state import TrainState
+from seqtrain.config import setting, settings
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
-from seqtrain.flag_bounds import check_value
+from seqtrain.flag_bounds import Bounds, check_value
 from seqtrain.logging import setup_logging
 from seqtrain.models.lora import merge_lora
 
 logger = logging.getLogger("seqtrain.convert")
 
 
+@settings
+class ConvertConfig:
+    """seqtrain-convert"""
+
+    input: str = setting(
+        None,
+        "checkpoint file (seqtrain / fairseq), Hugging Face model folder, or hub name org/name[@revision]",
+        flags="input",
+    )
+    output: str = setting(None, "output file (--to seqtrain / fairseq) or folder (--to hf)", flags="output")
+    to: str = setting(None, "output format", required=True, choices=FORMATS)
+    ema: bool = setting(
+        False,
+        "export the EMA of the weights a --store-ema run kept (extra_state['ema']) instead of the weights",
+        action="store_true",
+    )
+    from_format: str = setting(
+        "auto", "input format (default: detect)", flags="--from", choices=("auto",) + FORMATS
+    )
+    dict_path: str | None = setting(
+        None,
+        "dict.txt (or a data-bin folder) for fairseq inputs; default: dict.txt next to the input",
+        flags="--dict",
+        metavar="PATH",
+    )
+    unsafe_load: bool = setting(
+        False,
+        "allow arbitrary unpickling of the input (may run code; only for trusted files)",
+        action="store_true",
+    )
+    resize_vocab: bool = setting(False, RESIZE_VOCAB_HELP, action="store_true")
+    lora_base: str | None = setting(None, LORA_BASE_HELP, metavar="PATH")
+    dtype: str | None = setting(
+        None,
+        "store the weights in this type (default: as they are; float16 halves the file, as the released "
+        "models ship; seqtrain, fairseq and transformers load them into float32 models)",
+        choices=("float32", "float16", "bfloat16"),
+    )
+    debug: bool = setting(False, "show tracebacks", action="store_true")
+
+
+@settings
+class HfGenerationConfig:
+    """generation_config.json (--to hf)"""
+
+    # the search transformers' generate() runs by default; a flag not given (None) comes from the input, else
+    # seqtrain-generate's default; the ranges are seqtrain-generate's (seqtrain.generation.search)
+    beam: int | None = setting(None, "num_beams (default: 5)", type=int, metavar="N", bounds=Bounds(1, 10000))
+    lenpen: float | None = setting(
+        None, "length_penalty (default: 1.0)", type=float, metavar="X", bounds=Bounds(-1000, 1000)
+    )
+    max_len_b: int | None = setting(
+        None,
+        "at most N tokens before </s>: max_length N + 2, capped at the model's positions (default: 200)",
+        type=int,
+        metavar="N",
+        bounds=Bounds(0, 1 << 20),
+    )
+    min_len: int | None = setting(None, "min_length N + 1 (default: 1)", type=int, metavar="N")
+    no_repeat_ngram_size: int | None = setting(
+        None, "no_repeat_ngram_size (default: 0)", type=int, metavar="N"
+    )
+
+
+HF_GENERATION_HELP = (
+    "the search transformers' generate() runs by default; each flag not given comes from the input (a "
+    "run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's "
+    "default"
+)
+
+
 def convert(args: argparse.Namespace) -> None:
-    """Convert with the parsed flags of seqtrain.flags.parsers.get_convert_parser."""
+    """Convert with the parsed flags of seqtrain.flags.parsers.get_convert_parser (ConvertConfig's and
+    HfGenerationConfig's)."""
     setup_logging()
     args.input = resolve_model_path(args.input, "input")  # a hub name: its cached snapshot
     # (an output that is a link to the input would be written through the link, over the input)

@@ -24,9 +24,11 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 
+from seqtrain.config import setting, settings
 from seqtrain.data.dictionary import iter_lines
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write
+from seqtrain.flag_bounds import INT_MAX, Bounds
 from seqtrain.registry import TOKENIZERS
 
 TOKENIZER_JSON = "tokenizer.json"
@@ -388,55 +390,55 @@ def load_databin_tokenizer(data_dir: str) -> Tokenizer:
 
 
 # --- flags (for seqtrain-preprocess) --------------------------------------------------------------------------
-def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    t = parser.add_argument_group("Tokenizer")
-    t.add_argument(
-        "--tokenizer",
-        default="sentencepiece",
-        choices=["sentencepiece", "gpt2", "none"],
-        help="how raw text becomes dictionary symbols (default: sentencepiece; 'none' = the input is "
+@settings
+class TokenizerConfig:
+    """Tokenizer"""
+
+    tokenizer: str = setting(
+        "sentencepiece",
+        "how raw text becomes dictionary symbols (default: sentencepiece; 'none' = the input is "
         "already tokenized, split on whitespace, as fairseq-preprocess does)",
+        choices=["sentencepiece", "gpt2", "none"],
     )
-    t.add_argument("--spm-model", metavar="FP", help="use this sentencepiece model instead of training one")
-    t.add_argument(
-        "--spm-vocab-size",
-        metavar="N",
-        default=8000,
+    spm_model: str | None = setting(
+        None, "use this sentencepiece model instead of training one", metavar="FP"
+    )
+    spm_vocab_size: int = setting(
+        8000,
+        "sentencepiece vocabulary size to train (default: 8000)",
         type=int,
-        help="sentencepiece vocabulary size to train (default: 8000)",
+        metavar="N",
+        bounds=Bounds(1, INT_MAX),
     )
-    t.add_argument(
-        "--spm-model-type",
-        default="unigram",
-        choices=["unigram", "bpe"],
-        help="sentencepiece model type to train (default: unigram)",
+    spm_model_type: str = setting(
+        "unigram", "sentencepiece model type to train (default: unigram)", choices=["unigram", "bpe"]
     )
-    t.add_argument(
-        "--spm-character-coverage",
-        metavar="F",
-        default=1.0,
+    spm_character_coverage: float = setting(
+        1.0,
+        "share of characters the sentencepiece model covers (default: 1.0)",
         type=float,
-        help="share of characters the sentencepiece model covers (default: 1.0)",
+        metavar="F",
+        bounds=Bounds(0, 1, lo_open=True),
     )
-    t.add_argument(
-        "--spm-input-sentence-size",
-        metavar="N",
-        default=1_000_000,
-        type=int,
-        help="train sentencepiece on at most N train lines (source and target together), evenly spread "
+    spm_input_sentence_size: int = setting(
+        1_000_000,
+        "train sentencepiece on at most N train lines (source and target together), evenly spread "
         "over the files; bounds its memory on big corpora (default: 1000000; 0 = all lines)",
-    )
-    t.add_argument(
-        "--spm-num-threads",
-        metavar="N",
-        default=4,
         type=int,
-        help="sentencepiece training threads (default: 4). The trained model depends on this number, "
-        "so it is a flag of its own and not --workers",
+        metavar="N",
     )
-    t.add_argument("--gpt2-encoder-json", metavar="FP", help="GPT-2 BPE encoder.json (for --tokenizer gpt2)")
-    t.add_argument("--gpt2-vocab-bpe", metavar="FP", help="GPT-2 BPE vocab.bpe (for --tokenizer gpt2)")
-    return t
+    spm_num_threads: int = setting(
+        4,
+        "sentencepiece training threads (default: 4). The trained model depends on this number, "
+        "so it is a flag of its own and not --workers",
+        type=int,
+        metavar="N",
+        bounds=Bounds(1, 1024),
+    )
+    gpt2_encoder_json: str | None = setting(
+        None, "GPT-2 BPE encoder.json (for --tokenizer gpt2)", metavar="FP"
+    )
+    gpt2_vocab_bpe: str | None = setting(None, "GPT-2 BPE vocab.bpe (for --tokenizer gpt2)", metavar="FP")
 
 
 def tokenizer_from_args(args: argparse.Namespace, train_files: Sequence[str] = ()) -> Tokenizer:

@@ -18,9 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from seqtrain.config import add_settings, int_list, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.evaluation import analyses, page
 from seqtrain.fileio import atomic_write
+from seqtrain.flag_bounds import Bounds
+from seqtrain.flags.parsers import ArgumentParser, add_negations
 from seqtrain.scoring.rouge import (
     ROUGE_TYPES,
     _read_lines,
@@ -35,6 +38,90 @@ from seqtrain.scoring.rouge import (
 )
 
 SORT_KEY = "rougeLsum"  # worst / best examples: by ROUGE-Lsum, ties by the lower example id
+
+
+@settings
+class EvalInputs:
+    """inputs"""
+
+    hyps: str = setting(
+        None,
+        "the hypotheses: a file of lines, or a seqtrain-generate --results-path folder (its "
+        "hypotheses-SPLIT.txt)",
+        required=True,
+        metavar="PATH",
+    )
+    source: str = setting(None, "the split's sources, one per line", required=True, metavar="FILE")
+    reference: str = setting(None, "the split's references, one per line", required=True, metavar="FILE")
+    split: str | None = setting(
+        None,
+        "with a --results-path folder: which hypotheses-NAME.txt (default: the only one there)",
+        metavar="NAME",
+    )
+    train_source: str | None = setting(
+        None,
+        "train's sources, one per line: count sources of the split that train holds (exact and high-overlap)",
+        metavar="FILE",
+    )
+    train_log: str | None = setting(
+        None,
+        "a training log (--log-format json, or a --jsonl-log file): plot its validation curves",
+        metavar="FILE",
+    )
+    compare: str | None = setting(
+        None,
+        "a second system's hypotheses (file or folder): the paired bootstrap test and per-bucket differences",
+        metavar="OTHER",
+    )
+
+
+@settings
+class EvalReport:
+    """report"""
+
+    json: str | None = setting(None, "write the report as JSON to OUT", metavar="OUT")
+    html: str | None = setting(None, "write the report as one self-contained HTML page to OUT", metavar="OUT")
+    title: str | None = setting(None, "the page's title (default: the hypotheses' path)", metavar="TEXT")
+    bootstrap: int = setting(
+        1000,
+        "resamples of the bootstrap intervals and test",
+        type=int,
+        metavar="N",
+        bounds=Bounds(0, 1_000_000),
+    )
+    seed: int = setting(1, "seed of the resampling (default: 1)", type=int, metavar="N")
+    lead: list[int] = setting(
+        [1, 2, 3], "lead-k baselines: first k sentences", type=int_list, metavar="K,..."
+    )
+    buckets: int = setting(4, "source-length buckets (quantiles)", type=int, metavar="N")
+    source_limit: int = setting(
+        1024,
+        "the source truncation limit in words (ROUGE's tokens): how much of each reference lies past it "
+        "(a model's --max-source-positions counts subword pieces; 1024 pieces are roughly 750 words)",
+        type=int,
+        metavar="WORDS",
+    )
+    dup_threshold: float = setting(
+        0.8,
+        "a source is a high-overlap duplicate when this share of its word 5-grams is in one train source",
+        type=float,
+        metavar="F",
+    )
+    examples: int = setting(5, "the N worst and best examples shown", type=int, metavar="N")
+    debug: bool = setting(False, "show tracebacks on errors", action="store_true")
+
+
+def get_eval_parser() -> argparse.ArgumentParser:
+    """seqtrain-eval's parser, composed from EvalInputs and EvalReport."""
+    p = ArgumentParser(
+        prog="seqtrain-eval",
+        description="One report of a summarization system on a split, as JSON and a self-contained HTML page: "
+        "ROUGE with bootstrap intervals beside lead-k and an extractive oracle, lengths, ROUGE by source length, "
+        "a faithfulness proxy, truncation, train/split near-duplicates, the worst and best examples, plots.",
+    )
+    add_settings(p, EvalInputs)
+    add_settings(p, EvalReport)
+    return add_negations(p)
 
 
 def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[str]]:

@@ -13,6 +13,7 @@ fairseq-generate's batch order (`--output-format fairseq`, the default for a dat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import logging
@@ -25,9 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from seqtrain.config import setting, settings
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation import runner
 from seqtrain.generation.output import (
     Progress,
@@ -39,9 +40,67 @@ from seqtrain.generation.output import (
 )
 from seqtrain.generation.rerank import rerank
 from seqtrain.generation.scorer import SequenceScorer
+from seqtrain.generation.search import check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import format_summary, score_pairs
+
+
+@settings
+class InputConfig:
+    """seqtrain-generate's input, scoring and model settings"""
+
+    input: str | None = setting(
+        None,
+        "summarize raw text, one document per line ('-' for stdin), instead of a data-bin split",
+        metavar="FILE",
+    )
+    reference: str | None = setting(
+        None,
+        "reference summaries for --input (one per line), for --scoring rouge",
+        metavar="FILE",
+        not_in=("interactive",),
+    )
+    scoring: str = setting(
+        "none",
+        "score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)",
+        choices=["none", "rouge"],
+        not_in=("interactive",),
+    )
+    post_process: str | None = setting(
+        None,
+        "undo subword splitting in S-/T-/H- lines (sentencepiece, subword_nmt, "
+        "'@@ '); D- lines and the hypothesis file are always detokenized",
+        flags=("--post-process", "--remove-bpe"),
+        nargs="?",
+        const="@@ ",
+        metavar="SYMBOL",
+    )
+    quiet: bool = setting(False, "print only the summary lines, not S-/T-/H-/D-/P-", action="store_true")
+    score_reference: bool = setting(
+        False,
+        "score the references instead of generating: H-/P- lines give the model's log-probabilities of "
+        "the target (fairseq's SequenceScorer)",
+        action="store_true",
+        not_in=("interactive",),
+    )
+    # fairseq-generate's task flags: sources (and targets) are cut or filtered at the smaller of these and the
+    # model's own maximum, as fairseq's resolve_max_positions does
+    max_source_positions: int = setting(
+        1024, "max source length; the model's own maximum applies when smaller", type=int, metavar="N"
+    )
+    max_target_positions: int = setting(
+        1024, "max target length; the model's own maximum applies when smaller", type=int, metavar="N"
+    )
+    model_overrides: str = setting("{}", "model args to override, e.g. '{\"dropout\": 0.0}'", metavar="JSON")
+    compute_type: str = setting(
+        "default",
+        "as CTranslate2's --compute-type: int8 quantizes the linear layers' weights (per channel) and, per "
+        "step, their inputs (the CPU only; faster, close to fp32's summaries); auto is int8 on a CPU that "
+        "supports it, else default; default and float32: the weights as loaded (with --fp16 / --bf16 as given)",
+        choices=["default", "auto", "float32", "int8"],
+    )
+
 
 logger = logging.getLogger("seqtrain.generate")
 
@@ -90,10 +149,9 @@ def read_text(path: str) -> list[str]:
 def _check_args(args: argparse.Namespace) -> None:
     if args.batch_size is None and args.max_tokens is None:
         args.batch_size = 32
-    for flag in ("batch_size", "max_tokens"):
-        v = getattr(args, flag)
+    for flag, v in (("--batch-size", args.batch_size), ("--max-tokens", args.max_tokens)):
         if v is not None and v <= 0:
-            raise SeqtrainError(f"--{flag.replace('_', '-')} must be positive, got {v}")
+            raise SeqtrainError(f"{flag} must be positive, got {v}")
     if args.min_len > 0 and args.max_len_a == 0 and args.min_len > args.max_len_b:
         raise SeqtrainError(
             f"--min-len {args.min_len} is above the maximum length --max-len-b {args.max_len_b}"
@@ -155,7 +213,7 @@ def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):
             f"{prefixes[s]}.idx has {len(src)} examples but {prefixes[t]}.idx has {len(tgt)}: source and target "
             f"of --gen-subset {args.gen_subset} must be aligned"
         )
-    full = bool(getattr(args, "check_data", False))
+    full = bool(args.check_data)
     for data, d, lang in ((src, loaded.lm.src_dict, s), (tgt, loaded.lm.tgt_dict, t)):
         if data is not None:
             check_token_ids(data, len(d), os.path.join(args.data, f"dict.{lang}.txt"), full=full)
@@ -189,7 +247,7 @@ def _world() -> tuple[int, int]:
 
 
 def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
-    """Generate with the parsed flags (seqtrain.flags.parsers.parse_generation_args), writing to `out` (stdout) or
+    """Generate with the parsed flags (seqtrain.generation.options.parse_generation_args), writing to `out` (stdout) or
     --output. Returns (on rank 0; {} on other ranks) {"hypotheses": best per example in input order,
     "references", "rouge", "n", "lines": the fairseq lines in batch order}."""
     _check_args(args)
@@ -230,15 +288,14 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             raise SeqtrainError(
                 "--score-reference scores a data-bin split's references; --input text has none"
             )
-        generator: Any = SequenceScorer(
-            loaded.model, loaded.lm.tgt_dict, getattr(args, "packed_encoder", None)
-        )
+        generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict, args.packed_encoder)
     else:
         check_generation_args(args)
-        # --rerank chooses among all --beam finished hypotheses: the search returns them all, the output --nbest
-        gen_args = argparse.Namespace(**{**vars(args), "nbest": args.beam}) if args.rerank else args
+        config = generation_config(args)
+        if args.rerank:  # it chooses among all --beam finished hypotheses: the search returns them all
+            config = dataclasses.replace(config, nbest=config.beam)
         generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, gen_args, bos=loaded.start, eos=loaded.end
+            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
         )
     ds, raw_sizes, refs, content = _dataset(args, loaded)
     n = len(ds)

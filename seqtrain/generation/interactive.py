@@ -15,12 +15,28 @@ import sys
 import time
 from typing import TextIO
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import check_generation_args
+from seqtrain.flag_bounds import POSITIVE_INT
 from seqtrain.generation import runner
 from seqtrain.generation.output import fairseq_lines, write_out
+from seqtrain.generation.search import check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
+
+
+@settings
+class InteractiveConfig:
+    """seqtrain-interactive's buffering"""
+
+    buffer_size: int = setting(
+        1,
+        "read N lines, then answer them together (default: 1)",
+        type=int,
+        metavar="N",
+        bounds=POSITIVE_INT,
+    )
+
 
 logger = logging.getLogger("seqtrain.interactive")
 
@@ -58,7 +74,10 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
     try:
         loaded = runner.load_from_flags(args)
         check_generation_args(args)
-        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
+        config = generation_config(args)
+        generator = build_generator(
+            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
+        )
         if inp.isatty():
             logger.info(
                 f"type a text and press Enter; answers come every {args.buffer_size} line(s); Ctrl-D ends"

@@ -13,9 +13,46 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import Output, output_target
+from seqtrain.flag_bounds import Bounds
 from seqtrain.generation.runner import decode
+
+
+@settings
+class OutputConfig:
+    """seqtrain-generate's output and sharding"""
+
+    output: str | None = setting(
+        None,
+        "write the summaries (or fairseq lines) to FILE instead of stdout, atomically",
+        metavar="FILE",
+        not_in=("interactive",),
+    )
+    output_format: str | None = setting(
+        None,
+        "text: one detokenized summary per input line, in input order (--nbest lines each); fairseq: "
+        "S-/T-/H-/D-/P- lines in batch order (default: text with --input, fairseq for a data-bin split)",
+        choices=["text", "fairseq"],
+    )
+    num_shards: int = setting(
+        1,
+        "split the examples into N contiguous shards and generate only --shard-id's (as fairseq)",
+        type=int,
+        metavar="N",
+        bounds=Bounds(1, 65536),
+        not_in=("interactive",),
+    )
+    shard_id: int = setting(
+        0,
+        "the shard to generate, 0-based",
+        type=int,
+        metavar="ID",
+        bounds=Bounds(0, 65535),
+        not_in=("interactive",),
+    )
+
 
 logger = logging.getLogger("seqtrain.generate")
 

@@ -24,7 +24,29 @@ from typing import Any
 
 from rouge_score import rouge_scorer
 
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+
+
+@settings
+class RerankConfig:
+    """seqtrain-generate --rerank"""
+
+    rerank: str | None = setting(
+        None,
+        "reorder each example's finished beam before output: length (summed log-probs / len**--rerank-lenpen)"
+        " or mbr (minimum Bayes risk: the hypothesis with the highest mean ROUGE against the others)",
+        choices=["length", "mbr"],
+        not_in=("interactive",),
+    )
+    rerank_lenpen: float | None = setting(
+        None,
+        "with --rerank length: the length exponent A (default: 1.0; equal to --lenpen: the beam's own order)",
+        type=float,
+        metavar="A",
+        not_in=("interactive",),
+    )
+
 
 METHODS = ("length", "mbr")
 MBR_UTILITY = ("rouge1", "rouge2", "rougeL")  # F1 is symmetric in its two texts for these three

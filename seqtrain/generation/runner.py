@@ -23,7 +23,8 @@ from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import generation_key, read_generation_config
 from seqtrain.checkpoint.hf_files import read_decoder_start
 from seqtrain.checkpoint.hub import resolve_model_path
-from seqtrain.checkpoint.load import model_from_contents
+from seqtrain.checkpoint.load import LORA_BASE_HELP, RESIZE_VOCAB_HELP, model_from_contents
+from seqtrain.config import setting, settings
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.batching import batch_by_size
 from seqtrain.data.dictionary import Dictionary, add_language_symbols, language_id
@@ -31,15 +32,36 @@ from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.data.tokenizer import build_tokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
-from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
+from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.sequence_generator import generate_batch
 from seqtrain.models.int8 import COMPUTE_TYPES, int8_supported, quantize_int8
 from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
+
+
+@settings
+class CheckpointLoadConfig:
+    """Checkpoint"""
+
+    path: str | None = setting(
+        None,
+        "checkpoint to generate with: a file, a Hugging Face folder, or a hub name org/name[@revision]",
+        metavar="FILE",
+    )
+    results_path: str | None = setting(
+        None, "write generate-{split}.txt here", metavar="DIR", not_in=("interactive",)
+    )
+    unsafe_load: bool = setting(
+        False,
+        "allow arbitrary unpickling when loading checkpoints (only for files you trust)",
+        action="store_true",
+    )
+    resize_vocab: bool = setting(False, RESIZE_VOCAB_HELP, action="store_true")
+    lora_base: str | None = setting(None, LORA_BASE_HELP, metavar="PATH")
 
 
 @dataclass
@@ -226,13 +248,17 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     torch.manual_seed(args.seed)
     overrides = parse_overrides(args.model_overrides)
-    given = set(getattr(args, "given_flags", ()))
-    for dest in ("max_source_positions", "max_target_positions"):
+    given = set(getattr(args, "given_flags", ()))  # parse_generation_args's; none for a parser's own parse
+    positions = {
+        "max_source_positions": args.max_source_positions,
+        "max_target_positions": args.max_target_positions,
+    }
+    for dest, value in positions.items():
         if (
             dest in given and dest not in overrides
         ):  # longer inputs than the checkpoint's: positions are extended
-            overrides[dest] = getattr(args, dest)
-    if getattr(args, "bpe", None) and args.data and os.path.isdir(args.data):
+            overrides[dest] = value
+    if args.bpe and args.data and os.path.isdir(args.data):
         # fairseq-generate's --bpe flags: accepted where they name the data-bin's own tokenizer (checked)
         bpe_flags.databin_tokenizer(args, args.data)
     paths = split_paths(args.path)
@@ -244,21 +270,21 @@ def load_from_flags(args: argparse.Namespace) -> GenerationModel:
             args.target_lang,
             overrides,
             args.unsafe_load,
-            resize_vocab=getattr(args, "resize_vocab", False),
-            lora_base=getattr(args, "lora_base", None),
-            task=getattr(args, "task", None),
-            langs=getattr(args, "langs", None),
+            resize_vocab=args.resize_vocab,
+            lora_base=args.lora_base,
+            task=args.task,
+            langs=getattr(args, "langs", None),  # a flag of the mBART task only
         )
         for path in paths
     ]
     loaded = ensemble(members, paths)
     dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
     cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
-    if getattr(args, "static_decoding", None) and args.compute_type in ("int8", "auto"):
+    if args.static_decoding and args.compute_type in ("int8", "auto"):
         raise SeqtrainError(
             f"--static-decoding runs float weights; not with --compute-type {args.compute_type}"
         )
-    set_compute_type(loaded, getattr(args, "compute_type", "default"), "--compute-type")
+    set_compute_type(loaded, args.compute_type, "--compute-type")
     apply_model_defaults(loaded, args, given)
     return loaded
 
@@ -330,10 +356,8 @@ def ensemble(members: list[GenerationModel], paths: list[str]) -> GenerationMode
 
 
 def default_generation_args() -> argparse.Namespace:
-    """The generation flags (seqtrain.flags.generation) at their defaults, fairseq's."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_generation_args(parser)
-    return parser.parse_args([])
+    """The generation flags (GenerationConfig's) at their defaults, fairseq's."""
+    return argparse.Namespace(**vars(GenerationConfig()))
 
 
 def encode(loaded: GenerationModel, lines: Sequence[str]) -> list[torch.Tensor]:

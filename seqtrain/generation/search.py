@@ -9,12 +9,26 @@ Beam search returns C = 2 * beam candidates so that `beam` of them remain to con
 end in EOS; diverse beam search returns 2 * beam too, the groups' candidates interleaved. Sampling returns
 C = beam: candidate i always extends hypothesis i (the generator keeps finished slots aside with its
 `cands_to_ignore` mask, as fairseq does).
+
+GenerationConfig is the search's settings, with fairseq's flag names and defaults (`fairseq-generate --beam 5
+--lenpen 1 ...`): seqtrain-generate's and -interactive's "Generation" flags, --eval-rouge-args, a Hugging Face
+generation_config.json and Summarizer.summarize(**flags) all describe one; check_generation_args is the one check
+of them, wherever they come from.
 """
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
 import torch
 from torch import Tensor
+
+from seqtrain.config import from_args, setting, settings
+from seqtrain.errors import SeqtrainError
+from seqtrain.flag_bounds import FLOAT_MAX, INT_MAX, Bounds, check_value
 
 Candidates = tuple[Tensor, Tensor, Tensor]
 
@@ -157,3 +171,215 @@ def continue_beams(
     scores = scores.index_select(0, rows)
     scores[:, step] = cand_scores.gather(1, chosen).view(-1)
     return tokens, scores, new_rank.ge(cand_size), rows
+
+
+# ---------------------------------------------------------------------- the settings
+@settings
+class GenerationConfig:
+    """Generation"""
+
+    beam: int = setting(5, "beam size (default: 5)", type=int, metavar="N", bounds=Bounds(1, 10000))
+    nbest: int = setting(
+        1,
+        "number of hypotheses to output per sentence (default: 1)",
+        type=int,
+        metavar="N",
+        bounds=Bounds(1, 10000),
+    )
+    max_len_a: float = setting(
+        0,
+        "generate sequences of at most a*x + b tokens, x the source length (default: a=0)",
+        type=float,
+        metavar="N",
+        bounds=Bounds(0, 1000),
+    )
+    max_len_b: int = setting(
+        200, "see --max-len-a (default: b=200)", type=int, metavar="N", bounds=Bounds(0, 1 << 20)
+    )
+    min_len: int = setting(1, "minimum generation length, EOS excluded (default: 1)", type=int, metavar="N")
+    match_source_len: bool = setting(False, "generations end at the source length", action="store_true")
+    unnormalized: bool = setting(False, "compare unnormalized hypothesis scores", action="store_true")
+    no_early_stop: bool = setting(
+        False,
+        "deprecated and ignored, as in fairseq (a sentence stops once it has --beam finished hypotheses)",
+        action="store_true",
+    )
+    no_beamable_mm: bool = setting(
+        False,
+        "accepted for fairseq compatibility; encoder keys/values are always shared across the beam",
+        action="store_true",
+    )
+    lenpen: float = setting(
+        1.0,
+        "length penalty: scores are divided by length**lenpen; <1.0 favors shorter, >1.0 longer sentences",
+        type=float,
+        bounds=Bounds(-1000, 1000),
+    )
+    unkpen: float = setting(
+        0.0,
+        "unknown word penalty: <0 produces more unks, >0 fewer (default: 0)",
+        type=float,
+        bounds=Bounds(-FLOAT_MAX, FLOAT_MAX),
+    )
+    prefix_size: int = setting(
+        0,
+        "initialize generation by the first PS target tokens",
+        type=int,
+        metavar="PS",
+        not_in=("interactive",),
+    )
+    no_repeat_ngram_size: int = setting(
+        0,
+        "ngram blocking such that this size ngram cannot be repeated in the generation (0: off)",
+        type=int,
+        metavar="N",
+    )
+    sampling: bool = setting(False, "sample hypotheses instead of using beam search", action="store_true")
+    sampling_topk: int = setting(
+        -1,
+        "sample from the top k most likely words (-1: all)",
+        type=int,
+        metavar="PS",
+        bounds=Bounds(1, INT_MAX, off=-1),
+    )
+    sampling_topp: float = setting(
+        -1.0,
+        "sample from the smallest set of words whose cumulative probability mass exceeds p (-1: off)",
+        type=float,
+        metavar="PS",
+        bounds=Bounds(0, 1, lo_open=True, off=-1),
+    )
+    diverse_beam_groups: int = setting(
+        -1,
+        "number of groups for diverse beam search (Hamming diversity; -1: plain beam search)",
+        type=int,
+        metavar="N",
+        bounds=Bounds(1, 10000, off=-1),
+    )
+    diverse_beam_strength: float = setting(
+        0.5,
+        "diverse beam search: how much a token proposed by an earlier group costs in a later one",
+        type=float,
+        metavar="N",
+        bounds=Bounds(-1000, 1000),
+    )
+    static_decoding: bool | None = setting(
+        None,
+        "decode with fixed-shape steps (CUDA graphs on CUDA) and finish hypotheses on the device; the same "
+        "hypotheses as the eager loop (default: on for CUDA, off on the CPU)",
+        action=argparse.BooleanOptionalAction,
+    )
+    packed_encoder: bool | None = setting(
+        None,
+        "run the encoder pass on the sources' real tokens only (varlen attention), not padded; the same "
+        "encoder output (default: on CUDA in fp16/bf16; on the CPU for batches of 20%% pads or more)",
+        action=argparse.BooleanOptionalAction,
+    )
+    temperature: float = setting(
+        1.0,
+        "temperature for generation (default: 1.0)",
+        type=float,
+        metavar="N",
+        bounds=Bounds(0, 1000, lo_open=True),
+    )
+    # not a flag of this group: --seed seeds --sampling (the front end copies it in)
+    seed: int | None = None
+
+
+def flag_name(dest: str) -> str:
+    """How the command line (and a --config file) names a generation setting: --max-len-b."""
+    return "--" + dest.replace("_", "-")
+
+
+def _kinds() -> dict[str, type]:
+    """Each generation flag's kind (bool for switches, int, float), from GenerationConfig's fields."""
+    out: dict[str, type] = {}
+    for f in fields(GenerationConfig):
+        meta = f.metadata.get("flag")
+        if meta is None:
+            continue
+        if meta.kwargs.get("action") == "store_true":
+            out[f.name] = bool
+        elif meta.kwargs.get("type") in (int, float):
+            out[f.name] = meta.kwargs["type"]
+    return out
+
+
+KINDS = _kinds()
+
+
+def check_generation_value(dest: str, value: Any, name: Callable[[str], str] = flag_name) -> None:
+    """One generation setting: of its flag's kind (a switch takes True / False, an int flag an int, a float
+    flag a number; never a string or a bool for a number) and in its range (seqtrain.flag_bounds), as
+    SeqtrainError naming it by `name`."""
+    kind = KINDS.get(dest)
+    if kind is None:
+        return
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+        what = {bool: "True or False", int: "an integer", float: "a number"}[kind]
+        raise SeqtrainError(f"{name(dest)} must be {what}, got {value!r}")
+    try:
+        check_value(dest, value)
+    except argparse.ArgumentTypeError as e:
+        raise SeqtrainError(f"{name(dest)} {e}") from None
+
+
+def generation_config(args: Any) -> GenerationConfig:
+    """The search settings among a program's parsed flags (an argparse.Namespace, or any object holding them;
+    one left out or None keeps its default): the one conversion the front ends make before build_generator."""
+    return from_args(GenerationConfig, args)
+
+
+def check_generation_args(args: Any, name: Callable[[str], str] = flag_name) -> None:
+    """The one check of generation settings, wherever they come from: the command line and --config,
+    --eval-rouge-args, a Hugging Face generation_config.json, seqtrain.Summarizer.summarize(**flags). `args` is a
+    GenerationConfig or an argparse.Namespace holding its fields (with seqtrain-generate's --rerank, if given).
+    Every setting's kind and range (check_generation_value), then fairseq's checks across them, as SeqtrainErrors
+    naming each setting by `name` (the command line's --beam by default; a caller names its own source:
+    `FOLDER/generation_config.json: num_beams`, `Summarizer.summarize(beam=...)`)."""
+    values = vars(args)
+    for dest in KINDS:
+        if dest in values:
+            check_generation_value(dest, values[dest], name)
+    for dest in ("static_decoding", "packed_encoder"):  # switches with a default the device decides (None)
+        if values.get(dest) not in (None, True, False):
+            raise SeqtrainError(f"{name(dest)} must be True, False or None, got {values[dest]!r}")
+    a = generation_config(args)
+    if a.beam < 1:
+        raise SeqtrainError(f"{name('beam')} must be >= 1, got {a.beam}")
+    if not 1 <= a.nbest <= a.beam:
+        raise SeqtrainError(f"{name('nbest')} must be between 1 and {name('beam')} ({a.beam}), got {a.nbest}")
+    if a.min_len < 0:
+        raise SeqtrainError(f"{name('min_len')} must be >= 0, got {a.min_len}")
+    if a.max_len_b < 0 or a.max_len_a < 0:
+        raise SeqtrainError(f"{name('max_len_a')} and {name('max_len_b')} must be >= 0")
+    if a.min_len > 0 and a.max_len_a == 0 and a.min_len > a.max_len_b:
+        raise SeqtrainError(
+            f"{name('min_len')} {a.min_len} is above the maximum length {name('max_len_b')} {a.max_len_b}"
+        )
+    if a.prefix_size < 0:
+        raise SeqtrainError(f"{name('prefix_size')} must be >= 0, got {a.prefix_size}")
+    if a.no_repeat_ngram_size < 0:
+        raise SeqtrainError(f"{name('no_repeat_ngram_size')} must be >= 0, got {a.no_repeat_ngram_size}")
+    if a.temperature <= 0:
+        raise SeqtrainError(f"{name('temperature')} must be > 0, got {a.temperature}")
+    # --rerank picks --nbest of the beam's finished hypotheses, so sampling may keep fewer than --beam
+    if a.sampling and a.nbest != a.beam and not values.get("rerank"):
+        raise SeqtrainError(f"{name('sampling')} requires {name('nbest')} to be equal to {name('beam')}")
+    if a.sampling_topp != -1.0 and not 0 < a.sampling_topp <= 1:
+        raise SeqtrainError(f"{name('sampling_topp')} must be in (0, 1], got {a.sampling_topp}")
+    groups = a.diverse_beam_groups
+    if groups > 0 and a.sampling:
+        raise SeqtrainError(f"{name('diverse_beam_groups')} and {name('sampling')} cannot be used together")
+    if groups > 0 and a.beam % groups:
+        raise SeqtrainError(
+            f"{name('beam')} {a.beam} must be a multiple of {name('diverse_beam_groups')} {groups}"
+        )
+    if (a.sampling_topk > 0 or a.sampling_topp > 0) and not a.sampling:
+        raise SeqtrainError(f"{name('sampling_topk')}/{name('sampling_topp')} need {name('sampling')}")

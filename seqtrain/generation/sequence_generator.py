@@ -33,7 +33,6 @@ Output, per input sentence: up to nbest hypotheses, best first, each a dict like
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,7 +42,7 @@ from torch import Tensor
 from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation.decode_step import Beams, Candidates, DecodeStep, positional_scores
-from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, Sampling
+from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, GenerationConfig, Sampling
 from seqtrain.generation.static_search import StaticSteps, static_generate
 
 Hypothesis = dict[str, Any]
@@ -308,26 +307,30 @@ def encode(
 def build_generator(
     model: torch.nn.Module,
     tgt_dict: Any,
-    args: argparse.Namespace,
+    config: GenerationConfig,
     bos: int | None = None,
     eos: int | None = None,
 ) -> SequenceGenerator:
-    """A generator configured from generation settings named as the flags of seqtrain.flags.generation
-    (fairseq's names and defaults: an argparse.Namespace, or any object with those attributes), already checked
-    by its check_generation_args (each front end checks where it names the source: a flag, a config file's key,
-    a Summarizer argument); `bos` and `eos` as SequenceGenerator's (a task's or a model's start and end
-    tokens). The library's beam search takes no flag layer: the settings are read here, nothing below keeps them."""
-    if getattr(args, "sampling", False):
+    """A generator configured from the search settings `config` (search.GenerationConfig: fairseq's names and
+    defaults), already checked by check_generation_args (each front end checks where it names the source: a
+    flag, a config file's key, a Summarizer argument, and converts its flags once, search.generation_config);
+    `bos` and `eos` as SequenceGenerator's (a task's or a model's start and end tokens). The library's beam
+    search takes no Namespace and no flag layer: the settings are read here, nothing below keeps them."""
+    if not isinstance(config, GenerationConfig):
+        raise TypeError(
+            f"build_generator takes a GenerationConfig (search.generation_config(args) converts parsed flags), "
+            f"got {type(config).__name__}"
+        )
+    if config.sampling:
         device = next(model.parameters()).device
         gen = torch.Generator(device=device)
-        seed = getattr(args, "seed", None)
-        gen.manual_seed(1 if seed is None else seed)
-        search: Any = Sampling(args.sampling_topk, args.sampling_topp, gen)
-    elif getattr(args, "diverse_beam_groups", -1) > 0:
-        search = DiverseBeamSearch(args.diverse_beam_groups, args.diverse_beam_strength)
+        gen.manual_seed(1 if config.seed is None else config.seed)
+        search: Any = Sampling(config.sampling_topk, config.sampling_topp, gen)
+    elif config.diverse_beam_groups > 0:
+        search = DiverseBeamSearch(config.diverse_beam_groups, config.diverse_beam_strength)
     else:
         search = BeamSearch()
-    static = getattr(args, "static_decoding", None)
+    static = config.static_decoding
     ensemble = hasattr(model, "next_token_log_probs")  # the static step is one model's decoder (ensemble.py)
     if static and ensemble:
         raise SeqtrainError(
@@ -338,20 +341,20 @@ def build_generator(
     return SequenceGenerator(
         model,
         tgt_dict,
-        beam_size=args.beam,
-        nbest=args.nbest,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-        min_len=args.min_len,
-        normalize_scores=not getattr(args, "unnormalized", False),
-        len_penalty=args.lenpen,
-        unk_penalty=args.unkpen,
-        temperature=args.temperature,
-        match_source_len=args.match_source_len,
-        no_repeat_ngram_size=args.no_repeat_ngram_size,
+        beam_size=config.beam,
+        nbest=config.nbest,
+        max_len_a=config.max_len_a,
+        max_len_b=config.max_len_b,
+        min_len=config.min_len,
+        normalize_scores=not config.unnormalized,
+        len_penalty=config.lenpen,
+        unk_penalty=config.unkpen,
+        temperature=config.temperature,
+        match_source_len=config.match_source_len,
+        no_repeat_ngram_size=config.no_repeat_ngram_size,
         search_strategy=search,
         static_decoding=static,
-        packed_encoder=getattr(args, "packed_encoder", None),
+        packed_encoder=config.packed_encoder,
         bos=bos,
         eos=eos,
     )

@@ -20,8 +20,8 @@ import torch
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
-from seqtrain.flags.generation import check_generation_args
 from seqtrain.generation import runner
+from seqtrain.generation.search import check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import build_generator
 
 
@@ -136,7 +136,10 @@ class Summarizer:
         if not texts:
             return []
         loaded = self._loaded
-        generator = build_generator(loaded.model, loaded.lm.tgt_dict, args, bos=loaded.start, eos=loaded.end)
+        config = generation_config(args)
+        generator = build_generator(
+            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
+        )
         ds = runner.text_dataset(self._loaded, runner.encode(self._loaded, texts))
         order = runner.order_examples(ds, None, seed)
         batches = runner.plan_batches(ds, order, max_tokens, batch_size)

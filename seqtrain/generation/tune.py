@@ -2,7 +2,7 @@
 subset by a ROUGE figure, written as a --config preset and a generation_config.json, and the gain over the given
 settings measured on the whole split.
 
-Flow: seqtrain-generate's flags plus the search's (seqtrain.flags.tune.add_tune_args) -> load the model and the split as
+Flow: seqtrain-generate's flags plus the search's (tune_flags.add_tune_args) -> load the model and the split as
 seqtrain-generate does (runner, generate._dataset) -> a seeded sample of --tune-subset examples, batched as
 seqtrain-generate batches -> the encoder runs once per batch of the sample and its outputs stay cached; every
 setting tried runs only the beam search from them (SequenceGenerator.generate(encoder_out=...)) -> each setting's
@@ -37,13 +37,13 @@ import torch
 
 from seqtrain.checkpoint.hf_files import GENERATION_DEFAULTS, hf_generation_config
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import check_generation_args
-from seqtrain.flags.tune import METRICS, TUNABLE
 from seqtrain.generation import generate as gen_mod
 from seqtrain.generation import runner
 from seqtrain.generation.output import check_folder_writable, fairseq_lines, write_files
 from seqtrain.generation.rerank import rerank
+from seqtrain.generation.search import check_generation_args
 from seqtrain.generation.sequence_generator import build_generator, encode, generate_batch
+from seqtrain.generation.tune_flags import METRICS, TUNABLE
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, mean_scores, paired_bootstrap
 

@@ -24,9 +24,10 @@ from seqtrain.config import from_args as read_settings
 from seqtrain.cuda import DeviceConfig
 from seqtrain.data.options import DatasetConfig
 from seqtrain.data.tokenizer import build_tokenizer
-from seqtrain.flags.rouge import RougeValidationConfig, generation_args
+from seqtrain.generation.options import generation_args
 from seqtrain.generation.sequence_generator import build_generator, generate_batch
 from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, format_intervals, mean_scores
+from seqtrain.scoring.settings import EvalRougeConfig
 
 logger = logging.getLogger("seqtrain.eval_rouge")  # the name log lines have always shown
 
@@ -42,13 +43,13 @@ class RougeValidator:
         """The validator of parsed flags (a hand-made Namespace may lack some: defaults fill them)."""
         data = read_settings(DatasetConfig, args)
         return cls(
-            read_settings(RougeValidationConfig, args),
+            read_settings(EvalRougeConfig, args),
             task,
             read_settings(DeviceConfig, args).seed,
             data.prepend_bos,
         )
 
-    def __init__(self, cfg: RougeValidationConfig, task: Any, seed: int = 1, prepend_bos: bool = False):
+    def __init__(self, cfg: EvalRougeConfig, task: Any, seed: int = 1, prepend_bos: bool = False):
         """`cfg`: the --eval-rouge settings; `seed`: the run's --seed (generation and the bootstrap draw from
         it); `prepend_bos`: the data's --prepend-bos (the decoder then starts after <s>)."""
         self.gen_args = generation_args(cfg.eval_rouge_args, seed)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file
-from seqtrain.flags.parsers import parse_generation_args
 from seqtrain.generation.generate import generate
+from seqtrain.generation.options import parse_generation_args
 from seqtrain_cli.convert import main as convert_main
 from seqtrain_cli.train import train_main
 from tests.utils import base_args

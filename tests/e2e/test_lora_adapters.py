@@ -13,8 +13,8 @@ import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.parsers import parse_generation_args
 from seqtrain.generation.generate import generate
+from seqtrain.generation.options import parse_generation_args
 from seqtrain.generation.summarizer import Summarizer
 from seqtrain_cli.convert import main as convert_main
 from seqtrain_cli.train import train_main

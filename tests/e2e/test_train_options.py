@@ -11,6 +11,7 @@ import torch
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsers
+from seqtrain.generation import options
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
 from tests.utils import base_args, parse_log
@@ -407,4 +408,4 @@ def test_cuda_kernel_choices_are_set_as_asked():
         parsers.get_training_parser(), ["d", "--arch", "bart_tiny", "--cudnn-attention", "--no-tf32"]
     )
     assert train.cudnn_attention and train.no_tf32
-    assert parsers.get_generation_parser().parse_args(["d", "--cudnn-attention"]).cudnn_attention
+    assert options.get_generation_parser().parse_args(["d", "--cudnn-attention"]).cudnn_attention

@@ -123,8 +123,8 @@ def fairseq_generator(job: dict) -> dict:
 
 
 def seqtrain_generate(argv: list[str]) -> list[str]:
-    from seqtrain.flags.parsers import parse_generation_args
     from seqtrain.generation.generate import generate
+    from seqtrain.generation.options import parse_generation_args
 
     return generate(parse_generation_args(argv), out=io.StringIO())["lines"]
 

@@ -21,8 +21,8 @@ from seqtrain.checkpoint.hub import hub_cache_dir, parse_hub_name, resolve_model
 from seqtrain.checkpoint.load import LoadedModel, load_model
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.parsers import parse_generation_args
 from seqtrain.generation.generate import generate
+from seqtrain.generation.options import parse_generation_args
 from seqtrain.models.bart import build_model
 from seqtrain_cli.convert import main as convert_main
 from seqtrain_cli.train import train_main

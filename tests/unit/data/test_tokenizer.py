@@ -4,11 +4,12 @@ import pickle
 
 import pytest
 
+from seqtrain.config import add_settings
 from seqtrain.data.tokenizer import (
     GPT2BPETokenizer,
     SentencePieceTokenizer,
+    TokenizerConfig,
     WhitespaceTokenizer,
-    add_args,
     build_tokenizer,
     load_databin_tokenizer,
     save_databin_tokenizer,
@@ -187,7 +188,7 @@ def test_databin_without_tokenizer_json_is_none(tmp_path):
 
 def test_tokenizer_from_args(gpt2_files, sample_dir):
     p = argparse.ArgumentParser()
-    add_args(p)
+    add_settings(p, TokenizerConfig)
     args = p.parse_args(
         [
             "--tokenizer",

@@ -9,8 +9,7 @@ import pytest
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.evaluation import analyses
-from seqtrain.evaluation.report import report
-from seqtrain.flags.parsers import get_eval_parser
+from seqtrain.evaluation.report import get_eval_parser, report
 
 SOURCES = [
     "Alice met Bob in Paris. They talked.",  # 7 words

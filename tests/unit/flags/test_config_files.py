@@ -13,11 +13,14 @@ import yaml
 from seqtrain.data.options import check_dataset_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsers
+from seqtrain.generation import options
+from seqtrain.preprocess import options as preprocess_options
 from tests.utils import REPO, base_args
 
 
 def parse(*argv: str):
-    return parsers.parse_args_and_arch(parsers.get_training_parser(), list(argv))
+    # as seqtrain-train: a preset's generation keys are seqtrain-generate's, skipped
+    return parsers.parse_train_args(list(argv), options.generation_flags)
 
 
 def printed(capsys, *argv: str) -> str:
@@ -156,12 +159,12 @@ def test_every_switch_has_a_negative_form(tmp_path):
 
     train = parsers.get_training_parser()
     parsers.parse_args_and_arch(train, ["data", "--arch", "bart_tiny"])  # adds the component flags
-    gen = parsers.get_generation_parser()
+    gen = options.get_generation_parser()
     parsers.parse_args_and_arch(gen, ["data", "--path", "x.pt"])
     built = [
         train,
         gen,
-        parsers.get_preprocessing_parser(),
+        preprocess_options.get_preprocessing_parser(),
         parsers.get_convert_parser(),
         parsers.get_score_parser(),
     ]

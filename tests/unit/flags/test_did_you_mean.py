@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from seqtrain.flags.parsers import UsageError, parse_generation_args, parse_train_args
+from seqtrain.flags.parsers import UsageError, parse_train_args
+from seqtrain.generation.options import parse_generation_args
 
 
 def test_a_mistyped_train_flag_gets_the_nearest_one(tmp_path):

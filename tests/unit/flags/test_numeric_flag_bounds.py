@@ -13,7 +13,11 @@ import os
 import pytest
 
 from seqtrain import registry
+from seqtrain.config import left_out
+from seqtrain.evaluation.report import get_eval_parser
 from seqtrain.flags import parsers
+from seqtrain.generation import options
+from seqtrain.preprocess import options as preprocess_options
 
 VALUES = ("nan", "inf", "-5", "0", "1e30")
 HUGE_INT = str(10**20)
@@ -109,6 +113,10 @@ LEGAL: dict[tuple[str, str], dict[str, str]] = {
 }
 
 
+# flags of shared groups that seqtrain-generate leaves out (refused by name before any value is read)
+GENERATE_LEFT_OUT = set(left_out(options.get_generation_parser()))
+
+
 def _numeric(action: argparse.Action) -> bool:
     if not action.option_strings or action.type is None:
         return False
@@ -122,7 +130,7 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
 
     def scan(parser: argparse.ArgumentParser, cli: str, extra: tuple[str, ...] = ()) -> None:
         for a in parser._actions:
-            if cli == "generate" and a.option_strings and a.option_strings[-1] in parsers.GENERATION_REFUSED:
+            if cli == "generate" and a.option_strings and a.option_strings[-1] in GENERATE_LEFT_OUT:
                 continue  # refused by name before any value is read (tests/e2e/test_generate_output.py)
             if _numeric(a):
                 found.setdefault((cli, a.option_strings[-1]), extra)
@@ -137,11 +145,13 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
             p = parsers.get_training_parser()
             parsers._add_choice_args(p, kind, name)
             scan(p, "train", (f"--{kind.replace('_', '-')}", name))
-    gen = parsers.get_generation_parser()
+    gen = options.get_generation_parser()
     parsers._add_choice_args(gen, "task", "translation")
     scan(gen, "generate")
-    for cli in ("preprocess", "convert", "score", "eval"):
-        scan(getattr(parsers, f"get_{'preprocessing' if cli == 'preprocess' else cli}_parser")(), cli)
+    scan(preprocess_options.get_preprocessing_parser(), "preprocess")
+    scan(parsers.get_convert_parser(), "convert")
+    scan(parsers.get_score_parser(), "score")
+    scan(get_eval_parser(), "eval")
     return [(cli, flag, extra) for (cli, flag), extra in sorted(found.items())]
 
 
@@ -151,7 +161,7 @@ for _flag in ("--beam", "--lenpen", "--max-len-b", "--min-len", "--no-repeat-ngr
     if ("generate", _flag) in LEGAL:
         LEGAL[("convert", _flag)] = LEGAL[("generate", _flag)]
 # training-only flags that seqtrain-generate refuses by name have no values to check there
-LEGAL = {k: v for k, v in LEGAL.items() if not (k[0] == "generate" and k[1] in parsers.GENERATION_REFUSED)}
+LEGAL = {k: v for k, v in LEGAL.items() if not (k[0] == "generate" and k[1] in GENERATE_LEFT_OUT)}
 
 
 def _argv(cli: str, flag: str, value: str, extra: tuple[str, ...], root: str) -> list[str]:
@@ -183,15 +193,15 @@ def test_legal_values_parse(tmp_path):
             if cli == "train":
                 parsers.parse_train_args(argv)
             elif cli == "generate":
-                parsers.parse_generation_args(argv)
+                options.parse_generation_args(argv)
             elif cli == "score":
                 parsers.get_score_parser().parse_args(argv)
             elif cli == "eval":
-                parsers.get_eval_parser().parse_args(argv)
+                get_eval_parser().parse_args(argv)
             elif cli == "convert":
                 parsers.get_convert_parser().parse_args(argv)
             else:
-                parsers.get_preprocessing_parser().parse_args(argv)
+                preprocess_options.get_preprocessing_parser().parse_args(argv)
 
 
 @pytest.mark.parametrize("cli,flag,extra", GRID, ids=[f"{c}{f}" for c, f, _ in GRID])
@@ -230,10 +240,10 @@ def _parsers_of(cli: str) -> list[argparse.Action]:
                     parsers._add_choice_args(p, kind, name)
                     actions += p._actions
         elif cli == "generate":
-            p = parsers.get_generation_parser()
+            p = options.get_generation_parser()
             parsers._add_choice_args(p, "task", "translation")
             actions = p._actions
         else:
-            actions = parsers.get_preprocessing_parser()._actions
+            actions = preprocess_options.get_preprocessing_parser()._actions
         _PARSERS[cli] = actions
     return _PARSERS[cli]

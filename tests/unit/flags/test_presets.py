@@ -10,17 +10,19 @@ import pytest
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsers
+from seqtrain.generation import options
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 CONFIGS = os.path.join(ROOT, "configs")
 
 
 def train_args(*argv: str):
-    return parsers.parse_args_and_arch(parsers.get_training_parser(), list(argv))
+    # as seqtrain-train: the preset's generation keys are seqtrain-generate's, skipped
+    return parsers.parse_train_args(list(argv), options.generation_flags)
 
 
 def generate_args(*argv: str):
-    return parsers.parse_generation_args(list(argv))
+    return options.parse_generation_args(list(argv))
 
 
 def cfg(name: str) -> str:

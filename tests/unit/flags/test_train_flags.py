@@ -11,6 +11,7 @@ import pytest
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsers
+from seqtrain.generation import options
 
 
 def parse(*argv: str):
@@ -232,6 +233,6 @@ def test_help_groups_in_order():
 
 
 def test_generation_parser_has_common_and_dataset_flags():
-    parser = parsers.get_generation_parser()
+    parser = options.get_generation_parser()
     args = parsers.parse_args_and_arch(parser, ["bin", "--path", "ck.pt", "--gen-subset", "valid", "--cpu"])
     assert (args.data, args.path, args.gen_subset, args.cpu, args.seed) == ("bin", "ck.pt", "valid", True, 1)

@@ -10,12 +10,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from seqtrain.config import add_settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.runner import split_paths
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import DiverseBeamSearch
+from seqtrain.generation.search import (
+    DiverseBeamSearch,
+    GenerationConfig,
+    check_generation_args,
+    generation_config,
+)
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator
 from tests.unit.generation.reference_beam_search import reference_beam_search
 from tests.unit.generation.test_sequence_generator import EOS, PAD, Dict4, left_pad, sources, tiny_model
@@ -26,13 +31,14 @@ def models():
     return tiny_model(seed=0), tiny_model(seed=1)
 
 
-def gen_args(**kw) -> argparse.Namespace:
+def gen_args(**kw) -> GenerationConfig:
+    """The search settings: the flags' defaults (fairseq's), then `kw`."""
     parser = argparse.ArgumentParser()
-    add_generation_args(parser)
+    add_settings(parser, GenerationConfig)
     args = parser.parse_args([])
     for k, v in kw.items():
         setattr(args, k, v)
-    return args
+    return generation_config(args)
 
 
 # ------------------------------------------------------------------ diverse beam search

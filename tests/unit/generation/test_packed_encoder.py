@@ -22,11 +22,11 @@ import itertools
 import pytest
 import torch
 
+from seqtrain.config import add_settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import Sampling
+from seqtrain.generation.search import GenerationConfig, Sampling, check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, encode
 from seqtrain.models.bart import CPU_PACK_MIN_PAD_SHARE, BARTModel
 from tests.unit.generation.test_sequence_generator import (
@@ -277,12 +277,14 @@ def test_cpu_default_packs_from_the_pad_share():
 def test_packed_encoder_flag():
     model = model_of(0)
     parser = argparse.ArgumentParser()
-    add_generation_args(parser)
-    assert (
-        build_generator(model, Dict4(), parser.parse_args([])).packed_encoder is None
-    )  # the encoder decides
-    assert build_generator(model, Dict4(), parser.parse_args(["--packed-encoder"])).packed_encoder is True
-    assert build_generator(model, Dict4(), parser.parse_args(["--no-packed-encoder"])).packed_encoder is False
+    add_settings(parser, GenerationConfig)
+
+    def config(*argv):
+        return generation_config(parser.parse_args(list(argv)))
+
+    assert build_generator(model, Dict4(), config()).packed_encoder is None  # the encoder decides
+    assert build_generator(model, Dict4(), config("--packed-encoder")).packed_encoder is True
+    assert build_generator(model, Dict4(), config("--no-packed-encoder")).packed_encoder is False
     bad = parser.parse_args([])
     bad.packed_encoder = "yes"  # as Summarizer.summarize(packed_encoder="yes") sets it
     with pytest.raises(SeqtrainError, match=r"^--packed-encoder must be True, False or None, got 'yes'$"):

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from seqtrain.config import add_settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import add_generation_args, check_generation_args
 from seqtrain.generation.ngram import NGramRepeatBlocker, has_repeated_ngram
-from seqtrain.generation.search import Sampling
+from seqtrain.generation.search import GenerationConfig, Sampling, check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
 from seqtrain.models.bart import BartConfig, BARTModel
 from tests.unit.generation.reference_beam_search import fairseq_forced_eos, reference_beam_search
@@ -297,9 +297,9 @@ def test_generate_batch_keeps_sample_order(model):
         "target": torch.tensor([[9, 9, EOS], [10, EOS, PAD], [11, 12, EOS], [13, EOS, PAD]]),
     }
     args = argparse.ArgumentParser()
-    add_generation_args(args)
+    add_settings(args, GenerationConfig)
     args = args.parse_args(["--beam", "3", "--max-len-b", "9", "--prefix-size", "1"])
-    gen = build_generator(model, Dict4(), args)
+    gen = build_generator(model, Dict4(), generation_config(args))
     out = generate_batch(gen, sample, prefix_size=args.prefix_size, force_bos=0)
     assert [i for i, _ in out] == [11, 3, 7, 0]
     for (_i, hypos), first in zip(out, [9, 10, 11, 13]):
@@ -312,7 +312,7 @@ def test_generate_batch_keeps_sample_order(model):
 
 def test_flags_defaults_and_errors():
     parser = argparse.ArgumentParser()
-    add_generation_args(parser)
+    add_settings(parser, GenerationConfig)
     a = parser.parse_args([])
     assert (a.beam, a.nbest, a.lenpen, a.unkpen, a.max_len_a, a.max_len_b, a.min_len) == (
         5,

@@ -16,8 +16,8 @@ import pytest
 import torch
 from torch import nn
 
-from seqtrain.flags.generation import add_generation_args
-from seqtrain.generation.search import Sampling
+from seqtrain.config import add_settings
+from seqtrain.generation.search import GenerationConfig, Sampling, generation_config
 from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator
 from seqtrain.generation.static_decoding import StaticDecoder, bucket
 from seqtrain.generation.static_search import EagerSteps, StaticSteps, static_generate
@@ -236,11 +236,18 @@ def test_static_path_with_prefix_and_across_batches(model):
 
 def test_static_decoding_flag(model):
     parser = argparse.ArgumentParser()
-    add_generation_args(parser)
-    assert build_generator(model, Dict4(), parser.parse_args([])).static_decoding is False  # CPU default
-    assert build_generator(model, Dict4(), parser.parse_args(["--static-decoding"])).static_decoding is True
-    off = parser.parse_args(["--no-static-decoding"])
-    assert build_generator(model, Dict4(), off).static_decoding is False
+    add_settings(parser, GenerationConfig)
+
+    def config(*argv):
+        return generation_config(parser.parse_args(list(argv)))
+
+    assert build_generator(model, Dict4(), config()).static_decoding is False  # CPU default
+    assert build_generator(model, Dict4(), config("--static-decoding")).static_decoding is True
+    assert build_generator(model, Dict4(), config("--no-static-decoding")).static_decoding is False
+    with pytest.raises(
+        TypeError, match="takes a GenerationConfig"
+    ):  # not the Namespace: one conversion, first
+        build_generator(model, Dict4(), parser.parse_args([]))
 
 
 # ------------------------------------------------------------------ (c) CUDA graphs

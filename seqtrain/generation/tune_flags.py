@@ -1,15 +1,16 @@
 """seqtrain-tune's flags (seqtrain.generation.tune does the search): which settings to search, their candidates
 (--tune-grid, checked value by value against the generation flags' kinds and ranges), the metric, the sample, the
-search and the output folder. In one function, add_tune_args, which seqtrain.flags.parsers.get_tune_parser adds
-to seqtrain-generate's parser."""
+search and the output folder. In one function, add_tune_args, which seqtrain.generation.options.get_tune_parser
+adds to seqtrain-generate's parser."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags.generation import add_generation_args, check_generation_args, check_generation_value
+from seqtrain.generation.search import GenerationConfig, check_generation_args, check_generation_value
 
 # --tune's names (the flags') -> (flag dest, candidates tried when --tune-grid names none). The given value of a
 # setting is always among its candidates, so the best is never below the given settings on the sample.
@@ -83,18 +84,16 @@ def _grid(text: str) -> dict[str, list[int | float]]:
     return out
 
 
-def _one(dest: str, value: Any) -> argparse.Namespace:
+def _one(dest: str, value: Any) -> GenerationConfig:
     """seqtrain-generate's default settings with one changed, for the range checks of a single value (min-len
     against max-len-b is checked per combination, in the search)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_generation_args(parser)
-    args = parser.parse_args([])
-    setattr(args, dest, value)
+    base = GenerationConfig()
+    changed = {dest: value}
     if dest == "min_len":
-        args.max_len_b = max(args.max_len_b, int(value))
+        changed["max_len_b"] = max(base.max_len_b, int(value))
     if dest == "max_len_b":
-        args.min_len = min(args.min_len, int(value))
-    return args
+        changed["min_len"] = min(base.min_len, int(value))
+    return dataclasses.replace(base, **changed)
 
 
 def add_tune_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
