@@ -41,7 +41,7 @@ from seqtrain.generation import generate as gen_mod
 from seqtrain.generation import runner
 from seqtrain.generation.output import check_folder_writable, fairseq_lines, write_files
 from seqtrain.generation.rerank import rerank
-from seqtrain.generation.search import check_generation_args
+from seqtrain.generation.search import GenerationConfig, check_generation_args, generation_config
 from seqtrain.generation.sequence_generator import build_generator, encode, generate_batch
 from seqtrain.generation.tune_flags import METRICS, TUNABLE
 from seqtrain.logging import setup_logging
@@ -95,11 +95,12 @@ class Decoder:
         self.encoder_calls = 0
         self._cache: dict[int, tuple[dict[str, Any], Any]] = {}
 
-    def settings_args(self, settings: dict[str, Any]) -> argparse.Namespace:
+    def settings_config(self, settings: dict[str, Any]) -> GenerationConfig:
+        """The search settings of one trial: the given flags with `settings` changed."""
         a = argparse.Namespace(**{**vars(self.args), **settings})
         if a.rerank:  # --rerank chooses among all --beam finished hypotheses, as seqtrain-generate
             a.nbest = a.beam
-        return a
+        return generation_config(a)
 
     def _batch(self, i: int, batch: np.ndarray, cache: bool) -> tuple[dict[str, Any], Any]:
         if cache and i in self._cache:
@@ -126,7 +127,7 @@ class Decoder:
         loaded, args = self.loaded, self.args
         generators = [
             build_generator(
-                loaded.model, loaded.lm.tgt_dict, self.settings_args(s), bos=loaded.start, eos=loaded.end
+                loaded.model, loaded.lm.tgt_dict, self.settings_config(s), bos=loaded.start, eos=loaded.end
             )
             for s in all_settings
         ]

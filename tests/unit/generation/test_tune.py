@@ -11,9 +11,9 @@ import math
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import tune as tune_flags
 from seqtrain.flags.parsers import UsageError
 from seqtrain.generation import tune as tune_mod
+from seqtrain.generation import tune_flags
 from seqtrain_cli.generate import generate_main
 from seqtrain_cli.tune import main as tune_main
 
