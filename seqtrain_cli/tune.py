@@ -5,18 +5,13 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from seqtrain.flags.parsers import UsageError
 from seqtrain.generation.options import get_tune_parser, parse_generation_args
-from seqtrain.generation.tune_flags import refused_flag
 from seqtrain_cli._main import run_cli
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> dict[str, Any]:
     """Parse `argv`, search, print the table to `out` (stdout); returns tune.json's content."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    refused = refused_flag(argv)  # seqtrain-generate's flags that do nothing here, refused before parsing
-    if refused:
-        raise UsageError(f"{refused}: does nothing in seqtrain-tune; remove it")
     args = parse_generation_args(argv, parser=get_tune_parser())
     from seqtrain.generation.tune import tune  # after parsing: --help and flag errors answer first
 

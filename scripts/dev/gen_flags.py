@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import seqtrain.tasks  # noqa: F401  (registers the tasks)
 from seqtrain import registry
+from seqtrain.config import left_out
 from seqtrain.evaluation.report import get_eval_parser
 from seqtrain.flags import parsers
 from seqtrain.generation import options
@@ -68,8 +69,6 @@ flags above (the given settings are the search's starting point and its baseline
 
 def tune_tables(out: list[str]) -> None:
     """seqtrain-tune's own flags, the generate flags whose default differs, and the ones it refuses."""
-    from seqtrain.generation.tune_flags import TUNE_REFUSED
-
     generate = {a.dest: a for a in options.get_generation_parser()._actions}
     parser = options.get_tune_parser()
     group = next(g for g in parser._action_groups if g.title == "Tuning")
@@ -80,7 +79,8 @@ def tune_tables(out: list[str]) -> None:
     ]
     table("Its own flags", group._group_actions, out)
     table("seqtrain-generate's flags with another default", changed, out)
-    refused = ", ".join(f"`{f}`" for f in TUNE_REFUSED)
+    out_flags = left_out(parser)
+    refused = ", ".join(f"`{s}`" for a in generate.values() for s in a.option_strings if s in out_flags)
     out.append(f"Refused (it scores every setting and writes its own files): {refused}.\n")
 
 

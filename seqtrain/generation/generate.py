@@ -65,7 +65,7 @@ class InputConfig:
         "none",
         "score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)",
         choices=["none", "rouge"],
-        not_in=("interactive",),
+        not_in=("interactive", "tune"),
     )
     post_process: str | None = setting(
         None,
@@ -76,13 +76,15 @@ class InputConfig:
         const="@@ ",
         metavar="SYMBOL",
     )
-    quiet: bool = setting(False, "print only the summary lines, not S-/T-/H-/D-/P-", action="store_true")
+    quiet: bool = setting(
+        False, "print only the summary lines, not S-/T-/H-/D-/P-", action="store_true", not_in=("tune",)
+    )
     score_reference: bool = setting(
         False,
         "score the references instead of generating: H-/P- lines give the model's log-probabilities of "
         "the target (fairseq's SequenceScorer)",
         action="store_true",
-        not_in=("interactive",),
+        not_in=("interactive", "tune"),
     )
     # fairseq-generate's task flags: sources (and targets) are cut or filtered at the smaller of these and the
     # model's own maximum, as fairseq's resolve_max_positions does

@@ -30,6 +30,7 @@ from seqtrain.generation.output import OutputConfig
 from seqtrain.generation.rerank import RerankConfig
 from seqtrain.generation.runner import CheckpointLoadConfig
 from seqtrain.generation.search import GenerationConfig, check_generation_args, generation_config
+from seqtrain.generation.tune_flags import add_tune_args
 from seqtrain.optim import loss_scaler
 
 # Flags of the shared training groups (seqtrain.flags.parsers' common, logging and dataset groups) that do
@@ -162,10 +163,7 @@ def parse_generation_args(
 
 def get_tune_parser() -> argparse.ArgumentParser:
     """seqtrain-tune's parser: seqtrain-generate's, plus the search's flags (seqtrain.generation.tune_flags)."""
-    from seqtrain.generation.tune_flags import add_tune_args
-
-    parser = get_generation_parser()
-    parser.prog = "seqtrain-tune"
+    parser = get_generation_parser(program="tune")  # the fields marked not_in "tune" are refused by name
     parser.description = (
         "Choose generation settings (beam, lenpen, min-len, max-len-b, no-repeat-ngram-size) on a validation "
         "sample by ROUGE; write them as a --config preset and a generation_config.json, and measure the gain "

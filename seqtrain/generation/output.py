@@ -28,13 +28,14 @@ class OutputConfig:
         None,
         "write the summaries (or fairseq lines) to FILE instead of stdout, atomically",
         metavar="FILE",
-        not_in=("interactive",),
+        not_in=("interactive", "tune"),
     )
     output_format: str | None = setting(
         None,
         "text: one detokenized summary per input line, in input order (--nbest lines each); fairseq: "
         "S-/T-/H-/D-/P- lines in batch order (default: text with --input, fairseq for a data-bin split)",
         choices=["text", "fairseq"],
+        not_in=("tune",),
     )
     num_shards: int = setting(
         1,
@@ -42,7 +43,7 @@ class OutputConfig:
         type=int,
         metavar="N",
         bounds=Bounds(1, 65536),
-        not_in=("interactive",),
+        not_in=("interactive", "tune"),
     )
     shard_id: int = setting(
         0,
@@ -50,7 +51,7 @@ class OutputConfig:
         type=int,
         metavar="ID",
         bounds=Bounds(0, 65535),
-        not_in=("interactive",),
+        not_in=("interactive", "tune"),
     )
 
 

@@ -53,7 +53,7 @@ class CheckpointLoadConfig:
         metavar="FILE",
     )
     results_path: str | None = setting(
-        None, "write generate-{split}.txt here", metavar="DIR", not_in=("interactive",)
+        None, "write generate-{split}.txt here", metavar="DIR", not_in=("interactive", "tune")
     )
     unsafe_load: bool = setting(
         False,

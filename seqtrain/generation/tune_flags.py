@@ -22,17 +22,6 @@ TUNABLE: dict[str, tuple[str, tuple[int | float, ...]]] = {
     "no-repeat-ngram-size": ("no_repeat_ngram_size", (0, 3, 4)),
 }
 METRICS = {"rouge_1": "rouge1", "rouge_2": "rouge2", "rouge_l": "rougeL", "rouge_lsum": "rougeLsum"}
-# seqtrain-generate's flags that do nothing here (tuning writes its own files and scores every setting)
-TUNE_REFUSED = (
-    "--results-path",
-    "--output",
-    "--output-format",
-    "--scoring",
-    "--quiet",
-    "--score-reference",
-    "--num-shards",
-    "--shard-id",
-)
 
 
 def _settings(text: str) -> list[str]:
@@ -151,13 +140,3 @@ def add_tune_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     )
     parser.set_defaults(gen_subset="valid")
     return g
-
-
-def refused_flag(argv: list[str]) -> str | None:
-    """The first of seqtrain-generate's flags that do nothing in seqtrain-tune (TUNE_REFUSED) in `argv`."""
-    for arg in argv:
-        if arg == "--":
-            return None
-        if arg.split("=", 1)[0] in TUNE_REFUSED:
-            return arg.split("=", 1)[0]
-    return None
