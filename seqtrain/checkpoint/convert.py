@@ -20,7 +20,8 @@ from seqtrain.checkpoint.fairseq import export_fairseq, fairseq_arch
 from seqtrain.checkpoint.formats import EXPORTERS, FORMATS, read_checkpoint
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
 from seqtrain.checkpoint.hub import resolve_model_path
-from seqtrain.checkpoint.load import LORA_BASE_HELP, RESIZE_VOCAB_HELP, LoadedModel, build_from_contents
+from seqtrain.checkpoint.load import LORA_BASE_HELP, LoadedModel, build_from_contents
+from seqtrain.checkpoint.options import RESIZE_VOCAB_HELP
 from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import setting, settings
 from seqtrain.data.dictionary import placeholder_dictionary

@@ -41,12 +41,7 @@ from seqtrain.models.resize import (
 
 logger = logging.getLogger("seqtrain.hub")  # the name log lines have always shown
 
-# the help of --resize-vocab and --lora-base, flags of every program that loads a checkpoint
-RESIZE_VOCAB_HELP = (
-    "fit the checkpoint's embedding rows to a dictionary whose size differs by more than fairseq's padding "
-    "explains (cut rows, or add mean-initialised ones); without it that is refused, as the dictionary probably "
-    "belongs to another model"
-)
+# the help of --lora-base, a flag of every program that loads a checkpoint (--resize-vocab's: options.py)
 LORA_BASE_HELP = (
     "the base model of an adapters-only LoRA checkpoint (--save-adapters-only), when it is no longer at the "
     "path stored in it; its weights must be the ones the adapters were trained on (checked by sha256)"

@@ -199,13 +199,6 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     add_settings(parser, CheckpointConfig, "Checkpoint")
 
 
-_RESIZE_VOCAB_HELP = (
-    "fit the checkpoint's embedding rows to a dictionary whose size differs by more than fairseq's padding "
-    "explains (cut rows, or add mean-initialised ones); without it that is refused, as the dictionary probably "
-    "belongs to another model"
-)
-
-
 # ------------------------------------------------------------------------------------------------- assembly
 # Help shows groups in this order (by title prefix); components own their groups, options.py only orders them.
 _GROUP_ORDER = (

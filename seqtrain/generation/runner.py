@@ -23,7 +23,8 @@ from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import generation_key, read_generation_config
 from seqtrain.checkpoint.hf_files import read_decoder_start
 from seqtrain.checkpoint.hub import resolve_model_path
-from seqtrain.checkpoint.load import LORA_BASE_HELP, RESIZE_VOCAB_HELP, model_from_contents
+from seqtrain.checkpoint.load import LORA_BASE_HELP, model_from_contents
+from seqtrain.checkpoint.options import RESIZE_VOCAB_HELP, UNSAFE_LOAD_HELP
 from seqtrain.config import setting, settings
 from seqtrain.cuda import set_cuda_kernels
 from seqtrain.data.batching import batch_by_size
@@ -55,11 +56,7 @@ class CheckpointLoadConfig:
     results_path: str | None = setting(
         None, "write generate-{split}.txt here", metavar="DIR", not_in=("interactive", "tune")
     )
-    unsafe_load: bool = setting(
-        False,
-        "allow arbitrary unpickling when loading checkpoints (only for files you trust)",
-        action="store_true",
-    )
+    unsafe_load: bool = setting(False, UNSAFE_LOAD_HELP, action="store_true")
     resize_vocab: bool = setting(False, RESIZE_VOCAB_HELP, action="store_true")
     lora_base: str | None = setting(None, LORA_BASE_HELP, metavar="PATH")
 
