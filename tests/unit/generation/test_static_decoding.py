@@ -22,6 +22,7 @@ from seqtrain.generation.sequence_generator import SequenceGenerator, build_gene
 from seqtrain.generation.static_decoding import StaticDecoder, bucket
 from seqtrain.generation.static_search import EagerSteps, StaticSteps, static_generate
 from tests.unit.generation.test_sequence_generator import EOS, PAD, Dict4, V, left_pad, sources, tiny_model
+from tests.utils import FP32
 
 
 class _Encoder(nn.Module):
@@ -211,7 +212,9 @@ def _assert_same_hypotheses(a, b, tol=1e-5):
         assert [h["tokens"].tolist() for h in hyps_a] == [h["tokens"].tolist() for h in hyps_b]
         for x, y in zip(hyps_a, hyps_b):
             assert abs(float(x["score"]) - float(y["score"])) <= tol
-            torch.testing.assert_close(x["positional_scores"], y["positional_scores"], rtol=1.3e-6, atol=tol)
+            torch.testing.assert_close(
+                x["positional_scores"], y["positional_scores"], rtol=FP32["rtol"], atol=tol
+            )
 
 
 @pytest.mark.parametrize("name, beam", list(itertools.product(sorted(FLAGS), [1, 4])) + [("beam", 5)])
