@@ -40,18 +40,9 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "scripts", "bench"))
+import profile_beam_search as pbs  # noqa: E402  (the model, batches, search and their flags)
 
 VARIANTS = ("eager", "transposed", "mkl", "static", "static-compile")
-SHARED = (
-    "batch",
-    "batches",
-    "src_len",
-    "beam",
-    "max_len_b",
-    "ngram",
-    "threads",
-    "eos_scale",
-)  # to the children
 
 
 def _patch_output_layer(kind: str) -> None:
@@ -79,7 +70,6 @@ def _patch_output_layer(kind: str) -> None:
 
 
 def child(args: argparse.Namespace) -> None:
-    import profile_beam_search as pbs
     import torch
 
     from seqtrain.generation import static_decoding
@@ -116,14 +106,7 @@ def main() -> None:
         "--variants", default="eager,transposed,mkl", help=f"comma-separated, from {', '.join(VARIANTS)}"
     )
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--batches", type=int, default=2)
-    p.add_argument("--src-len", type=int, default=48)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--max-len-b", type=int, default=30)
-    p.add_argument("--ngram", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--eos-scale", type=float, default=2.6)
+    shared = pbs.add_setup_args(p)  # passed on to the children
     p.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -133,7 +116,7 @@ def main() -> None:
     for v in variants:
         if v not in VARIANTS:
             p.error(f"--variants: unknown variant {v!r}; choose from {', '.join(VARIANTS)}")
-    passed = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in SHARED]
+    passed = [f"--{k.replace('_', '-')}={getattr(args, k)}" for k in shared]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), PYTHONPATH=REPO)
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:

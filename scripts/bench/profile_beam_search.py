@@ -147,18 +147,29 @@ def build(args: argparse.Namespace) -> tuple[Any, list[torch.Tensor], Any]:
     return model, batches, gen
 
 
+def add_setup_args(p: argparse.ArgumentParser) -> list[str]:
+    """The flags of build()'s model, batches and search (also bench_cpu_beam.py's); returns their dests."""
+    actions = [
+        p.add_argument("--batch", type=int, default=32),
+        p.add_argument("--batches", type=int, default=2),
+        p.add_argument("--src-len", type=int, default=48),
+        p.add_argument("--beam", type=int, default=4),
+        p.add_argument("--max-len-b", type=int, default=30),
+        p.add_argument("--ngram", type=int, default=3),
+        p.add_argument("--threads", type=int, default=1),
+        p.add_argument(
+            "--eos-scale",
+            type=float,
+            default=2.6,
+            help="EOS embedding scale: 2.6 ends hypotheses at 5-30 tokens",
+        ),
+    ]
+    return [a.dest for a in actions]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--batches", type=int, default=2)
-    p.add_argument("--src-len", type=int, default=48)
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--max-len-b", type=int, default=30)
-    p.add_argument("--ngram", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument(
-        "--eos-scale", type=float, default=2.6, help="EOS embedding scale: 2.6 ends hypotheses at 5-30 tokens"
-    )
+    add_setup_args(p)
     p.add_argument("--static", action="store_true", help="profile the static loop (--static-decoding)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
