@@ -42,6 +42,7 @@ class DeviceConfig:
         "torch.compile each encoder and decoder layer of the packed training path (CPU or CUDA; "
         "the criterion, the optimizer and generation stay eager)",
         action="store_true",
+        not_in=("generate", "interactive", "tune"),
     )
     no_tf32: bool = setting(
         False,

@@ -98,6 +98,7 @@ class DatasetConfig:
         type=int,
         metavar="N",
         bounds=Bounds(0, 1024),
+        not_in=("generate", "interactive", "tune"),
     )
     skip_invalid_size_inputs_valid_test: bool = setting(
         False,
@@ -152,15 +153,17 @@ class TrainDatasetConfig(DatasetConfig):
 class GenDatasetConfig(DatasetConfig):
     """dataset and batching: seqtrain-generate's (the split to generate from)"""
 
-    gen_subset: str = setting("test", "data split to generate from", metavar="SPLIT")
+    gen_subset: str = setting("test", "data split to generate from", metavar="SPLIT", not_in=("interactive",))
 
 
 def add_dataset_args(
-    parser: argparse.ArgumentParser, train: bool = True, gen: bool = False
+    parser: argparse.ArgumentParser, train: bool = True, gen: bool = False, program: str | None = None
 ) -> argparse._ArgumentGroup:
-    group = add_settings(parser, TrainDatasetConfig if train else DatasetConfig, "dataset and batching")
+    """The dataset and batching flags (`program`: leave out the fields marked not_in it)."""
+    cls = TrainDatasetConfig if train else DatasetConfig
+    group = add_settings(parser, cls, "dataset and batching", program=program)
     if gen:
-        add_settings(parser, GenDatasetConfig, group=group)
+        add_settings(parser, GenDatasetConfig, group=group, program=program)
     return group
 
 

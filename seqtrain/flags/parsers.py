@@ -150,14 +150,14 @@ class DebugSettings:
     debug: bool = setting(False, "show full tracebacks for user errors", action="store_true")
 
 
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    g = add_settings(parser, ConfigFileSettings, "Common")
+def add_common_args(parser: argparse.ArgumentParser, program: str | None = None) -> None:
+    g = add_settings(parser, ConfigFileSettings, "Common", program=program)
     for cls in (DeviceConfig, DebugSettings, DataCheckConfig):
-        add_settings(parser, cls, group=g)
+        add_settings(parser, cls, group=g, program=program)
 
 
-def add_logging_args(parser: argparse.ArgumentParser) -> None:
-    add_settings(parser, LoggingConfig, "Logging")
+def add_logging_args(parser: argparse.ArgumentParser, program: str | None = None) -> None:
+    add_settings(parser, LoggingConfig, "Logging", program=program)
 
 
 def add_tracking_args(parser: argparse.ArgumentParser) -> None:

@@ -33,26 +33,6 @@ from seqtrain.generation.search import GenerationConfig, check_generation_args, 
 from seqtrain.generation.tune_flags import add_tune_args
 from seqtrain.optim import loss_scaler
 
-# Flags of the shared training groups (seqtrain.flags.parsers' common, logging and dataset groups) that do
-# nothing in generation. They go once those groups are settings classes whose fields say so (`not_in=`).
-_SHARED_UNUSED = {
-    "generate": ("--compile", "--tensorboard-logdir", "--peak-flops", "--profile", "--num-workers"),
-    "interactive": ("--gen-subset",),
-}
-
-
-def _drop(parser: argparse.ArgumentParser, flag: str) -> None:
-    """Take `flag` out of `parser` (its dest keeps the default) and list it as left out."""
-    action = parser._option_string_actions[flag]
-    parser._remove_action(action)
-    for group in parser._action_groups:
-        if action in group._group_actions:
-            group._group_actions.remove(action)
-    for name in action.option_strings:
-        parser._option_string_actions.pop(name, None)
-    parser.set_defaults(**{action.dest: action.default})
-    leave_out(parser, action.option_strings, action.dest)
-
 
 def _leave_out_group(
     parser: argparse.ArgumentParser, add: Callable[[argparse.ArgumentParser], object]
@@ -75,12 +55,13 @@ def get_generation_parser(
         allow_abbrev=False,
         formatter_class=parsers.HelpFormatter,
     )
-    parsers.add_common_args(parser)
+    parsers.add_common_args(parser, program)
     common = next(g for g in parser._action_groups if g.title == "Common")
     common.add_argument("--task", default=default_task, metavar="TASK", help="task (default: %(default)s)")
     _leave_out_group(parser, loss_scaler.add_args)
-    parsers.add_logging_args(parser)
-    parsers._retitle(data_options.add_dataset_args(parser, train=False, gen=True), "Dataset and batching")
+    parsers.add_logging_args(parser, program)
+    dataset = data_options.add_dataset_args(parser, train=False, gen=True, program=program)
+    parsers._retitle(dataset, "Dataset and batching")
     add_settings(parser, CheckpointLoadConfig, "Checkpoint", program=program)
     _leave_out_group(parser, parsers.add_distributed_args)
     fairseq_compat.add_args(parser)
@@ -96,10 +77,6 @@ def get_generation_parser(
     g = add_settings(parser, GenerationConfig, "Generation", program=program)
     for cls in (InputConfig, OutputConfig, RerankConfig):
         add_settings(parser, cls, group=g, program=program)
-    for name, flags in _SHARED_UNUSED.items():
-        if name in ("generate", program):
-            for flag in flags:
-                _drop(parser, flag)
     parsers._order_groups(parser)
     return parser
 

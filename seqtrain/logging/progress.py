@@ -47,7 +47,10 @@ class LoggingConfig:
     log_file: str | None = setting(None, "also write the log to this file", metavar="FILE")
     no_progress_bar: bool = setting(False, "disable the tqdm progress bar", action="store_true")
     tensorboard_logdir: str | None = setting(
-        None, "write TensorBoard scalars (train_inner/, train/, valid/ subfolders) to DIR", metavar="DIR"
+        None,
+        "write TensorBoard scalars (train_inner/, train/, valid/ subfolders) to DIR",
+        metavar="DIR",
+        not_in=("generate", "interactive", "tune"),
     )
     peak_flops: float | None = setting(
         None,
@@ -56,6 +59,7 @@ class LoggingConfig:
         type=float,
         metavar="FLOPS",
         bounds=Bounds(0, 1e21, lo_open=True),
+        not_in=("generate", "interactive", "tune"),
     )
     profile: int = setting(
         0,
@@ -65,6 +69,7 @@ class LoggingConfig:
         nargs="?",
         const=10,
         metavar="N",
+        not_in=("generate", "interactive", "tune"),
     )
 
 
