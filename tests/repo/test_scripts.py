@@ -338,3 +338,18 @@ def test_bench_packed_encoder_batches_as_generate_batches():
     assert bench.batches_of(srcs, 2, 2, "unsorted") == [srcs[0:2], srcs[2:4]]
     assert [[len(s) for s in b] for b in bench.batches_of(srcs, 2, 2, "sorted")] == [[1, 2], [8, 9]]
     assert [[len(s) for s in b] for b in bench.batches_of(srcs, 2, 3, "sorted")] == [[1, 2], [5, 7], [8, 9]]
+
+
+def test_distill_run_names_a_missing_teacher(tmp_path):
+    """scripts/quality/distill_run.sh starts from the quickstart's model: without it, one line saying so."""
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts/quality/distill_run.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TEACHER": str(tmp_path / "none.pt"), "OUT": str(tmp_path / "out")},
+    )
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"distill_run.sh: error: TEACHER={tmp_path / 'none.pt'} not found (run scripts/quickstart.sh first)"
+    )
+    assert not (tmp_path / "out").exists()
