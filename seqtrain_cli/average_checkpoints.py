@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from seqtrain.config import from_args
 from seqtrain.flags.parsers import get_average_parser
 from seqtrain_cli._main import run_cli
 
 
 def main(argv: list[str] | None = None) -> None:
-    from seqtrain.checkpoint.average import (
-        main as average,  # after parsing: --help and flag errors answer first
-    )
+    args = get_average_parser().parse_args(argv)
+    # after parsing: --help and flag errors answer first
+    from seqtrain.checkpoint.average import AverageConfig
+    from seqtrain.checkpoint.average import main as average
 
-    average(get_average_parser().parse_args(argv))
+    average(from_args(AverageConfig, args))
 
 
 def cli_main(argv: list[str] | None = None) -> None:

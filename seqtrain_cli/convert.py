@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from seqtrain.config import from_args
 from seqtrain.flags.parsers import get_convert_parser
 from seqtrain_cli._main import run_cli
 
 
 def main(argv: list[str] | None = None) -> None:
-    from seqtrain.checkpoint.convert import convert  # after parsing: --help and flag errors answer first
+    args = get_convert_parser().parse_args(argv)
+    # after parsing: --help and flag errors answer first
+    from seqtrain.checkpoint.convert import ConvertConfig, HfGenerationConfig, convert
 
-    convert(get_convert_parser().parse_args(argv))
+    convert(from_args(ConvertConfig, args), from_args(HfGenerationConfig, args))
 
 
 def cli_main(argv: list[str] | None = None) -> None:

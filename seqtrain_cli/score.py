@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from seqtrain.config import from_args
 from seqtrain.flags.parsers import get_score_parser
+from seqtrain.scoring.settings import ScoreConfig
 from seqtrain_cli._main import run_cli
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = get_score_parser().parse_args(argv)
     from seqtrain.scoring.rouge import score  # after parsing: --help and flag errors answer first
 
-    score(get_score_parser().parse_args(argv))
+    score(from_args(ScoreConfig, args))
 
 
 def cli_main(argv: list[str] | None = None) -> None:

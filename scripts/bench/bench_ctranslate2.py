@@ -87,18 +87,16 @@ def make_models(workdir: str, size: str) -> dict[str, str]:
 class Seqtrain:
     def __init__(self, paths: dict[str, str], precision: str, lines: list[str]):
         from seqtrain.generation import runner
-        from seqtrain.generation.search import generation_config
+        from seqtrain.generation.search import GenerationConfig
         from seqtrain.generation.sequence_generator import build_generator
 
         self.runner = runner
         self.loaded = runner.load_for_generation(paths["ckpt"])
         runner.set_compute_type(self.loaded, "int8" if precision == "int8" else "default")
-        args = runner.default_generation_args()
-        vars(args).update(SEARCH)
         self.gen = build_generator(
             self.loaded.model,
             self.loaded.lm.tgt_dict,
-            generation_config(args),
+            GenerationConfig(**SEARCH),
             bos=self.loaded.start,
             eos=self.loaded.end,
         )

@@ -18,7 +18,6 @@ optimizer state: it is a model to generate with or fine-tune from, not a run to 
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from seqtrain.checkpoint.fairseq import raw_model_values
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import setting, settings
@@ -130,20 +130,10 @@ ARCH_ARGS = (
 )
 
 
-def _model_args(obj: dict) -> dict[str, Any]:
-    """A seqtrain (args: a dict) or fairseq checkpoint's model args (args: a Namespace, or cfg['model'])."""
-    args = obj.get("args")
-    if args is None and isinstance(obj.get("cfg"), dict):
-        args = obj["cfg"].get("model")
-    if isinstance(args, argparse.Namespace):
-        return vars(args)
-    return args if isinstance(args, dict) else {}
-
-
 def check_same_model(path: str, obj: dict, first_path: str, first: dict) -> None:
     """`obj` (read from `path`) must be a checkpoint of the model `first` is: the same architecture arguments
     and the same dictionaries."""
-    have, want = _model_args(obj), _model_args(first)
+    have, want = raw_model_values(obj), raw_model_values(first)
     for name in ARCH_ARGS:
         if have.get(name) != want.get(name):
             raise SeqtrainError(
@@ -229,30 +219,31 @@ def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any
     return out
 
 
-def main(args: argparse.Namespace) -> list[str]:
-    """Average with the parsed flags of seqtrain.flags.parsers.get_average_parser (AverageConfig's); returns the
-    inputs used."""
+def main(cfg: AverageConfig) -> list[str]:
+    """Average as seqtrain-average-checkpoints' flags say (AverageConfig's, read once from
+    seqtrain.flags.parsers.get_average_parser's parse by seqtrain_cli.average_checkpoints); returns the inputs
+    used."""
     setup_logging()
     if (
-        args.checkpoint_upper_bound is not None
-        and args.num_epoch_checkpoints is None
-        and (args.num_update_checkpoints is None)
+        cfg.checkpoint_upper_bound is not None
+        and cfg.num_epoch_checkpoints is None
+        and (cfg.num_update_checkpoints is None)
     ):
         raise SeqtrainError(
             "--checkpoint-upper-bound needs --num-epoch-checkpoints or --num-update-checkpoints"
         )
-    inputs = list(args.inputs)
-    n = args.num_update_checkpoints if args.num_update_checkpoints is not None else args.num_epoch_checkpoints
+    inputs = list(cfg.inputs)
+    n = cfg.num_update_checkpoints if cfg.num_update_checkpoints is not None else cfg.num_epoch_checkpoints
     if n is not None:
         if len(inputs) != 1:
             raise SeqtrainError("--inputs: with --num-*-checkpoints, give one folder (the run's --save-dir)")
         inputs = last_n_checkpoints(
-            inputs[0], n, args.num_update_checkpoints is not None, args.checkpoint_upper_bound
+            inputs[0], n, cfg.num_update_checkpoints is not None, cfg.checkpoint_upper_bound
         )
-    out_real = os.path.realpath(args.output)
+    out_real = os.path.realpath(cfg.output)
     if any(os.path.realpath(p) == out_real for p in inputs):
-        raise SeqtrainError(f"--output {args.output} is one of the inputs; write the average to a new file")
+        raise SeqtrainError(f"--output {cfg.output} is one of the inputs; write the average to a new file")
     logger.info(f"averaging {len(inputs)} checkpoints: {', '.join(inputs)}")
-    save_checkpoint_file(average_checkpoints(inputs, unsafe=args.unsafe_load), args.output)
-    logger.info(f"wrote {args.output}")
+    save_checkpoint_file(average_checkpoints(inputs, unsafe=cfg.unsafe_load), cfg.output)
+    logger.info(f"wrote {cfg.output}")
     return inputs

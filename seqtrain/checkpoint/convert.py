@@ -8,6 +8,7 @@ seqtrain-convert checkpoints/checkpoint_best.pt export/model.pt --to fairseq
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from seqtrain.checkpoint.fairseq import export_fairseq, fairseq_arch
+from seqtrain.checkpoint.fairseq import export_fairseq, fairseq_arch, stored_model_fields, stored_run
 from seqtrain.checkpoint.formats import EXPORTERS, FORMATS, read_checkpoint
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
 from seqtrain.checkpoint.hub import resolve_model_path
@@ -104,86 +105,85 @@ HF_GENERATION_HELP = (
 )
 
 
-def convert(args: argparse.Namespace) -> None:
-    """Convert with the parsed flags of seqtrain.flags.parsers.get_convert_parser (ConvertConfig's and
-    HfGenerationConfig's)."""
+def convert(cfg: ConvertConfig, generation: HfGenerationConfig | None = None) -> None:
+    """Convert as seqtrain-convert's flags say (ConvertConfig's; HfGenerationConfig's for --to hf), read once
+    from seqtrain.flags.parsers.get_convert_parser's parse by the program's front end (seqtrain_cli.convert)."""
     setup_logging()
-    args.input = resolve_model_path(args.input, "input")  # a hub name: its cached snapshot
+    source = resolve_model_path(cfg.input, "input")  # a hub name: its cached snapshot
     # (an output that is a link to the input would be written through the link, over the input)
-    if os.path.realpath(args.input) == os.path.realpath(args.output):
+    if os.path.realpath(source) == os.path.realpath(cfg.output):
         raise SeqtrainError("output must differ from input")
     # An HF export needs no dictionary (only the vocabulary size), so a fairseq input converts without one.
     ck = read_checkpoint(
-        args.input,
-        fmt=args.from_format,
-        dict_path=args.dict_path,
-        unsafe=args.unsafe_load,
-        require_dict=args.to != "hf",
-        lora_base=getattr(args, "lora_base", None),
+        source,
+        fmt=cfg.from_format,
+        dict_path=cfg.dict_path,
+        unsafe=cfg.unsafe_load,
+        require_dict=cfg.to != "hf",
+        lora_base=cfg.lora_base,
     )
-    if getattr(args, "ema", False):
+    if cfg.ema:
         ema = TrainState.from_dict(ck.state).ema
         if not isinstance(ema, dict) or not ema:
-            raise SeqtrainError(
-                f"{args.input}: no EMA of the weights in it (train with --store-ema to keep one)"
-            )
+            raise SeqtrainError(f"{source}: no EMA of the weights in it (train with --store-ema to keep one)")
         ck.model = dict(ema)
-        logger.info(f"{args.input}: exporting the EMA of the weights (--ema)")
+        logger.info(f"{source}: exporting the EMA of the weights (--ema)")
     for note in ck.notes:
-        logger.info(f"{args.input}: {note}")
+        logger.info(f"{source}: {note}")
     if ck.src_dict is None:
         rows = ck.model["encoder.embed_tokens.weight"].shape[0]
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
     # checks the weights fit the architecture before anything is written
-    model = build_from_contents(ck, resize_vocab=args.resize_vocab)
+    model = build_from_contents(ck, resize_vocab=cfg.resize_vocab)
     if merge_lora(model, ck.args):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
-        logger.info(f"{args.input}: LoRA adapters merged into their weights")
-    if getattr(args, "dtype", None):  # after the merge, so adapters fold in at full precision
-        model.to(getattr(torch, args.dtype))
+        logger.info(f"{source}: LoRA adapters merged into their weights")
+    if cfg.dtype:  # after the merge, so adapters fold in at full precision
+        model.to(getattr(torch, cfg.dtype))
     lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
-    if args.to == "fairseq":  # carries the update count and data position over into optimizer_history
-        export_fairseq(lm, args.output, source=ck.state)
-    elif args.to == "hf":
-        settings, sources = export_generation_settings(args, ck)
+    if cfg.to == "fairseq":  # carries the update count and data position over into optimizer_history
+        export_fairseq(lm, cfg.output, source=ck.state)
+    elif cfg.to == "hf":
+        settings, sources = export_generation_settings(generation or HfGenerationConfig(), ck)
         if settings.get("max_len_a"):
             logger.warning(
                 f"max_len_a {settings['max_len_a']} has no transformers equivalent: generation_config.json's "
                 "max_length comes from max_len_b alone"
             )
-        tok = export_hf(lm, args.output, settings, sources)
+        tok = export_hf(lm, cfg.output, settings, sources)
         logger.info(
-            f"{args.output}: generation_config.json from "
+            f"{cfg.output}: generation_config.json from "
             + "; ".join(f"{k} {settings[k]} ({sources[k]})" for k in GENERATION_DEFAULTS)
         )
         if not tok:
             logger.warning(
-                f"{args.input}: no gpt2 or sentencepiece tokenizer with it: no tokenizer files written"
+                f"{source}: no gpt2 or sentencepiece tokenizer with it: no tokenizer files written"
             )
         elif tok["missing"]:
             logger.warning(
-                f"{args.input}: {tok['missing']} tokens of the {tok['kind']} tokenizer are not in the dictionary; "
+                f"{source}: {tok['missing']} tokens of the {tok['kind']} tokenizer are not in the dictionary; "
                 "text using them tokenizes differently in transformers (seqtrain: <unk>)"
             )
     else:
-        EXPORTERS[args.to](lm, args.output)
+        EXPORTERS[cfg.to](lm, cfg.output)
     n = sum(p.numel() for p in model.parameters())
-    a = ck.args
+    m = stored_model_fields(ck.args)
     logger.info(
-        f"wrote {args.output} ({args.to}, from {ck.format}; {stored_arch(a, args.to)}, d_model "
-        f"{a.encoder_embed_dim}, {a.encoder_layers}+{a.decoder_layers} layers, {n:,} parameters, "
+        f"wrote {cfg.output} ({cfg.to}, from {ck.format}; {stored_arch(ck.args, cfg.to)}, d_model "
+        f"{m['encoder_embed_dim']}, {m['encoder_layers']}+{m['decoder_layers']} layers, {n:,} parameters, "
         f"vocabulary {len(ck.tgt_dict)})"
     )
 
 
-def stored_arch(args: argparse.Namespace, to: str) -> str:
+def stored_arch(args: Any, to: str) -> str:
     """The architecture as the written file names it (issue 40: the log named the source's, e.g. bart_small for
     a fairseq export that stores bart_base): fairseq's registered arch, the Hugging Face model type, or seqtrain's
-    preset."""
+    preset. `args`: the checkpoint's stored args."""
     if to == "fairseq":
         return f"arch {fairseq_arch(args)}"
+    m = stored_model_fields(args)
     if to == "hf":
-        return f"model_type {'mbart' if getattr(args, 'encoder_normalize_before', False) else 'bart'}"
-    return f"arch {args.arch}"
+        return f"model_type {'mbart' if m.get('encoder_normalize_before', False) else 'bart'}"
+    return f"arch {m['arch']}"
 
 
 def _run_generation_args(text: Any, where: str) -> dict[str, Any]:
@@ -236,25 +236,29 @@ def _run_preset_settings(path: Any) -> tuple[dict[str, Any], str] | None:
     return (found, f"the run's --config {path}") if found else None
 
 
-def export_generation_settings(args: argparse.Namespace, ck: Any) -> tuple[dict[str, Any], dict[str, str]]:
+def export_generation_settings(
+    generation: HfGenerationConfig, ck: Any
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The generation settings a Hugging Face export records, and where each came from: the convert flag given
     (--beam, --lenpen, --max-len-b, --min-len, --no-repeat-ngram-size), else the input's own (a seqtrain or
     fairseq run's --eval-rouge-args, a Hugging Face folder's generation_config.json; without those, the
     generation keys of the --config preset the run trained with), else seqtrain-generate's defaults."""
     own: dict[str, Any] = {}
     origin = ""
+    run = stored_run(ck.args)
     if ck.format == "hf":
         found, _, path = read_generation_config(ck.path)
         own = {k: v for k, v in found.items() if k in GENERATION_DEFAULTS}
         origin = os.path.basename(path)
-    elif getattr(ck.args, "eval_rouge", False) or getattr(ck.args, "eval_rouge_args", None):
-        own = _run_generation_args(getattr(ck.args, "eval_rouge_args", None), ck.path)
+    elif run.eval_rouge or run.eval_rouge_args:
+        own = _run_generation_args(run.eval_rouge_args, ck.path)
         origin = "the run's --eval-rouge-args"
     if not own and ck.format != "hf":
-        own, origin = _run_preset_settings(getattr(ck.args, "config", None)) or (own, origin)
+        own, origin = _run_preset_settings(run.config) or (own, origin)
+    flags = dataclasses.asdict(generation)  # --max-len-a is no flag of seqtrain-convert: never given
     settings, sources = {}, {}
     for k, default in GENERATION_DEFAULTS.items():
-        given = getattr(args, k, None)
+        given = flags.get(k)
         if given is not None:
             settings[k], sources[k] = given, "--" + k.replace("_", "-")
         elif k in own:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -372,3 +373,95 @@ def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | N
     save_checkpoint_file(state, path)
     for target, d in to_write:
         d.save(target)  # atomic, like the model
+
+
+# ------------------------------------------------------------------------------- stored args: the tools' adapter
+# Generation and the checkpoint tools (seqtrain-convert, the Hugging Face export, seqtrain-average-checkpoints, the
+# seqtrain format) read and make a checkpoint's `args` (a Namespace with fairseq's names, any of which a file may
+# leave out) through the functions below, by name; the model builder (seqtrain.checkpoint.load) takes it whole.
+
+
+@dataclass(frozen=True)
+class StoredConventions:
+    """The data conventions a checkpoint's args record, which generation and the exports reproduce; one the
+    file leaves out has fairseq's default."""
+
+    task: str | None = None
+    langs: str | None = None  # mBART's language codes (translation_from_pretrained_bart)
+    source_lang: str | None = None
+    target_lang: str | None = None
+    prepend_bos: bool = False
+    left_pad_source: bool = True
+    max_source_positions: int = 1024
+    max_target_positions: int = 1024
+
+
+def stored_conventions(args: Any) -> StoredConventions:
+    """The data conventions `args` (a checkpoint's, or a loaded model's) record."""
+    out = {f.name: getattr(args, f.name, f.default) for f in fields(StoredConventions)}
+    out["prepend_bos"], out["left_pad_source"] = bool(out["prepend_bos"]), bool(out["left_pad_source"])
+    return StoredConventions(**out)
+
+
+def set_conventions(args: Any, **values: Any) -> None:
+    """Record data conventions in a checkpoint's args (generation's --langs / --task, a Hugging Face folder's
+    tokenizer and source limit), by StoredConventions' names."""
+    unknown = set(values) - {f.name for f in fields(StoredConventions)}
+    if unknown:
+        raise TypeError(f"set_conventions: not a stored convention: {', '.join(sorted(unknown))}")
+    for name, value in values.items():
+        setattr(args, name, value)
+
+
+def stored_model_fields(args: Any) -> dict[str, Any]:
+    """The model and data fields of MODEL_ARG_NAMES that `args` holds, by fairseq name (one left out of the
+    file is absent): what an export writes of the model (Hugging Face's config.json)."""
+    values = vars(args)
+    return {k: values[k] for k in MODEL_ARG_NAMES if k in values}
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """What a seqtrain run's stored args say of its generation settings (seqtrain-convert --to hf records them)."""
+
+    eval_rouge: bool = False
+    eval_rouge_args: Any = None  # --eval-rouge-args as given (JSON object or flags), or None
+    config: Any = None  # the --config preset the run trained with, or None
+
+
+def stored_run(args: Any) -> StoredRun:
+    return StoredRun(
+        bool(getattr(args, "eval_rouge", False)),
+        getattr(args, "eval_rouge_args", None),
+        getattr(args, "config", None),
+    )
+
+
+def stored_args(values: dict[str, Any]) -> argparse.Namespace:
+    """A checkpoint's args from plain values by fairseq name (a seqtrain checkpoint's dict, a Hugging Face
+    config's fields)."""
+    return argparse.Namespace(**values)
+
+
+def args_values(args: Any) -> dict[str, Any]:
+    """A checkpoint's args (a Namespace, or a dict as seqtrain checkpoints and training configs hold them) as a
+    dict by fairseq name."""
+    return dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args)
+
+
+def raw_model_values(obj: dict) -> dict[str, Any]:
+    """The model args of a checkpoint dict as stored, unchecked: a seqtrain checkpoint's `args` dict, a fairseq
+    one's `args` Namespace or its cfg['model'] (Namespace or dict); {} when it holds none."""
+    args = obj.get("args")
+    if args is None and isinstance(obj.get("cfg"), dict):
+        args = obj["cfg"].get("model")
+    if isinstance(args, (argparse.Namespace, dict)):
+        return args_values(args)
+    return {}
+
+
+def arch_preset(arch: str) -> dict[str, Any]:
+    """The fields a registered arch preset fills (its function fills a Namespace, as fairseq's arch functions)."""
+    ns = argparse.Namespace()
+    ARCHS.get(arch)(ns)
+    return vars(ns)

@@ -19,6 +19,13 @@ from safetensors.torch import load_file
 from safetensors.torch import save as st_save
 
 import seqtrain.models.bart  # noqa: F401  (registers the bart_* archs in ARCHS)
+from seqtrain.checkpoint.fairseq import (
+    arch_preset,
+    set_conventions,
+    stored_args,
+    stored_conventions,
+    stored_model_fields,
+)
 from seqtrain.checkpoint.files import CheckpointContents, cpu_state, load_checkpoint_file, verify_checksums
 from seqtrain.checkpoint.hf_files import (
     GENERATION_DEFAULTS,
@@ -53,10 +60,11 @@ HF_REQUIRED = (
 )
 
 
-def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
+def hf_config_to_args(config: dict, where: str) -> Any:
     """A Hugging Face BartConfig or MBartConfig (as a dict) -> seqtrain model args with fairseq's names. mBART is
     BART with pre-norm layers and a final layer norm after each stack (fairseq's --encoder-normalize-before
-    --decoder-normalize-before); its tokenizer puts no <s> first."""
+    --decoder-normalize-before); its tokenizer puts no <s> first. Made as a checkpoint's args
+    (seqtrain.checkpoint.fairseq.stored_args)."""
     mbart = config.get("model_type") == "mbart"
     if config.get("model_type") not in HF_MODEL_TYPES:
         raise SeqtrainError(
@@ -108,7 +116,7 @@ def hf_config_to_args(config: dict, where: str) -> argparse.Namespace:
         # put none (tokens </s> [lang_code]).
         prepend_bos=not mbart,
     )
-    return argparse.Namespace(arch=_closest_arch(fields), **fields)
+    return stored_args({"arch": _closest_arch(fields), **fields})
 
 
 def _closest_arch(fields: dict) -> str:
@@ -119,29 +127,26 @@ def _closest_arch(fields: dict) -> str:
     for arch in ARCHS.names():
         if not ARCHS.get(arch).__module__.startswith("seqtrain."):
             continue  # a --user-dir plugin's preset: the label must not depend on which plugins a process loaded
-        ns = argparse.Namespace()
-        ARCHS.get(arch)(ns)
-        if all(getattr(ns, k, None) == fields[k] for k in keys):
+        preset = arch_preset(arch)
+        if all(preset.get(k) == fields[k] for k in keys):
             return arch
-        presets.append((arch, ns))
+        presets.append((arch, preset))
     # none matches: the preset of this layout with the nearest width (a 32-dim model was labelled bart_large)
-    layout = [
-        (a, ns) for a, ns in presets if all(getattr(ns, k, None) == fields[k] for k in keys[4:])
-    ] or presets
-    return min(layout, key=lambda p: abs(p[1].encoder_embed_dim - fields["encoder_embed_dim"]))[0]
+    layout = [(a, p) for a, p in presets if all(p.get(k) == fields[k] for k in keys[4:])] or presets
+    return min(layout, key=lambda p: abs(p[1]["encoder_embed_dim"] - fields["encoder_embed_dim"]))[0]
 
 
 def args_to_hf_config(
-    args: argparse.Namespace,
+    args: Any,
     vocab_size: int,
     pad: int = 1,
     bos: int = 0,
     eos: int = 2,
     start: int | None = None,
 ) -> dict:
-    """seqtrain model args -> a Hugging Face BartConfig dict (for BartForConditionalGeneration), or an
-    MBartConfig dict for pre-norm models (mBART's layout)."""
-    g = lambda k, d=None: getattr(args, k, d)  # noqa: E731
+    """seqtrain model args (a checkpoint's, or a run's) -> a Hugging Face BartConfig dict (for
+    BartForConditionalGeneration), or an MBartConfig dict for pre-norm models (mBART's layout)."""
+    g = stored_model_fields(args).get
     if g("encoder_embed_dim") != g("decoder_embed_dim"):
         raise SeqtrainError("Hugging Face BART needs encoder_embed_dim == decoder_embed_dim")
     act = g("activation_fn", "gelu")
@@ -339,12 +344,13 @@ def read_hf(folder: str) -> CheckpointContents:
         raise SeqtrainError(f"{cfg_path}: malformed value ({e})") from None
     state, weights_path = _load_hf_weights(folder)
     ck = CheckpointContents(path=folder, format="hf", args=args, model={})
-    ck.model = hf_state_to_seqtrain(state, weights_path, ck.notes, mbart=args.encoder_normalize_before)
+    mbart = bool(stored_model_fields(args)["encoder_normalize_before"])
+    ck.model = hf_state_to_seqtrain(state, weights_path, ck.notes, mbart=mbart)
     ck.src_dict, ck.tokenizer = _hf_dictionary(folder, ck.model["encoder.embed_tokens.weight"].shape[0])
     ck.tgt_dict = ck.src_dict
     bos_first = tokenizer_prepends_bos(folder)
     if bos_first is not None:  # a tokenizer.json says what a source looks like (seqtrain's exports do)
-        ck.args.prepend_bos = bos_first
+        set_conventions(ck.args, prepend_bos=bos_first)
     source_limit(folder, ck)
     return ck
 
@@ -407,7 +413,7 @@ def export_hf(
     gpt2 and sentencepiece models), generation_config.json from `generation` (seqtrain generation settings,
     GENERATION_DEFAULTS where absent; `sources` names where each came from, for the model card) and README.md.
     Returns what export_tokenizer did."""
-    if not getattr(lm.args, "share_all_embeddings", True):
+    if not stored_model_fields(lm.args).get("share_all_embeddings", True):
         raise SeqtrainError(
             "Hugging Face BART shares one embedding; this model has --no-share-all-embeddings"
         )
@@ -430,14 +436,15 @@ def export_hf(
         json.dump(config, f, indent=2, sort_keys=True)
         f.write("\n")
     spec = lm.tokenizer_spec or (lm.tokenizer.spec() if lm.tokenizer is not None else None)
+    stored = stored_conventions(lm.args)
     tok = {}
     if d is not None and len(d) == vocab:
         tok = export_tokenizer(
             folder,
             spec,
             d,
-            bool(getattr(lm.args, "prepend_bos", False)),
-            int(getattr(lm.args, "max_source_positions", 1024)),
+            stored.prepend_bos,
+            int(stored.max_source_positions),
         )
     with atomic_write(os.path.join(folder, "generation_config.json"), "w", encoding="utf-8") as f:
         json.dump(gen, f, indent=2, sort_keys=True)

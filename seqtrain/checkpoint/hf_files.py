@@ -22,12 +22,12 @@ tokenize exactly as seqtrain does.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
 from typing import Any
 
+from seqtrain.checkpoint.fairseq import stored_conventions, stored_model_fields
 from seqtrain.data.tokenizer import TokenizerJson, parse_vocab_bpe
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import atomic_write, loads_bounded
@@ -299,12 +299,14 @@ GENERATION_DEFAULTS: dict[str, Any] = dict(
 )
 
 
-def decoder_start(args: argparse.Namespace, d: Any) -> int:
-    """The token decoding begins with: the target language's `[lang]` for an mBART model with --langs (fairseq's
-    translation_from_pretrained_bart, transformers' mBART decoder_start_token_id), else </s>."""
+def decoder_start(args: Any, d: Any) -> int:
+    """The token decoding begins with, for a model's stored args: the target language's `[lang]` for an mBART
+    model with --langs (fairseq's translation_from_pretrained_bart, transformers' mBART decoder_start_token_id),
+    else </s>."""
     eos = d.eos() if d is not None else 2
-    tgt = getattr(args, "target_lang", None)
-    if getattr(args, "langs", None) and tgt and d is not None and f"[{tgt}]" in d:
+    stored = stored_conventions(args)
+    tgt = stored.target_lang
+    if stored.langs and tgt and d is not None and f"[{tgt}]" in d:
         return d.index(f"[{tgt}]")
     return eos
 
@@ -331,21 +333,22 @@ def read_decoder_start(folder: str) -> int | None:
     return None
 
 
-def hf_generation_config(args: argparse.Namespace, d: Any, settings: dict[str, Any]) -> dict:
+def hf_generation_config(args: Any, d: Any, settings: dict[str, Any]) -> dict:
     """generation_config.json for seqtrain generation `settings` (GENERATION_DEFAULTS' keys): the search
     seqtrain-generate runs, in transformers' terms (docs/generate.md, "Coming from Hugging Face transformers"):
     lengths counting the decoder start token, the max length capped as seqtrain caps it, early stopping,
     <pad> never generated, </s> as the decoder start token and forced last, <s> forced first for --prepend-bos
-    models."""
+    models. `args`: the model's stored args."""
     pad, bos, eos = (d.pad(), d.bos(), d.eos()) if d is not None else (1, 0, 2)
-    max_len = min(int(settings["max_len_b"]), int(getattr(args, "max_target_positions", 1024)) - 1)
+    stored = stored_conventions(args)
+    max_len = min(int(settings["max_len_b"]), int(stored.max_target_positions) - 1)
     return {
         "bos_token_id": bos,
         "pad_token_id": pad,
         "eos_token_id": eos,
         "decoder_start_token_id": decoder_start(args, d),
         "forced_eos_token_id": eos,
-        "forced_bos_token_id": bos if getattr(args, "prepend_bos", False) else None,
+        "forced_bos_token_id": bos if stored.prepend_bos else None,
         "num_beams": int(settings["beam"]),
         "length_penalty": float(settings["lenpen"]),
         "max_length": max_len + 2,
@@ -359,9 +362,9 @@ def hf_generation_config(args: argparse.Namespace, d: Any, settings: dict[str, A
 def model_card(
     lm: Any, config: dict, gen: dict, tok: dict, sources: dict[str, str], folder: str = "."
 ) -> str:
-    a = lm.args
     name = f"{config['encoder_layers']}+{config['decoder_layers']} layers, d_model {config['d_model']}"
-    source = ("<s> " if getattr(a, "prepend_bos", False) else "") + "text </s>"
+    source = ("<s> " if stored_conventions(lm.args).prepend_bos else "") + "text </s>"
+    arch = stored_model_fields(lm.args).get("arch", "?")
     n = sum(p.numel() for p in lm.model.parameters())
     tok_line = (
         f"`{tok['kind']}` ({', '.join(tok['files'])})"
@@ -383,7 +386,7 @@ tags:
 ---
 # BART summarizer (exported by seqtrain)
 
-A BART model ({name}, {n:,} parameters, vocabulary {config["vocab_size"]}, arch `{getattr(a, "arch", "?")}`)
+A BART model ({name}, {n:,} parameters, vocabulary {config["vocab_size"]}, arch `{arch}`)
 trained or converted with seqtrain and written by `seqtrain-convert --to hf`.
 
 - Tokenizer: {tok_line}. Ids are the model's dictionary indices; a source is `{source}`.

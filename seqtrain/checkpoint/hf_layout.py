@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from seqtrain.checkpoint.fairseq import set_conventions, stored_conventions
 from seqtrain.checkpoint.files import CheckpointContents
 from seqtrain.checkpoint.hf_files import read_model_max_length
 from seqtrain.models.resize import POSITION_KEYS, POSITION_OFFSET, extend_positions
@@ -47,10 +48,10 @@ def source_limit(folder: str, ck: CheckpointContents) -> None:
     truncation=True); seqtrain's exports of models with fewer source than target positions say so that way.
     The model then has that many source positions, its encoder table cut to them."""
     limit = read_model_max_length(folder)
-    if limit is None or not 2 <= limit < ck.args.max_source_positions:
+    if limit is None or not 2 <= limit < stored_conventions(ck.args).max_source_positions:
         return
     key = POSITION_KEYS[0]
-    ck.args.max_source_positions = limit
+    set_conventions(ck.args, max_source_positions=limit)
     if key in ck.model:
         ck.model[key] = ck.model[key][: limit + POSITION_OFFSET].clone()
     ck.notes.append(f"source positions {limit}, the tokenizer's model_max_length (tokenizer_config.json)")

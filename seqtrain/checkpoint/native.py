@@ -9,11 +9,11 @@ entries seqtrain.checkpoint.train_state's TrainState reads and writes.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import torch
 
+from seqtrain.checkpoint.fairseq import args_values, stored_args
 from seqtrain.checkpoint.files import (
     CheckpointContents,
     cpu_state,
@@ -28,7 +28,7 @@ FORMAT_VERSION = 1
 
 
 def make_checkpoint_state(
-    args: argparse.Namespace | dict,
+    args: Any,
     model_state: dict[str, torch.Tensor],
     src_dict: Any = None,
     tgt_dict: Any = None,
@@ -49,9 +49,10 @@ def make_checkpoint_state(
     }
 
 
-def plain_args(args: argparse.Namespace | dict) -> dict[str, Any]:
-    """Args as a dict of plain values (anything exotic becomes its str), safe for weights_only loading."""
-    items = vars(args) if isinstance(args, argparse.Namespace) else dict(args)
+def plain_args(args: Any) -> dict[str, Any]:
+    """A checkpoint's args (Namespace or dict) as a dict of plain values (anything exotic becomes its str), safe
+    for weights_only loading."""
+    items = args_values(args)
 
     def plain(v: Any) -> Any:
         if v is None or isinstance(v, (bool, int, float, str)):
@@ -83,7 +84,7 @@ def read_seqtrain(path: str, obj: dict) -> CheckpointContents:
     return CheckpointContents(
         path=path,
         format="seqtrain",
-        args=argparse.Namespace(**obj["args"]),
+        args=stored_args(obj["args"]),
         model=strip_wrapper_prefix(dict(obj["model"])),
         src_dict=src,
         tgt_dict=tgt,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from seqtrain.config import setting, settings
+from seqtrain.config import from_args
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import runner
@@ -38,71 +38,13 @@ from seqtrain.generation.output import (
     write_files,
     write_out,
 )
+from seqtrain.generation.program import GenerateConfig, load_generation_model
 from seqtrain.generation.rerank import rerank
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import check_generation_args, generation_config
+from seqtrain.generation.search import check_generation_args
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import format_summary, score_pairs
-
-
-@settings
-class InputConfig:
-    """seqtrain-generate's input, scoring and model settings"""
-
-    input: str | None = setting(
-        None,
-        "summarize raw text, one document per line ('-' for stdin), instead of a data-bin split",
-        metavar="FILE",
-    )
-    reference: str | None = setting(
-        None,
-        "reference summaries for --input (one per line), for --scoring rouge",
-        metavar="FILE",
-        not_in=("interactive",),
-    )
-    scoring: str = setting(
-        "none",
-        "score hypotheses against the references (ROUGE-1/2/L/Lsum F1, stemming on)",
-        choices=["none", "rouge"],
-        not_in=("interactive", "tune"),
-    )
-    post_process: str | None = setting(
-        None,
-        "undo subword splitting in S-/T-/H- lines (sentencepiece, subword_nmt, "
-        "'@@ '); D- lines and the hypothesis file are always detokenized",
-        flags=("--post-process", "--remove-bpe"),
-        nargs="?",
-        const="@@ ",
-        metavar="SYMBOL",
-    )
-    quiet: bool = setting(
-        False, "print only the summary lines, not S-/T-/H-/D-/P-", action="store_true", not_in=("tune",)
-    )
-    score_reference: bool = setting(
-        False,
-        "score the references instead of generating: H-/P- lines give the model's log-probabilities of "
-        "the target (fairseq's SequenceScorer)",
-        action="store_true",
-        not_in=("interactive", "tune"),
-    )
-    # fairseq-generate's task flags: sources (and targets) are cut or filtered at the smaller of these and the
-    # model's own maximum, as fairseq's resolve_max_positions does
-    max_source_positions: int = setting(
-        1024, "max source length; the model's own maximum applies when smaller", type=int, metavar="N"
-    )
-    max_target_positions: int = setting(
-        1024, "max target length; the model's own maximum applies when smaller", type=int, metavar="N"
-    )
-    model_overrides: str = setting("{}", "model args to override, e.g. '{\"dropout\": 0.0}'", metavar="JSON")
-    compute_type: str = setting(
-        "default",
-        "as CTranslate2's --compute-type: int8 quantizes the linear layers' weights (per channel) and, per "
-        "step, their inputs (the CPU only; faster, close to fp32's summaries); auto is int8 on a CPU that "
-        "supports it, else default; default and float32: the weights as loaded (with --fp16 / --bf16 as given)",
-        choices=["default", "auto", "float32", "int8"],
-    )
-
 
 logger = logging.getLogger("seqtrain.generate")
 
@@ -148,88 +90,92 @@ def read_text(path: str) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    if args.batch_size is None and args.max_tokens is None:
-        args.batch_size = 32
-    for flag, v in (("--batch-size", args.batch_size), ("--max-tokens", args.max_tokens)):
+def check_settings(cfg: GenerateConfig) -> None:
+    """seqtrain-generate's checks across its settings, before anything loads; fills the defaults that depend
+    on others (--batch-size 32 without --max-tokens, --output-format by --input)."""
+    ds, search, inputs, outputs = cfg.dataset, cfg.search, cfg.inputs, cfg.outputs
+    if ds.batch_size is None and ds.max_tokens is None:
+        ds.batch_size = 32
+    for flag, v in (("--batch-size", ds.batch_size), ("--max-tokens", ds.max_tokens)):
         if v is not None and v <= 0:
             raise SeqtrainError(f"{flag} must be positive, got {v}")
-    if args.min_len > 0 and args.max_len_a == 0 and args.min_len > args.max_len_b:
+    if search.min_len > 0 and search.max_len_a == 0 and search.min_len > search.max_len_b:
         raise SeqtrainError(
-            f"--min-len {args.min_len} is above the maximum length --max-len-b {args.max_len_b}"
+            f"--min-len {search.min_len} is above the maximum length --max-len-b {search.max_len_b}"
         )
-    if not 0 <= args.shard_id < args.num_shards:
-        raise SeqtrainError(f"--shard-id must be in [0, --num-shards {args.num_shards}), got {args.shard_id}")
-    if not args.path:
+    if not 0 <= outputs.shard_id < outputs.num_shards:
+        raise SeqtrainError(
+            f"--shard-id must be in [0, --num-shards {outputs.num_shards}), got {outputs.shard_id}"
+        )
+    if not cfg.load.path:
         raise SeqtrainError("--path: give the checkpoint to generate with")
-    if args.rerank_lenpen is not None and args.rerank != "length":
+    if cfg.rerank.rerank_lenpen is not None and cfg.rerank.rerank != "length":
         raise SeqtrainError("--rerank-lenpen: only --rerank length uses it")
-    if args.rerank and args.score_reference:
+    if cfg.rerank.rerank and inputs.score_reference:
         raise SeqtrainError(
             "--rerank with --score-reference: the references are scored, there is no beam to rerank"
         )
-    if args.output_format is None:
-        args.output_format = "text" if args.input is not None else "fairseq"
-    if args.results_path:
-        check_folder_writable(args.results_path, "--results-path")
-    if args.output:
-        check_file_writable(args.output, "--output")
+    if outputs.output_format is None:
+        outputs.output_format = "text" if inputs.input is not None else "fairseq"
+    if cfg.load.results_path:
+        check_folder_writable(cfg.load.results_path, "--results-path")
+    if outputs.output:
+        check_file_writable(outputs.output, "--output")
     elif sys.stdout is None:  # started with stdout closed (1>&-)
         raise SeqtrainError("stdout is closed: the summaries have nowhere to go; give --output FILE")
 
 
-def _dataset(args: argparse.Namespace, loaded: runner.GenerationModel):
+def open_dataset(cfg: GenerateConfig, loaded: runner.GenerationModel):
     """The dataset to generate for, its raw source sizes, reference texts (--reference) or None, and a digest of
     the input's text ('' for a data-bin split, whose sizes stand for it)."""
-    truncate = bool(args.truncate_source) or not args.skip_invalid_size_inputs_valid_test
-    if args.input is not None:
-        lines = read_text(args.input)
-        refs = read_text(args.reference) if args.reference else None
+    inputs, subset = cfg.inputs, cfg.dataset.gen_subset
+    truncate = bool(cfg.dataset.truncate_source) or not cfg.dataset.skip_invalid_size_inputs_valid_test
+    if inputs.input is not None:
+        lines = read_text(inputs.input)
+        refs = read_text(inputs.reference) if inputs.reference else None
         if refs is not None and len(refs) != len(lines):
             raise SeqtrainError(
-                f"--reference {args.reference}: {len(refs)} lines for {len(lines)} inputs in {args.input}"
+                f"--reference {inputs.reference}: {len(refs)} lines for {len(lines)} inputs in {inputs.input}"
             )
         src = runner.encode(loaded, lines)
         digest = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
         return runner.text_dataset(loaded, src, truncate), np.array([len(s) for s in src]), refs, digest
 
-    if args.data is None:
+    if cfg.data is None:
         raise SeqtrainError("DATA: give a data-bin folder, or raw text with --input")
     s, t = loaded.src_lang, loaded.tgt_lang
     prefixes = {}
     for lang in (s, t):
         for pair in (f"{s}-{t}", f"{t}-{s}"):
-            p = os.path.join(args.data, f"{args.gen_subset}.{pair}.{lang}")
+            p = os.path.join(cfg.data, f"{subset}.{pair}.{lang}")
             if MMapIndexedDataset.exists(p):
                 prefixes[lang] = p
                 break
     if s not in prefixes:
         raise SeqtrainError(
-            f"--gen-subset {args.gen_subset}: no such split in {args.data} (expected "
-            f"{args.gen_subset}.{s}-{t}.{s}.bin/.idx)"
+            f"--gen-subset {subset}: no such split in {cfg.data} (expected {subset}.{s}-{t}.{s}.bin/.idx)"
         )
     src = MMapIndexedDataset(prefixes[s])
     tgt = MMapIndexedDataset(prefixes[t]) if t in prefixes else None
     if tgt is not None and len(tgt) != len(src):
         raise SeqtrainError(
             f"{prefixes[s]}.idx has {len(src)} examples but {prefixes[t]}.idx has {len(tgt)}: source and target "
-            f"of --gen-subset {args.gen_subset} must be aligned"
+            f"of --gen-subset {subset} must be aligned"
         )
-    full = bool(args.check_data)
+    full = bool(cfg.data_check.check_data)
     for data, d, lang in ((src, loaded.lm.src_dict, s), (tgt, loaded.lm.tgt_dict, t)):
         if data is not None:
-            check_token_ids(data, len(d), os.path.join(args.data, f"dict.{lang}.txt"), full=full)
+            check_token_ids(data, len(d), os.path.join(cfg.data, f"dict.{lang}.txt"), full=full)
     return runner.text_dataset(loaded, src, truncate, tgt), np.asarray(src.sizes), None, ""
 
 
-def _same_input_on_every_rank(
-    args: argparse.Namespace, raw_sizes: np.ndarray, content: str, world: int
-) -> None:
+def _same_input_on_every_rank(cfg: GenerateConfig, raw_sizes: np.ndarray, content: str, world: int) -> None:
     """Ranks split one input between them: refuse (on every rank, with the same line) inputs that differ, e.g.
     another --input per rank, which used to end rank 0 with a KeyError while it merged the results."""
     digest = hashlib.sha256(np.ascontiguousarray(raw_sizes, dtype=np.int64).tobytes())
     digest.update(content.encode())
-    name = args.input if args.input is not None else f"{args.data} --gen-subset {args.gen_subset}"
+    inp = cfg.inputs.input
+    name = inp if inp is not None else f"{cfg.data} --gen-subset {cfg.dataset.gen_subset}"
     every: list[Any] = [None] * world
     dist.all_gather_object(every, (name, len(raw_sizes), digest.hexdigest()))
     other = next((r for r, x in enumerate(every) if x[1:] != every[0][1:]), None)
@@ -252,61 +198,64 @@ def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, A
     """Generate with the parsed flags (seqtrain.generation.options.parse_generation_args), writing to `out` (stdout) or
     --output. Returns (on rank 0; {} on other ranks) {"hypotheses": best per example in input order,
     "references", "rouge", "n", "lines": the fairseq lines in batch order}."""
-    _check_args(args)
+    cfg = from_args(GenerateConfig, args)  # the program's one read of its flags
+    check_settings(cfg)
     try:
-        handler = setup_logging(sys.stderr, log_file=args.log_file)
+        handler = setup_logging(sys.stderr, log_file=cfg.log.log_file)
     except OSError as e:
-        raise SeqtrainError(f"--log-file {args.log_file}: cannot write ({e.strerror})") from None
+        raise SeqtrainError(f"--log-file {cfg.log.log_file}: cannot write ({e.strerror})") from None
     rank, world = _world()
     try:
         if world > 1:
             if rank != 0:
                 logging.getLogger().setLevel(logging.WARNING)
-            use_cuda = torch.cuda.is_available() and not args.cpu
+            use_cuda = torch.cuda.is_available() and not cfg.device.cpu
             if use_cuda:
                 torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
             dist.init_process_group("nccl" if use_cuda else "gloo")
             try:
-                return _generate(args, out or sys.stdout, rank, world)
+                return _generate(cfg, out or sys.stdout, rank, world)
             finally:
                 dist.destroy_process_group()
-        return _generate(args, out or sys.stdout, 0, 1)
+        return _generate(cfg, out or sys.stdout, 0, 1)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
 
 
-def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> dict[str, Any]:
-    loaded = runner.load_from_flags(args)
+def _generate(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[str, Any]:
+    loaded = load_generation_model(cfg)
+    search, inputs, ds_cfg, rr = cfg.search, cfg.inputs, cfg.dataset, cfg.rerank
     max_src, max_tgt = loaded.model.max_positions()
-    max_src, max_tgt = min(max_src, args.max_source_positions), min(max_tgt, args.max_target_positions)
-    if args.min_len > max_tgt - 1:
+    max_src, max_tgt = min(max_src, inputs.max_source_positions), min(max_tgt, inputs.max_target_positions)
+    if search.min_len > max_tgt - 1:
         raise SeqtrainError(
-            f"--min-len {args.min_len} is above the model's maximum target length {max_tgt - 1}"
+            f"--min-len {search.min_len} is above the model's maximum target length {max_tgt - 1}"
         )
-    if args.score_reference:
-        if args.input is not None:
+    if inputs.score_reference:
+        if inputs.input is not None:
             raise SeqtrainError(
                 "--score-reference scores a data-bin split's references; --input text has none"
             )
-        generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict, args.packed_encoder)
+        generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict, search.packed_encoder)
     else:
-        check_generation_args(args)
-        config = generation_config(args)
-        if args.rerank:  # it chooses among all --beam finished hypotheses: the search returns them all
+        check_generation_args(search, rerank=bool(rr.rerank))
+        config = search
+        if rr.rerank:  # it chooses among all --beam finished hypotheses: the search returns them all
             config = dataclasses.replace(config, nbest=config.beam)
         generator = build_generator(
             loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
         )
-    ds, raw_sizes, refs, content = _dataset(args, loaded)
+    ds, raw_sizes, refs, content = open_dataset(cfg, loaded)
     n = len(ds)
     if world > 1:
-        _same_input_on_every_rank(args, raw_sizes, content, world)
-    lo, hi = args.shard_id * n // args.num_shards, (args.shard_id + 1) * n // args.num_shards
+        _same_input_on_every_rank(cfg, raw_sizes, content, world)
+    shards, shard = cfg.outputs.num_shards, cfg.outputs.shard_id
+    lo, hi = shard * n // shards, (shard + 1) * n // shards
     mine = np.arange(lo, hi)
     too_long = mine[raw_sizes[mine] > max_src]
-    if len(too_long) and args.skip_invalid_size_inputs_valid_test and not args.truncate_source:
+    if len(too_long) and ds_cfg.skip_invalid_size_inputs_valid_test and not ds_cfg.truncate_source:
         mine = np.setdiff1d(mine, too_long)
         logger.warning(
             f"skipped {len(too_long)} of {hi - lo} sources longer than {max_src} tokens (their hypothesis lines "
@@ -319,21 +268,22 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
         )
     # fairseq's order (by target, then source length), so logs line up with fairseq-generate's; ranks take
     # every world-th example of it, so each gets a share of every length
-    order = runner.order_examples(ds, mine, args.seed)
-    batches = runner.plan_batches(ds, order[rank::world], args.max_tokens, args.batch_size)
+    order = runner.order_examples(ds, mine, cfg.device.seed)
+    batches = runner.plan_batches(ds, order[rank::world], ds_cfg.max_tokens, ds_cfg.batch_size)
+    log = cfg.log
     progress = Progress(
-        len(order[rank::world]), args.log_format, args.no_progress_bar, args.log_interval, enabled=rank == 0
+        len(order[rank::world]), log.log_format, log.no_progress_bar, log.log_interval, enabled=rank == 0
     )
     results: dict[int, tuple] = {}
-    rerank_lenpen = 1.0 if args.rerank_lenpen is None else args.rerank_lenpen
+    rerank_lenpen = 1.0 if rr.rerank_lenpen is None else rr.rerank_lenpen
     t0 = time.perf_counter()
     try:
         for sid, sample, row, hypos in runner.run_batches(
-            loaded, generator, ds, batches, args.prefix_size, progress.update
+            loaded, generator, ds, batches, search.prefix_size, progress.update
         ):
-            if args.rerank:  # on the finished beam only (seqtrain.generation.rerank)
-                hypos = rerank(hypos, args.rerank, lambda t: runner.decode(loaded, t), rerank_lenpen)
-            results[sid] = fairseq_lines(loaded, sid, sample, row, hypos, args.nbest, args.post_process)
+            if rr.rerank:  # on the finished beam only (seqtrain.generation.rerank)
+                hypos = rerank(hypos, rr.rerank, lambda t: runner.decode(loaded, t), rerank_lenpen)
+            results[sid] = fairseq_lines(loaded, sid, sample, row, hypos, search.nbest, inputs.post_process)
     finally:
         progress.close()
     if world > 1:
@@ -343,11 +293,11 @@ def _generate(args: argparse.Namespace, out: TextIO, rank: int, world: int) -> d
             return {}
         results = {k: v for part in gathered for k, v in part.items()}
     elapsed = time.perf_counter() - t0
-    return _write(args, out, loaded, results, order, lo, hi, refs, elapsed)
+    return _write(cfg, out, loaded, results, order, lo, hi, refs, elapsed)
 
 
 def _write(
-    args: argparse.Namespace,
+    cfg: GenerateConfig,
     out: TextIO,
     loaded: runner.GenerationModel,
     results: dict[int, tuple],
@@ -358,9 +308,10 @@ def _write(
     elapsed: float,
 ) -> dict[str, Any]:
     """Write the output (text or fairseq lines) and the result files of examples lo..hi-1, all at the end."""
+    inputs, search, output, results_path = cfg.inputs, cfg.search, cfg.outputs.output, cfg.load.results_path
     lines = [line for sid in order.tolist() for line in results[sid][0]]
     hyps = [results[i][1][0] if i in results else "" for i in range(lo, hi)]
-    if refs is None and args.input is None and any(r[2] is not None for r in results.values()):
+    if refs is None and inputs.input is None and any(r[2] is not None for r in results.values()):
         refs = [results[i][2] if i in results and results[i][2] is not None else "" for i in range(lo, hi)]
     elif refs is not None:
         refs = refs[lo:hi]
@@ -370,21 +321,21 @@ def _write(
         f"Generated {len(order)} sentences ({ntok} tokens) in {elapsed:.1f}s ({rate:.2f} sentences/s, "
         f"{ntok / max(elapsed, 1e-9):.2f} tokens/s)"
     )
-    text_out = args.output_format == "text"
+    text_out = cfg.outputs.output_format == "text"
     if text_out:
-        body = [t for i in range(lo, hi) for t in (results[i][1] if i in results else [""] * args.nbest)]
+        body = [t for i in range(lo, hi) for t in (results[i][1] if i in results else [""] * search.nbest)]
     else:
-        body = ([] if args.quiet else lines) + [summary]
-    split = "input" if args.input is not None else args.gen_subset
+        body = ([] if inputs.quiet else lines) + [summary]
+    split = "input" if inputs.input is not None else cfg.dataset.gen_subset
     rouge = None
-    if args.scoring == "rouge":
+    if inputs.scoring == "rouge":
         if refs is None:
             raise SeqtrainError(
                 "--scoring rouge: no references (the split has no target side; with --input give --reference FILE)"
             )
 
         rouge = score_pairs(hyps, refs)
-        line = f"Generate {split} with beam={args.beam}: {format_summary(rouge)}"
+        line = f"Generate {split} with beam={search.beam}: {format_summary(rouge)}"
         if text_out:
             logger.info(line)
         else:
@@ -392,21 +343,23 @@ def _write(
     if text_out:
         logger.info(summary)
     files: dict[str, str] = {}
-    if args.output:
-        files[args.output] = "".join(x + "\n" for x in body)
-    if args.results_path:
+    if output:
+        files[output] = "".join(x + "\n" for x in body)
+    if results_path:
 
         def path(name: str) -> str:
-            return os.path.join(args.results_path, f"{name}-{split}")
+            return os.path.join(results_path, f"{name}-{split}")
 
         files[path("generate") + ".txt"] = "".join(x + "\n" for x in lines + [summary])
         files[path("hypotheses") + ".txt"] = "".join(x + "\n" for x in hyps)
         if refs is not None:
             files[path("references") + ".txt"] = "".join(x + "\n" for x in refs)
         if rouge is not None:
-            meta = dict(checkpoint=args.path, split=split, beam=args.beam, lenpen=args.lenpen, n=len(hyps))
+            meta = dict(
+                checkpoint=cfg.load.path, split=split, beam=search.beam, lenpen=search.lenpen, n=len(hyps)
+            )
             files[path("rouge") + ".json"] = json.dumps({**meta, **rouge}, indent=2, sort_keys=True) + "\n"
     write_files(files)
-    if not args.output:
+    if not output:
         write_out(out, body)
     return {"hypotheses": hyps, "references": refs, "rouge": rouge, "n": hi - lo, "lines": lines}

@@ -15,12 +15,13 @@ import sys
 import time
 from typing import TextIO
 
-from seqtrain.config import setting, settings
+from seqtrain.config import from_args, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import POSITIVE_INT
 from seqtrain.generation import runner
 from seqtrain.generation.output import fairseq_lines, write_out
-from seqtrain.generation.search import check_generation_args, generation_config
+from seqtrain.generation.program import GenerateConfig, load_generation_model
+from seqtrain.generation.search import check_generation_args
 from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 
@@ -43,46 +44,42 @@ logger = logging.getLogger("seqtrain.interactive")
 
 def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO | None = None) -> int:
     """Answer the lines of `inp` (stdin, or --input FILE) on `out` (stdout); returns the number of lines."""
+    cfg = from_args(GenerateConfig, args)  # the program's one read of its flags
+    buffer_size = from_args(InteractiveConfig, args).buffer_size
     out = out or sys.stdout
     if out is None:  # started with stdout closed (1>&-): Python has no sys.stdout
         raise SeqtrainError("stdout is closed: the summaries have nowhere to go; run with stdout open")
-    if args.buffer_size < 1:
-        raise SeqtrainError(f"--buffer-size must be >= 1, got {args.buffer_size}")
-    if (
-        args.batch_size is not None
-        and args.batch_size <= 0
-        or args.max_tokens is not None
-        and args.max_tokens <= 0
-    ):
+    if buffer_size < 1:
+        raise SeqtrainError(f"--buffer-size must be >= 1, got {buffer_size}")
+    batch_size, max_tokens = cfg.dataset.batch_size, cfg.dataset.max_tokens
+    if batch_size is not None and batch_size <= 0 or max_tokens is not None and max_tokens <= 0:
         raise SeqtrainError("--batch-size and --max-tokens must be positive")
-    if not args.path:
+    if not cfg.load.path:
         raise SeqtrainError("--path: give the checkpoint to generate with")
     try:
-        handler = setup_logging(sys.stderr, log_file=args.log_file)
+        handler = setup_logging(sys.stderr, log_file=cfg.log.log_file)
     except OSError as e:
-        raise SeqtrainError(f"--log-file {args.log_file}: cannot write ({e.strerror})") from None
+        raise SeqtrainError(f"--log-file {cfg.log.log_file}: cannot write ({e.strerror})") from None
     close = False
-    if inp is None and args.input != "-":
+    source = cfg.inputs.input
+    if inp is None and source != "-":
         try:
-            inp, close = open(args.input, encoding="utf-8"), True
+            inp, close = open(source, encoding="utf-8"), True
         except OSError as e:
-            raise SeqtrainError(f"--input {args.input}: cannot read ({e.strerror})") from None
+            raise SeqtrainError(f"--input {source}: cannot read ({e.strerror})") from None
     inp = inp or sys.stdin
     if inp is None:  # started with stdin closed (0<&-)
         raise SeqtrainError("stdin is closed: give the text on stdin, or with --input FILE")
-    where = "stdin" if args.input == "-" else args.input
+    where = "stdin" if source == "-" else source
     try:
-        loaded = runner.load_from_flags(args)
-        check_generation_args(args)
-        config = generation_config(args)
+        loaded = load_generation_model(cfg)
+        check_generation_args(cfg.search)
         generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
+            loaded.model, loaded.lm.tgt_dict, cfg.search, bos=loaded.start, eos=loaded.end
         )
         if inp.isatty():
-            logger.info(
-                f"type a text and press Enter; answers come every {args.buffer_size} line(s); Ctrl-D ends"
-            )
-        return _loop(args, loaded, generator, inp, out, where)
+            logger.info(f"type a text and press Enter; answers come every {buffer_size} line(s); Ctrl-D ends")
+        return _loop(cfg, buffer_size, loaded, generator, inp, out, where)
     finally:
         if close:
             inp.close()
@@ -92,13 +89,19 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
 
 
 def _loop(
-    args: argparse.Namespace, loaded: runner.GenerationModel, generator, inp: TextIO, out: TextIO, where: str
+    cfg: GenerateConfig,
+    buffer_size: int,
+    loaded: runner.GenerationModel,
+    generator,
+    inp: TextIO,
+    out: TextIO,
+    where: str,
 ) -> int:
     start, n_tok, t0 = 0, 0, time.perf_counter()
     buffer: list[str] = []
     lineno = 0
 
-    max_src = min(loaded.model.max_positions()[0], args.max_source_positions)
+    max_src = min(loaded.model.max_positions()[0], cfg.inputs.max_source_positions)
 
     def answer() -> None:
         nonlocal start, n_tok
@@ -110,18 +113,18 @@ def _loop(
                 f"first ids: {too_long[:10]}"
             )
         ds = runner.text_dataset(loaded, sources)
-        order = runner.order_examples(ds, None, args.seed)
-        batches = runner.plan_batches(ds, order, args.max_tokens, args.batch_size)
+        order = runner.order_examples(ds, None, cfg.device.seed)
+        batches = runner.plan_batches(ds, order, cfg.dataset.max_tokens, cfg.dataset.batch_size)
         results = {}
         for sid, sample, row, hypos in runner.run_batches(loaded, generator, ds, batches):
             results[sid] = fairseq_lines(
-                loaded, start + sid, sample, row, hypos, args.nbest, args.post_process
+                loaded, start + sid, sample, row, hypos, cfg.search.nbest, cfg.inputs.post_process
             )
         answers = []
         for i in range(len(buffer)):
             lines, texts, _, ntok = results[i]
             n_tok += ntok
-            answers += lines if args.output_format == "fairseq" else texts
+            answers += lines if cfg.outputs.output_format == "fairseq" else texts
         write_out(out, answers)
         start += len(buffer)
         buffer.clear()
@@ -149,7 +152,7 @@ def _loop(
         lineno += 1
         runner.check_utf8(line, where, lineno)
         buffer.append(line[:-1] if line.endswith("\n") else line)
-        if len(buffer) >= args.buffer_size:
+        if len(buffer) >= buffer_size:
             answer()
     if buffer:
         answer()

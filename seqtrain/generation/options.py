@@ -3,7 +3,7 @@ they use (fairseq's flag names and defaults), and the generation settings --eval
 
 seqtrain-generate takes the common, logging and dataset flags it shares with seqtrain-train, then its own
 groups, each declared beside its code: where the checkpoint comes from (runner.CheckpointLoadConfig), the search
-(search.GenerationConfig), input and scoring (generate.InputConfig), output and sharding (output.OutputConfig),
+(search.GenerationConfig), input and scoring (program.InputConfig), output and sharding (output.OutputConfig),
 reranking (rerank.RerankConfig); seqtrain-interactive the same for its program, plus interactive.InteractiveConfig.
 A setting that does nothing in a program (`not_in=`) and the training groups fairseq-generate accepts but
 generation has no use for (distributed training, fp16 loss scaling) are left out of its parser: given on the
@@ -24,12 +24,12 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
 from seqtrain.flags import fairseq_compat, parsers
 from seqtrain.flags.config_file import actions_by_key, load_config
-from seqtrain.generation.generate import InputConfig
 from seqtrain.generation.interactive import InteractiveConfig
 from seqtrain.generation.output import OutputConfig
+from seqtrain.generation.program import InputConfig
 from seqtrain.generation.rerank import RerankConfig
 from seqtrain.generation.runner import CheckpointLoadConfig
-from seqtrain.generation.search import GenerationConfig, check_generation_args, generation_config
+from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.tune_flags import add_tune_args
 from seqtrain.optim import loss_scaler
 
@@ -206,9 +206,9 @@ def generation_args(text: str, seed: int = 1) -> GenerationConfig:
             raise SeqtrainError(f"--eval-rouge-args: cannot parse {text!r}") from None
         if rest:
             raise SeqtrainError(f"--eval-rouge-args: unknown generation flags {' '.join(rest)}")
-    args.seed = seed
+    config = GenerationConfig(**vars(args), seed=seed)  # the values as given, for the check to see
     try:
-        check_generation_args(args)
+        check_generation_args(config)
     except SeqtrainError as e:
         raise SeqtrainError(f"--eval-rouge-args: {e}") from None
-    return generation_config(args)
+    return config

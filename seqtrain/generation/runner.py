@@ -8,7 +8,7 @@ so a sentence gets the same summary from each (a hypothesis does not depend on i
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqtrain.checkpoint.fairseq import find_dictionaries
+from seqtrain.checkpoint.fairseq import find_dictionaries, set_conventions, stored_conventions
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import generation_key, read_generation_config
 from seqtrain.checkpoint.hf_files import read_decoder_start
@@ -38,7 +38,6 @@ from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.sequence_generator import generate_batch
 from seqtrain.models.int8 import COMPUTE_TYPES, int8_supported, quantize_int8
-from seqtrain.tasks import bpe_flags
 from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
@@ -126,9 +125,9 @@ def load_for_generation(
     # catch a data-bin with other ones (load_model's dict_path would replace them and hide the mismatch).
     ck = read_checkpoint(path, unsafe=unsafe, require_dict=False, lora_base=lora_base)
     if langs:  # as fairseq-generate's --langs: the task adds the [lang] symbols to the dictionaries it loads
-        ck.args.langs = langs
+        set_conventions(ck.args, langs=langs)
     if task == PRETRAINED_BART_TASK:
-        ck.args.task = task
+        set_conventions(ck.args, task=task)
     if ck.format != "seqtrain" and (dict_path is not None or ck.format == "fairseq"):
         ck.src_dict, ck.tgt_dict, ck.tokenizer = find_dictionaries(path, ck.args, dict_path)
     if ck.src_dict is None:
@@ -139,15 +138,12 @@ def load_for_generation(
         defaults, forced_bos, source = read_generation_config(path)
         check_model_defaults(defaults, forced_bos, source, len(ck.tgt_dict or ck.src_dict))
     lm = model_from_contents(ck, overrides or None, resize_vocab=resize_vocab)
+    stored = stored_conventions(lm.args)
     if data is not None:  # the data-bin's dictionaries must be the ones the model was trained with
         for lang, have, side in ((src_lang, lm.src_dict, "source"), (tgt_lang, lm.tgt_dict, "target")):
             p = os.path.join(data, f"dict.{lang}.txt")
             # mBART's task adds its [lang] symbols and <mask> to the data-bin's dictionaries as it loads them
-            want = (
-                add_language_symbols(Dictionary.load(p), getattr(lm.args, "langs", None))
-                if os.path.exists(p)
-                else None
-            )
+            want = add_language_symbols(Dictionary.load(p), stored.langs) if os.path.exists(p) else None
             if want is not None and want != have:
                 raise SeqtrainError(
                     f"{p}: the {side} dictionary differs from the one in {path} "
@@ -158,7 +154,7 @@ def load_for_generation(
         tokenizer = load_databin_tokenizer(data)
     if tokenizer is None:
         tokenizer = build_tokenizer({"kind": "none"})
-    force_bos = lm.tgt_dict.bos() if getattr(lm.args, "prepend_bos", False) else None
+    force_bos = lm.tgt_dict.bos() if stored.prepend_bos else None
     tokens = language_tokens(lm, given_langs, read_decoder_start(path) if ck.format == "hf" else None)
     if ck.format != "hf":
         return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, **tokens)
@@ -178,23 +174,20 @@ def language_tokens(lm: Any, given: tuple[str | None, str | None], hf_start: int
     reference, decoding starting from and ending at `[tgt]`; the languages are --source-lang / --target-lang
     (`given`), else the checkpoint's. Otherwise a Hugging Face folder's decoder_start_token_id (`hf_start`) is
     where decoding starts (transformers' mBART: the target language's code), and </s> ends it."""
-    a = lm.args
-    if getattr(a, "task", None) != PRETRAINED_BART_TASK:
+    a = stored_conventions(lm.args)
+    if a.task != PRETRAINED_BART_TASK:
         eos = lm.tgt_dict.eos()
         return {"start": hf_start} if hf_start is not None and hf_start != eos else {}
-    langs = getattr(a, "langs", None)
-    src = language_id(lm.src_dict, given[0] or getattr(a, "source_lang", None), "--source-lang", langs)
-    tgt = language_id(lm.tgt_dict, given[1] or getattr(a, "target_lang", None), "--target-lang", langs)
+    src = language_id(lm.src_dict, given[0] or a.source_lang, "--source-lang", a.langs)
+    tgt = language_id(lm.tgt_dict, given[1] or a.target_lang, "--target-lang", a.langs)
     return dict(src_append=src, tgt_append=tgt, start=tgt, end=tgt)
 
 
 def check_model_defaults(defaults: dict[str, Any], forced_bos: Any, source: str, vocab: int) -> None:
     """A Hugging Face folder's generation settings pass the command line's check (check_generation_args, on
     top of the defaults, naming the file and its keys), and its forced first token is a token of the model."""
-    args = default_generation_args()
-    for dest, value in defaults.items():
-        setattr(args, dest, value)
-    check_generation_args(args, lambda dest: f"{source}: {generation_key(dest)}")
+    config = dataclasses.replace(GenerationConfig(), **defaults)
+    check_generation_args(config, lambda dest: f"{source}: {generation_key(dest)}")
     if forced_bos not in (None, False) and forced_bos >= vocab:
         raise SeqtrainError(
             f"{source}: forced_bos_token_id={forced_bos} is not a token of the model (ids 0 to {vocab - 1})"
@@ -213,77 +206,6 @@ def cast(
     loaded.lm.model = loaded.lm.model.to(device=device, dtype=dtype).eval()
     if torch.device(device).type == "cuda":
         set_cuda_kernels(tf32=None, cudnn_attention=cudnn_attention)
-
-
-def apply_model_defaults(loaded: GenerationModel, args: argparse.Namespace, given: set[str]) -> None:
-    """Take the generation defaults the model ships (a Hugging Face generation_config.json) for every flag not
-    given on the command line or in --config; one log line says which were taken."""
-    if loaded.defaults_from is None:
-        return
-    taken, kept = [], []
-    for dest, value in loaded.defaults.items():
-        flag = "--" + dest.replace("_", "-")
-        if dest in given:
-            kept.append(flag)
-            continue
-        setattr(args, dest, value)
-        taken.append(flag if value is True else f"{flag} {value}")
-    bos = "none" if loaded.force_bos is None else loaded.force_bos
-    logger.info(
-        f"{loaded.defaults_from}: generation defaults taken: {', '.join(taken) or 'none'}; forced first token: "
-        f"{bos}" + (f"; given flags kept: {', '.join(kept)}" if kept else "")
-    )
-
-
-def load_from_flags(args: argparse.Namespace) -> GenerationModel:
-    """The model seqtrain-generate and seqtrain-interactive generate with, from their flags: loaded from --path
-    (--model-overrides, --unsafe-load), on CUDA unless --cpu or none is present, in --fp16 / --bf16 when given,
-    with the generation defaults a Hugging Face folder ships taken for every flag the user did not give."""
-    use_cuda = torch.cuda.is_available() and not args.cpu
-    if args.fp16 and not use_cuda:
-        raise SeqtrainError("--fp16 needs a CUDA device (use --bf16, or fp32, on the CPU)")
-    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    torch.manual_seed(args.seed)
-    overrides = parse_overrides(args.model_overrides)
-    given = set(getattr(args, "given_flags", ()))  # parse_generation_args's; none for a parser's own parse
-    positions = {
-        "max_source_positions": args.max_source_positions,
-        "max_target_positions": args.max_target_positions,
-    }
-    for dest, value in positions.items():
-        if (
-            dest in given and dest not in overrides
-        ):  # longer inputs than the checkpoint's: positions are extended
-            overrides[dest] = value
-    if args.bpe and args.data and os.path.isdir(args.data):
-        # fairseq-generate's --bpe flags: accepted where they name the data-bin's own tokenizer (checked)
-        bpe_flags.databin_tokenizer(args, args.data)
-    paths = split_paths(args.path)
-    members = [
-        load_for_generation(
-            path,
-            args.data,
-            args.source_lang,
-            args.target_lang,
-            overrides,
-            args.unsafe_load,
-            resize_vocab=args.resize_vocab,
-            lora_base=args.lora_base,
-            task=args.task,
-            langs=getattr(args, "langs", None),  # a flag of the mBART task only
-        )
-        for path in paths
-    ]
-    loaded = ensemble(members, paths)
-    dtype = torch.float16 if args.fp16 else torch.bfloat16 if args.bf16 else None
-    cast(loaded, device, dtype, cudnn_attention=args.cudnn_attention)
-    if args.static_decoding and args.compute_type in ("int8", "auto"):
-        raise SeqtrainError(
-            f"--static-decoding runs float weights; not with --compute-type {args.compute_type}"
-        )
-    set_compute_type(loaded, args.compute_type, "--compute-type")
-    apply_model_defaults(loaded, args, given)
-    return loaded
 
 
 def set_compute_type(loaded: GenerationModel, compute_type: str, name: str = "compute_type") -> str:
@@ -352,11 +274,6 @@ def ensemble(members: list[GenerationModel], paths: list[str]) -> GenerationMode
     return first
 
 
-def default_generation_args() -> argparse.Namespace:
-    """The generation flags (GenerationConfig's) at their defaults, fairseq's."""
-    return argparse.Namespace(**vars(GenerationConfig()))
-
-
 def encode(loaded: GenerationModel, lines: Sequence[str]) -> list[torch.Tensor]:
     """Source token ids (with </s>) of raw text lines, through the model's tokenizer and dictionary."""
     d = loaded.lm.src_dict
@@ -369,7 +286,7 @@ def text_dataset(
 ):
     """A LanguagePairDataset over encoded sources (and optional target dataset), with the model's sequence
     convention (padding side, <s> first) and position limits; sources too long for the model are truncated."""
-    margs = loaded.lm.args
+    stored = stored_conventions(loaded.lm.args)
     max_src, max_tgt = loaded.model.max_positions()
     sizes = np.asarray(
         sources.sizes if hasattr(sources, "sizes") else [len(s) for s in sources], dtype=np.int64
@@ -381,9 +298,9 @@ def text_dataset(
         targets,
         None if targets is None else np.asarray(targets.sizes),
         loaded.lm.tgt_dict if targets is not None else None,
-        left_pad_source=bool(getattr(margs, "left_pad_source", True)),
+        left_pad_source=stored.left_pad_source,
         left_pad_target=False,
-        prepend_bos=bool(getattr(margs, "prepend_bos", False)),
+        prepend_bos=stored.prepend_bos,
         max_source_positions=max_src,
         max_target_positions=max_tgt,
         shuffle=True,  # only orders ties in ordered_indices (seeded), as fairseq-generate does

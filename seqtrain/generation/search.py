@@ -330,27 +330,30 @@ def check_generation_value(dest: str, value: Any, name: Callable[[str], str] = f
         raise SeqtrainError(f"{name(dest)} {e}") from None
 
 
-def generation_config(args: Any) -> GenerationConfig:
-    """The search settings among a program's parsed flags (an argparse.Namespace, or any object holding them;
-    one left out or None keeps its default): the one conversion the front ends make before build_generator."""
-    return from_args(GenerationConfig, args)
+def generation_config(parsed: Any) -> GenerationConfig:
+    """The search settings among a parser's result (a flag it lacks, or None, keeps its default): the one
+    conversion a front end makes before build_generator (seqtrain.config.from_args)."""
+    return from_args(GenerationConfig, parsed)
 
 
-def check_generation_args(args: Any, name: Callable[[str], str] = flag_name) -> None:
+def check_generation_args(
+    config: GenerationConfig, name: Callable[[str], str] = flag_name, rerank: bool = False
+) -> None:
     """The one check of generation settings, wherever they come from: the command line and --config,
-    --eval-rouge-args, a Hugging Face generation_config.json, seqtrain.Summarizer.summarize(**flags). `args` is a
-    GenerationConfig or an argparse.Namespace holding its fields (with seqtrain-generate's --rerank, if given).
+    --eval-rouge-args, a Hugging Face generation_config.json, seqtrain.Summarizer.summarize(**flags). `config`
+    holds the values as given (a GenerationConfig made with them as they are, so a None or a string is caught
+    here; a parser's result holding its fields reads the same); `rerank`: seqtrain-generate's --rerank is on.
     Every setting's kind and range (check_generation_value), then fairseq's checks across them, as SeqtrainErrors
     naming each setting by `name` (the command line's --beam by default; a caller names its own source:
     `FOLDER/generation_config.json: num_beams`, `Summarizer.summarize(beam=...)`)."""
-    values = vars(args)
+    values = vars(config)
     for dest in KINDS:
         if dest in values:
             check_generation_value(dest, values[dest], name)
     for dest in ("static_decoding", "packed_encoder"):  # switches with a default the device decides (None)
         if values.get(dest) not in (None, True, False):
             raise SeqtrainError(f"{name(dest)} must be True, False or None, got {values[dest]!r}")
-    a = generation_config(args)
+    a = generation_config(config)
     if a.beam < 1:
         raise SeqtrainError(f"{name('beam')} must be >= 1, got {a.beam}")
     if not 1 <= a.nbest <= a.beam:
@@ -370,7 +373,7 @@ def check_generation_args(args: Any, name: Callable[[str], str] = flag_name) -> 
     if a.temperature <= 0:
         raise SeqtrainError(f"{name('temperature')} must be > 0, got {a.temperature}")
     # --rerank picks --nbest of the beam's finished hypotheses, so sampling may keep fewer than --beam
-    if a.sampling and a.nbest != a.beam and not values.get("rerank"):
+    if a.sampling and a.nbest != a.beam and not rerank:
         raise SeqtrainError(f"{name('sampling')} requires {name('nbest')} to be equal to {name('beam')}")
     if a.sampling_topp != -1.0 and not 0 < a.sampling_topp <= 1:
         raise SeqtrainError(f"{name('sampling_topp')} must be in (0, 1], got {a.sampling_topp}")

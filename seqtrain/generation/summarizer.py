@@ -13,15 +13,17 @@ input order; a text gets the summary `seqtrain-generate --input` writes for it w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from seqtrain.checkpoint.fairseq import stored_model_fields
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
 from seqtrain.generation import runner
-from seqtrain.generation.search import check_generation_args, generation_config
+from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.sequence_generator import build_generator
 
 
@@ -120,23 +122,21 @@ class Summarizer:
                 check_value(name, v)
             except argparse.ArgumentTypeError as e:
                 raise SeqtrainError(f"Summarizer.summarize({name}=...) {e}") from None
-        args = runner.default_generation_args()
-        unknown = sorted(set(generation_flags) - set(vars(args)))
+        known = {f.name for f in dataclasses.fields(GenerationConfig)}
+        unknown = sorted(set(generation_flags) - known)
         if unknown:
             raise SeqtrainError(
-                f"summarize: unknown generation flag(s) {', '.join(unknown)}; known: {', '.join(sorted(vars(args)))}"
+                f"summarize: unknown generation flag(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
             )
-        for dest, value in self._loaded.defaults.items():
-            setattr(args, dest, value)
-        for dest, value in generation_flags.items():
-            setattr(args, dest, value)
-        args.seed = seed
+        # the values as given (a GenerationConfig holds them unconverted), so the check below sees them
+        config = dataclasses.replace(
+            GenerationConfig(), **{**self._loaded.defaults, **generation_flags, "seed": seed}
+        )
         # the command line's check, naming the argument: before, lenpen=nan and beam="4" went into the search
-        check_generation_args(args, lambda dest: f"Summarizer.summarize({dest}=...)")
+        check_generation_args(config, lambda dest: f"Summarizer.summarize({dest}=...)")
         if not texts:
             return []
         loaded = self._loaded
-        config = generation_config(args)
         generator = build_generator(
             loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
         )
@@ -150,4 +150,5 @@ class Summarizer:
 
     def __repr__(self) -> str:
         lm = self._loaded.lm
-        return f"Summarizer({lm.args.arch}, {lm.format}, {self.device}, {self.dtype})"
+        arch = stored_model_fields(lm.args)["arch"]
+        return f"Summarizer({arch}, {lm.format}, {self.device}, {self.dtype})"

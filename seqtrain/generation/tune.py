@@ -3,7 +3,7 @@ subset by a ROUGE figure, written as a --config preset and a generation_config.j
 settings measured on the whole split.
 
 Flow: seqtrain-generate's flags plus the search's (tune_flags.add_tune_args) -> load the model and the split as
-seqtrain-generate does (runner, generate._dataset) -> a seeded sample of --tune-subset examples, batched as
+seqtrain-generate does (runner, generate.open_dataset) -> a seeded sample of --tune-subset examples, batched as
 seqtrain-generate batches -> the encoder runs once per batch of the sample and its outputs stay cached; every
 setting tried runs only the beam search from them (SequenceGenerator.generate(encoder_out=...)) -> each setting's
 hypotheses scored (seqtrain.scoring.rouge: the chosen ROUGE's mean and its bootstrap interval) -> the search:
@@ -23,6 +23,7 @@ right search for two or three settings.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import logging
@@ -36,14 +37,16 @@ import numpy as np
 import torch
 
 from seqtrain.checkpoint.hf_files import GENERATION_DEFAULTS, hf_generation_config
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import generate as gen_mod
 from seqtrain.generation import runner
 from seqtrain.generation.output import check_folder_writable, fairseq_lines, write_files
+from seqtrain.generation.program import GenerateConfig
 from seqtrain.generation.rerank import rerank
-from seqtrain.generation.search import GenerationConfig, check_generation_args, generation_config
+from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.sequence_generator import build_generator, encode, generate_batch
-from seqtrain.generation.tune_flags import METRICS, TUNABLE
+from seqtrain.generation.tune_flags import METRICS, TUNABLE, TuneConfig
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, mean_scores, paired_bootstrap
 
@@ -53,19 +56,27 @@ LABELS = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rougeL
 MAX_PASSES = 3  # coordinate descent: passes over the settings at most (a pass that changes nothing ends it)
 
 
-def space(args: argparse.Namespace) -> dict[str, list[int | float]]:
-    """Each searched setting's flag dest -> its candidates (sorted, the given value among them)."""
-    grid = args.tune_grid or {}
-    extra = [n for n in grid if n not in args.tune]
+@dataclass
+class TuneRunConfig:
+    """What seqtrain-tune reads of its flags: seqtrain-generate's settings and its own (made once, from_args)."""
+
+    gen: GenerateConfig = field(default_factory=GenerateConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
+
+
+def space(tune: TuneConfig, search: GenerationConfig) -> dict[str, list[int | float]]:
+    """Each searched setting's flag dest -> its candidates (sorted, the given value in `search` among them)."""
+    grid = tune.tune_grid or {}
+    extra = [n for n in grid if n not in tune.tune]
     if extra:
         raise SeqtrainError(
-            f"--tune-grid names {', '.join(extra)}, which --tune does not search (--tune {','.join(args.tune)})"
+            f"--tune-grid names {', '.join(extra)}, which --tune does not search (--tune {','.join(tune.tune)})"
         )
     out = {}
-    for name in args.tune:
+    for name in tune.tune:
         dest, default = TUNABLE[name]
         values = list(grid.get(name, default))
-        given = getattr(args, dest)
+        given = getattr(search, dest)
         if given not in values:
             values.append(given)
         out[dest] = sorted(values)
@@ -90,17 +101,19 @@ class Decoder:
     batch's collated sample and encoder output across calls (the tuning sample), otherwise each batch is
     encoded once per call of `run` for all its settings (the whole split). `encoder_calls` counts the passes."""
 
-    def __init__(self, loaded: Any, args: argparse.Namespace, ds: Any, refs: list[str] | None):
-        self.loaded, self.args, self.ds, self.refs = loaded, args, ds, refs
+    def __init__(self, loaded: Any, cfg: GenerateConfig, ds: Any, refs: list[str] | None):
+        self.loaded, self.cfg, self.ds, self.refs = loaded, cfg, ds, refs
         self.encoder_calls = 0
         self._cache: dict[int, tuple[dict[str, Any], Any]] = {}
 
     def settings_config(self, settings: dict[str, Any]) -> GenerationConfig:
-        """The search settings of one trial: the given flags with `settings` changed."""
-        a = argparse.Namespace(**{**vars(self.args), **settings})
-        if a.rerank:  # --rerank chooses among all --beam finished hypotheses, as seqtrain-generate
-            a.nbest = a.beam
-        return generation_config(a)
+        """The search settings of one trial: the given ones with `settings` changed."""
+        config = dataclasses.replace(self.cfg.search, **settings)
+        if (
+            self.cfg.rerank.rerank
+        ):  # --rerank chooses among all --beam finished hypotheses, as seqtrain-generate
+            config.nbest = config.beam
+        return config
 
     def _batch(self, i: int, batch: np.ndarray, cache: bool) -> tuple[dict[str, Any], Any]:
         if cache and i in self._cache:
@@ -113,7 +126,7 @@ class Decoder:
                 self.loaded.model,
                 net["src_tokens"],
                 net["src_lengths"],
-                getattr(self.args, "packed_encoder", None),
+                self.cfg.search.packed_encoder,
             )
         self.encoder_calls += 1
         if cache:
@@ -124,14 +137,14 @@ class Decoder:
         self, split: Split, all_settings: list[dict[str, Any]], cache: bool = False
     ) -> list[tuple[list[str], list[str]]]:
         """(hypotheses, references) in split.ids' order, for each of `all_settings`."""
-        loaded, args = self.loaded, self.args
+        loaded, cfg, rr = self.loaded, self.cfg, self.cfg.rerank
         generators = [
             build_generator(
                 loaded.model, loaded.lm.tgt_dict, self.settings_config(s), bos=loaded.start, eos=loaded.end
             )
             for s in all_settings
         ]
-        lenpen = 1.0 if args.rerank_lenpen is None else args.rerank_lenpen
+        lenpen = 1.0 if rr.rerank_lenpen is None else rr.rerank_lenpen
         hyps: list[dict[int, str]] = [{} for _ in all_settings]
         refs: dict[int, str] = {}
         for i, batch in enumerate(split.batches):
@@ -139,12 +152,13 @@ class Decoder:
             for k, gen in enumerate(generators):
                 with torch.no_grad():
                     results = generate_batch(
-                        gen, sample, args.prefix_size, loaded.force_bos, encoder_out=encoder_out
+                        gen, sample, cfg.search.prefix_size, loaded.force_bos, encoder_out=encoder_out
                     )
                 for row, (sid, hypos) in enumerate(results):
-                    if args.rerank:
-                        hypos = rerank(hypos, args.rerank, lambda t: runner.decode(loaded, t), lenpen)
-                    _, texts, target, _ = fairseq_lines(loaded, sid, sample, row, hypos, 1, args.post_process)
+                    if rr.rerank:
+                        hypos = rerank(hypos, rr.rerank, lambda t: runner.decode(loaded, t), lenpen)
+                    post = cfg.inputs.post_process
+                    _, texts, target, _ = fairseq_lines(loaded, sid, sample, row, hypos, 1, post)
                     hyps[k][sid] = texts[0] if texts else ""
                     if target is not None:
                         refs[sid] = target
@@ -182,11 +196,12 @@ def _key(settings: dict[str, Any]) -> tuple:
     return tuple(sorted(settings.items()))
 
 
-def valid_combination(args: argparse.Namespace, settings: dict[str, Any], max_tgt: int) -> str | None:
-    """Why a combination cannot run (seqtrain-generate would refuse it), or None."""
-    a = argparse.Namespace(**{**vars(args), **settings})
+def valid_combination(cfg: GenerateConfig, settings: dict[str, Any], max_tgt: int) -> str | None:
+    """Why a combination (cfg's search settings with `settings` changed) cannot run (seqtrain-generate would
+    refuse it), or None."""
+    a = dataclasses.replace(cfg.search, **settings)
     try:
-        check_generation_args(a)
+        check_generation_args(a, rerank=bool(cfg.rerank.rerank))
     except SeqtrainError as e:
         return str(e)
     if a.min_len > max_tgt - 1:
@@ -253,99 +268,108 @@ def _describe(settings: dict[str, Any]) -> str:
 
 def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
     """Search the settings, write --tune-output's files and print the table; returns tune.json's content."""
+    run = from_args(TuneRunConfig, args)  # the program's one read of its flags
+    cfg, tcfg = run.gen, run.tune
     out = out or sys.stdout
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise SeqtrainError("seqtrain-tune runs in one process; start it without torchrun")
-    if args.input is not None and not args.reference:
+    if cfg.inputs.input is not None and not cfg.inputs.reference:
         raise SeqtrainError(
             "--input: give --reference FILE too, the summaries each setting is scored against"
         )
-    space(args)  # --tune-grid against --tune, before the model loads (again after: a model's own defaults)
-    args.scoring, args.output, args.results_path, args.output_format = "none", None, None, "text"
-    gen_mod._check_args(args)
-    os.makedirs(args.tune_output, exist_ok=True)
-    check_folder_writable(args.tune_output, "--tune-output")
-    handler = setup_logging(sys.stderr, log_file=args.log_file)
+    space(
+        tcfg, cfg.search
+    )  # --tune-grid against --tune, before the model loads (again after: a model's defaults)
+    cfg.inputs.scoring, cfg.outputs.output, cfg.load.results_path = "none", None, None
+    cfg.outputs.output_format = "text"
+    gen_mod.check_settings(cfg)
+    os.makedirs(tcfg.tune_output, exist_ok=True)
+    check_folder_writable(tcfg.tune_output, "--tune-output")
+    handler = setup_logging(sys.stderr, log_file=cfg.log.log_file)
     try:
-        return _tune(args, out)
+        return _tune(cfg, tcfg, out)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
 
 
-def _tune(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
-    loaded = runner.load_from_flags(args)  # takes a Hugging Face folder's defaults for settings not given
-    check_generation_args(args)
-    candidates = space(args)
+def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
+    loaded = gen_mod.load_generation_model(
+        cfg
+    )  # takes a Hugging Face folder's defaults for settings not given
+    search_cfg, seed = cfg.search, cfg.device.seed
+    check_generation_args(search_cfg, rerank=bool(cfg.rerank.rerank))
+    candidates = space(tcfg, search_cfg)
     max_src, max_tgt = loaded.model.max_positions()
-    max_src, max_tgt = min(max_src, args.max_source_positions), min(max_tgt, args.max_target_positions)
-    given = {d: getattr(args, d) for d in (TUNABLE[n][0] for n in TUNABLE)}
-    why = valid_combination(args, given, max_tgt)
+    max_src = min(max_src, cfg.inputs.max_source_positions)
+    max_tgt = min(max_tgt, cfg.inputs.max_target_positions)
+    given = {d: getattr(search_cfg, d) for d in (TUNABLE[n][0] for n in TUNABLE)}
+    why = valid_combination(cfg, given, max_tgt)
     if why:
         raise SeqtrainError(why)
-    ds, raw_sizes, refs, _ = gen_mod._dataset(args, loaded)
+    ds, raw_sizes, refs, _ = gen_mod.open_dataset(cfg, loaded)
     every = list(range(len(ds)))
     skipped: set[int] = set()
     too_long = [i for i in every if raw_sizes[i] > max_src]
-    if too_long and args.skip_invalid_size_inputs_valid_test and not args.truncate_source:
+    if too_long and cfg.dataset.skip_invalid_size_inputs_valid_test and not cfg.dataset.truncate_source:
         skipped = set(too_long)  # as seqtrain-generate: left out, their hypotheses empty
         logger.warning(f"skipped {len(too_long)} of {len(ds)} sources longer than {max_src} tokens")
 
     def make_split(ids: list[int]) -> Split:
         keep = np.array([i for i in ids if i not in skipped], dtype=np.int64)
-        order = runner.order_examples(ds, keep, args.seed)
-        return Split(
-            ids, runner.plan_batches(ds, order, args.max_tokens, args.batch_size), skipped & set(ids)
-        )
+        order = runner.order_examples(ds, keep, seed)
+        batches = runner.plan_batches(ds, order, cfg.dataset.max_tokens, cfg.dataset.batch_size)
+        return Split(ids, batches, skipped & set(ids))
 
-    subset = make_split(_sample(every, args.tune_subset, args.seed))
+    subset = make_split(_sample(every, tcfg.tune_subset, seed))
     full = make_split(every)
-    decoder = Decoder(loaded, args, ds, refs)
-    metric = METRICS[args.tune_metric]
-    split_name = "input" if args.input is not None else args.gen_subset
+    decoder = Decoder(loaded, cfg, ds, refs)
+    metric = METRICS[tcfg.tune_metric]
+    split_name = "input" if cfg.inputs.input is not None else cfg.dataset.gen_subset
     n_sub = len(subset.ids)
     logger.info(
         f"searching {', '.join(f'{d.replace(chr(95), chr(45))} {v}' for d, v in candidates.items())} "
-        f"({args.tune_search}) on {n_sub} of {len(every)} examples of {split_name} by {LABELS[metric]}"
+        f"({tcfg.tune_search}) on {n_sub} of {len(every)} examples of {split_name} by {LABELS[metric]}"
     )
     trials: list[Scored] = []
     skipped_combos: list[dict[str, Any]] = []
     seen: dict[tuple, float | None] = {}
+    n_boot = tcfg.tune_bootstrap
 
     def evaluate(settings: dict[str, Any]) -> float | None:
         k = _key(settings)
         if k in seen:
             return seen[k]
-        reason = valid_combination(args, settings, max_tgt)
+        reason = valid_combination(cfg, settings, max_tgt)
         if reason:
             skipped_combos.append({"settings": settings, "reason": reason})
             logger.info(f"not tried: {_describe(settings)} ({reason})")
             seen[k] = None
             return None
         ((hyps, ref_list),) = decoder.run(subset, [settings], cache=True)
-        s = score(hyps, ref_list, args.tune_bootstrap, args.seed, settings)
+        s = score(hyps, ref_list, n_boot, seed, settings)
         trials.append(s)
         seen[k] = s.value(metric)
         logger.info(f"trial {len(trials)}: {_describe(settings)}: {LABELS[metric]} {_fmt(s, metric)}")
         return seen[k]
 
-    best = search(candidates, given, evaluate, args.tune_search)
+    best = search(candidates, given, evaluate, tcfg.tune_search)
     sub_calls = decoder.encoder_calls
     # the given and the best settings on the whole split: one encoder pass per batch for both (none when the
     # sample is the whole split: the same batches, already cached)
     runs = [given] if best == given else [given, best]
     decoded = decoder.run(full, runs, cache=subset.ids == full.ids)
-    full_scores = [score(h, r, args.tune_bootstrap, args.seed, s) for (h, r), s in zip(decoded, runs)]
+    full_scores = [score(h, r, n_boot, seed, s) for (h, r), s in zip(decoded, runs)]
     base_full, best_full = full_scores[0], full_scores[-1]
 
-    test = paired_bootstrap(best_full.per, base_full.per, args.tune_bootstrap, args.seed)
+    test = paired_bootstrap(best_full.per, base_full.per, n_boot, seed)
     result = {
         "metric": metric,
-        "search": args.tune_search,
+        "search": tcfg.tune_search,
         "split": split_name,
         "candidates": {d.replace("_", "-"): v for d, v in candidates.items()},
-        "subset": {"n": n_sub, "seed": args.seed, "ids": subset.ids},
+        "subset": {"n": n_sub, "seed": seed, "ids": subset.ids},
         "trials": [
             {
                 "settings": t.settings,
@@ -370,17 +394,17 @@ def _tune(args: argparse.Namespace, out: TextIO) -> dict[str, Any]:
             "gain": {k: best_full.rouge[k] - base_full.rouge[k] for k in LABELS},
             "paired_test": test,
         },
-        "bootstrap": args.tune_bootstrap,
+        "bootstrap": n_boot,
         "encoder_passes": {"subset": sub_calls, "full": decoder.encoder_calls - sub_calls},
         "files": {},
     }
-    result["files"] = write_outputs(args, loaded, best, result)
+    result["files"] = write_outputs(cfg, tcfg.tune_output, loaded, best, result)
     out.write(table(result, n_sub))
     out.flush()
     return result
 
 
-def preset_text(args: argparse.Namespace, best: dict[str, Any], result: dict[str, Any]) -> str:
+def preset_text(cfg: GenerateConfig, best: dict[str, Any], result: dict[str, Any]) -> str:
     """generation.yaml: the best settings as `--config` keys, with a header saying how they were chosen."""
     metric = LABELS[result["metric"]]
     full = result["full"]
@@ -390,7 +414,7 @@ def preset_text(args: argparse.Namespace, best: dict[str, Any], result: dict[str
         f"# ({result['search']} search, {len(result['trials'])} settings tried). On all {full['n']} examples: "
         f"{metric} {full['best']['rouge'][result['metric']]:.2f}, given settings "
         f"{full['given']['rouge'][result['metric']]:.2f}.",
-        f"#   seqtrain-generate DATA --path {args.path} --config THIS_FILE",
+        f"#   seqtrain-generate DATA --path {cfg.load.path} --config THIS_FILE",
         "# Other generation flags of the tuning command (e.g. --rerank) are not in this file: give them again.",
     ]
     for dest, value in best.items():
@@ -399,21 +423,20 @@ def preset_text(args: argparse.Namespace, best: dict[str, Any], result: dict[str
             if isinstance(value, float)
             else f"{dest.replace('_', '-')}: {value}"
         )
-    if args.max_len_a:
-        lines.append(f"max-len-a: {float(args.max_len_a)!r}")
+    if cfg.search.max_len_a:
+        lines.append(f"max-len-a: {float(cfg.search.max_len_a)!r}")
     return "\n".join(lines) + "\n"
 
 
 def write_outputs(
-    args: argparse.Namespace, loaded: Any, best: dict[str, Any], result: dict[str, Any]
+    cfg: GenerateConfig, folder: str, loaded: Any, best: dict[str, Any], result: dict[str, Any]
 ) -> dict[str, str]:
-    """--tune-output's three files; returns their paths."""
-    folder = args.tune_output
+    """--tune-output's three files (in `folder`); returns their paths."""
     paths = {
         k: os.path.join(folder, n)
         for k, n in (("preset", "generation.yaml"), ("hf", "generation_config.json"), ("json", "tune.json"))
     }
-    settings = {**GENERATION_DEFAULTS, "max_len_a": args.max_len_a, **best}
+    settings = {**GENERATION_DEFAULTS, "max_len_a": cfg.search.max_len_a, **best}
     if settings["max_len_a"]:
         logger.warning(
             f"max_len_a {settings['max_len_a']} has no transformers equivalent: generation_config.json's "
@@ -423,7 +446,7 @@ def write_outputs(
     result["files"] = paths
     write_files(  # all or none, as seqtrain-generate's result files
         {
-            paths["preset"]: preset_text(args, best, result),
+            paths["preset"]: preset_text(cfg, best, result),
             paths["hf"]: json.dumps(gen, indent=2, sort_keys=True) + "\n",
             paths["json"]: json.dumps(result, indent=2, sort_keys=True, default=_json_default) + "\n",
         }

@@ -1,6 +1,6 @@
 """seqtrain-tune's flags (seqtrain.generation.tune does the search): which settings to search, their candidates
 (--tune-grid, checked value by value against the generation flags' kinds and ranges), the metric, the sample, the
-search and the output folder. In one function, add_tune_args, which seqtrain.generation.options.get_tune_parser
+search and the output folder. Declared as TuneConfig, which add_tune_args (seqtrain.generation.options.get_tune_parser)
 adds to seqtrain-generate's parser."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from seqtrain.config import add_settings, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation.search import GenerationConfig, check_generation_args, check_generation_value
 
@@ -85,58 +86,60 @@ def _one(dest: str, value: Any) -> GenerationConfig:
     return dataclasses.replace(base, **changed)
 
 
+_DEFAULT_GRID = "; ".join(f"{n}={','.join(map(str, v))}" for n, (_, v) in TUNABLE.items())
+
+
+@settings
+class TuneConfig:
+    """Tuning"""
+
+    tune: list[str] = setting(
+        list(TUNABLE),
+        f"the settings to search, comma-separated, among: {', '.join(TUNABLE)} (default: all)",
+        type=_settings,
+        metavar="SETTING,...",
+    )
+    tune_grid: dict[str, list[int | float]] | None = setting(
+        None,
+        "candidate values of settings, e.g. 'lenpen=0.6,1.0,2.0;beam=2,4' (the given value is always "
+        f"tried too); settings it does not name try: {_DEFAULT_GRID}",
+        type=_grid,
+        metavar="GRID",
+    )
+    tune_metric: str = setting(
+        "rouge_lsum",
+        "the ROUGE F1 the search maximizes (default: rouge_lsum)",
+        choices=list(METRICS),
+    )
+    tune_subset: int = setting(
+        100,
+        "search on N examples of the split, a sample drawn with --seed (all of them when it has fewer); "
+        "the given and the best settings are then compared on the whole split",
+        type=int,
+        metavar="N",
+    )
+    tune_search: str = setting(
+        "coordinate",
+        "coordinate: one setting at a time over its candidates, the others at the best so far, passes until "
+        "one changes nothing; grid: every combination (default: coordinate)",
+        choices=["coordinate", "grid"],
+    )
+    tune_bootstrap: int = setting(
+        1000,
+        "resamples of the bootstrap intervals and of the paired test (default: 1000)",
+        type=int,
+        metavar="N",
+    )
+    tune_output: str | None = setting(
+        None,
+        "write generation.yaml (a --config preset), generation_config.json and tune.json here",
+        metavar="DIR",
+        required=True,
+    )
+
+
 def add_tune_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """seqtrain-tune's own flags (on top of seqtrain-generate's), in one group."""
-    g = parser.add_argument_group("Tuning")
-    g.add_argument(
-        "--tune",
-        type=_settings,
-        default=list(TUNABLE),
-        metavar="SETTING,...",
-        help=f"the settings to search, comma-separated, among: {', '.join(TUNABLE)} (default: all)",
-    )
-    defaults = "; ".join(f"{n}={','.join(map(str, v))}" for n, (_, v) in TUNABLE.items())
-    g.add_argument(
-        "--tune-grid",
-        type=_grid,
-        default=None,
-        metavar="GRID",
-        help="candidate values of settings, e.g. 'lenpen=0.6,1.0,2.0;beam=2,4' (the given value is always "
-        f"tried too); settings it does not name try: {defaults}",
-    )
-    g.add_argument(
-        "--tune-metric",
-        default="rouge_lsum",
-        choices=list(METRICS),
-        help="the ROUGE F1 the search maximizes (default: rouge_lsum)",
-    )
-    g.add_argument(
-        "--tune-subset",
-        type=int,
-        default=100,
-        metavar="N",
-        help="search on N examples of the split, a sample drawn with --seed (all of them when it has fewer); "
-        "the given and the best settings are then compared on the whole split",
-    )
-    g.add_argument(
-        "--tune-search",
-        default="coordinate",
-        choices=["coordinate", "grid"],
-        help="coordinate: one setting at a time over its candidates, the others at the best so far, passes until "
-        "one changes nothing; grid: every combination (default: coordinate)",
-    )
-    g.add_argument(
-        "--tune-bootstrap",
-        type=int,
-        default=1000,
-        metavar="N",
-        help="resamples of the bootstrap intervals and of the paired test (default: 1000)",
-    )
-    g.add_argument(
-        "--tune-output",
-        required=True,
-        metavar="DIR",
-        help="write generation.yaml (a --config preset), generation_config.json and tune.json here",
-    )
+    g = add_settings(parser, TuneConfig, "Tuning")
     parser.set_defaults(gen_subset="valid")
     return g

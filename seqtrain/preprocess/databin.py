@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -35,11 +36,13 @@ from typing import Any
 from tqdm import tqdm
 
 from seqtrain import fileio
+from seqtrain.config import from_args
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from seqtrain.data.tokenizer import (
     SentencePieceTokenizer,
     Tokenizer,
+    TokenizerConfig,
     build_tokenizer,
     save_databin_tokenizer,
     tokenizer_from_args,
@@ -48,6 +51,7 @@ from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
 from seqtrain.preprocess import jsonl as preprocess_jsonl
 from seqtrain.preprocess import tables as preprocess_tables
+from seqtrain.preprocess.options import PreprocessConfig
 from seqtrain.preprocess.scratch import signals_deferred, work_folder
 from seqtrain.workers import child_pool
 
@@ -59,6 +63,18 @@ _READ_BLOCK = 1 << 20
 # A line holding only whitespace (not newlines) or invisible format characters (zero-width spaces and joiners,
 # word joiners, BOMs, soft hyphens) followed by its newline: an empty example.
 _BLANK_LINE = re.compile(r"^(?:[^\S\n]|[\u00ad\u200b-\u200f\u2060-\u2064\ufeff])*\n", re.MULTILINE)
+
+
+@dataclass
+class PreprocessRun:
+    """seqtrain-preprocess's settings, read once from its parsed flags (preprocess)."""
+
+    data: PreprocessConfig = field(default_factory=PreprocessConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+
+    def values(self) -> dict[str, Any]:
+        """Every setting by flag dest: what preprocess.json records as "args" (and a rerun compares)."""
+        return {**dataclasses.asdict(self.data), **dataclasses.asdict(self.tokenizer)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -79,13 +95,13 @@ class SplitInput:
     )
 
 
-def resolve_languages(args: argparse.Namespace) -> None:
+def resolve_languages(cfg: PreprocessRun) -> None:
     """fairseq-preprocess's names: a pair is source/target unless -s/-t say otherwise; --only-source without -s
     has no language at all (input PREFIX, output {split}.bin/.idx and dict.txt, what fairseq's denoising and
     language-model tasks read)."""
-    if not args.only_source:
-        args.source_lang = args.source_lang or "source"
-        args.target_lang = args.target_lang or "target"
+    if not cfg.data.only_source:
+        cfg.data.source_lang = cfg.data.source_lang or "source"
+        cfg.data.target_lang = cfg.data.target_lang or "target"
 
 
 def dict_file(lang: str | None) -> str:
@@ -98,94 +114,96 @@ def side_name(lang: str | None) -> str:
     return "source" if lang is None else lang
 
 
-def data_prefix(args: argparse.Namespace, split: str, lang: str | None) -> str:
+def data_prefix(cfg: PreprocessRun, split: str, lang: str | None) -> str:
     """fairseq-preprocess's dataset name (dataset_dest_prefix): {split}.{src}-{tgt}.{lang}, or {split} alone
     for --only-source without a language. (With --only-source and -s X, fairseq writes {split}.X-None.X.)"""
     if lang is None:
         return split
-    return f"{split}.{args.source_lang}-{args.target_lang}.{lang}"
+    return f"{split}.{cfg.data.source_lang}-{cfg.data.target_lang}.{lang}"
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_settings(cfg: PreprocessRun) -> None:
     """Flag combinations that cannot work, reported before any file is read."""
-    resolve_languages(args)
-    if not (args.trainpref or args.validpref or args.testpref):
+    resolve_languages(cfg)
+    if not (cfg.data.trainpref or cfg.data.validpref or cfg.data.testpref):
         raise SeqtrainError("nothing to preprocess: give --trainpref, --validpref and/or --testpref")
-    fmt = preprocess_jsonl.input_format(args)
-    if (args.source_key or args.target_key) and not fmt:
+    fmt = preprocess_jsonl.input_format(cfg.data)
+    if (cfg.data.source_key or cfg.data.target_key) and not fmt:
         raise SeqtrainError(
             "--source-key / --target-key need --jsonl, --parquet or --load-from-disk (they name keys or columns "
             "of those inputs)"
         )
-    if fmt and args.only_source and not (args.source_key or args.source_lang):
+    if fmt and cfg.data.only_source and not (cfg.data.source_key or cfg.data.source_lang):
         raise SeqtrainError(
             f"{preprocess_jsonl.FORMATS[fmt]} --only-source: name the key holding the text with --source-key"
         )
-    if args.workers < 1:
-        raise SeqtrainError(f"--workers must be at least 1, got {args.workers}")
-    if args.padding_factor < 1:
-        raise SeqtrainError(f"--padding-factor must be at least 1, got {args.padding_factor}")
-    if not args.only_source and args.source_lang == args.target_lang:
+    if cfg.data.workers < 1:
+        raise SeqtrainError(f"--workers must be at least 1, got {cfg.data.workers}")
+    if cfg.data.padding_factor < 1:
+        raise SeqtrainError(f"--padding-factor must be at least 1, got {cfg.data.padding_factor}")
+    if not cfg.data.only_source and cfg.data.source_lang == cfg.data.target_lang:
         raise SeqtrainError(
-            f"--source-lang and --target-lang are both {args.source_lang!r}; their files would collide"
+            f"--source-lang and --target-lang are both {cfg.data.source_lang!r}; their files would collide"
         )
-    if args.joined_dictionary and args.srcdict and args.tgtdict:
+    if cfg.data.joined_dictionary and cfg.data.srcdict and cfg.data.tgtdict:
         raise SeqtrainError("cannot use both --srcdict and --tgtdict with --joined-dictionary")
-    given_dict = args.srcdict or (args.tgtdict and not args.only_source)
-    if args.tokenizer == "sentencepiece" and not args.spm_model:
+    given_dict = cfg.data.srcdict or (cfg.data.tgtdict and not cfg.data.only_source)
+    if cfg.tokenizer.tokenizer == "sentencepiece" and not cfg.tokenizer.spm_model:
         if given_dict:
             raise SeqtrainError(
                 "--srcdict/--tgtdict with a newly trained sentencepiece model: the dictionary cannot match the new "
                 "pieces; pass the --spm-model it was made with, or --tokenizer none for already tokenized text"
             )
-        if not args.trainpref:
+        if not cfg.data.trainpref:
             raise SeqtrainError(
                 "--trainpref is needed to train the sentencepiece model (or give --spm-model)"
             )
-        if args.spm_vocab_size < 2:
-            raise SeqtrainError(f"--spm-vocab-size must be at least 2, got {args.spm_vocab_size}")
-        if args.spm_num_threads < 1:
-            raise SeqtrainError(f"--spm-num-threads must be at least 1, got {args.spm_num_threads}")
-    if args.tokenizer == "gpt2" and not (args.gpt2_encoder_json and args.gpt2_vocab_bpe):
+        if cfg.tokenizer.spm_vocab_size < 2:
+            raise SeqtrainError(f"--spm-vocab-size must be at least 2, got {cfg.tokenizer.spm_vocab_size}")
+        if cfg.tokenizer.spm_num_threads < 1:
+            raise SeqtrainError(f"--spm-num-threads must be at least 1, got {cfg.tokenizer.spm_num_threads}")
+    if cfg.tokenizer.tokenizer == "gpt2" and not (
+        cfg.tokenizer.gpt2_encoder_json and cfg.tokenizer.gpt2_vocab_bpe
+    ):
         raise SeqtrainError(
             "--tokenizer gpt2 needs --gpt2-encoder-json and --gpt2-vocab-bpe (GPT-2's encoder.json, vocab.bpe)"
         )
-    if not args.trainpref:
-        if not args.srcdict:
+    if not cfg.data.trainpref:
+        if not cfg.data.srcdict:
             raise SeqtrainError("--trainpref is needed to build the source dictionary (or give --srcdict)")
-        if not args.only_source and not args.tgtdict and not args.joined_dictionary:
+        if not cfg.data.only_source and not cfg.data.tgtdict and not cfg.data.joined_dictionary:
             raise SeqtrainError("--trainpref is needed to build the target dictionary (or give --tgtdict)")
     for flag, path in (
-        ("--srcdict", args.srcdict),
-        ("--tgtdict", args.tgtdict),
-        ("--spm-model", args.spm_model),
-        ("--gpt2-encoder-json", args.gpt2_encoder_json),
-        ("--gpt2-vocab-bpe", args.gpt2_vocab_bpe),
+        ("--srcdict", cfg.data.srcdict),
+        ("--tgtdict", cfg.data.tgtdict),
+        ("--spm-model", cfg.tokenizer.spm_model),
+        ("--gpt2-encoder-json", cfg.tokenizer.gpt2_encoder_json),
+        ("--gpt2-vocab-bpe", cfg.tokenizer.gpt2_vocab_bpe),
     ):
         if path and not os.path.isfile(path):
             raise SeqtrainError(f"{flag}: file not found: {path}")
 
 
-def languages(args: argparse.Namespace) -> list[str | None]:
-    return [args.source_lang] if args.only_source else [args.source_lang, args.target_lang]
+def languages(cfg: PreprocessRun) -> list[str | None]:
+    return [cfg.data.source_lang] if cfg.data.only_source else [cfg.data.source_lang, cfg.data.target_lang]
 
 
-def collect_inputs(args: argparse.Namespace) -> list[SplitInput]:
+def collect_inputs(cfg: PreprocessRun) -> list[SplitInput]:
     """The splits fairseq-preprocess would write: train, then valid, valid1, ..., then test, test1, ..."""
     splits = []
-    if args.trainpref:
-        splits.append(SplitInput("train", args.trainpref, "--trainpref"))
+    if cfg.data.trainpref:
+        splits.append(SplitInput("train", cfg.data.trainpref, "--trainpref"))
     for flag, base, value in (
-        ("--validpref", "valid", args.validpref),
-        ("--testpref", "test", args.testpref),
+        ("--validpref", "valid", cfg.data.validpref),
+        ("--testpref", "test", cfg.data.testpref),
     ):
         if value:
             for k, prefix in enumerate(value.split(",")):
                 splits.append(SplitInput(f"{base}{k}" if k else base, prefix, flag))
     for s in splits:
-        for lang in languages(args):
+        for lang in languages(cfg):
             s.paths[lang] = s.prefix if lang is None else f"{s.prefix}.{lang}"
-        fmt = preprocess_jsonl.input_format(args)
+        fmt = preprocess_jsonl.input_format(cfg.data)
         if fmt == "jsonl":
             s.jsonl_path = f"{s.prefix}.jsonl"
         elif fmt:
@@ -193,10 +211,10 @@ def collect_inputs(args: argparse.Namespace) -> list[SplitInput]:
     return splits
 
 
-def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
+def validate_inputs(cfg: PreprocessRun, splits: list[SplitInput]) -> None:
     """Every file exists, is valid UTF-8, has no empty line; source and target line counts agree. (JSON lines
     inputs are checked as they are read, by seqtrain.preprocess.jsonl.)"""
-    fmt = preprocess_jsonl.input_format(args)
+    fmt = preprocess_jsonl.input_format(cfg.data)
     if fmt == "jsonl":
         for s in splits:
             if not os.path.isfile(s.jsonl_path):
@@ -211,7 +229,7 @@ def validate_inputs(args: argparse.Namespace, splits: list[SplitInput]) -> None:
             if not os.path.isfile(path):
                 raise SeqtrainError(f"{s.flag} {s.prefix}: input file not found: {path}")
     for s in splits:
-        counts = {lang: scan_text_file(path, args.only_source) for lang, path in s.paths.items()}
+        counts = {lang: scan_text_file(path, cfg.data.only_source) for lang, path in s.paths.items()}
         if len(set(counts.values())) > 1:
             (a, na), (b, nb) = list(counts.items())
             raise SeqtrainError(
@@ -443,14 +461,16 @@ def _line_counts_of(path: str, chunks: list[tuple[int, int]], n_lines: int) -> l
 
 
 def preprocess(args: argparse.Namespace) -> dict[str, Any]:
-    """Run all steps; return the summary also written to `preprocess.json`."""
-    check_args(args)
-    splits = collect_inputs(args)
-    validate_inputs(args, splits)
+    """Run all steps with seqtrain-preprocess's parsed flags; return the summary also written to
+    `preprocess.json`."""
+    cfg = from_args(PreprocessRun, args)  # the program's one read of its flags
+    check_settings(cfg)
+    splits = collect_inputs(cfg)
+    validate_inputs(cfg, splits)
     train = next((s for s in splits if s.name == "train"), None)
 
-    destdir = args.destdir
-    check_rerun_flags(args)  # before the tokenizer is trained: that takes a minute on real data
+    destdir = cfg.data.destdir
+    check_rerun_flags(cfg)  # before the tokenizer is trained: that takes a minute on real data
     created = not os.path.isdir(destdir)
     try:
         os.makedirs(destdir, exist_ok=True)
@@ -462,14 +482,14 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     ok = False
     try:  # (the work folder entered inside: a signal while it is made gets the line below and the clean-up)
         work = cleanup.enter_context(work_folder(destdir, "preprocess"))
-        fmt = preprocess_jsonl.input_format(args)
+        fmt = preprocess_jsonl.input_format(cfg.data)
         if fmt == "jsonl":
-            preprocess_jsonl.extract_splits(args, splits, languages(args), work)
+            preprocess_jsonl.extract_splits(cfg.data, splits, languages(cfg), work)
         elif fmt:
             read = functools.partial(preprocess_tables.extract, fmt)
-            preprocess_jsonl.extract_splits(args, splits, languages(args), work, read)
-        spec = make_tokenizer(args, train, work).spec()
-        dicts = make_dictionaries(args, spec, train)
+            preprocess_jsonl.extract_splits(cfg.data, splits, languages(cfg), work, read)
+        spec = make_tokenizer(cfg, train, work).spec()
+        dicts = make_dictionaries(cfg, spec, train)
         for lang, d in dicts.items():
             d.save(os.path.join(work, dict_file(lang)))
             print(f"[{side_name(lang)}] Dictionary: {len(d)} types")
@@ -477,17 +497,17 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
         summary = {
             "format": "seqtrain-preprocess",
             "version": 1,
-            "source_lang": args.source_lang,
-            "target_lang": None if args.only_source else args.target_lang,
-            "tokenizer": spec.get("kind", args.tokenizer),
+            "source_lang": cfg.data.source_lang,
+            "target_lang": None if cfg.data.only_source else cfg.data.target_lang,
+            "tokenizer": spec.get("kind", cfg.tokenizer.tokenizer),
             "dictionaries": {
                 side_name(lang): {"file": dict_file(lang), "size": len(d)} for lang, d in dicts.items()
             },
             "splits": {},
-            "args": {k: v for k, v in sorted(vars(args).items())},
+            "args": {k: v for k, v in sorted(cfg.values().items())},
         }
-        if not args.dict_only:
-            summary["splits"] = binarize_splits(args, splits, spec, dicts, work)
+        if not cfg.data.dict_only:
+            summary["splits"] = binarize_splits(cfg, splits, spec, dicts, work)
         with atomic_write(os.path.join(work, "preprocess.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
             f.write("\n")
@@ -545,20 +565,20 @@ DICTIONARY_FLAGS = (
 )
 
 
-def check_rerun_flags(args: argparse.Namespace) -> None:
+def check_rerun_flags(cfg: PreprocessRun) -> None:
     """A rerun into a --destdir that holds a data-bin made with other tokenizer or dictionary flags would fail
     at the end (check_existing_dictionaries) after retraining the tokenizer; say so at once, naming the flags."""
     try:
-        with open(os.path.join(args.destdir, "preprocess.json"), encoding="utf-8") as f:
+        with open(os.path.join(cfg.data.destdir, "preprocess.json"), encoding="utf-8") as f:
             before = json.load(f).get("args")
     except (OSError, ValueError, AttributeError):
         return  # no data-bin there (or not one of seqtrain's): nothing to compare with
     if not isinstance(before, dict):
         return
     keys = list(DICTIONARY_FLAGS)
-    if not args.srcdict and not args.tgtdict:
+    if not cfg.data.srcdict and not cfg.data.tgtdict:
         keys.append("trainpref")
-    now = vars(args)
+    now = cfg.values()
     changed = []
     for key in keys:
         if key not in before or before[key] == now.get(key):
@@ -571,7 +591,7 @@ def check_rerun_flags(args: argparse.Namespace) -> None:
             changed.append(f"{flag} {old} before, {new} now")
     if changed:
         raise SeqtrainError(
-            f"--destdir {args.destdir} holds a data-bin made with other tokenizer/dictionary flags "
+            f"--destdir {cfg.data.destdir} holds a data-bin made with other tokenizer/dictionary flags "
             f"({'; '.join(changed)}): its files cannot be mixed with the new ones. Remove that folder or choose "
             "another --destdir, then rerun (nothing was changed)"
         )
@@ -595,24 +615,25 @@ def check_existing_dictionaries(destdir: str, work: str, langs: list[str | None]
 # tokenizer
 
 
-def make_tokenizer(args: argparse.Namespace, train: SplitInput | None, work: str) -> Tokenizer:
+def make_tokenizer(cfg: PreprocessRun, train: SplitInput | None, work: str) -> Tokenizer:
     """Train or load the tokenizer and write tokenizer.json (+ model file copies) into the work folder."""
-    if args.tokenizer == "sentencepiece" and not args.spm_model:
-        tokenizer = train_sentencepiece(args, [train.paths[lang] for lang in languages(args)], train.n_lines)
+    if cfg.tokenizer.tokenizer == "sentencepiece" and not cfg.tokenizer.spm_model:
+        tokenizer = train_sentencepiece(cfg, [train.paths[lang] for lang in languages(cfg)], train.n_lines)
     else:
-        tokenizer = tokenizer_from_args(args)
+        tokenizer = tokenizer_from_args(cfg.tokenizer)
     save_databin_tokenizer(work, tokenizer)
     return tokenizer
 
 
-def train_sentencepiece(args: argparse.Namespace, files: list[str], n_lines: int) -> Tokenizer:
+def train_sentencepiece(cfg: PreprocessRun, files: list[str], n_lines: int) -> Tokenizer:
     """One model for all `files` (train source and target): BART-style, copied words get the same pieces.
 
     Reproducible: a fixed thread count (--spm-num-threads, never --workers) and our own even sampling of at most
     --spm-input-sentence-size lines (sentencepiece's own sampling is random on every run, even with a seed).
     """
+    tok = cfg.tokenizer
     total = n_lines * len(files)
-    keep = total if args.spm_input_sentence_size <= 0 else min(total, args.spm_input_sentence_size)
+    keep = total if tok.spm_input_sentence_size <= 0 else min(total, tok.spm_input_sentence_size)
 
     def sentences() -> Iterator[str]:
         i = 0
@@ -625,18 +646,18 @@ def train_sentencepiece(args: argparse.Namespace, files: list[str], n_lines: int
                 i += 1
 
     print(
-        f"training sentencepiece ({args.spm_model_type}, vocab {args.spm_vocab_size}) on {keep:,} lines of "
+        f"training sentencepiece ({tok.spm_model_type}, vocab {tok.spm_vocab_size}) on {keep:,} lines of "
         f"{', '.join(files)}",
         flush=True,
     )
     return SentencePieceTokenizer.train_iter(
         sentences(),
-        vocab_size=args.spm_vocab_size,
-        model_type=args.spm_model_type,
-        character_coverage=args.spm_character_coverage,
-        num_threads=args.spm_num_threads,
-        verbose=args.debug,
-        what=f"--spm-vocab-size {args.spm_vocab_size}: sentencepiece training",
+        vocab_size=tok.spm_vocab_size,
+        model_type=tok.spm_model_type,
+        character_coverage=tok.spm_character_coverage,
+        num_threads=tok.spm_num_threads,
+        verbose=cfg.data.debug,
+        what=f"--spm-vocab-size {tok.spm_vocab_size}: sentencepiece training",
     )
 
 
@@ -645,35 +666,39 @@ def train_sentencepiece(args: argparse.Namespace, files: list[str], n_lines: int
 
 
 def make_dictionaries(
-    args: argparse.Namespace, tokenizer_spec: dict[str, Any], train: SplitInput | None
+    cfg: PreprocessRun, tokenizer_spec: dict[str, Any], train: SplitInput | None
 ) -> dict[str, Dictionary]:
     """fairseq-preprocess's rules: given dictionaries are used as they are; built ones are finalized."""
-    src, tgt = args.source_lang, args.target_lang
-    langs = languages(args)
-    if args.joined_dictionary:
-        given = args.srcdict or args.tgtdict
+    src, tgt = cfg.data.source_lang, cfg.data.target_lang
+    langs = languages(cfg)
+    if cfg.data.joined_dictionary:
+        given = cfg.data.srcdict or cfg.data.tgtdict
         d = (
             Dictionary.load(given)
             if given
-            else build_dictionary(args, tokenizer_spec, train, langs, args.thresholdsrc, args.nwordssrc)
+            else build_dictionary(
+                cfg, tokenizer_spec, train, langs, cfg.data.thresholdsrc, cfg.data.nwordssrc
+            )
         )
         return {lang: d for lang in langs}
     dicts = {
-        src: Dictionary.load(args.srcdict)
-        if args.srcdict
-        else build_dictionary(args, tokenizer_spec, train, [src], args.thresholdsrc, args.nwordssrc)
+        src: Dictionary.load(cfg.data.srcdict)
+        if cfg.data.srcdict
+        else build_dictionary(cfg, tokenizer_spec, train, [src], cfg.data.thresholdsrc, cfg.data.nwordssrc)
     }
-    if not args.only_source:
+    if not cfg.data.only_source:
         dicts[tgt] = (
-            Dictionary.load(args.tgtdict)
-            if args.tgtdict
-            else build_dictionary(args, tokenizer_spec, train, [tgt], args.thresholdtgt, args.nwordstgt)
+            Dictionary.load(cfg.data.tgtdict)
+            if cfg.data.tgtdict
+            else build_dictionary(
+                cfg, tokenizer_spec, train, [tgt], cfg.data.thresholdtgt, cfg.data.nwordstgt
+            )
         )
     return dicts
 
 
 def build_dictionary(
-    args: argparse.Namespace,
+    cfg: PreprocessRun,
     tokenizer_spec: dict[str, Any],
     train: SplitInput,
     langs: list[str | None],
@@ -684,7 +709,7 @@ def build_dictionary(
     tasks, line_counts = [], []
     for lang in langs:
         path = train.paths[lang]
-        chunks = line_chunks(path, _chunk_count(path, args.workers))
+        chunks = line_chunks(path, _chunk_count(path, cfg.data.workers))
         tasks += [(path, a, b) for a, b in chunks]
         line_counts += _line_counts_of(path, chunks, train.n_lines)
     total: Counter = Counter()
@@ -692,17 +717,17 @@ def build_dictionary(
         "count",
         tasks,
         line_counts,
-        args.workers,
+        cfg.data.workers,
         tokenizer_spec,
         None,
         f"count {'+'.join(map(side_name, langs))}",
-        args.no_progress_bar,
+        cfg.data.no_progress_bar,
     ):
         total.update(counts)
     d = Dictionary()
     total[d.eos_word] += train.n_lines * len(langs)
     d.add_counts(total)
-    d.finalize(threshold=threshold, nwords=nwords, padding_factor=args.padding_factor)
+    d.finalize(threshold=threshold, nwords=nwords, padding_factor=cfg.data.padding_factor)
     return d
 
 
@@ -711,7 +736,7 @@ def build_dictionary(
 
 
 def binarize_splits(
-    args: argparse.Namespace,
+    cfg: PreprocessRun,
     splits: list[SplitInput],
     tokenizer_spec: dict[str, Any],
     dicts: dict[str, Dictionary],
@@ -722,20 +747,23 @@ def binarize_splits(
     os.makedirs(shard_dir)
     jobs = []  # (split, lang, output prefix, shard prefixes)
     tasks, line_counts = [], []
-    json_keys = preprocess_jsonl.keys(args, languages(args)) if preprocess_jsonl.input_format(args) else {}
+    json_keys = (
+        preprocess_jsonl.keys(cfg.data, languages(cfg)) if preprocess_jsonl.input_format(cfg.data) else {}
+    )
     for s in splits:
         for lang, path in s.paths.items():
-            chunks = line_chunks(path, _chunk_count(path, args.workers))
+            chunks = line_chunks(path, _chunk_count(path, cfg.data.workers))
             shards = [
                 os.path.join(shard_dir, f"{s.name}.{side_name(lang)}.{i:05d}") for i in range(len(chunks))
             ]
             # --jsonl: errors name PREFIX.jsonl (same line numbers), not the line file made from it in `work`
             shown = (s.jsonl_path, f"its {json_keys[lang]!r} value") if s.jsonl_path else None
             tasks += [
-                (path, a, b, lang, shard, shown, args.only_source) for (a, b), shard in zip(chunks, shards)
+                (path, a, b, lang, shard, shown, cfg.data.only_source)
+                for (a, b), shard in zip(chunks, shards)
             ]
             line_counts += _line_counts_of(path, chunks, s.n_lines)
-            prefix = os.path.join(work, data_prefix(args, s.name, lang))
+            prefix = os.path.join(work, data_prefix(cfg, s.name, lang))
             jobs.append((s, lang, prefix, shards))
     dict_lists = {lang: d.to_list() for lang, d in dicts.items()}
     results = iter(
@@ -743,11 +771,11 @@ def binarize_splits(
             "binarize",
             tasks,
             line_counts,
-            args.workers,
+            cfg.data.workers,
             tokenizer_spec,
             dict_lists,
             "binarize",
-            args.no_progress_bar,
+            cfg.data.no_progress_bar,
         )
     )
 

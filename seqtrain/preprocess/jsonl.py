@@ -10,7 +10,6 @@ lines input gives byte for byte the data-bin of the equivalent line files, for a
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 from collections.abc import Callable
@@ -18,15 +17,16 @@ from typing import Any
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import JSONBoundsError, loads_bounded
+from seqtrain.preprocess.options import PreprocessConfig
 
 _LINE_BREAKS = re.compile(r"\r\n|[\r\n]")
 
 
-def keys(args: argparse.Namespace, langs: list[str]) -> dict[str, str]:
+def keys(cfg: PreprocessConfig, langs: list[str]) -> dict[str, str]:
     """lang -> the JSON key holding its text."""
     src, tgt = langs[0], langs[1:]  # the source side first (seqtrain.preprocess.databin.languages)
-    out = {src: args.source_key or src}
-    out.update({lang: args.target_key or lang for lang in tgt})
+    out = {src: cfg.source_key or src}
+    out.update({lang: cfg.target_key or lang for lang in tgt})
     return out
 
 
@@ -93,17 +93,17 @@ def extract(path: str, lang_keys: dict[str, str], out_paths: dict[str, str]) -> 
 FORMATS = {"jsonl": "--jsonl", "parquet": "--parquet", "load_from_disk": "--load-from-disk"}
 
 
-def input_format(args: argparse.Namespace) -> str | None:
+def input_format(cfg: PreprocessConfig) -> str | None:
     """The structured input format chosen (jsonl, parquet, load_from_disk), None for line files; more than one
     flag is an error."""
-    chosen = [fmt for fmt in FORMATS if getattr(args, fmt, False)]
+    chosen = [fmt for fmt in FORMATS if getattr(cfg, fmt)]
     if len(chosen) > 1:
         raise SeqtrainError(f"{' and '.join(FORMATS[f] for f in chosen)}: choose one input format")
     return chosen[0] if chosen else None
 
 
 def extract_splits(
-    args: argparse.Namespace,
+    cfg: PreprocessConfig,
     splits: list[Any],
     langs: list[str],
     work: str,
@@ -113,7 +113,7 @@ def extract_splits(
     reader with extract's signature (seqtrain.preprocess.tables: parquet files, save_to_disk folders)."""
     folder = os.path.join(work, "jsonl-text")  # a folder: publish() moves only the files of `work`
     os.makedirs(folder, exist_ok=True)
-    lang_keys = keys(args, langs)
+    lang_keys = keys(cfg, langs)
     for s in splits:
         out_paths = {lang: os.path.join(folder, f"{s.name}.{lang}") for lang in langs}
         s.n_lines = read(s.jsonl_path, lang_keys, out_paths)

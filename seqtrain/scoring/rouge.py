@@ -22,6 +22,7 @@ from rouge_score import rouge_scorer
 
 from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
+from seqtrain.scoring.settings import ScoreConfig
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 _LABELS = {"rouge1": "ROUGE-1", "rouge2": "ROUGE-2", "rougeL": "ROUGE-L", "rougeLsum": "ROUGE-Lsum"}
@@ -260,24 +261,24 @@ def _stoppable() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def score(args: Any) -> dict[str, Any]:
+def score(cfg: ScoreConfig) -> dict[str, Any]:
     """seqtrain-score: print ROUGE of --sys against --ref (and write --json); with --bootstrap N the 95%
     intervals, with --compare OTHER the paired bootstrap test of --sys against OTHER; returns what --json
     holds. SIGTERM while scoring: seqtrain.errors.Stopped (143), nothing written."""
-    n_boot = getattr(args, "bootstrap", 0) or 0
-    other = getattr(args, "compare", None)
-    seed = getattr(args, "seed", 1)
+    n_boot = cfg.bootstrap or 0
+    other = cfg.compare
+    seed = cfg.seed
     if other and not n_boot:
         n_boot = 1000
     with _stoppable():
-        hyps, refs = _read_pair(args.sys, args.ref)
+        hyps, refs = _read_pair(cfg.sys, cfg.ref)
         per = example_scores(hyps, refs)
         out: dict[str, Any] = mean_scores(per)
         if n_boot:
             intervals = bootstrap_intervals(per, n_boot, seed)
             out.update(bootstrap=n_boot, seed=seed, ci={k: list(v) for k, v in intervals.items()})
         if other:
-            hyps_b, _ = _read_pair(other, args.ref)
+            hyps_b, _ = _read_pair(other, cfg.ref)
             per_b = example_scores(hyps_b, refs)
             test = paired_bootstrap(per, per_b, n_boot, seed)
             out["compare"] = {"sys": other, "scores": mean_scores(per_b), "test": test}
@@ -287,6 +288,6 @@ def score(args: Any) -> dict[str, Any]:
     if other:
         print(f"{other}: {format_summary(out['compare']['scores'])}")
         print(format_comparison(test, other, n_boot, seed))
-    if args.json:
-        write_json(out, args.json, sys=args.sys, ref=args.ref)
+    if cfg.json:
+        write_json(out, cfg.json, sys=cfg.sys, ref=cfg.ref)
     return out

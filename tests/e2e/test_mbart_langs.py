@@ -129,7 +129,7 @@ def greedy(model, src: torch.Tensor, start: int, end: int, steps: int) -> list[i
 @pytest.mark.slow
 def test_finetune_then_generate_starts_and_ends_with_the_target_language(made, tmp_path):
     from seqtrain.generation import runner
-    from seqtrain.generation.search import generation_config
+    from seqtrain.generation.search import GenerationConfig
     from seqtrain.generation.sequence_generator import build_generator
     from seqtrain_cli.generate import generate_main
     from seqtrain_cli.train import train_main
@@ -148,10 +148,8 @@ def test_finetune_then_generate_starts_and_ends_with_the_target_language(made, t
     d = loaded.lm.tgt_dict
     en, ro = d.index("[en_XX]"), d.index("[ro_RO]")
     assert (loaded.src_append, loaded.start, loaded.end) == (en, ro, ro)
-    gen_args = runner.default_generation_args()
-    gen_args.beam, gen_args.max_len_b = 1, 10
     generator = build_generator(
-        loaded.model, d, generation_config(gen_args), bos=loaded.start, eos=loaded.end
+        loaded.model, d, GenerationConfig(beam=1, max_len_b=10), bos=loaded.start, eos=loaded.end
     )
     assert (generator.bos, generator.eos) == (ro, ro)
     sources = runner.encode(loaded, [s for s, _ in lines["valid"][:4]])

@@ -96,14 +96,12 @@ def seqtrain_hypotheses(path, lines, search):
     """seqtrain-generate's best hypothesis per line: (token ids without </s>, score), through the library path it
     runs."""
     from seqtrain.generation import runner
-    from seqtrain.generation.search import generation_config
+    from seqtrain.generation.search import GenerationConfig
     from seqtrain.generation.sequence_generator import build_generator
 
     loaded = runner.load_for_generation(str(path))
-    args = runner.default_generation_args()
-    vars(args).update(vars(search))
     gen = build_generator(
-        loaded.model, loaded.lm.tgt_dict, generation_config(args), bos=loaded.start, eos=loaded.end
+        loaded.model, loaded.lm.tgt_dict, GenerationConfig(**vars(search)), bos=loaded.start, eos=loaded.end
     )
     ds = runner.text_dataset(loaded, runner.encode(loaded, lines))
     batches = runner.plan_batches(ds, runner.order_examples(ds), 4096, 16)

@@ -223,7 +223,7 @@ def test_generation_from_hf_mbart_starts_at_its_decoder_start_token_as_transform
     """An HF mBART folder whose decoder_start_token_id is a language code: seqtrain's beam search starts there
     (and ends at </s>, as transformers does) and gives transformers' generate() tokens, same beam and length."""
     from seqtrain.generation import runner
-    from seqtrain.generation.search import generation_config
+    from seqtrain.generation.search import GenerationConfig
     from seqtrain.generation.sequence_generator import build_generator
 
     vocab = 48
@@ -240,11 +240,8 @@ def test_generation_from_hf_mbart_starts_at_its_decoder_start_token_as_transform
     make_dict(vocab - 4).save(str(tmp_path / "dict.txt"))
     loaded = runner.load_for_generation(str(tmp_path / "hf"), dict_path=str(tmp_path / "dict.txt"))
     assert (loaded.start, loaded.end, loaded.force_bos) == (lang, None, None)
-    args = runner.default_generation_args()
-    args.beam, args.max_len_b, args.min_len = 3, 8, 1
-    generator = build_generator(
-        loaded.model, loaded.lm.tgt_dict, generation_config(args), bos=loaded.start, eos=loaded.end
-    )
+    config = GenerationConfig(beam=3, max_len_b=8, min_len=1)
+    generator = build_generator(loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end)
     src, _ = batch(vocab)
     for row in src:
         row = row[row.ne(PAD)].unsqueeze(0)
