@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from seqtrain.flags.parsers import get_score_parser
+from seqtrain.flags.tools import get_score_parser
 from seqtrain_cli._main import run_cli
 
 

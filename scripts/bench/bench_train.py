@@ -52,7 +52,7 @@ from benchlib import PeakRSS, follow_tensors_with_rss  # noqa: E402  (scripts/be
 
 from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
 from seqtrain.data.batching import batch_by_size  # noqa: E402
-from seqtrain.flags import parsers  # noqa: E402
+from seqtrain.flags import parsing, training  # noqa: E402
 from seqtrain.tasks import setup_task  # noqa: E402
 from seqtrain.train.trainer import Trainer  # noqa: E402
 
@@ -282,7 +282,7 @@ def build(
         "--max-target-positions",
         "1024",
     ]
-    targs = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    targs = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     task = setup_task(targs)
     torch.manual_seed(1)
     model = task.build_model(targs)

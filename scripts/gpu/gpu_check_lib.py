@@ -15,7 +15,7 @@ from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.data import iterators
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import batch_layout
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.tasks.translation import TranslationTask
 from seqtrain.train.trainer import Trainer
 
@@ -58,7 +58,7 @@ def make_trainer(
         argv.append("--cpu")
     if precision:
         argv.append(f"--{precision}")
-    targs = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    targs = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     task = TranslationTask(targs, d, d)
     torch.manual_seed(1)
     model = task.build_model(targs)

@@ -230,7 +230,7 @@ def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any
 
 
 def main(args: argparse.Namespace) -> list[str]:
-    """Average with the parsed flags of seqtrain.flags.parsers.get_average_parser (AverageConfig's); returns the
+    """Average with the parsed flags of seqtrain.flags.tools.get_average_parser (AverageConfig's); returns the
     inputs used."""
     setup_logging()
     if (

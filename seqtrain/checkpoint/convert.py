@@ -105,7 +105,7 @@ HF_GENERATION_HELP = (
 
 
 def convert(args: argparse.Namespace) -> None:
-    """Convert with the parsed flags of seqtrain.flags.parsers.get_convert_parser (ConvertConfig's and
+    """Convert with the parsed flags of seqtrain.flags.tools.get_convert_parser (ConvertConfig's and
     HfGenerationConfig's)."""
     setup_logging()
     args.input = resolve_model_path(args.input, "input")  # a hub name: its cached snapshot

@@ -67,7 +67,7 @@ Layout = dict[str, Any]
 
 def _arch(default: Any, text: str, **kw: Any) -> Any:
     """A model setting: the field's default is bart_base's; the flag's is None, so the --arch preset fills what the
-    command line and --config leave unset (seqtrain.flags.parsers)."""
+    command line and --config leave unset (seqtrain.flags.parsing)."""
     return setting(default, text, flag_default=None, **kw)
 
 

@@ -110,7 +110,7 @@ class CheckpointManager:
 
     def __init__(self, cfg: CheckpointConfig, config_text: str | None = None):
         """`cfg`: the run's Checkpoint settings (read from the flags by the training loop); `config_text`: the
-        run's resolved flags (seqtrain.flags.parsers.resolved_train_config), written to SAVE_DIR/config.yaml with
+        run's resolved flags (seqtrain.flags.training.resolved_train_config), written to SAVE_DIR/config.yaml with
         the run's first checkpoint."""
         self.cfg = cfg
         self.config_text = config_text

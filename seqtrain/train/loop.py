@@ -42,7 +42,7 @@ from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.fairseq_compat import import_user_dir
-from seqtrain.flags.parsers import resolved_train_config
+from seqtrain.flags.training import resolved_train_config
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
@@ -148,7 +148,7 @@ def local_ranks(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------------- main
 def train(args: argparse.Namespace) -> int:
-    """Train with the parsed flags (seqtrain.flags.parsers.parse_train_args) on one process or one per rank; returns
+    """Train with the parsed flags (seqtrain.flags.training.parse_train_args) on one process or one per rank; returns
     the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.train.stop_signals). User errors raise
     SeqtrainError."""
     if from_args(DeviceConfig, args).deterministic:

@@ -442,12 +442,12 @@ def _rank_passes(databin: str, save_dir: str, budget: int) -> list[list[int]]:
     """Passes per update of epoch 1 on each of 2 ranks under --merge-max-tokens `budget`, as the training loop
     builds each rank's batches."""
     from seqtrain.data.pair_dataset import merge_plan, padded_shape
-    from seqtrain.flags import parsers
+    from seqtrain.flags import parsing, training
     from seqtrain.tasks import setup_task
 
     out = []
     for rank in (0, 1):
-        args = parsers.parse_args_and_arch(parsers.get_training_parser(), train_args(databin, save_dir))
+        args = parsing.parse_args_and_arch(training.get_training_parser(), train_args(databin, save_dir))
         task = setup_task(args)
         task.load_dataset("train")
         itr = task.get_batch_iterator(

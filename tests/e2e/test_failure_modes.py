@@ -445,7 +445,7 @@ def test_non_finite_weights_are_never_saved(databin, tmp_path):
     checkpoint_last.pt: the save is refused and names the last good checkpoint."""
     import hashlib
 
-    from seqtrain.flags.parsers import parse_train_args
+    from seqtrain.flags.training import parse_train_args
     from seqtrain.train.loop import train
 
     save = str(tmp_path / "save")

@@ -66,7 +66,7 @@ def made(tmp_path_factory):
 
 
 def task_args(data: str, *extra: str) -> argparse.Namespace:
-    from seqtrain.flags.parsers import parse_train_args
+    from seqtrain.flags.training import parse_train_args
 
     argv = [
         data,

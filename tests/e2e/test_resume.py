@@ -10,7 +10,7 @@ import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.train import train_main
@@ -136,7 +136,7 @@ def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_
 
 
 def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), args_for(data, save_dir, *extra))
+    args = parsing.parse_args_and_arch(training.get_training_parser(), args_for(data, save_dir, *extra))
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))

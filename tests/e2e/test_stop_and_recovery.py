@@ -369,10 +369,10 @@ def poison_criterion(trainer: Trainer, bad_calls: set, value: float) -> None:
 
 
 def make_trainer(databin: str, tmp_path, *extra: str) -> tuple:
-    from seqtrain.flags import parsers
+    from seqtrain.flags import parsing, training
     from seqtrain.tasks import setup_task
 
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), targs(databin, str(tmp_path), *extra))
+    args = parsing.parse_args_and_arch(training.get_training_parser(), targs(databin, str(tmp_path), *extra))
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from seqtrain.flags import parsers
+from seqtrain.flags import training
 from seqtrain.tasks import setup_task
 from tests.utils import SAMPLE
 
@@ -99,7 +99,7 @@ def test_blocks_and_batches_equal_fairseqs(mono):
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads(proc.stdout)
     for name, argv in argvs.items():
-        args = parsers.parse_train_args([*argv, "--arch", "bart_tiny", "--cpu"])
+        args = training.parse_train_args([*argv, "--arch", "bart_tiny", "--cpu"])
         task = setup_task(args)
         ds = task.load_dataset("train")
         itr = task.get_batch_iterator(

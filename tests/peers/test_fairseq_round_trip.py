@@ -234,7 +234,7 @@ print(json.dumps({"frozen": frozen, "epoch1": epoch}))
 def test_training_batches_with_the_default_multiple_of_8_are_fairseqs(sample_bin, tmp_path):
     """fairseq's own get_batch_iterator on the same data-bin (the default --required-batch-size-multiple 8,
     which the batch-list fixtures, made with 1, do not cover): the same frozen batches and epoch-1 order."""
-    from seqtrain.flags.parsers import parse_train_args
+    from seqtrain.flags.training import parse_train_args
     from seqtrain.tasks import setup_task
 
     script = tmp_path / "fairseq_batches.py"

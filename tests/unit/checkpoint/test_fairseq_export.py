@@ -23,7 +23,7 @@ from seqtrain.checkpoint.fairseq import export_args
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.checkpoint.train_state import TrainState
-from seqtrain.flags.parsers import parse_train_args
+from seqtrain.flags.training import parse_train_args
 from seqtrain.models.bart import build_model
 from seqtrain.registry import ARCHS
 from seqtrain_cli.convert import cli_main

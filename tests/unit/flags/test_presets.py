@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import training
 from seqtrain.generation import options
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[3])
@@ -18,7 +18,7 @@ CONFIGS = os.path.join(ROOT, "configs")
 
 def train_args(*argv: str):
     # as seqtrain-train: the preset's generation keys are seqtrain-generate's, skipped
-    return parsers.parse_train_args(list(argv), options.generation_flags)
+    return training.parse_train_args(list(argv), options.generation_flags)
 
 
 def generate_args(*argv: str):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seqtrain.data.pair_dataset import padded_shape
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
 from seqtrain.train.trainer import Trainer
 
@@ -40,7 +40,7 @@ def build_trainer(data: str, save_dir: str) -> Trainer:
         "--log-format",
         "none",
     ]
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
 from seqtrain.train.trainer import Trainer
 
@@ -44,7 +44,7 @@ def build_trainer(data: str, save_dir: str, *extra: str, init: dict | None = Non
         "none",
         *extra,
     ]
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")

@@ -26,7 +26,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.generation.sequence_generator import SequenceGenerator
 from seqtrain.tasks import setup_task
 from seqtrain.train.trainer import Trainer
@@ -116,7 +116,7 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
         "none",
         *extra,
     ]
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")

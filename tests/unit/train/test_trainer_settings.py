@@ -12,7 +12,8 @@ from seqtrain import registry
 from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.config import add_settings, from_args
 from seqtrain.criterions.cross_entropy import CriterionConfig
-from seqtrain.flags.parsers import ArgumentParser, UsageError, parse_train_args
+from seqtrain.flags.parsers import ArgumentParser, UsageError
+from seqtrain.flags.training import parse_train_args
 from seqtrain.models.bart import BartConfig
 from seqtrain.optim.optimizers import OPTIMIZER_CONFIGS
 from seqtrain.tasks.translation import TranslationConfig
