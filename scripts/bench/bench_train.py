@@ -54,6 +54,7 @@ from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf  # no
 from seqtrain.data.batching import batch_by_size  # noqa: E402
 from seqtrain.flags import parsing, training  # noqa: E402
 from seqtrain.tasks import setup_task  # noqa: E402
+from seqtrain.train import loop as train_loop  # noqa: E402
 from seqtrain.train.trainer import Trainer  # noqa: E402
 
 PAD, EOS = 1, 2
@@ -286,7 +287,7 @@ def build(
     task = setup_task(targs)
     torch.manual_seed(1)
     model = task.build_model(targs)
-    trainer = Trainer.from_args(targs, task, model, task.build_criterion(targs))
+    trainer = train_loop.build_trainer(targs, task, model, task.build_criterion(targs))
     config = args_to_hf_config(targs, len(task.tgt_dict))
     config.pop("architectures", None)
     config.pop("model_type", None)

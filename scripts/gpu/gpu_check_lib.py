@@ -17,6 +17,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import batch_layout
 from seqtrain.flags import parsing, training
 from seqtrain.tasks.translation import TranslationTask
+from seqtrain.train import loop as train_loop
 from seqtrain.train.trainer import Trainer
 
 PAD, EOS = 1, 2
@@ -62,7 +63,7 @@ def make_trainer(
     task = TranslationTask(targs, d, d)
     torch.manual_seed(1)
     model = task.build_model(targs)
-    return Trainer.from_args(targs, task, model, task.build_criterion(targs)), task
+    return train_loop.build_trainer(targs, task, model, task.build_criterion(targs)), task
 
 
 def make_pairs(

@@ -48,6 +48,8 @@ from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
 from seqtrain.logging.progress import LoggingConfig
 from seqtrain.logging.trackers import Tracker, TrackingConfig, make_trackers
+from seqtrain.optim.lr_scheduler import scheduler_config
+from seqtrain.optim.optimizers import optimizer_config
 from seqtrain.tasks import setup_task
 from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
@@ -55,7 +57,7 @@ from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain.train.savedir_lock import save_dir_lock
 from seqtrain.train.stop_signals import GracefulStop
-from seqtrain.train.trainer import Trainer, TrainerConfig, rng_state, set_rng_state
+from seqtrain.train.trainer import AUTO, Trainer, TrainerConfig, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
 
@@ -140,6 +142,33 @@ def has_split(folder: str, split: str) -> bool:
         return False
 
 
+def trainer_config(args: argparse.Namespace) -> TrainerConfig:
+    """The Trainer's settings from the parsed flags, read once: its groups, and the chosen optimizer's and
+    schedule's own (a --user-dir one without a settings class of its own gets the common ones)."""
+    return from_args(
+        TrainerConfig,
+        args,
+        optim=from_args(optimizer_config(getattr(args, "optimizer", None) or "adam"), args),
+        schedule=from_args(scheduler_config(getattr(args, "lr_scheduler", None) or "fixed"), args),
+    )
+
+
+def build_trainer(args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any) -> Trainer:
+    """The Trainer of the parsed flags; the checkpoints it writes store them as their `args` (vars(args): the
+    same record, so what the loop settles later, --max-tokens auto's budget, is stored too)."""
+    return Trainer(trainer_config(args), task, model, criterion, vars(args))
+
+
+def batch_budget(args: argparse.Namespace, trainer: Trainer, dataset: Any, limits: Any) -> None:
+    """--max-tokens auto: probe the budget once, on the first launch (a resume took the stored one), and batch
+    with it from then on; --max-tokens-valid left unset follows it."""
+    resolve_max_tokens(trainer, dataset, limits, args.batch_size, args.required_batch_size_multiple)
+    if trainer.auto_max_tokens is not None and args.max_tokens == AUTO:
+        args.max_tokens = trainer.auto_max_tokens
+        if args.max_tokens_valid in (None, AUTO):
+            args.max_tokens_valid = trainer.auto_max_tokens
+
+
 def local_ranks(args: argparse.Namespace) -> int:
     """Training processes on this machine (they share its CPUs)."""
     local = os.environ.get("LOCAL_WORLD_SIZE")
@@ -210,7 +239,7 @@ def _train(args: argparse.Namespace) -> int:
     logger.info(f"model: {model_summary(model, task)}")  # one line of sizes, not the module tree
     logger.info(f"criterion: {type(criterion).__name__}")
 
-    trainer = Trainer(TrainerConfig.from_args(args), task, model, criterion, args)
+    trainer = build_trainer(args, task, model, criterion)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
     threads = host_cpu.fit_threads(trainer.device.type, local_ranks(args))
     if threads:
@@ -232,7 +261,7 @@ def _train(args: argparse.Namespace) -> int:
             task.load_dataset(split, epoch=epoch)
         # --max-tokens auto: probed once, on the first launch (a resume took the stored budget)
         limits = resolve_max_positions(trainer.model.max_positions(), task.max_positions())
-        resolve_max_tokens(args, trainer, task.dataset(split), limits)
+        batch_budget(args, trainer, task.dataset(split), limits)
         return task.get_batch_iterator(
             task.dataset(split),
             max_tokens=args.max_tokens,

@@ -12,6 +12,7 @@ from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
+from seqtrain.train import loop as train_loop
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.train import train_main
 from tests.utils import assert_same_state
@@ -139,7 +140,7 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
     args = parsing.parse_args_and_arch(training.get_training_parser(), args_for(data, save_dir, *extra))
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
-    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
+    return train_loop.build_trainer(args, task, task.build_model(args), task.build_criterion(args))
 
 
 @pytest.mark.parametrize("flag", ["", "reset_optimizer", "reset_lr_scheduler", "reset_meters"])

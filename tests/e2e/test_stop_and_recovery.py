@@ -19,6 +19,7 @@ import torch
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
 from seqtrain.optim import DynamicLossScaler, MinimumLossScaleError
+from seqtrain.train import loop as train_loop
 from seqtrain.train.stop_signals import GracefulStop
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.train import cli_main, train_main
@@ -376,7 +377,7 @@ def make_trainer(databin: str, tmp_path, *extra: str) -> tuple:
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")
-    trainer = Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
+    trainer = train_loop.build_trainer(args, task, task.build_model(args), task.build_criterion(args))
     itr = task.get_batch_iterator(task.dataset("train"), max_tokens=256, seed=1).next_epoch_itr(shuffle=False)
     return trainer, [next(itr) for _ in range(4)]
 

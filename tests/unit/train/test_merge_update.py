@@ -10,6 +10,7 @@ import torch
 from seqtrain.data.pair_dataset import padded_shape
 from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
+from seqtrain.train import loop as train_loop
 from seqtrain.train.trainer import Trainer
 
 
@@ -45,7 +46,7 @@ def build_trainer(data: str, save_dir: str) -> Trainer:
     task = setup_task(args)
     task.load_dataset("train")
     torch.manual_seed(0)
-    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
+    return train_loop.build_trainer(args, task, task.build_model(args), task.build_criterion(args))
 
 
 def _passes(trainer: Trainer) -> list[int]:

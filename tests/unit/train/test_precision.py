@@ -15,6 +15,7 @@ import torch
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
+from seqtrain.train import loop as train_loop
 from seqtrain.train.trainer import Trainer
 
 SEED = 5
@@ -52,7 +53,7 @@ def build_trainer(data: str, save_dir: str, *extra: str, init: dict | None = Non
     model = task.build_model(args)
     if init is not None:
         model.load_state_dict(init)
-    return Trainer.from_args(args, task, model, task.build_criterion(args))
+    return train_loop.build_trainer(args, task, model, task.build_criterion(args))
 
 
 def batches(trainer: Trainer, n: int, size: int = 16) -> list:

@@ -29,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from seqtrain.flags import parsing, training
 from seqtrain.generation.sequence_generator import SequenceGenerator
 from seqtrain.tasks import setup_task
+from seqtrain.train import loop as train_loop
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.preprocess import preprocess_main
 from tests.utils import FP32
@@ -120,7 +121,7 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
     args.distributed_world_size, args.distributed_rank = 1, 0
     task = setup_task(args)
     task.load_dataset("train")
-    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
+    return train_loop.build_trainer(args, task, task.build_model(args), task.build_criterion(args))
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from seqtrain.flags.training import parse_train_args
 from seqtrain.models.bart import BartConfig
 from seqtrain.optim.optimizers import OPTIMIZER_CONFIGS
 from seqtrain.tasks.translation import TranslationConfig
-from seqtrain.train.trainer import TrainerConfig
+from seqtrain.train.loop import trainer_config
 
 
 def _train(*flags: str) -> argparse.Namespace:
@@ -27,7 +27,7 @@ def _train(*flags: str) -> argparse.Namespace:
 def test_trainer_config_nests_the_groups_it_reads_from_one_command_line():
     args = _train("--clip-norm", "0.5", "--store-ema", "--ema-decay", "0.9", "--update-freq", "2,3")
     args.bf16, args.device_id = True, 3  # as a launcher sets them
-    cfg = TrainerConfig.from_args(args)
+    cfg = trainer_config(args)
     assert cfg.update.clip_norm == 0.5 and cfg.update.update_freq == [2, 3]
     assert cfg.ema.store_ema and cfg.ema.ema_decay == 0.9 and cfg.ema.ema_update_freq == 1
     assert cfg.device.bf16 and not cfg.device.fp16 and cfg.launch.device_id == 3
@@ -36,7 +36,7 @@ def test_trainer_config_nests_the_groups_it_reads_from_one_command_line():
 
 
 def test_a_hand_made_namespace_gets_the_declared_defaults():
-    cfg = TrainerConfig.from_args(argparse.Namespace(clip_norm=1.0))
+    cfg = trainer_config(argparse.Namespace(clip_norm=1.0))
     assert cfg.update.clip_norm == 1.0 and cfg.update.update_freq == [1] and cfg.device.seed == 1
     assert cfg.ema.ema_decay == 0.9999 and cfg.checkpoint.keep_last_epochs == -1
 
