@@ -31,9 +31,11 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig
 from seqtrain.cuda import DeviceConfig, set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
@@ -50,7 +52,9 @@ from seqtrain.logging.progress import LoggingConfig
 from seqtrain.logging.trackers import Tracker, TrackingConfig, make_trackers
 from seqtrain.optim.lr_scheduler import scheduler_config
 from seqtrain.optim.optimizers import optimizer_config
-from seqtrain.tasks import setup_task
+from seqtrain.scoring.settings import EvalRougeConfig
+from seqtrain.tasks import setup_task, task_class
+from seqtrain.tasks.translation import TranslationConfig
 from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
 from seqtrain.train.checkpoints import CheckpointManager
@@ -142,6 +146,19 @@ def has_split(folder: str, split: str) -> bool:
         return False
 
 
+def task_config(args: argparse.Namespace) -> Any:
+    """The chosen task's settings (its class's `config`) from the parsed flags."""
+    return from_args(getattr(task_class(args.task), "config", TranslationConfig), args)
+
+
+def record_languages(args: argparse.Namespace, task: Any) -> None:
+    """Write the languages the task inferred from the data-bin into the flags: the checkpoints store the flags
+    as their `args`, as fairseq's do."""
+    data = getattr(getattr(task, "cfg", None), "dataset", None)
+    if data is not None:
+        args.source_lang, args.target_lang = data.source_lang, data.target_lang
+
+
 def trainer_config(args: argparse.Namespace) -> TrainerConfig:
     """The Trainer's settings from the parsed flags, read once: its groups, and the chosen optimizer's and
     schedule's own (a --user-dir one without a settings class of its own gets the common ones)."""
@@ -229,12 +246,13 @@ def _train(args: argparse.Namespace) -> int:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    task = setup_task(args)
+    task = setup_task(task_config(args))
+    record_languages(args, task)
     for subset in args.valid_subset.split(","):
         if not args.disable_validation:
             task.load_dataset(subset)
-    model = task.build_model(args)
-    criterion = task.build_criterion(args)
+    model = task.build_model(model_config(args))  # (the layer counts kept written into args)
+    criterion = task.build_criterion(from_args(DistillationConfig, args))
     logger.info(f"task: {type(task).__name__}")
     logger.info(f"model: {model_summary(model, task)}")  # one line of sizes, not the module tree
     logger.info(f"criterion: {type(criterion).__name__}")
@@ -331,7 +349,9 @@ class TrainLoop:
         self.stop = GracefulStop()
         self.rouge: Any | None = None
         if args.eval_rouge:
-            self.rouge = RougeValidator.from_args(args, task)
+            self.rouge = RougeValidator(
+                from_args(EvalRougeConfig, args), task, from_args(DeviceConfig, args).seed, args.prepend_bos
+            )
         self.eta = Eta(trainer.get_num_updates())
         self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
 

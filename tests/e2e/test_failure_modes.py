@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.train.loop import task_config
 from seqtrain_cli.train import train_main
 from tests.utils import REPO, base_args
 
@@ -600,7 +601,7 @@ def test_a_run_ending_mid_epoch_leaves_no_data_loading_worker(databin, tmp_path,
     tasks = []
 
     def keep(args):
-        tasks.append(setup_task(args))
+        tasks.append(setup_task(task_config(args)))
         return tasks[-1]
 
     setup_task = seqtrain.train.loop.setup_task

@@ -9,9 +9,13 @@ import os
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
 from seqtrain.generation import options
+from seqtrain.scoring.settings import EvalRougeConfig
+from seqtrain.train.loop import task_config
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
 from tests.utils import base_args, parse_log
@@ -80,11 +84,11 @@ def test_rouge_validator_scores_what_it_generates(databin):
     args = parsing.parse_args_and_arch(
         parser, base_args(databin, "unused", "--eval-rouge-args", "--beam 3 --max-len-b 5")
     )
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     task.load_dataset("valid")
     torch.manual_seed(0)
-    model = task.build_model(args)
-    rv = RougeValidator.from_args(args, task)
+    model = task.build_model(model_config(args))
+    rv = RougeValidator(from_args(EvalRougeConfig, args), task, args.seed, args.prepend_bos)
     assert (rv.gen_args.beam, rv.gen_args.max_len_b) == (3, 5)
     itr = task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(shuffle=False)
     n = 0
@@ -116,11 +120,11 @@ def test_eval_rouge_bootstrap_interval_is_seqtrain_scores(databin, tmp_path, cap
     parser = training.get_training_parser()
     flags = ("--eval-rouge-args", "--beam 2 --max-len-b 5", "--eval-rouge-bootstrap", "300", "--seed", "7")
     args = parsing.parse_args_and_arch(parser, base_args(databin, "unused", *flags))
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     task.load_dataset("valid")
     torch.manual_seed(0)
-    model = task.build_model(args)
-    rv = RougeValidator.from_args(args, task)
+    model = task.build_model(model_config(args))
+    rv = RougeValidator(from_args(EvalRougeConfig, args), task, args.seed, args.prepend_bos)
     for sample in task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(
         shuffle=False
     ):

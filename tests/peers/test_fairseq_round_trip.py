@@ -218,6 +218,7 @@ def test_same_training_from_same_weights(export, sample_bin, tmp_path):
 FAIRSEQ_BATCHES = r"""
 import json, sys
 from fairseq import options, tasks
+from seqtrain.train.loop import task_config
 argv = [sys.argv[1], "--task", "translation", "--source-lang", "source", "--target-lang", "target", "--arch",
         "bart_base", "--max-tokens", "900", "--seed", "1", "--truncate-source", "--max-source-positions", "128"]
 args = options.parse_args_and_arch(options.get_training_parser(), argv)
@@ -236,6 +237,7 @@ def test_training_batches_with_the_default_multiple_of_8_are_fairseqs(sample_bin
     which the batch-list fixtures, made with 1, do not cover): the same frozen batches and epoch-1 order."""
     from seqtrain.flags.training import parse_train_args
     from seqtrain.tasks import setup_task
+    from seqtrain.train.loop import task_config
 
     script = tmp_path / "fairseq_batches.py"
     script.write_text(FAIRSEQ_BATCHES)
@@ -251,7 +253,7 @@ def test_training_batches_with_the_default_multiple_of_8_are_fairseqs(sample_bin
         "--truncate-source",
     ]
     args = parse_train_args(argv + ["--max-source-positions", "128", "--cpu"])
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     itr = task.get_batch_iterator(
         task.load_dataset("train"),
         max_tokens=900,
