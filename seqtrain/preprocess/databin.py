@@ -35,14 +35,16 @@ from typing import Any
 from tqdm import tqdm
 
 from seqtrain import fileio
+from seqtrain.config import from_args as read_settings
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype
 from seqtrain.data.tokenizer import (
     SentencePieceTokenizer,
     Tokenizer,
+    TokenizerConfig,
     build_tokenizer,
+    load_tokenizer,
     save_databin_tokenizer,
-    tokenizer_from_args,
 )
 from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
@@ -600,7 +602,7 @@ def make_tokenizer(args: argparse.Namespace, train: SplitInput | None, work: str
     if args.tokenizer == "sentencepiece" and not args.spm_model:
         tokenizer = train_sentencepiece(args, [train.paths[lang] for lang in languages(args)], train.n_lines)
     else:
-        tokenizer = tokenizer_from_args(args)
+        tokenizer = load_tokenizer(read_settings(TokenizerConfig, args))
     save_databin_tokenizer(work, tokenizer)
     return tokenizer
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from seqtrain.criterions import DistillationConfig
 from seqtrain.cuda import DeviceConfig, set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
-from seqtrain.data.options import check_dataset_args
+from seqtrain.data.options import TrainDatasetConfig, check_dataset_args
 from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
@@ -66,10 +67,14 @@ from seqtrain.train.trainer import AUTO, Trainer, TrainerConfig, rng_state, set_
 logger = logging.getLogger("seqtrain.train")
 
 
+def _master(args: argparse.Namespace) -> bool:
+    return is_master(from_args(distributed.LaunchConfig, args))
+
+
 def setup_train_logging(args: argparse.Namespace) -> logging.Handler | None:
     """The log on stdout (as fairseq-train); --log-file adds a file handler (returned, so main can remove it).
     fairseq: only rank 0 reports; the others log warnings and errors (with their rank in the message)."""
-    if not is_master(args):
+    if not _master(args):
         setup_logging(sys.stdout, logging.WARNING)
         args.log_format = "none"
         return None
@@ -77,7 +82,8 @@ def setup_train_logging(args: argparse.Namespace) -> logging.Handler | None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    check_dataset_args(args)
+    data = check_dataset_args(from_args(TrainDatasetConfig, args))
+    args.max_tokens_valid, args.batch_size_valid = data.max_tokens_valid, data.batch_size_valid
     for flag, value in (
         ("log-interval", args.log_interval),
         ("save-interval", args.save_interval),
@@ -201,7 +207,17 @@ def train(args: argparse.Namespace) -> int:
         # before any rank starts: spawned ranks inherit CUBLAS_WORKSPACE_CONFIG from this process's
         # environment (the Trainer sets torch's own settings again in each rank)
         set_deterministic()
-    return call_main(args, main) or 0
+    return call_main(from_args(distributed.LaunchConfig, args), functools.partial(_rank_main, args)) or 0
+
+
+def _rank_main(args: argparse.Namespace, launch: distributed.LaunchConfig) -> int:
+    """main on one rank: the launcher's word on its place in the job goes into the flags it runs with."""
+    args.distributed_world_size, args.distributed_rank = (
+        launch.distributed_world_size,
+        launch.distributed_rank,
+    )
+    args.device_id = launch.device_id
+    return main(args)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -222,7 +238,7 @@ def _main(args: argparse.Namespace) -> int:
     check_args(args)
     if args.no_save:
         return _train(args)
-    created = is_master(args) and not os.path.exists(args.save_dir)
+    created = _master(args) and not os.path.exists(args.save_dir)
     try:
         # one run per --save-dir: the lock is held before anything there is read or deleted
         with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
@@ -308,7 +324,7 @@ def _train(args: argparse.Namespace) -> int:
             raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
         trainer.seed_ema(read_checkpoint(seed, unsafe=args.unsafe_load, require_dict=False), seed)
     tracker = None
-    if is_master(args):
+    if _master(args):
         tracking = from_args(TrackingConfig, args)
         run_dir = None if manager.cfg.no_save else manager.cfg.save_dir
         tracker = make_trackers(
@@ -583,7 +599,7 @@ class TrainLoop:
         """Where the run ended: the best checkpoint (path, metric, update) and the command that summarizes with
         it. Empty on ranks other than 0 and with --no-save."""
         args = self.args
-        if args.no_save or not is_master(args):
+        if args.no_save or not _master(args):
             return []
         path = os.path.join(args.save_dir, "checkpoint_best.pt")
         if not os.path.exists(path):

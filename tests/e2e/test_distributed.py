@@ -356,26 +356,21 @@ def test_a_failing_rank_ends_the_job(databin, tmp_path, launcher):
 
 
 def test_call_main_single_process_and_half_a_torchrun_environment(monkeypatch):
-    import argparse
-
-    from seqtrain.distributed import call_main
+    from seqtrain.distributed import LaunchConfig, call_main
     from seqtrain.errors import SeqtrainError
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     seen = []
     assert (
-        call_main(
-            argparse.Namespace(distributed_world_size=1), lambda a: seen.append(a.distributed_rank) or 7
-        )
-        == 7
+        call_main(LaunchConfig(distributed_world_size=1), lambda a: seen.append(a.distributed_rank) or 7) == 7
     )
     assert seen == [0]
     monkeypatch.setenv("WORLD_SIZE", "4")  # but no RANK / LOCAL_RANK / MASTER_*: not a torchrun launch
     with pytest.raises(
         SeqtrainError, match=r"WORLD_SIZE=4 is set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not"
     ):
-        call_main(argparse.Namespace(distributed_world_size=1), lambda a: None)
+        call_main(LaunchConfig(distributed_world_size=1), lambda a: None)
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ import sys
 import pytest
 import yaml
 
-from seqtrain.data.options import check_dataset_args
+from seqtrain.config import from_args
+from seqtrain.data.options import TrainDatasetConfig, check_dataset_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, tools, training
 from seqtrain.generation import options
@@ -146,9 +147,8 @@ def test_run_saves_its_config(databin, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     saved, given = parse("--config", os.path.join(save, "config.yaml")), parse(*argv)
-    check_dataset_args(
-        given
-    )  # what the run itself resolved before saving (--max-tokens-valid from --max-tokens)
+    data = check_dataset_args(from_args(TrainDatasetConfig, given))  # what the run resolved before saving
+    given.max_tokens_valid, given.batch_size_valid = data.max_tokens_valid, data.batch_size_valid
     assert comparable(saved) == comparable(given)
     assert not [n for n in os.listdir(save) if n.startswith(".")]
 
