@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.train.loop import task_config
 from seqtrain_cli.train import train_main
 from tests.utils import REPO, base_args
 
@@ -600,8 +599,8 @@ def test_a_run_ending_mid_epoch_leaves_no_data_loading_worker(databin, tmp_path,
 
     tasks = []
 
-    def keep(args):
-        tasks.append(setup_task(task_config(args)))
+    def keep(cfg):
+        tasks.append(setup_task(cfg))
         return tasks[-1]
 
     setup_task = seqtrain.train.loop.setup_task
