@@ -35,7 +35,6 @@ pytestmark = [
 FAIRSEQ_SIDE = r"""
 import json, sys
 from fairseq import options, tasks, utils
-from seqtrain.train.loop import task_config
 
 out = {}
 for name, argv in json.load(sys.stdin).items():

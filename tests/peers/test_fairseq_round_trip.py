@@ -218,7 +218,6 @@ def test_same_training_from_same_weights(export, sample_bin, tmp_path):
 FAIRSEQ_BATCHES = r"""
 import json, sys
 from fairseq import options, tasks
-from seqtrain.train.loop import task_config
 argv = [sys.argv[1], "--task", "translation", "--source-lang", "source", "--target-lang", "target", "--arch",
         "bart_base", "--max-tokens", "900", "--seed", "1", "--truncate-source", "--max-source-positions", "128"]
 args = options.parse_args_and_arch(options.get_training_parser(), argv)

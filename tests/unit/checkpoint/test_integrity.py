@@ -166,7 +166,6 @@ import os, sys
 import seqtrain.checkpoint.formats as formats
 from seqtrain.checkpoint.load import model_from_contents
 from seqtrain.errors import SeqtrainError
-from seqtrain.checkpoint.fairseq import model_config
 path, when = sys.argv[1], sys.argv[2]
 if when == "after mapping":  # between torch.load's mapping and the checksum pass
     load = formats.load_checkpoint_file
