@@ -14,7 +14,7 @@ lists it in `left_out(parser)`, which the parser refuses with one line ("does no
 Namespace lacks (a library caller's hand-made Namespace) or leaves at None keeps the field's default. A field
 `x: Other = field(default_factory=Other)` nests another settings class, filled from the same flags: a component's
 config composes the groups it reads instead of repeating their fields.
-Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by seqtrain.flags.parsers when parsing.
+Flag implications (e.g. --memory-efficient-fp16 => --fp16) are applied once, by seqtrain.flags.parsing when parsing.
 """
 
 from __future__ import annotations

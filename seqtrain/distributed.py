@@ -1,6 +1,6 @@
 """Multi-process training on torch.distributed: launching, model wrapping, collective helpers, checkpoint state.
 
-Launching (`call_main(args, main)`, the only entry the CLIs use), first match wins:
+Launching (`call_main(cfg, main)`, the only entry the training loop uses), first match wins:
   1. torchrun: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT in the environment (WORLD_SIZE > 1):
      this process is one rank; the process group is initialised from the environment (`env://`).
   2. srun (SLURM_STEP_ID, SLURM_PROCID, ... in the environment): the ranks from SLURM's variables, one task per
@@ -9,7 +9,7 @@ Launching (`call_main(args, main)`, the only entry the CLIs use), first match wi
      by some other launcher (SLURM scripts): rank --distributed-rank, device --device-id.
   4. --distributed-world-size N > 1: spawn N processes on this node (torch.multiprocessing.spawn), one per GPU,
      or N CPU processes with gloo under --cpu / without CUDA.
-  5. Otherwise `main(args)` runs in this process.
+  5. Otherwise `main(cfg)` runs in this process.
 Backend: nccl on CUDA, gloo on the CPU (--distributed-backend overrides); collectives time out after
 --distributed-timeout seconds, so a rank waiting on a dead peer fails instead of hanging. A rank that raises
 prints its error with its rank; the spawn path then stops the other ranks and ends with a SeqtrainError naming the
@@ -33,7 +33,6 @@ the rank conventions (who writes, who reduces); apart, each would restate the ot
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import gc
@@ -52,7 +51,7 @@ import torch.distributed as dist
 from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
 from torch.nn.parallel import DistributedDataParallel
 
-from seqtrain.config import from_args, setting, settings
+from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import Bounds
 from seqtrain.slurm import slurm_task
@@ -109,10 +108,6 @@ class LaunchConfig:
     )
     cpu: bool = False  # DeviceConfig's --cpu
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> LaunchConfig:
-        return from_args(cls, args)
-
     @property
     def uses_cuda(self) -> bool:
         return torch.cuda.is_available() and not self.cpu
@@ -132,10 +127,6 @@ class DataParallelConfig:
     bucket_cap_mb: int = setting(25, "DDP bucket size", type=int, metavar="MB", bounds=Bounds(1, 65536))
     find_unused_parameters: bool = setting(False, "DDP find_unused_parameters", action="store_true")
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> DataParallelConfig:
-        return from_args(cls, args)
-
 
 # ---------------------------------------------------------------------------------------------------- queries
 def env_world_size() -> int:
@@ -146,8 +137,8 @@ def env_world_size() -> int:
         return 1
 
 
-def is_master(args: argparse.Namespace) -> bool:
-    return LaunchConfig.from_args(args).distributed_rank == 0
+def is_master(cfg: LaunchConfig) -> bool:
+    return cfg.distributed_rank == 0
 
 
 def get_world_size() -> int:
@@ -193,10 +184,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any]) -> Any:
-    """Run `main(args)` on every rank of the job this process belongs to (see the module docstring)."""
+def call_main(cfg: LaunchConfig, main: Callable[[LaunchConfig], Any]) -> Any:
+    """Run `main(cfg)` on every rank of the job this process belongs to (see the module docstring), `cfg`'s
+    world size, rank and device id set to the rank's (a spawned rank gets its own copy)."""
     env = _torchrun_env()
-    cfg = LaunchConfig.from_args(args)
     world_size = cfg.distributed_world_size
     if env is not None:
         if world_size > 1 and world_size != env["WORLD_SIZE"]:
@@ -204,32 +195,32 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
                 f"--distributed-world-size {world_size} ignored: torchrun started "
                 f"{env['WORLD_SIZE']} processes"
             )
-        args.distributed_world_size = env["WORLD_SIZE"]
-        args.distributed_rank = env["RANK"]
-        args.device_id = env["LOCAL_RANK"]
-        return distributed_main(args, main, "env://")
+        cfg.distributed_world_size = env["WORLD_SIZE"]
+        cfg.distributed_rank = env["RANK"]
+        cfg.device_id = env["LOCAL_RANK"]
+        return distributed_main(cfg, main, "env://")
     task = slurm_task(cfg.distributed_port, world_size, torch.cuda.device_count() if cfg.uses_cuda else 0)
     if task is not None:
         if world_size > 1 and world_size != task.world_size:
             logger.warning(
                 f"--distributed-world-size {world_size} ignored: the SLURM job has {task.world_size} ranks"
             )
-        args.distributed_world_size = task.world_size
+        cfg.distributed_world_size = task.world_size
         if task.procs_per_task > 1:  # one task per node: it starts its node's ranks
-            return _spawn(args, main, task.procs_per_task, task.init_method, rank_offset=task.rank)
-        args.distributed_rank, args.device_id = task.rank, task.local_rank
-        return distributed_main(args, main, task.init_method)
+            return _spawn(cfg, main, task.procs_per_task, task.init_method, rank_offset=task.rank)
+        cfg.distributed_rank, cfg.device_id = task.rank, task.local_rank
+        return distributed_main(cfg, main, task.init_method)
     if world_size <= 1:
-        args.distributed_world_size = 1
-        args.distributed_rank = 0
-        return main(args)
+        cfg.distributed_world_size = 1
+        cfg.distributed_rank = 0
+        return main(cfg)
     if cfg.distributed_no_spawn:
         if not cfg.distributed_init_method:
             raise SeqtrainError(
                 "--distributed-no-spawn needs torchrun's environment (RANK, WORLD_SIZE, ...) or "
                 "--distributed-init-method URL with --distributed-rank"
             )
-        return distributed_main(args, main, cfg.distributed_init_method)
+        return distributed_main(cfg, main, cfg.distributed_init_method)
     if cfg.uses_cuda and world_size > torch.cuda.device_count():
         raise SeqtrainError(
             f"--distributed-world-size {world_size}: this node has {torch.cuda.device_count()} "
@@ -237,15 +228,13 @@ def call_main(args: argparse.Namespace, main: Callable[[argparse.Namespace], Any
         )
     port = cfg.distributed_port if cfg.distributed_port > 0 else _free_port()
     init_method = cfg.distributed_init_method or f"tcp://127.0.0.1:{port}"
-    return _spawn(args, main, world_size, init_method)
+    return _spawn(cfg, main, world_size, init_method)
 
 
-def _spawn(
-    args: argparse.Namespace, main: Callable, nprocs: int, init_method: str, rank_offset: int = 0
-) -> None:
+def _spawn(cfg: LaunchConfig, main: Callable, nprocs: int, init_method: str, rank_offset: int = 0) -> None:
     """Start ranks rank_offset .. rank_offset + nprocs - 1 of the job on this node, one process each."""
     context = torch.multiprocessing.spawn(
-        _spawned_rank, args=(args, main, init_method, rank_offset), nprocs=nprocs, join=False
+        _spawned_rank, args=(cfg, main, init_method, rank_offset), nprocs=nprocs, join=False
     )
     try:
         # After a rank fails, the others get SPAWN_GRACE_S seconds to end by themselves (gloo peers notice the
@@ -267,24 +256,21 @@ def _spawn(
         ) from None
 
 
-def _spawned_rank(
-    index: int, args: argparse.Namespace, main: Callable, init_method: str, rank_offset: int
-) -> None:
-    args.distributed_rank = rank_offset + index
-    args.device_id = index
-    distributed_main(args, main, init_method, print_traceback=True)
+def _spawned_rank(index: int, cfg: LaunchConfig, main: Callable, init_method: str, rank_offset: int) -> None:
+    cfg.distributed_rank = rank_offset + index
+    cfg.device_id = index
+    distributed_main(cfg, main, init_method, print_traceback=True)
 
 
 def distributed_main(
-    args: argparse.Namespace,
-    main: Callable[[argparse.Namespace], Any],
+    cfg: LaunchConfig,
+    main: Callable[[LaunchConfig], Any],
     init_method: str,
     print_traceback: bool = False,
 ) -> Any:
     """One rank: set the device, join the process group, run `main`, leave the group cleanly. An error leaves
     with its rank in the message (`print_traceback`: also print the traceback, which a spawned child's parent
     would otherwise reduce to one line)."""
-    cfg = LaunchConfig.from_args(args)
     rank, world_size = cfg.distributed_rank, cfg.distributed_world_size
     backend = backend_for(cfg)
     device = None
@@ -302,7 +288,7 @@ def distributed_main(
     )
     logger.info(f"distributed init (rank {rank} of {world_size}, backend {backend}): {init_method}")
     try:
-        result = main(args)
+        result = main(cfg)
     except SeqtrainError as e:
         raise SeqtrainError(f"rank {rank}: {e}") from None
     except BaseException as e:

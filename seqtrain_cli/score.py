@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from seqtrain.config import from_args
-from seqtrain.flags.parsers import get_score_parser
+from seqtrain.flags.tools import get_score_parser
 from seqtrain.scoring.settings import ScoreConfig
 from seqtrain_cli._main import run_cli
 

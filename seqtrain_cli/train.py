@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from seqtrain.flags.parsers import parse_train_args
+from seqtrain.flags.training import parse_train_args
 from seqtrain.generation.options import generation_flags
 from seqtrain_cli._main import run_cli
 

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from types import ModuleType
+from typing import Any
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "data" / "debdesc-sample"
@@ -148,3 +149,19 @@ def assert_same_state(a: dict, b: dict) -> None:
     assert a["lr_scheduler"] == b["lr_scheduler"]
     for k in ("num_updates", "epoch", "train_iterator", "best"):
         assert a["extra_state"][k] == b["extra_state"][k], k
+
+
+def optimizer_of(args: Any, params: Any) -> Any:
+    """The optimizer of parsed flags, as the training loop builds it: its settings read once, then the builder."""
+    from seqtrain.optim import build_optimizer
+    from seqtrain.train.loop import trainer_config
+
+    return build_optimizer(trainer_config(args).optim, params)
+
+
+def scheduler_of(args: Any, optimizer: Any) -> Any:
+    """The lr scheduler of parsed flags, as the training loop builds it."""
+    from seqtrain.optim import build_lr_scheduler
+    from seqtrain.train.loop import trainer_config
+
+    return build_lr_scheduler(trainer_config(args).schedule, optimizer)

@@ -41,6 +41,7 @@ sys.path.insert(0, REPO)
 
 from benchlib import peak_weights_  # noqa: E402  (scripts/bench/benchlib.py)
 
+from seqtrain.checkpoint.fairseq import model_config  # noqa: E402
 from seqtrain.checkpoint.files import save_checkpoint_file  # noqa: E402
 from seqtrain.checkpoint.load import load_model  # noqa: E402
 from seqtrain.checkpoint.native import make_checkpoint_state  # noqa: E402
@@ -72,7 +73,7 @@ def make_models(workdir: str, size: str) -> dict[str, str]:
             arch="bart_base", dropout=0.0, max_source_positions=MAX_SOURCE, max_target_positions=128
         )
         torch.manual_seed(0)
-        model = build_model(args, lm.src_dict, lm.tgt_dict)
+        model = build_model(model_config(args), lm.src_dict, lm.tgt_dict)
         peak_weights_(model, 3.0)  # </s> likely enough to end hypotheses at varied lengths
         state = {k: v.clone() for k, v in model.state_dict().items()}
     save_checkpoint_file(

@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         return generate_main(args)
     trainer, _ = lib.make_trainer(True, "bart_tiny", VOCAB, "bf16" if args.bf16 else None, *NARROW)
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
-    hf = lib.hf_model(trainer.args, state, VOCAB).train()
+    hf = lib.hf_model(argparse.Namespace(**trainer.run_args), state, VOCAB).train()
     opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, fused=True)
     pairs = [lib.make_pairs(4, (20, 30), (5, 8), VOCAB, seed=i) for i in range(args.steps)]
     samples = [lib.seqtrain_sample(p) for p in pairs]

@@ -114,32 +114,32 @@ def dump() -> dict:
 def seqtrain_actions(tool: str) -> dict:
     """seqtrain's flags for the tool (every component seqtrain shares with fairseq): {flag: action}."""
     from seqtrain.config import left_out
-    from seqtrain.flags import parsers
+    from seqtrain.flags import parsing, training
     from seqtrain.generation import options
 
     actions: dict = {}
     if tool == "fairseq-train":
         for opt in OPTIMIZERS:
             for sched in SCHEDULERS:
-                parser = parsers.get_training_parser()
-                parsers._add_choice_args(parser, "task", "translation")
-                parsers._add_choice_args(parser, "optimizer", opt)
-                parsers._add_choice_args(parser, "lr_scheduler", sched)
+                parser = training.get_training_parser()
+                parsing.add_choice_args(parser, "task", "translation")
+                parsing.add_choice_args(parser, "optimizer", opt)
+                parsing.add_choice_args(parser, "lr_scheduler", sched)
                 for flag, action in parser._option_string_actions.items():
                     actions.setdefault(flag, action)  # the defaults of the default components (adam, fixed)
         for task in ("denoising", MBART_TASK):
-            parser = parsers.get_training_parser()
-            parsers._add_choice_args(parser, "task", task)
+            parser = training.get_training_parser()
+            parsing.add_choice_args(parser, "task", task)
             for flag, action in parser._option_string_actions.items():
                 actions.setdefault(flag, action)
     else:
         for task in ("translation", MBART_TASK):
             parser = options.get_generation_parser()
-            parsers._add_choice_args(parser, "task", task)
+            parsing.add_choice_args(parser, "task", task)
             for flag, action in parser._option_string_actions.items():
                 actions.setdefault(flag, action)
-            train = parsers.get_training_parser()  # the flags seqtrain-generate takes and leaves out ...
-            parsers._add_choice_args(train, "task", task)
+            train = training.get_training_parser()  # the flags seqtrain-generate takes and leaves out ...
+            parsing.add_choice_args(train, "task", task)
             for flag in left_out(parser):  # ... are refused as doing nothing there: seqtrain-train's
                 actions.setdefault(flag, train._option_string_actions[flag])
     return actions

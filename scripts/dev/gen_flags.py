@@ -16,7 +16,7 @@ import seqtrain.tasks  # noqa: F401  (registers the tasks)
 from seqtrain import registry
 from seqtrain.config import left_out
 from seqtrain.evaluation.report import get_eval_parser
-from seqtrain.flags import parsers
+from seqtrain.flags import parsers, parsing, tools, training
 from seqtrain.generation import options
 from seqtrain.optim import lr_scheduler, optimizers
 from seqtrain.preprocess import options as preprocess_options
@@ -160,14 +160,14 @@ def main() -> None:
     out = [INTRO]
     parser_tables(preprocess_options.get_preprocessing_parser(), out)
     out.append(TRAIN)
-    parser = parsers.get_training_parser()
-    parsers._add_choice_args(parser, "task", "translation")
+    parser = training.get_training_parser()
+    parsing.add_choice_args(parser, "task", "translation")
     parsers._order_groups(parser)
     parser_tables(parser, out)
     parser = (
-        parsers.get_training_parser()
+        training.get_training_parser()
     )  # the denoising task's own flags (its DATA is a monolingual data-bin)
-    parsers._add_choice_args(parser, "task", "denoising")
+    parsing.add_choice_args(parser, "task", "denoising")
     group = next(g for g in parser._action_groups if g.title == "Task (denoising)")
     table("Task `denoising` (`--task denoising`, BART pretraining)", group._group_actions, out)
     choice = [a for a in choice_group(optimizers.add_args, "adam") if a.dest in ("optimizer", "lr")]
@@ -182,7 +182,7 @@ def main() -> None:
 
     out.append(GENERATE)
     parser = options.get_generation_parser()
-    parsers._add_choice_args(parser, "task", "translation")
+    parsing.add_choice_args(parser, "task", "translation")
     parsers._order_groups(parser)
     parser_tables(parser, out)
 
@@ -190,11 +190,11 @@ def main() -> None:
     interactive_tables(out)
 
     out.append("## seqtrain-convert\n")
-    parser_tables(parsers.get_convert_parser(), out)
+    parser_tables(tools.get_convert_parser(), out)
     out.append("## seqtrain-average-checkpoints\n")
-    parser_tables(parsers.get_average_parser(), out)
+    parser_tables(tools.get_average_parser(), out)
     out.append("## seqtrain-score\n")
-    parser_tables(parsers.get_score_parser(), out)
+    parser_tables(tools.get_score_parser(), out)
     out.append("## seqtrain-eval\n")
     parser_tables(get_eval_parser(), out)
     out.append(TUNE)

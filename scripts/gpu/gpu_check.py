@@ -236,7 +236,7 @@ def _seqtrain_speed(
 
     return (
         _train_toolkit(check, step, pairs, warmup, lambda p: _seqtrain_batch(check, p)),
-        trainer.args,
+        argparse.Namespace(**trainer.run_args),
         state,
         Seq2SeqFlops.from_model(trainer.model),
     )
@@ -723,7 +723,10 @@ def stage_profile(check: Check) -> dict[str, Any]:
     state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
     steps = {
         "seqtrain": (lambda s: trainer.train_step([s]), _seqtrain_batch),
-        "transformers": (_transformers_step(check, trainer.args, state, vocab), _transformers_batch),
+        "transformers": (
+            _transformers_step(check, argparse.Namespace(**trainer.run_args), state, vocab),
+            _transformers_batch,
+        ),
     }
     torch.backends.cuda.enable_cudnn_sdp(False)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if check.device.type == "cuda" else [])

@@ -10,13 +10,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf
+from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig
 from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.data import iterators
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import batch_layout
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.tasks.translation import TranslationTask
+from seqtrain.train import loop as train_loop
 from seqtrain.train.trainer import Trainer
 
 PAD, EOS = 1, 2
@@ -58,11 +62,13 @@ def make_trainer(
         argv.append("--cpu")
     if precision:
         argv.append(f"--{precision}")
-    targs = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    targs = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     task = TranslationTask(targs, d, d)
     torch.manual_seed(1)
-    model = task.build_model(targs)
-    return Trainer.from_args(targs, task, model, task.build_criterion(targs)), task
+    model = task.build_model(model_config(targs))
+    return train_loop.build_trainer(
+        targs, task, model, task.build_criterion(from_args(DistillationConfig, targs))
+    ), task
 
 
 def make_pairs(

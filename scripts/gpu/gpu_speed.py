@@ -649,7 +649,7 @@ def _train_variant(check: SpeedCheck, label: str, arch: str, variant: str) -> di
         check.cache[f"state:{label}"] = {
             k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()
         }
-        check.cache[f"targs:{label}"] = trainer.args
+        check.cache[f"targs:{label}"] = argparse.Namespace(**trainer.run_args)
     counter = Seq2SeqFlops.from_model(trainer.model)
 
     def step(update: list[dict[str, Any]]) -> dict[str, float] | None:
@@ -783,7 +783,7 @@ def _hf_twin(check: SpeedCheck, label: str, arch: str) -> tuple[Any, torch.optim
     if state is None:
         trainer, _ = lib.make_trainer(check.dry, arch, s.vocab, "bf16")
         state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
-        targs = trainer.args
+        targs = argparse.Namespace(**trainer.run_args)
     hf = lib.hf_model(targs, state, s.vocab).to(check.device).train()
     opt = torch.optim.AdamW(
         hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, fused=True

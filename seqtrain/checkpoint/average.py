@@ -221,7 +221,7 @@ def average_checkpoints(paths: list[str], unsafe: bool = False) -> dict[str, Any
 
 def main(cfg: AverageConfig) -> list[str]:
     """Average as seqtrain-average-checkpoints' flags say (AverageConfig's, read once from
-    seqtrain.flags.parsers.get_average_parser's parse by seqtrain_cli.average_checkpoints); returns the inputs
+    seqtrain.flags.tools.get_average_parser's parse by seqtrain_cli.average_checkpoints); returns the inputs
     used."""
     setup_logging()
     if (

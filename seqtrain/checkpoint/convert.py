@@ -107,7 +107,7 @@ HF_GENERATION_HELP = (
 
 def convert(cfg: ConvertConfig, generation: HfGenerationConfig | None = None) -> None:
     """Convert as seqtrain-convert's flags say (ConvertConfig's; HfGenerationConfig's for --to hf), read once
-    from seqtrain.flags.parsers.get_convert_parser's parse by the program's front end (seqtrain_cli.convert)."""
+    from seqtrain.flags.tools.get_convert_parser's parse by the program's front end (seqtrain_cli.convert)."""
     setup_logging()
     source = resolve_model_path(cfg.input, "input")  # a hub name: its cached snapshot
     # (an output that is a link to the input would be written through the link, over the input)

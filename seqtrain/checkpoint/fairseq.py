@@ -20,6 +20,8 @@ from seqtrain.checkpoint.files import (
 from seqtrain.checkpoint.train_state import EXTRA_STATE, TrainState
 from seqtrain.data.dictionary import Dictionary, add_language_symbols
 from seqtrain.errors import SeqtrainError
+from seqtrain.models.bart import BartConfig, arch_config
+from seqtrain.models.resize import parse_layers_to_keep
 from seqtrain.registry import ARCHS
 
 # Model fields copied from a fairseq checkpoint's args; the arch preset's own fields are added to these at
@@ -142,6 +144,20 @@ def fairseq_args(path: str, obj: dict) -> argparse.Namespace:
     if arch not in ARCHS:  # e.g. a fairseq-only bart_* variant: its explicit fields still describe it fully
         args.arch = "mbart_large" if str(arch).startswith("mbart") else "bart_large"
     return args
+
+
+def model_config(args: Any) -> BartConfig:
+    """The BartConfig that fairseq-style `args` (a checkpoint's, or a run's parsed flags) describe: the one
+    reading of them into the model's settings. As fairseq's arch functions do, the arch preset fills the fields
+    `args` leaves unset in `args` too, and the layer counts follow --*-layers-to-keep there: a loaded model's
+    args, and a run's checkpoints, name the model that was built."""
+    cfg = arch_config(getattr(args, "arch", None) or "bart_base", **vars(args))  # (an unknown arch: one line)
+    ARCHS.get(getattr(args, "arch", None) or "bart_base")(args)
+    for side in ("encoder", "decoder"):
+        keep = parse_layers_to_keep(getattr(args, f"{side}_layers_to_keep", None), f"--{side}-layers-to-keep")
+        if keep is not None:
+            setattr(args, f"{side}_layers", len(keep))
+    return cfg
 
 
 def fairseq_state_dict(

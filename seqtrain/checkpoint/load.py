@@ -24,6 +24,7 @@ import torch
 import torch.nn.init
 
 from seqtrain.checkpoint.checks import check_arch_overrides, check_model_args
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import CheckpointContents, check_still_mapped
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.tokenizer import build_tokenizer
@@ -104,7 +105,7 @@ def build_from_contents(
             setattr(ck.args, k, v)
         check_model_args(ck.args, ck.model, "--model-overrides")  # dimensions that fit the stored weights
     with _weights_left_uninitialized():
-        model = build_model(ck.args, ck.src_dict, ck.tgt_dict)
+        model = build_model(model_config(ck.args), ck.src_dict, ck.tgt_dict)
     state = resize_embeddings(
         keep_layers(ck.model, ck.args, ck.path),
         len(ck.src_dict),

@@ -35,9 +35,10 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     return group
 
 
-def build_criterion(args: Any, task_or_padding_idx: Any) -> CrossEntropyCriterion:
-    """Build `args.criterion` from its settings class (its `config`); the second argument is a task (its target
-    dictionary gives the pad index), a Dictionary, or the pad index itself."""
+def build_criterion(cfg: DistillationConfig, task_or_padding_idx: Any) -> CrossEntropyCriterion:
+    """Build criterion `cfg.criterion` from `cfg`, every criterion flag (the criteria's settings classes are
+    DistillationConfig's bases); the second argument is a task (its target dictionary gives the pad index), a
+    Dictionary, or the pad index itself."""
     if isinstance(task_or_padding_idx, int):
         pad = task_or_padding_idx
     else:
@@ -47,7 +48,6 @@ def build_criterion(args: Any, task_or_padding_idx: Any) -> CrossEntropyCriterio
                 obj = getattr(obj, attr)
                 break
         pad = obj.pad()
-    cfg = read_settings(DistillationConfig, args)  # every criterion flag (the criteria's settings extend it)
     name = cfg.criterion
     if name not in CRITERIONS:
         raise SeqtrainError(
@@ -56,10 +56,10 @@ def build_criterion(args: Any, task_or_padding_idx: Any) -> CrossEntropyCriterio
     if cfg.teacher_path and name != distillation.NAME:
         raise SeqtrainError(f"--teacher-path is read only by --criterion {distillation.NAME}, not {name}")
     cls = CRITERIONS.get(name)
-    if not hasattr(cls, "from_config"):  # a --user-dir plugin built from the flags themselves
-        return cls.from_args(args, pad)
+    if not hasattr(cls, "from_config"):  # a --user-dir plugin built fairseq-style: `cfg` serves as its args
+        return cls.from_args(cfg, pad)
     # the distillation criterion loads its teacher through the task and checks the task's dictionaries
-    return cls.from_config(read_settings(cls.config, args), task_or_padding_idx if cls.needs_task else pad)
+    return cls.from_config(read_settings(cls.config, cfg), task_or_padding_idx if cls.needs_task else pad)
 
 
 __all__ = [

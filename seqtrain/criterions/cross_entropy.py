@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from seqtrain.config import from_args as read_settings
 from seqtrain.config import setting, settings
 from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.flag_bounds import PROBABILITY, Bounds
@@ -246,11 +245,6 @@ class CrossEntropyCriterion:
             ignore_prefix_size=cfg.ignore_prefix_size,
             loss_chunk_mb=cfg.loss_chunk_mb,
         )
-
-    @classmethod
-    def from_args(cls, args: Any, padding_idx: int) -> CrossEntropyCriterion:
-        """The criterion of parsed flags (a library caller's Namespace may lack some: defaults fill them)."""
-        return cls.from_config(read_settings(cls.config, args), padding_idx)
 
     def __call__(
         self, model: Any, sample: dict[str, Any], reduce: bool = True

@@ -131,15 +131,15 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         if not os.path.exists(path):
             raise SeqtrainError(f"--teacher-path {path}: no such file or folder")
         if not hasattr(task, "load_teacher"):  # criteria sit below the checkpoint readers: the task loads it
-            raise SeqtrainError(f"--criterion {NAME}: build it from a task (task.build_criterion(args))")
+            raise SeqtrainError(f"--criterion {NAME}: build it from a task (task.build_criterion(cfg))")
         teacher = task.load_teacher(path)
         pad = task.target_dictionary.pad() if hasattr(task, "target_dictionary") else task.tgt_dict.pad()
-        data = str(getattr(task.args, "data", "")).split(":")[0]
+        data, langs = task.data_files()
         for side, ours, theirs in (
             ("source", getattr(task, "src_dict", None), teacher.src_dict),
             ("target", getattr(task, "tgt_dict", None), teacher.tgt_dict),
         ):
-            lang = getattr(task.args, f"{side}_lang", None)
+            lang = langs[side]
             _check_dictionary(theirs, ours, path, os.path.join(data, f"dict.{lang}.txt"))
         return cls(
             pad,

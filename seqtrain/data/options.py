@@ -167,20 +167,23 @@ def add_dataset_args(
     return group
 
 
-def check_dataset_args(args: argparse.Namespace) -> argparse.Namespace:
-    """Validate the batching flags and fill the validation defaults from the training ones (as fairseq)."""
-    if getattr(args, "max_tokens", None) is None and getattr(args, "batch_size", None) is None:
+def check_dataset_args(cfg: DatasetConfig) -> DatasetConfig:
+    """Validate the batching settings and fill the validation defaults from the training ones (as fairseq)."""
+    if cfg.max_tokens is None and cfg.batch_size is None:
         raise SeqtrainError("give the batch size with --max-tokens or --batch-size")
-    for flag in ("max_tokens", "batch_size", "max_tokens_valid", "batch_size_valid"):
-        value = getattr(args, flag, None)
+    train = isinstance(cfg, TrainDatasetConfig)
+    valid = ("max_tokens_valid", "batch_size_valid") if train else ()
+    for flag in ("max_tokens", "batch_size", *valid):
+        value = getattr(cfg, flag)
         if value is not None and value != "auto" and value <= 0:
             raise SeqtrainError(f"--{flag.replace('_', '-')} must be positive, got {value}")
-    if getattr(args, "required_batch_size_multiple", 1) < 1:
+    if cfg.required_batch_size_multiple < 1:
         raise SeqtrainError("--required-batch-size-multiple must be at least 1")
-    if getattr(args, "num_workers", 0) < 0:
+    if cfg.num_workers < 0:
         raise SeqtrainError("--num-workers must be 0 or more")
-    if hasattr(args, "max_tokens_valid") and args.max_tokens_valid is None:
-        args.max_tokens_valid = args.max_tokens
-    if hasattr(args, "batch_size_valid") and args.batch_size_valid is None:
-        args.batch_size_valid = args.batch_size
-    return args
+    if train:
+        if cfg.max_tokens_valid is None:
+            cfg.max_tokens_valid = cfg.max_tokens
+        if cfg.batch_size_valid is None:
+            cfg.batch_size_valid = cfg.batch_size
+    return cfg

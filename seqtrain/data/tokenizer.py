@@ -17,7 +17,6 @@ their spec, so multiprocessing workers rebuild them cheaply.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import io
 import json
@@ -441,24 +440,24 @@ class TokenizerConfig:
     gpt2_vocab_bpe: str | None = setting(None, "GPT-2 BPE vocab.bpe (for --tokenizer gpt2)", metavar="FP")
 
 
-def tokenizer_from_args(args: argparse.Namespace, train_files: Sequence[str] = ()) -> Tokenizer:
-    """Load the tokenizer the flags name, training a sentencepiece model on `train_files` if none is given."""
-    kind = getattr(args, "tokenizer", "none") or "none"
+def load_tokenizer(cfg: TokenizerConfig, train_files: Sequence[str] = ()) -> Tokenizer:
+    """Load the tokenizer `cfg` names, training a sentencepiece model on `train_files` if none is given."""
+    kind = cfg.tokenizer or "none"
     if kind == "none":
         return WhitespaceTokenizer()
     if kind == "gpt2":
-        if not (args.gpt2_encoder_json and args.gpt2_vocab_bpe):
+        if not (cfg.gpt2_encoder_json and cfg.gpt2_vocab_bpe):
             raise SeqtrainError("--tokenizer gpt2 needs --gpt2-encoder-json and --gpt2-vocab-bpe")
-        return GPT2BPETokenizer.from_files(args.gpt2_encoder_json, args.gpt2_vocab_bpe)
+        return GPT2BPETokenizer.from_files(cfg.gpt2_encoder_json, cfg.gpt2_vocab_bpe)
     if kind == "sentencepiece":
-        if getattr(args, "spm_model", None):
-            return SentencePieceTokenizer.from_file(args.spm_model)
+        if cfg.spm_model:
+            return SentencePieceTokenizer.from_file(cfg.spm_model)
         if not train_files:
             raise SeqtrainError("--tokenizer sentencepiece needs --spm-model or training text to learn from")
         return SentencePieceTokenizer.train(
             train_files,
-            vocab_size=args.spm_vocab_size,
-            model_type=args.spm_model_type,
-            character_coverage=args.spm_character_coverage,
+            vocab_size=cfg.spm_vocab_size,
+            model_type=cfg.spm_model_type,
+            character_coverage=cfg.spm_character_coverage,
         )
     raise SeqtrainError(f"--tokenizer: unknown kind {kind!r}; choose from sentencepiece, gpt2, none")

@@ -2,7 +2,7 @@
 
 Keys are flag names (with - or _), at the top level or in sections (nested mappings, any names: the section
 names only group); each value is converted as argparse would convert it on the command line, and a bad key or
-value is an error naming the file, the line and the key. seqtrain.flags.parsers applies the file between the command
+value is an error naming the file, the line and the key. seqtrain.flags.parsing applies the file between the command
 line and the `--arch` preset, and `config_text` writes the resolved flags of a run back as such a file.
 """
 

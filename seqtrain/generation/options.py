@@ -22,7 +22,7 @@ from seqtrain.config import add_settings, leave_out, left_out
 from seqtrain.data import options as data_options
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
-from seqtrain.flags import fairseq_compat, parsers
+from seqtrain.flags import fairseq_compat, parsers, parsing, training
 from seqtrain.flags.config_file import actions_by_key, load_config
 from seqtrain.generation.interactive import InteractiveConfig
 from seqtrain.generation.output import OutputConfig
@@ -100,7 +100,7 @@ def _other_programs_flags(interactive: bool) -> Callable[[argparse.Namespace], d
     seqtrain-interactive seqtrain-generate's too."""
 
     def flags(choices: argparse.Namespace) -> dict[str, argparse.Action]:
-        out = parsers.training_flags(choices)
+        out = training.training_flags(choices)
         if interactive:
             out.update(generation_flags(choices))
         return out
@@ -112,7 +112,7 @@ def generation_flags(choices: argparse.Namespace) -> dict[str, argparse.Action]:
     """seqtrain-generate's flags keyed as config keys (those seqtrain-train skips in a preset)."""
     try:
         other = get_generation_parser()
-        parsers._add_choice_args(other, "task", choices.task)
+        parsing.add_choice_args(other, "task", choices.task)
     except SeqtrainError:  # an unknown component is reported by the parser that owns it
         return {}
     return actions_by_key(other)
@@ -129,7 +129,7 @@ def parse_generation_args(
     argv = list(sys.argv[1:] if argv is None else argv)
     fairseq_compat.import_user_dir_of(argv)
     parser = parser or (get_interactive_parser() if interactive else get_generation_parser())
-    args = parsers.parse_args_and_arch(parser, argv, other_flags=_other_programs_flags(interactive))
+    args = parsing.parse_args_and_arch(parser, argv, other_flags=_other_programs_flags(interactive))
     given = {a.dest for a in parser._actions if set(a.option_strings) & {x.split("=", 1)[0] for x in argv}}
     if args.config:
         config, _ = load_config(args.config)

@@ -85,16 +85,6 @@ class InputConfig:
 
 
 @dataclass
-class BpeFlags:
-    """fairseq's --bpe flags (seqtrain.flags.fairseq_compat), checked against the data-bin's own tokenizer."""
-
-    bpe: str | None = None
-    sentencepiece_model: str | None = None
-    gpt2_encoder_json: str | None = None
-    gpt2_vocab_bpe: str | None = None
-
-
-@dataclass
 class GenerateConfig:
     """What seqtrain-generate (and -interactive, -tune) read of their flags: made once from the parsed flags
     at the program's front end (from_args), each group as its component declares it."""
@@ -112,7 +102,7 @@ class GenerateConfig:
     inputs: InputConfig = field(default_factory=InputConfig)
     outputs: OutputConfig = field(default_factory=OutputConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
-    bpe: BpeFlags = field(default_factory=BpeFlags)
+    bpe: bpe_flags.BpeConfig = field(default_factory=bpe_flags.BpeConfig)
 
 
 def apply_model_defaults(loaded: runner.GenerationModel, search: GenerationConfig, given: set[str]) -> None:

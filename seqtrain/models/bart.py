@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+from dataclasses import fields, replace
 from typing import Any
 
 import torch
@@ -38,8 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from seqtrain.config import add_settings, setting, settings
-from seqtrain.config import from_args as read_settings
+from seqtrain.config import add_settings, field_default, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import POSITIVE_FLOAT, PROBABILITY, Bounds
 from seqtrain.models.lora import apply_lora, parse_targets
@@ -67,7 +67,7 @@ Layout = dict[str, Any]
 
 def _arch(default: Any, text: str, **kw: Any) -> Any:
     """A model setting: the field's default is bart_base's; the flag's is None, so the --arch preset fills what the
-    command line and --config leave unset (seqtrain.flags.parsers)."""
+    command line and --config leave unset (seqtrain.flags.parsing)."""
     return setting(default, text, flag_default=None, **kw)
 
 
@@ -183,15 +183,6 @@ class BartConfig:
         "recompute each layer's activations in the backward pass (less memory, more compute)",
         action="store_true",
     )
-
-    @classmethod
-    def from_args(
-        cls, args: argparse.Namespace, vocab_size: int, tgt_vocab_size: int | None = None
-    ) -> BartConfig:
-        cfg = read_settings(cls, args, vocab_size=vocab_size, tgt_vocab_size=tgt_vocab_size)
-        if not cfg.activation_dropout and cfg.relu_dropout:
-            cfg.activation_dropout = cfg.relu_dropout
-        return cfg
 
 
 def _check_config(cfg: BartConfig) -> None:
@@ -553,26 +544,29 @@ class BARTModel(nn.Module):
 # ---------------------------------------------------------------- arch presets and flags
 
 
-def _fill(args: argparse.Namespace, **defaults: Any) -> None:
+# A preset fills the fields `cfg` leaves None: a BartConfig from arch_config, or the parsed flags, which the
+# parser hands it so that --print-config and the checkpoints' args show the sizes (fairseq's arch functions do
+# the same to their args; a --user-dir arch written that way works on either).
+def _fill(cfg: Any, **defaults: Any) -> None:
     for name, value in defaults.items():
-        if getattr(args, name, None) is None:
-            setattr(args, name, value)
+        if getattr(cfg, name, None) is None:
+            setattr(cfg, name, value)
 
 
-def _fill_common(args: argparse.Namespace, dim: int, ffn: int, layers: int, heads: int) -> None:
+def _fill_common(cfg: Any, dim: int, ffn: int, layers: int, heads: int) -> None:
     """fairseq's bart_large_architecture logic: decoder sizes default to the encoder's (so --encoder-* flags
     carry over), dropout 0.1, attention/activation dropout 0, 1024 positions, shared embeddings, GELU."""
     _fill(
-        args,
+        cfg,
         encoder_embed_dim=dim,
         encoder_ffn_embed_dim=ffn,
         encoder_layers=layers,
         encoder_attention_heads=heads,
     )
     _fill(
-        args,
-        decoder_embed_dim=args.encoder_embed_dim,
-        decoder_ffn_embed_dim=args.encoder_ffn_embed_dim,
+        cfg,
+        decoder_embed_dim=cfg.encoder_embed_dim,
+        decoder_ffn_embed_dim=cfg.encoder_ffn_embed_dim,
         decoder_layers=layers,
         decoder_attention_heads=heads,
         dropout=0.1,
@@ -593,43 +587,43 @@ def _fill_common(args: argparse.Namespace, dim: int, ffn: int, layers: int, head
 
 
 @ARCHS.register("bart_large")
-def bart_large(args: argparse.Namespace) -> None:
-    _fill_common(args, 1024, 4096, 12, 16)
+def bart_large(cfg: Any) -> None:
+    _fill_common(cfg, 1024, 4096, 12, 16)
 
 
 @ARCHS.register("bart_base")
-def bart_base(args: argparse.Namespace) -> None:
-    _fill_common(args, 768, 3072, 6, 12)
+def bart_base(cfg: Any) -> None:
+    _fill_common(cfg, 768, 3072, 6, 12)
 
 
 @ARCHS.register("bart_small")
-def bart_small(args: argparse.Namespace) -> None:
-    _fill_common(args, 256, 1024, 3, 4)
+def bart_small(cfg: Any) -> None:
+    _fill_common(cfg, 256, 1024, 3, 4)
 
 
 @ARCHS.register("bart_tiny")
-def bart_tiny(args: argparse.Namespace) -> None:
-    _fill_common(args, 64, 128, 2, 4)
+def bart_tiny(cfg: Any) -> None:
+    _fill_common(cfg, 64, 128, 2, 4)
 
 
-def _fill_mbart(args: argparse.Namespace) -> None:
+def _fill_mbart(cfg: Any) -> None:
     """mBART's layout over BART's sizes: fairseq's mbart_*_architecture scales the embeddings by sqrt(dim), and
     mBART is pre-norm (each stack ends with a layer norm), which fairseq's recipes (examples/mbart) ask for with
     --encoder-normalize-before --decoder-normalize-before; here the preset sets it, as the released models
     have it."""
-    _fill(args, no_scale_embedding=False, encoder_normalize_before=True, decoder_normalize_before=True)
+    _fill(cfg, no_scale_embedding=False, encoder_normalize_before=True, decoder_normalize_before=True)
 
 
 @ARCHS.register("mbart_large")
-def mbart_large(args: argparse.Namespace) -> None:
-    _fill_mbart(args)
-    bart_large(args)
+def mbart_large(cfg: Any) -> None:
+    _fill_mbart(cfg)
+    bart_large(cfg)
 
 
 @ARCHS.register("mbart_base")
-def mbart_base(args: argparse.Namespace) -> None:
-    _fill_mbart(args)
-    bart_base(args)
+def mbart_base(cfg: Any) -> None:
+    _fill_mbart(cfg)
+    bart_base(cfg)
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
@@ -638,31 +632,50 @@ def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     return add_settings(parser, BartConfig)
 
 
-def build_model(args: argparse.Namespace, src_dict: Any, tgt_dict: Any) -> BARTModel:
-    """Fill args from the --arch preset (explicit flags win), then build a BARTModel for these dictionaries."""
-    arch = getattr(args, "arch", None) or "bart_base"
+def arch_config(arch: str = "bart_base", /, **given: Any) -> BartConfig:
+    """The BartConfig of preset `arch` (a registered arch, --user-dir ones included), with the fields `given`
+    (fairseq's names; others are ignored) winning over it: the preset fills only what they leave None."""
     try:
         preset = ARCHS.get(arch)
     except KeyError as e:
         raise SeqtrainError(f"--arch: {e.args[0]}") from None
-    preset(args)
+    names = {f.name for f in fields(BartConfig)}
+    cfg = BartConfig(**{n: given.get(n) for n in names})
+    preset(cfg)
+    for f in fields(BartConfig):  # what the preset leaves unset keeps the field's default
+        if getattr(cfg, f.name) is None:
+            setattr(cfg, f.name, field_default(f))
+    return cfg
+
+
+def build_model(cfg: BartConfig, src_dict: Any, tgt_dict: Any) -> BARTModel:
+    """A BARTModel of `cfg` (its preset already applied: the parsed flags, or arch_config) for these
+    dictionaries; their sizes set the vocabulary."""
+    changes: dict[str, Any] = {}
     for side in ("encoder", "decoder"):  # fairseq: the layer count follows the layers kept
-        keep = parse_layers_to_keep(getattr(args, f"{side}_layers_to_keep", None), f"--{side}-layers-to-keep")
+        keep = parse_layers_to_keep(getattr(cfg, f"{side}_layers_to_keep"), f"--{side}-layers-to-keep")
         if keep is not None:
-            setattr(args, f"{side}_layers", len(keep))
+            changes[f"{side}_layers"] = len(keep)
     for flag in ("share_decoder_input_output_embed", "layernorm_embedding"):
-        if getattr(args, flag) is False:
+        if getattr(cfg, flag) is False:
             raise SeqtrainError(f"--{flag.replace('_', '-')} is always on in BART; it cannot be turned off")
     pad = src_dict.pad() if hasattr(src_dict, "pad") else 1
     tgt_pad = tgt_dict.pad() if hasattr(tgt_dict, "pad") else 1
     if pad != tgt_pad:
         raise SeqtrainError(f"source and target dictionaries disagree on the pad index ({pad} vs {tgt_pad})")
-    if args.share_all_embeddings and len(src_dict) != len(tgt_dict):
+    if cfg.share_all_embeddings and len(src_dict) != len(tgt_dict):
         raise SeqtrainError(
             f"--share-all-embeddings needs a joined dictionary: source has {len(src_dict)} symbols, "
             f"target {len(tgt_dict)} (preprocess with --joined-dictionary, or pass --no-share-all-embeddings)"
         )
-    cfg = BartConfig.from_args(args, len(src_dict), None if args.share_all_embeddings else len(tgt_dict))
+    if not cfg.activation_dropout and cfg.relu_dropout:  # fairseq's old name, read when the new one is 0
+        changes["activation_dropout"] = cfg.relu_dropout
+    cfg = replace(
+        cfg,
+        vocab_size=len(src_dict),
+        tgt_vocab_size=None if cfg.share_all_embeddings else len(tgt_dict),
+        **changes,
+    )
     model = BARTModel(cfg, padding_idx=pad)
     if cfg.lora_rank:
         apply_lora(

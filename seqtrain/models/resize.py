@@ -175,7 +175,7 @@ def parse_layers_to_keep(value: Any, flag: str) -> list[int] | None:
     return sorted(layers)
 
 
-def keep_layers(state: dict[str, torch.Tensor], args: Any, where: str) -> dict[str, torch.Tensor]:
+def keep_layers(state: dict[str, torch.Tensor], cfg: Any, where: str) -> dict[str, torch.Tensor]:
     """fairseq's prune_state_dict: with --encoder-layers-to-keep / --decoder-layers-to-keep, keep those layers
     of a deeper checkpoint, renumbered 0, 1, ... in index order (how DistilBART's students were made); the other
     layers are dropped. A state that already has as many layers as are kept (the student's own checkpoint, a
@@ -183,7 +183,7 @@ def keep_layers(state: dict[str, torch.Tensor], args: Any, where: str) -> dict[s
     out, done = dict(state), []
     for side in ("encoder", "decoder"):
         flag = f"--{side}-layers-to-keep"
-        keep = parse_layers_to_keep(getattr(args, f"{side}_layers_to_keep", None), flag)
+        keep = parse_layers_to_keep(getattr(cfg, f"{side}_layers_to_keep", None), flag)
         have = _layer_count(state, side)
         if keep is None or have == len(keep):
             continue

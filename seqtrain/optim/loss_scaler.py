@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from seqtrain.config import add_settings, setting, settings
-from seqtrain.config import from_args as read_settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import POSITIVE_FLOAT, POSITIVE_INT, PROBABILITY, Bounds
 
@@ -103,14 +102,6 @@ class DynamicLossScaler:
             threshold=cfg.threshold_loss_scale,
             min_loss_scale=cfg.min_loss_scale,
         )
-
-    @classmethod
-    def from_args(cls, args: Any, world_size: int = 1) -> DynamicLossScaler:
-        """The scaler of parsed flags (a hand-made Namespace may lack some: defaults fill them); the window's
-        default follows the first --update-freq."""
-        update_freq = getattr(args, "update_freq", None) or [1]  # OptimizationConfig's (the optim package)
-        update_freq = update_freq[0] if isinstance(update_freq, (list, tuple)) else update_freq
-        return cls.from_config(read_settings(LossScalerConfig, args), world_size, int(update_freq))
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.loss_scale

@@ -1,7 +1,7 @@
 """Learning-rate schedulers with fairseq 0.12's names, flags and semantics.
 
 Call sequence the trainer follows (as fairseq's trainer does):
-  scheduler = build_lr_scheduler(args, optimizer); scheduler.step_update(0)     # right after building
+  scheduler = build_lr_scheduler(cfg, optimizer); scheduler.step_update(0)     # right after building
   each epoch (1-based):  scheduler.step_begin_epoch(epoch)
   after each counted update:  scheduler.step_update(num_updates)                 # num_updates already incremented
   at epoch end, after validation:  scheduler.step(epoch, val_loss)
@@ -16,7 +16,6 @@ import math
 from dataclasses import field
 from typing import Any
 
-from seqtrain.config import from_args as read_settings
 from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import FLOAT_MAX, POSITIVE_FLOAT, POSITIVE_INT, Bounds
@@ -63,6 +62,7 @@ def _force_anneal() -> Any:
 class SchedulerConfig:
     """LR scheduler: what every schedule reads besides its own flags (the optimizer's, training's)"""
 
+    lr_scheduler: str = "fixed"  # the chosen --lr-scheduler (its class: SCHEDULER_CONFIGS)
     lr: list[float] = field(default_factory=lambda: [0.25])  # --lr (the optimizer's flag)
     max_update: int = 0  # OptimizationConfig's --max-update
     maximize_best_checkpoint_metric: bool = False  # CheckpointConfig's
@@ -159,9 +159,8 @@ class LRScheduler:
     # attributes the schedule depends on besides `best`: saved and restored, so a resumed run continues exactly
     state_keys: tuple[str, ...] = ()
 
-    def __init__(self, args: Any, optimizer: Optimizer):
-        # this schedule's settings, read once (a --user-dir schedule without its own class reads the common ones)
-        self.cfg = read_settings(SCHEDULER_CONFIGS.get(self.name, SchedulerConfig), args)
+    def __init__(self, cfg: Any, optimizer: Optimizer):
+        self.cfg = cfg  # this schedule's settings (scheduler_config(name), filled once by the training loop)
         self.optimizer = optimizer
         self.lrs = parse_lr_list(self.cfg.lr)
         self.best: float | None = None
@@ -205,8 +204,8 @@ class FixedSchedule(LRScheduler):
     name = "fixed"
     state_keys = ("lr", "warmup_factor")
 
-    def __init__(self, args: Any, optimizer: Optimizer):
-        super().__init__(args, optimizer)
+    def __init__(self, cfg: Any, optimizer: Optimizer):
+        super().__init__(cfg, optimizer)
         self.lr = self.lrs[0]
         self.warmup_updates = int(self.opt("warmup_updates") or 0)
         self.warmup_factor = 1.0 / self.warmup_updates if self.warmup_updates > 0 else 1.0
@@ -238,8 +237,8 @@ class InverseSquareRootSchedule(LRScheduler):
     name = "inverse_sqrt"
     state_keys = ("lr",)
 
-    def __init__(self, args: Any, optimizer: Optimizer):
-        super().__init__(args, optimizer)
+    def __init__(self, cfg: Any, optimizer: Optimizer):
+        super().__init__(cfg, optimizer)
         peak = self._single_lr()
         self.warmup_updates = int(self.opt("warmup_updates"))
         if self.warmup_updates <= 0:
@@ -267,8 +266,8 @@ class PolynomialDecaySchedule(LRScheduler):
     name = "polynomial_decay"
     state_keys = ("lr", "warmup_factor")
 
-    def __init__(self, args: Any, optimizer: Optimizer):
-        super().__init__(args, optimizer)
+    def __init__(self, cfg: Any, optimizer: Optimizer):
+        super().__init__(cfg, optimizer)
         self.lr = self.lrs[0]
         self.warmup_updates = int(self.opt("warmup_updates") or 0)
         self.warmup_factor = 1.0 / self.warmup_updates if self.warmup_updates > 0 else 1.0
@@ -317,8 +316,8 @@ class ReduceLROnPlateauSchedule(LRScheduler):
     name = "reduce_lr_on_plateau"
     state_keys = ("last_epoch", "num_bad_epochs", "lr", "warmup_end")
 
-    def __init__(self, args: Any, optimizer: Optimizer):
-        super().__init__(args, optimizer)
+    def __init__(self, cfg: Any, optimizer: Optimizer):
+        super().__init__(cfg, optimizer)
         peak = self._single_lr()
         self.maximize = self.cfg.maximize_best_checkpoint_metric
         self.shrink = float(self.opt("lr_shrink"))
@@ -374,8 +373,8 @@ class CosineSchedule(LRScheduler):
     name = "cosine"
     state_keys = ("lr",)
 
-    def __init__(self, args: Any, optimizer: Optimizer):
-        super().__init__(args, optimizer)
+    def __init__(self, cfg: Any, optimizer: Optimizer):
+        super().__init__(cfg, optimizer)
         lr = self._single_lr()
         max_lr = self.opt("max_lr")
         if max_lr is not None:  # fairseq <= 0.10: --lr is the floor, --max-lr the peak
@@ -423,11 +422,17 @@ class CosineSchedule(LRScheduler):
         return self.lr
 
 
-def build_lr_scheduler(args: Any, optimizer: Optimizer) -> LRScheduler:
-    """Build `args.lr_scheduler` (default fixed) driving `optimizer`'s learning rate."""
-    name = getattr(args, "lr_scheduler", None) or "fixed"
+def scheduler_config(name: str) -> type:
+    """The settings class of scheduler `name` (a --user-dir schedule without one of its own: the common one)."""
+    return SCHEDULER_CONFIGS.get(name, SchedulerConfig)
+
+
+def build_lr_scheduler(cfg: SchedulerConfig, optimizer: Optimizer) -> LRScheduler:
+    """Build scheduler `cfg.lr_scheduler` (its settings: scheduler_config(name)) driving `optimizer`'s rate;
+    a registered scheduler class, --user-dir ones included, gets `cfg` as fairseq's get their args."""
+    name = cfg.lr_scheduler or "fixed"
     if name not in LR_SCHEDULERS:
         raise SeqtrainError(
             f"--lr-scheduler: unknown scheduler {name!r}; choose from: {', '.join(LR_SCHEDULERS.names())}"
         )
-    return LR_SCHEDULERS.get(name)(args, optimizer)
+    return LR_SCHEDULERS.get(name)(cfg, optimizer)

@@ -1,6 +1,6 @@
 """Optimizers with fairseq's names, flags and update rules: adam, nag, sgd, adafactor.
 
-`build_optimizer(args, params)` returns an `Optimizer`: a thin wrapper over a torch optimizer with fairseq's
+`build_optimizer(cfg, params)` returns an `Optimizer`: a thin wrapper over a torch optimizer with fairseq's
 `get_lr / set_lr`, gradient helpers, and a state dict of plain tensors and Python values (so checkpoints load
 with `torch.load(weights_only=True)`).
 
@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from seqtrain.config import add_settings, field_default, setting, settings
-from seqtrain.config import from_args as read_settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import POSITIVE_FLOAT, PROBABILITY, Bounds
 from seqtrain.optim.overrides import check_optimizer_overrides
@@ -113,6 +112,7 @@ def _momentum(default: float) -> Any:
 class LrConfig:
     """Optimizer: the learning rate every optimizer takes"""
 
+    optimizer: str = "adam"  # the chosen --optimizer (its class: OPTIMIZER_CONFIGS; a plugin's: this one)
     # 0: weights stay as loaded (checks of loading and resuming)
     lr: list[float] = setting(
         [0.25],
@@ -485,12 +485,11 @@ def _trainable(params: Iterable) -> list:
 
 
 @OPTIMIZERS.register("adam")
-def build_adam(args: Any, params: Iterable) -> Optimizer:
+def build_adam(c: AdamConfig, params: Iterable) -> Optimizer:
     """fairseq's adam (decoupled weight decay, i.e. AdamW). Differs from fairseq's own loop only in where eps
     enters the bias correction (torch: sqrt(v/bc2) + eps; fairseq: (sqrt(v) + eps)/sqrt(bc2)), which matters only
     while sqrt(v) is comparable to eps."""
     params = _trainable(params)
-    c = read_settings(AdamConfig, args)
     kw = dict(
         lr=parse_lr_list(c.lr)[0],
         betas=_literal_floats(c.adam_betas, "--adam-betas", 2),
@@ -506,8 +505,7 @@ def build_adam(args: Any, params: Iterable) -> Optimizer:
 
 
 @OPTIMIZERS.register("nag")
-def build_nag(args: Any, params: Iterable) -> Optimizer:
-    c = read_settings(NagConfig, args)
+def build_nag(c: NagConfig, params: Iterable) -> Optimizer:
     return Optimizer(
         NAG(
             _trainable(params),
@@ -520,8 +518,7 @@ def build_nag(args: Any, params: Iterable) -> Optimizer:
 
 
 @OPTIMIZERS.register("sgd")
-def build_sgd(args: Any, params: Iterable) -> Optimizer:
-    c = read_settings(SgdConfig, args)
+def build_sgd(c: SgdConfig, params: Iterable) -> Optimizer:
     return Optimizer(
         torch.optim.SGD(
             _trainable(params),
@@ -535,10 +532,9 @@ def build_sgd(args: Any, params: Iterable) -> Optimizer:
 
 
 @OPTIMIZERS.register("adafactor")
-def build_adafactor(args: Any, params: Iterable) -> Optimizer:
+def build_adafactor(c: AdafactorConfig, params: Iterable) -> Optimizer:
     """fairseq's adafactor flags. With --relative-step the step size comes from the step count and --lr is
     ignored (fairseq refuses the combination, but its --lr always has a value, so it could never be used)."""
-    c = read_settings(AdafactorConfig, args)
     opt = Adafactor(
         _trainable(params),
         lr=None if c.relative_step else parse_lr_list(c.lr)[0],
@@ -554,11 +550,18 @@ def build_adafactor(args: Any, params: Iterable) -> Optimizer:
     return Optimizer(opt, "adafactor")
 
 
-def build_optimizer(args: Any, params: Iterable) -> Optimizer:
-    """Build `args.optimizer` over `params` (tensors; those without requires_grad are dropped, or param groups)."""
-    name = getattr(args, "optimizer", None) or "adam"
+def optimizer_config(name: str) -> type:
+    """The settings class of optimizer `name` (a --user-dir optimizer without one of its own: LrConfig)."""
+    return OPTIMIZER_CONFIGS.get(name, LrConfig)
+
+
+def build_optimizer(cfg: LrConfig, params: Iterable) -> Optimizer:
+    """Build optimizer `cfg.optimizer` over `params` (tensors; those without requires_grad are dropped, or param
+    groups). `cfg`: its settings (optimizer_config(name)); a registered builder, --user-dir ones included, gets
+    it as fairseq's builders get their args (attribute access works the same)."""
+    name = cfg.optimizer or "adam"
     if name not in OPTIMIZERS:
         raise SeqtrainError(
             f"--optimizer: unknown optimizer {name!r}; choose from: {', '.join(OPTIMIZERS.names())}"
         )
-    return OPTIMIZERS.get(name)(args, params)
+    return OPTIMIZERS.get(name)(cfg, params)

@@ -44,8 +44,8 @@ from seqtrain.data.tokenizer import (
     Tokenizer,
     TokenizerConfig,
     build_tokenizer,
+    load_tokenizer,
     save_databin_tokenizer,
-    tokenizer_from_args,
 )
 from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
@@ -620,7 +620,7 @@ def make_tokenizer(cfg: PreprocessRun, train: SplitInput | None, work: str) -> T
     if cfg.tokenizer.tokenizer == "sentencepiece" and not cfg.tokenizer.spm_model:
         tokenizer = train_sentencepiece(cfg, [train.paths[lang] for lang in languages(cfg)], train.n_lines)
     else:
-        tokenizer = tokenizer_from_args(cfg.tokenizer)
+        tokenizer = load_tokenizer(cfg.tokenizer)
     save_databin_tokenizer(work, tokenizer)
     return tokenizer
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from seqtrain.errors import SeqtrainError
@@ -12,12 +11,24 @@ from seqtrain.tasks.translation import TranslationTask
 from seqtrain.tasks.translation_from_pretrained_bart import TranslationFromPretrainedBARTTask
 
 
-def setup_task(args: argparse.Namespace) -> Any:
-    """Build `args.task` (default translation) from args: dictionaries, tokenizer spec."""
-    name = getattr(args, "task", None) or "translation"
+def task_class(name: str | None) -> Any:
+    """The registered task `name` (default translation); its settings class is its `config`."""
+    name = name or "translation"
     if name not in TASKS:
         raise SeqtrainError(f"--task: unknown task {name!r}; choose from: {', '.join(TASKS.names())}")
-    return TASKS.get(name).setup_task(args)
+    return TASKS.get(name)
 
 
-__all__ = ["DenoisingTask", "TranslationFromPretrainedBARTTask", "TranslationTask", "setup_task"]
+def setup_task(cfg: Any) -> Any:
+    """Build task `cfg.task` from its settings (an instance of its class's `config`): dictionaries, tokenizer
+    spec. A --user-dir task gets its config as fairseq's tasks get their args (attribute access works the same)."""
+    return task_class(cfg.task).setup_task(cfg)
+
+
+__all__ = [
+    "DenoisingTask",
+    "TranslationFromPretrainedBARTTask",
+    "TranslationTask",
+    "setup_task",
+    "task_class",
+]

@@ -5,11 +5,22 @@ they name it, and is refused with one line where they name another. Read by the 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.tokenizer import GPT2BPETokenizer, SentencePieceTokenizer, load_databin_tokenizer
 from seqtrain.errors import SeqtrainError
+
+
+@dataclass
+class BpeConfig:
+    """fairseq's --bpe flags (declared in seqtrain.flags.fairseq_compat, read here)."""
+
+    bpe: str | None = None
+    sentencepiece_model: str | None = None
+    gpt2_encoder_json: str | None = None
+    gpt2_vocab_bpe: str | None = None
 
 
 def _read_bytes(path: str, flag: str) -> bytes:
@@ -20,11 +31,10 @@ def _read_bytes(path: str, flag: str) -> bytes:
         raise SeqtrainError(f"{flag} {path}: cannot read it ({e.strerror or e})") from None
 
 
-def _named_tokenizer(args: Any) -> tuple[Any, list[tuple[str, str, bytes]]] | None:
+def _named_tokenizer(cfg: BpeConfig) -> tuple[Any, list[tuple[str, str, bytes]]] | None:
     """(the tokenizer fairseq's --bpe flags name, [(flag, path, bytes) of each file given]); None without --bpe.
     fairseq's default gpt2 files are URLs, which seqtrain does not fetch: those name no file to compare."""
-    bpe = getattr(args, "bpe", None)
-    spm = getattr(args, "sentencepiece_model", None)
+    bpe, spm = cfg.bpe, cfg.sentencepiece_model
     if bpe is None:
         given = [f for f, v in (("--sentencepiece-model", spm),) if v]
         if given:
@@ -42,8 +52,8 @@ def _named_tokenizer(args: Any) -> tuple[Any, list[tuple[str, str, bytes]]] | No
     files = [
         (flag, path, _read_bytes(path, flag))
         for flag, path in (
-            ("--gpt2-encoder-json", args.gpt2_encoder_json),
-            ("--gpt2-vocab-bpe", args.gpt2_vocab_bpe),
+            ("--gpt2-encoder-json", cfg.gpt2_encoder_json),
+            ("--gpt2-vocab-bpe", cfg.gpt2_vocab_bpe),
         )
         if path and not path.startswith(("http://", "https://"))
     ]
@@ -52,16 +62,16 @@ def _named_tokenizer(args: Any) -> tuple[Any, list[tuple[str, str, bytes]]] | No
     return None, files  # the data-bin's gpt2 tokenizer is the one (its files compared below, if given)
 
 
-def databin_tokenizer(args: Any, data_dir: str) -> Any:
+def databin_tokenizer(cfg: BpeConfig, data_dir: str) -> Any:
     """The data-bin's tokenizer (seqtrain.data.tokenizer.load_databin_tokenizer), checked against fairseq's
     --bpe flags when given: the same kind and the same model file bytes; a fairseq data-bin (no tokenizer.json)
     takes the model they name once every dictionary symbol is one of its tokens."""
     have = load_databin_tokenizer(data_dir)
-    named = _named_tokenizer(args)
+    named = _named_tokenizer(cfg)
     if named is None:
         return have
     tok, files = named
-    bpe = args.bpe
+    bpe = cfg.bpe
     if have.kind == "none" and not os.path.exists(os.path.join(data_dir, "tokenizer.json")):
         if tok is None:
             raise SeqtrainError(

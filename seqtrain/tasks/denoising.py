@@ -9,7 +9,6 @@ translation task's, inherited: only what the data is differs.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from typing import Any
@@ -103,6 +102,8 @@ class DenoisingConfig(TranslationConfig):
     shuffle_instance: float = _share(
         0.0, "non-zero: shuffle the blocks before sorting them by size into batches", metavar="X"
     )
+    task: str = "denoising"
+    seed: int = 1  # --seed (the noise draws from it)
 
 
 @TASKS.register("denoising")
@@ -111,16 +112,16 @@ class DenoisingTask(TranslationTask):
 
     config: type = DenoisingConfig
 
-    def __init__(self, args: argparse.Namespace, dictionary: Dictionary, tokenizer_spec: dict | None = None):
-        super().__init__(args, dictionary, dictionary, tokenizer_spec)
+    def __init__(self, cfg: DenoisingConfig, dictionary: Dictionary, tokenizer_spec: dict | None = None):
+        super().__init__(cfg, dictionary, dictionary, tokenizer_spec)
         self.dictionary = dictionary
         self.mask_idx = dictionary.index("<mask>")
         self._noise: Noise | None = None
 
     @classmethod
-    def setup_task(cls, args: argparse.Namespace) -> DenoisingTask:
-        check_noise_args(args)
-        paths = cls._paths(args)
+    def setup_task(cls, cfg: DenoisingConfig) -> DenoisingTask:
+        check_noise_args(cfg)
+        paths = cls._paths(cfg)
         path = os.path.join(paths[0], "dict.txt")
         if not os.path.exists(path):
             raise SeqtrainError(
@@ -131,13 +132,13 @@ class DenoisingTask(TranslationTask):
         dictionary.add_symbol("<mask>")  # as fairseq's denoising task: one more symbol, the last index
         logger.info(f"dictionary: {len(dictionary)} types")
         # the data-bin's tokenizer, checked against fairseq's --bpe flags where a command gives them
-        return cls(args, dictionary, bpe_flags.databin_tokenizer(args, paths[0]).spec())
+        return cls(cfg, dictionary, bpe_flags.databin_tokenizer(cfg.bpe, paths[0]).spec())
 
     # ---------------------------------------------------------------------------------------------- data
     def noise(self) -> Noise:
         """The noise of this run's flags (built once: the word-start table reads the whole dictionary)."""
         if self._noise is None:
-            a, d = self.args, self.dictionary
+            a, d = self.cfg, self.dictionary
             tokenizer = build_tokenizer(self.tokenizer_spec or {"kind": "none"})
             self._noise = Noise(
                 mask_idx=self.mask_idx,
@@ -159,9 +160,9 @@ class DenoisingTask(TranslationTask):
     def load_dataset(self, split: str, epoch: int = 1, **_: Any) -> DenoisingDataset:
         """Open `split` ({split}.bin/.idx), cut it into blocks and keep its DenoisingDataset in self.datasets.
         Validation splits get the noise of epoch 1 at every validation, so their losses compare."""
-        a = self.args
+        a = self.cfg
         paths = self._paths(a)
-        train = split == getattr(a, "train_subset", "train")
+        train = split == a.dataset.train_subset
         folder = paths[(epoch - 1) % len(paths)] if train else paths[0]
         prefix = os.path.join(folder, split)
         if not MMapIndexedDataset.exists(prefix):
@@ -197,8 +198,8 @@ class DenoisingTask(TranslationTask):
         return dataset
 
 
-def check_noise_args(args: argparse.Namespace) -> None:
+def check_noise_args(cfg: DenoisingConfig) -> None:
     """The flag combinations fairseq's DenoisingDataset refuses with a ValueError (each flag's own range is
     checked as it is parsed: seqtrain.flag_bounds)."""
-    if args.mask_length == "subword" and args.replace_length not in (0, 1):
+    if cfg.mask_length == "subword" and cfg.replace_length not in (0, 1):
         raise SeqtrainError("--mask-length subword needs --replace-length 0 or 1 (as in fairseq)")

@@ -12,22 +12,25 @@ import argparse
 import logging
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from seqtrain.checkpoint.load import load_model
 from seqtrain.config import add_settings, setting, settings
-from seqtrain.criterions import build_criterion
+from seqtrain.criterions import DistillationConfig, build_criterion
 from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
 from seqtrain.data.iterators import EpochBatchIterator
+from seqtrain.data.options import TrainDatasetConfig
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.errors import SeqtrainError
-from seqtrain.models import build_model
+from seqtrain.models import BartConfig, build_model
 from seqtrain.registry import TASKS
 from seqtrain.tasks import bpe_flags
+from seqtrain.tasks.bpe_flags import BpeConfig
 from seqtrain.tasks.step import StepContext
 
 logger = logging.getLogger(__name__)
@@ -47,11 +50,20 @@ def infer_language_pair(path: str) -> tuple[str | None, str | None]:
     return found[0][1], found[0][2]
 
 
+@dataclass
+class PositionsConfig:
+    """The model's longest source and target (BartConfig's flags, filled by the --arch preset)."""
+
+    max_source_positions: int = 1024
+    max_target_positions: int = 1024
+
+
 @settings
 class TranslationConfig:
     """Task (translation)
 
-    The data-bin a translation or summarization task reads (the first docstring line is the group's title)."""
+    The data-bin a translation or summarization task reads (the first docstring line is the group's title); the
+    fields below DATA are no flags of the task's group: the groups it reads, nested (filled from the same flags)."""
 
     data: str | None = setting(
         None,
@@ -59,6 +71,12 @@ class TranslationConfig:
         flags="data",
         metavar="DATA",
     )
+    task: str = "translation"  # --task: the registered name chosen
+    dataset: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)  # the languages, padding, splits
+    positions: PositionsConfig = field(default_factory=PositionsConfig)
+    bpe: BpeConfig = field(default_factory=BpeConfig)  # fairseq's --bpe flags, checked against the data-bin
+    check_data: bool = False  # --check-data
+    langs: str | None = None  # --langs (translation_from_pretrained_bart's)
 
 
 @TASKS.register("translation", "summarization")
@@ -73,12 +91,12 @@ class TranslationTask:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: TranslationConfig,
         src_dict: Dictionary,
         tgt_dict: Dictionary,
         tokenizer_spec: dict | None = None,
     ):
-        self.args = args
+        self.cfg = cfg
         self.src_dict = src_dict
         self.tgt_dict = tgt_dict
         self.tokenizer_spec = tokenizer_spec
@@ -91,34 +109,36 @@ class TranslationTask:
         return self.tgt_dict
 
     @classmethod
-    def setup_task(cls, args: argparse.Namespace) -> TranslationTask:
-        paths = cls._paths(args)
-        if args.source_lang is None or args.target_lang is None:
+    def setup_task(cls, cfg: TranslationConfig) -> TranslationTask:
+        """The task of `cfg` (the languages it leaves unset inferred from the data-bin's file names, into it)."""
+        paths = cls._paths(cfg)
+        d = cfg.dataset
+        if d.source_lang is None or d.target_lang is None:
             src, tgt = infer_language_pair(paths[0])
             if src is None:
                 raise SeqtrainError(
                     f"{paths[0]}: no data files like train.SRC-TGT.SRC.idx found to infer the languages from; "
                     "pass --source-lang and --target-lang (or run seqtrain-preprocess)"
                 )
-            args.source_lang = args.source_lang or src
-            args.target_lang = args.target_lang or tgt
-        src_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{args.source_lang}.txt"))
-        tgt_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{args.target_lang}.txt"))
+            d.source_lang = d.source_lang or src
+            d.target_lang = d.target_lang or tgt
+        src_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{d.source_lang}.txt"))
+        tgt_dict = cls._load_dictionary(os.path.join(paths[0], f"dict.{d.target_lang}.txt"))
         if (src_dict.pad(), src_dict.eos(), src_dict.unk()) != (
             tgt_dict.pad(),
             tgt_dict.eos(),
             tgt_dict.unk(),
         ):
             raise SeqtrainError(f"{paths[0]}: source and target dictionaries disagree on the special symbols")
-        logger.info(f"[{args.source_lang}] dictionary: {len(src_dict)} types")
-        logger.info(f"[{args.target_lang}] dictionary: {len(tgt_dict)} types")
+        logger.info(f"[{d.source_lang}] dictionary: {len(src_dict)} types")
+        logger.info(f"[{d.target_lang}] dictionary: {len(tgt_dict)} types")
 
-        spec = bpe_flags.databin_tokenizer(args, paths[0]).spec()  # checked against --bpe flags if given
-        return cls(args, src_dict, tgt_dict, spec)
+        spec = bpe_flags.databin_tokenizer(cfg.bpe, paths[0]).spec()  # checked against --bpe flags if given
+        return cls(cfg, src_dict, tgt_dict, spec)
 
     @staticmethod
-    def _paths(args: argparse.Namespace) -> list[str]:
-        paths = [p for p in str(args.data).split(":") if p]
+    def _paths(cfg: TranslationConfig) -> list[str]:
+        paths = [p for p in str(cfg.data).split(":") if p]
         if not paths:
             raise SeqtrainError("DATA: no data-bin folder given")
         for p in paths:
@@ -138,7 +158,7 @@ class TranslationTask:
 
     # ---------------------------------------------------------------------------------------------- data
     def _prefix(self, folder: str, split: str, lang: str) -> str:
-        src, tgt = self.args.source_lang, self.args.target_lang
+        src, tgt = self.cfg.dataset.source_lang, self.cfg.dataset.target_lang
         for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
             prefix = os.path.join(folder, f"{split}.{pair}.{lang}")
             if MMapIndexedDataset.exists(prefix):
@@ -149,14 +169,11 @@ class TranslationTask:
 
     def load_dataset(self, split: str, epoch: int = 1, **_: Any) -> LanguagePairDataset:
         """Open `split` (memory-mapped; nothing is read until batches are built) and keep it in self.datasets."""
-        paths = self._paths(self.args)
-        folder = (
-            paths[(epoch - 1) % len(paths)]
-            if split == getattr(self.args, "train_subset", "train")
-            else paths[0]
-        )
-        src_prefix = self._prefix(folder, split, self.args.source_lang)
-        tgt_prefix = self._prefix(folder, split, self.args.target_lang)
+        paths = self._paths(self.cfg)
+        a = self.cfg.dataset
+        folder = paths[(epoch - 1) % len(paths)] if split == a.train_subset else paths[0]
+        src_prefix = self._prefix(folder, split, a.source_lang)
+        tgt_prefix = self._prefix(folder, split, a.target_lang)
         src, tgt = MMapIndexedDataset(src_prefix), MMapIndexedDataset(tgt_prefix)
         if len(src) == 0:
             raise SeqtrainError(f"{src_prefix}.idx: split {split!r} has no examples")
@@ -166,8 +183,7 @@ class TranslationTask:
                 f"source and target of split {split!r} must be aligned (run seqtrain-preprocess "
                 "again)"
             )
-        a = self.args
-        full = bool(getattr(a, "check_data", False))
+        full = self.cfg.check_data
         for ds, d, lang in ((src, self.src_dict, a.source_lang), (tgt, self.tgt_dict, a.target_lang)):
             check_token_ids(ds, len(d), os.path.join(folder, f"dict.{lang}.txt"), full=full)
         dataset = LanguagePairDataset(
@@ -177,12 +193,12 @@ class TranslationTask:
             tgt,
             tgt.sizes,
             self.tgt_dict,
-            left_pad_source=bool(getattr(a, "left_pad_source", True)),
-            left_pad_target=bool(getattr(a, "left_pad_target", False)),
-            prepend_bos=bool(getattr(a, "prepend_bos", False)),
-            truncate_source=bool(getattr(a, "truncate_source", False)),
-            max_source_positions=int(getattr(a, "max_source_positions", None) or 1024),
-            max_target_positions=int(getattr(a, "max_target_positions", None) or 1024),
+            left_pad_source=bool(a.left_pad_source),
+            left_pad_target=bool(a.left_pad_target),
+            prepend_bos=bool(a.prepend_bos),
+            truncate_source=bool(a.truncate_source),
+            max_source_positions=int(self.cfg.positions.max_source_positions),
+            max_target_positions=int(self.cfg.positions.max_target_positions),
             **self.sequence_tokens(),
         )
         logger.info(f"{folder} {split} {a.source_lang}-{a.target_lang} {len(dataset)} examples")
@@ -204,8 +220,8 @@ class TranslationTask:
 
     def max_positions(self) -> tuple[int, int]:
         return (
-            int(getattr(self.args, "max_source_positions", None) or 1024),
-            int(getattr(self.args, "max_target_positions", None) or 1024),
+            int(self.cfg.positions.max_source_positions),
+            int(self.cfg.positions.max_target_positions),
         )
 
     def get_batch_iterator(
@@ -236,8 +252,8 @@ class TranslationTask:
         cached = self._iterators.get(id(dataset))
         if cached is not None and cached.dataset is dataset:
             return cached
-        train = split == getattr(self.args, "train_subset", "train")
-        per_epoch_data = len([p for p in str(getattr(self.args, "data", "")).split(":") if p]) > 1
+        train = split == self.cfg.dataset.train_subset
+        per_epoch_data = len([p for p in str(self.cfg.data or "").split(":") if p]) > 1
         indices = dataset.ordered_indices(seed + (epoch if train and per_epoch_data else 1))
         limits = (max_positions, self.max_positions(), max_tokens if train else None)
         max_positions = resolve_max_positions(*limits)
@@ -280,11 +296,19 @@ class TranslationTask:
             itr.close()
 
     # ---------------------------------------------------------------------------------------------- model
-    def build_model(self, args: argparse.Namespace) -> torch.nn.Module:
-        return build_model(args, self.src_dict, self.tgt_dict)
+    def build_model(self, cfg: BartConfig) -> torch.nn.Module:
+        """The model of `cfg` (the arch preset applied) for this task's dictionaries."""
+        return build_model(cfg, self.src_dict, self.tgt_dict)
 
-    def build_criterion(self, args: argparse.Namespace) -> Any:
-        return build_criterion(args, self)
+    def build_criterion(self, cfg: DistillationConfig) -> Any:
+        """The criterion `cfg.criterion` of its settings (every criterion flag: DistillationConfig)."""
+        return build_criterion(cfg, self)
+
+    def data_files(self) -> tuple[str, dict[str, str | None]]:
+        """(the first data-bin folder, {"source": its source language, "target": ...}): where the messages
+        about this task's dictionaries point."""
+        d = self.cfg.dataset
+        return str(self.cfg.data or "").split(":")[0], {"source": d.source_lang, "target": d.target_lang}
 
     def load_teacher(self, path: str) -> Any:
         """--teacher-path's model for distillation (seqtrain.criterions.distillation): criteria sit below the

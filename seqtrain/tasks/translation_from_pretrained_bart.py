@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 
 from seqtrain.config import add_settings, setting, settings
-from seqtrain.config import from_args as read_settings
 from seqtrain.data.dictionary import add_language_symbols, language_id, parse_langs
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TASKS
-from seqtrain.tasks.translation import TranslationTask
+from seqtrain.tasks.translation import TranslationConfig, TranslationTask
 
 
 @settings
@@ -50,32 +49,32 @@ class TranslationFromPretrainedBARTTask(TranslationTask):
     add_task_flags = staticmethod(add_langs_flag)
 
     @classmethod
-    def setup_task(cls, args: argparse.Namespace) -> TranslationFromPretrainedBARTTask:
-        if not parse_langs(read_settings(LangsConfig, args).langs):
+    def setup_task(cls, cfg: TranslationConfig) -> TranslationFromPretrainedBARTTask:
+        if not parse_langs(cfg.langs):
             raise SeqtrainError(
                 "--task translation_from_pretrained_bart needs --langs (the pretrained mBART's language codes, "
                 "e.g. en_XX,ro_RO)"
             )
-        task = super().setup_task(args)
+        task = super().setup_task(cfg)
         for d in {id(task.src_dict): task.src_dict, id(task.tgt_dict): task.tgt_dict}.values():
-            add_language_symbols(d, args.langs)
-        langs = set(parse_langs(args.langs))
-        for flag, lang in (("--source-lang", args.source_lang), ("--target-lang", args.target_lang)):
+            add_language_symbols(d, cfg.langs)
+        langs, data = set(parse_langs(cfg.langs)), cfg.dataset
+        for flag, lang in (("--source-lang", data.source_lang), ("--target-lang", data.target_lang)):
             if lang not in langs:
-                raise SeqtrainError(f"{flag} {lang!r} is not one of --langs {args.langs}")
+                raise SeqtrainError(f"{flag} {lang!r} is not one of --langs {cfg.langs}")
         return task
 
     def sequence_tokens(self) -> dict[str, int]:
         """`[src]` after every source, `[tgt]` after every target and first in the decoder input."""
-        a = self.args
-        tgt = language_id(self.tgt_dict, a.target_lang, "--target-lang", a.langs)
+        a, langs = self.cfg.dataset, self.cfg.langs
+        tgt = language_id(self.tgt_dict, a.target_lang, "--target-lang", langs)
         return dict(
-            append_source=language_id(self.src_dict, a.source_lang, "--source-lang", a.langs),
+            append_source=language_id(self.src_dict, a.source_lang, "--source-lang", langs),
             append_target=tgt,
             eos=tgt,
         )
 
     def generator_tokens(self) -> dict[str, int]:
         """fairseq's build_generator: `eos=[tgt]`, which is also where decoding starts."""
-        tgt = language_id(self.tgt_dict, self.args.target_lang, "--target-lang", self.args.langs)
+        tgt = language_id(self.tgt_dict, self.cfg.dataset.target_lang, "--target-lang", self.cfg.langs)
         return dict(bos=tgt, eos=tgt)

@@ -138,13 +138,13 @@ def choose_max_tokens(
     return rows * longest
 
 
-def resolve_max_tokens(args: Any, trainer: Any, dataset: Any, max_positions: Any) -> None:
-    """Replace `--max-tokens auto` by a probed budget (a first launch; a resume took the stored one in
-    Trainer.load_state_dict); --max-tokens-valid left unset follows it."""
-    if args.max_tokens != AUTO:
+def resolve_max_tokens(
+    trainer: Any, dataset: Any, max_positions: Any, batch_size: int | None, multiple: int
+) -> None:
+    """Probe a budget for `--max-tokens auto` (a first launch; a resume took the stored one in
+    Trainer.load_state_dict) and give it to the trainer (trainer.auto_max_tokens)."""
+    if trainer.cfg.max_tokens != AUTO or trainer.auto_max_tokens is not None:
         return
-    chosen = choose_max_tokens(
-        trainer, dataset, max_positions, args.batch_size, args.required_batch_size_multiple
-    )
+    chosen = choose_max_tokens(trainer, dataset, max_positions, batch_size, multiple)
     logger.info(f"--max-tokens auto: chose {chosen} tokens per batch (the largest batch that fit)")
     trainer.use_auto_max_tokens(chosen)

@@ -110,7 +110,7 @@ class CheckpointManager:
 
     def __init__(self, cfg: CheckpointConfig, config_text: str | None = None):
         """`cfg`: the run's Checkpoint settings (read from the flags by the training loop); `config_text`: the
-        run's resolved flags (seqtrain.flags.parsers.resolved_train_config), written to SAVE_DIR/config.yaml with
+        run's resolved flags (seqtrain.flags.training.resolved_train_config), written to SAVE_DIR/config.yaml with
         the run's first checkpoint."""
         self.cfg = cfg
         self.config_text = config_text
@@ -537,13 +537,12 @@ class Resets:
 def check_same_dictionaries(ck: CheckpointContents, task: Any) -> None:
     """Token ids only mean the same words under the same dictionary: a seqtrain checkpoint must be resumed with
     the data-bin it was trained on (embedding rows would otherwise be silently resized and misread)."""
-    args = getattr(task, "args", None)
-    data = str(getattr(args, "data", "") or "").split(":")[0]
+    data, langs = task.data_files() if hasattr(task, "data_files") else ("", {})
     for side, saved, have in (("source", ck.src_dict, task.src_dict), ("target", ck.tgt_dict, task.tgt_dict)):
         if saved is None or have is None:
             continue
         if saved != have:
-            lang = getattr(args, f"{side}_lang", None) or side
+            lang = langs.get(side) or side
             where = os.path.join(data, f"dict.{lang}.txt") if data else f"the {side} dictionary"
             raise SeqtrainError(
                 f"{ck.path} was trained with another {side} dictionary than {where} ({saved.difference(have)}); "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -31,39 +32,49 @@ import numpy as np
 import torch
 
 from seqtrain import distributed
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig
 from seqtrain.cuda import DeviceConfig, set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
-from seqtrain.data.options import check_dataset_args
+from seqtrain.data.options import TrainDatasetConfig, check_dataset_args
 from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.fairseq_compat import import_user_dir
-from seqtrain.flags.parsers import resolved_train_config
+from seqtrain.flags.training import resolved_train_config
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
 from seqtrain.logging.progress import LoggingConfig
 from seqtrain.logging.trackers import Tracker, TrackingConfig, make_trackers
-from seqtrain.tasks import setup_task
+from seqtrain.optim.lr_scheduler import scheduler_config
+from seqtrain.optim.optimizers import optimizer_config
+from seqtrain.scoring.settings import EvalRougeConfig
+from seqtrain.tasks import setup_task, task_class
+from seqtrain.tasks.translation import TranslationConfig
 from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
 from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain.train.savedir_lock import save_dir_lock
 from seqtrain.train.stop_signals import GracefulStop
-from seqtrain.train.trainer import Trainer, TrainerConfig, rng_state, set_rng_state
+from seqtrain.train.trainer import AUTO, Trainer, TrainerConfig, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
+
+
+def _master(args: argparse.Namespace) -> bool:
+    return is_master(from_args(distributed.LaunchConfig, args))
 
 
 def setup_train_logging(args: argparse.Namespace) -> logging.Handler | None:
     """The log on stdout (as fairseq-train); --log-file adds a file handler (returned, so main can remove it).
     fairseq: only rank 0 reports; the others log warnings and errors (with their rank in the message)."""
-    if not is_master(args):
+    if not _master(args):
         setup_logging(sys.stdout, logging.WARNING)
         args.log_format = "none"
         return None
@@ -71,7 +82,8 @@ def setup_train_logging(args: argparse.Namespace) -> logging.Handler | None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    check_dataset_args(args)
+    data = check_dataset_args(from_args(TrainDatasetConfig, args))
+    args.max_tokens_valid, args.batch_size_valid = data.max_tokens_valid, data.batch_size_valid
     for flag, value in (
         ("log-interval", args.log_interval),
         ("save-interval", args.save_interval),
@@ -140,6 +152,46 @@ def has_split(folder: str, split: str) -> bool:
         return False
 
 
+def task_config(args: argparse.Namespace) -> Any:
+    """The chosen task's settings (its class's `config`) from the parsed flags."""
+    return from_args(getattr(task_class(args.task), "config", TranslationConfig), args)
+
+
+def record_languages(args: argparse.Namespace, task: Any) -> None:
+    """Write the languages the task inferred from the data-bin into the flags: the checkpoints store the flags
+    as their `args`, as fairseq's do."""
+    data = getattr(getattr(task, "cfg", None), "dataset", None)
+    if data is not None:
+        args.source_lang, args.target_lang = data.source_lang, data.target_lang
+
+
+def trainer_config(args: argparse.Namespace) -> TrainerConfig:
+    """The Trainer's settings from the parsed flags, read once: its groups, and the chosen optimizer's and
+    schedule's own (a --user-dir one without a settings class of its own gets the common ones)."""
+    return from_args(
+        TrainerConfig,
+        args,
+        optim=from_args(optimizer_config(getattr(args, "optimizer", None) or "adam"), args),
+        schedule=from_args(scheduler_config(getattr(args, "lr_scheduler", None) or "fixed"), args),
+    )
+
+
+def build_trainer(args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any) -> Trainer:
+    """The Trainer of the parsed flags; the checkpoints it writes store them as their `args` (vars(args): the
+    same record, so what the loop settles later, --max-tokens auto's budget, is stored too)."""
+    return Trainer(trainer_config(args), task, model, criterion, vars(args))
+
+
+def batch_budget(args: argparse.Namespace, trainer: Trainer, dataset: Any, limits: Any) -> None:
+    """--max-tokens auto: probe the budget once, on the first launch (a resume took the stored one), and batch
+    with it from then on; --max-tokens-valid left unset follows it."""
+    resolve_max_tokens(trainer, dataset, limits, args.batch_size, args.required_batch_size_multiple)
+    if trainer.auto_max_tokens is not None and args.max_tokens == AUTO:
+        args.max_tokens = trainer.auto_max_tokens
+        if args.max_tokens_valid in (None, AUTO):
+            args.max_tokens_valid = trainer.auto_max_tokens
+
+
 def local_ranks(args: argparse.Namespace) -> int:
     """Training processes on this machine (they share its CPUs)."""
     local = os.environ.get("LOCAL_WORLD_SIZE")
@@ -148,14 +200,24 @@ def local_ranks(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------------- main
 def train(args: argparse.Namespace) -> int:
-    """Train with the parsed flags (seqtrain.flags.parsers.parse_train_args) on one process or one per rank; returns
+    """Train with the parsed flags (seqtrain.flags.training.parse_train_args) on one process or one per rank; returns
     the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.train.stop_signals). User errors raise
     SeqtrainError."""
     if from_args(DeviceConfig, args).deterministic:
         # before any rank starts: spawned ranks inherit CUBLAS_WORKSPACE_CONFIG from this process's
         # environment (the Trainer sets torch's own settings again in each rank)
         set_deterministic()
-    return call_main(args, main) or 0
+    return call_main(from_args(distributed.LaunchConfig, args), functools.partial(_rank_main, args)) or 0
+
+
+def _rank_main(args: argparse.Namespace, launch: distributed.LaunchConfig) -> int:
+    """main on one rank: the launcher's word on its place in the job goes into the flags it runs with."""
+    args.distributed_world_size, args.distributed_rank = (
+        launch.distributed_world_size,
+        launch.distributed_rank,
+    )
+    args.device_id = launch.device_id
+    return main(args)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -176,7 +238,7 @@ def _main(args: argparse.Namespace) -> int:
     check_args(args)
     if args.no_save:
         return _train(args)
-    created = is_master(args) and not os.path.exists(args.save_dir)
+    created = _master(args) and not os.path.exists(args.save_dir)
     try:
         # one run per --save-dir: the lock is held before anything there is read or deleted
         with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
@@ -200,17 +262,18 @@ def _train(args: argparse.Namespace) -> int:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    task = setup_task(args)
+    task = setup_task(task_config(args))
+    record_languages(args, task)
     for subset in args.valid_subset.split(","):
         if not args.disable_validation:
             task.load_dataset(subset)
-    model = task.build_model(args)
-    criterion = task.build_criterion(args)
+    model = task.build_model(model_config(args))  # (the layer counts kept written into args)
+    criterion = task.build_criterion(from_args(DistillationConfig, args))
     logger.info(f"task: {type(task).__name__}")
     logger.info(f"model: {model_summary(model, task)}")  # one line of sizes, not the module tree
     logger.info(f"criterion: {type(criterion).__name__}")
 
-    trainer = Trainer(TrainerConfig.from_args(args), task, model, criterion, args)
+    trainer = build_trainer(args, task, model, criterion)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
     threads = host_cpu.fit_threads(trainer.device.type, local_ranks(args))
     if threads:
@@ -232,7 +295,7 @@ def _train(args: argparse.Namespace) -> int:
             task.load_dataset(split, epoch=epoch)
         # --max-tokens auto: probed once, on the first launch (a resume took the stored budget)
         limits = resolve_max_positions(trainer.model.max_positions(), task.max_positions())
-        resolve_max_tokens(args, trainer, task.dataset(split), limits)
+        batch_budget(args, trainer, task.dataset(split), limits)
         return task.get_batch_iterator(
             task.dataset(split),
             max_tokens=args.max_tokens,
@@ -261,7 +324,7 @@ def _train(args: argparse.Namespace) -> int:
             raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
         trainer.seed_ema(read_checkpoint(seed, unsafe=args.unsafe_load, require_dict=False), seed)
     tracker = None
-    if is_master(args):
+    if _master(args):
         tracking = from_args(TrackingConfig, args)
         run_dir = None if manager.cfg.no_save else manager.cfg.save_dir
         tracker = make_trackers(
@@ -302,7 +365,9 @@ class TrainLoop:
         self.stop = GracefulStop()
         self.rouge: Any | None = None
         if args.eval_rouge:
-            self.rouge = RougeValidator.from_args(args, task)
+            self.rouge = RougeValidator(
+                from_args(EvalRougeConfig, args), task, from_args(DeviceConfig, args).seed, args.prepend_bos
+            )
         self.eta = Eta(trainer.get_num_updates())
         self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
 
@@ -534,7 +599,7 @@ class TrainLoop:
         """Where the run ended: the best checkpoint (path, metric, update) and the command that summarizes with
         it. Empty on ranks other than 0 and with --no-save."""
         args = self.args
-        if args.no_save or not is_master(args):
+        if args.no_save or not _master(args):
             return []
         path = os.path.join(args.save_dir, "checkpoint_best.pt")
         if not os.path.exists(path):

@@ -13,16 +13,12 @@ own code with --seed, so `seqtrain-score --bootstrap N --seed S` on the same hyp
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 from typing import Any
 
 import torch
 
-from seqtrain.config import from_args as read_settings
-from seqtrain.cuda import DeviceConfig
-from seqtrain.data.options import DatasetConfig
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.generation.options import generation_args
 from seqtrain.generation.sequence_generator import build_generator, generate_batch
@@ -37,17 +33,6 @@ ROUGE_LOG_NAMES = {"rouge1": "rouge1", "rouge2": "rouge2", "rougeL": "rouge_l", 
 
 class RougeValidator:
     """Collects (hypothesis, reference) pairs batch by batch during one validation, then scores them."""
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, task: Any) -> RougeValidator:
-        """The validator of parsed flags (a hand-made Namespace may lack some: defaults fill them)."""
-        data = read_settings(DatasetConfig, args)
-        return cls(
-            read_settings(EvalRougeConfig, args),
-            task,
-            read_settings(DeviceConfig, args).seed,
-            data.prepend_bos,
-        )
 
     def __init__(self, cfg: EvalRougeConfig, task: Any, seed: int = 1, prepend_bos: bool = False):
         """`cfg`: the --eval-rouge settings; `seed`: the run's --seed (generation and the bootstrap draw from

@@ -30,7 +30,6 @@ state a checkpoint stores must change together; they are one contract.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import logging
 import math
@@ -48,7 +47,6 @@ from seqtrain.checkpoint.files import check_still_mapped, save_checkpoint_file, 
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.checkpoint.train_state import TrainState
-from seqtrain.config import from_args
 from seqtrain.cuda import (
     Bf16ModeConfig,
     DeviceConfig,
@@ -80,6 +78,8 @@ from seqtrain.optim import (
 )
 from seqtrain.optim.ema import EMA, EmaConfig
 from seqtrain.optim.loss_scaler import LossScalerConfig
+from seqtrain.optim.lr_scheduler import SchedulerConfig
+from seqtrain.optim.optimizers import LrConfig
 from seqtrain.tasks.step import StepContext
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops
 from seqtrain.train.precision import Bf16Compute, bf16_mode
@@ -112,7 +112,7 @@ class _Accumulated:
 @dataclass
 class TrainerConfig:
     """The Trainer's settings: the flag groups it reads, composed (each declared once, beside its own code) and
-    read from the parsed flags once, by TrainerConfig.from_args(args)."""
+    read from the parsed flags once, by the training loop (seqtrain.train.loop.trainer_config)."""
 
     device: DeviceConfig = field(default_factory=DeviceConfig)
     precision: Bf16ModeConfig = field(default_factory=Bf16ModeConfig)
@@ -126,35 +126,32 @@ class TrainerConfig:
         default_factory=CheckpointConfig
     )  # --save-adapters-only, --resize-vocab
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # --peak-flops
-    optimizer: str = "adam"  # the chosen --optimizer (its own flags: seqtrain.optim.build_optimizer)
+    optimizer: str = "adam"  # the chosen --optimizer
+    # the chosen optimizer's and schedule's own settings (seqtrain.optim.optimizer_config / scheduler_config)
+    optim: Any = field(default_factory=LrConfig)
+    schedule: Any = field(default_factory=SchedulerConfig)
     lora_rank: int | None = None  # --lora-rank (the task applies the adapters; the Trainer freezes the rest)
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> TrainerConfig:
-        return from_args(cls, args)
+    # --encoder/decoder-layers-to-keep: a deeper checkpoint's layers kept when its weights load
+    encoder_layers_to_keep: str | None = None
+    decoder_layers_to_keep: str | None = None
+    max_tokens: int | str | None = (
+        None  # --max-tokens ("auto": a resume takes the budget the checkpoint holds)
+    )
 
 
 class Trainer:
-    @classmethod
-    def from_args(
-        cls, args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any
-    ) -> Trainer:
-        """The Trainer of parsed flags (scripts and tests; the training loop builds its TrainerConfig itself)."""
-        return cls(TrainerConfig.from_args(args), task, model, criterion, args)
-
     def __init__(
         self,
         cfg: TrainerConfig,
         task: Any,
         model: torch.nn.Module,
         criterion: Any,
-        args: argparse.Namespace,
+        run_args: dict[str, Any] | None = None,
     ):
-        """`cfg`: the Trainer's settings (TrainerConfig.from_args, once, by the training loop). `args`: the run's
-        parsed flags, kept only for what takes the Namespace as it is: the checkpoints' fairseq-style `args`,
-        the registered optimizer and lr-scheduler builders (their interface, --user-dir plugins included), and
-        --max-tokens auto's budget, which the loop's batching reads from it."""
-        self.args = args
+        """`cfg`: the Trainer's settings (filled once, by the training loop). `run_args`: the run's flags as the
+        checkpoints store them (fairseq's `args` record, made by the training loop): the Trainer only hands it
+        to the checkpoint writer, unread."""
+        self.run_args = run_args if run_args is not None else {}
         self.cfg = cfg
         self.task = task
         self.criterion = criterion
@@ -211,8 +208,8 @@ class Trainer:
             # per layer, as torchtitan compiles per block: the packed path's layers, one graph per layer
             # class, reused across batch shapes; the criterion, the optimizer and generation stay eager
             compile_layers(self.compute_model)
-        self.optimizer = build_optimizer(args, self.model.parameters())
-        self.lr_scheduler = build_lr_scheduler(args, self.optimizer)
+        self.optimizer = build_optimizer(cfg.optim, self.model.parameters())
+        self.lr_scheduler = build_lr_scheduler(cfg.schedule, self.optimizer)
         self.scaler = (
             DynamicLossScaler.from_config(cfg.loss_scaler, update_freq=cfg.update.update_freq[0])
             if self.amp_dtype == torch.float16
@@ -655,7 +652,7 @@ class Trainer:
                 )
             model_state = adapter_state(model_state)
         return make_checkpoint_state(
-            self.args,
+            self.run_args,
             model_state,
             self.task.src_dict,
             self.task.tgt_dict,
@@ -697,7 +694,7 @@ class Trainer:
 
     def _load_model_state(self, model_state: dict[str, torch.Tensor], where: str) -> None:
         state = resize_embeddings(
-            keep_layers(model_state, self.args, where),
+            keep_layers(model_state, self.cfg, where),
             len(self.task.src_dict),
             len(self.task.tgt_dict),
             padding_idx=self.task.src_dict.pad(),
@@ -765,7 +762,7 @@ class Trainer:
             self._start_time = time.time()
         if saved.rng is not None:
             set_rng_state(saved.rng)
-        if getattr(self.args, "max_tokens", None) == AUTO and isinstance(saved.auto_max_tokens, int):
+        if self.cfg.max_tokens == AUTO and isinstance(saved.auto_max_tokens, int):
             logger.info(f"--max-tokens auto: {saved.auto_max_tokens}, as the first launch chose ({where})")
             self.use_auto_max_tokens(saved.auto_max_tokens)
         if self.ema is not None:
@@ -803,11 +800,9 @@ class Trainer:
             self.ema = self._new_ema()
 
     def use_auto_max_tokens(self, max_tokens: int) -> None:
-        """Run with `max_tokens` for --max-tokens auto (and --max-tokens-valid left unset), and keep it in the
-        checkpoints, so a resumed run batches as the first launch did."""
-        self.args.max_tokens = self.auto_max_tokens = max_tokens
-        if getattr(self.args, "max_tokens_valid", None) in (None, AUTO):
-            self.args.max_tokens_valid = max_tokens
+        """Run with `max_tokens` for --max-tokens auto, and keep it in the checkpoints, so a resumed run batches
+        as the first launch did (the training loop batches with trainer.auto_max_tokens)."""
+        self.auto_max_tokens = max_tokens
 
     def seed_ema(self, contents: Any, where: str) -> None:
         """--ema-seed-model: the EMA starts from that checkpoint's EMA (or, without one, its weights)."""

@@ -29,6 +29,7 @@ import torch
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.checkpoint.load import load_model
 from seqtrain.distributed import rescale_iterator_position
+from seqtrain.train.loop import task_config
 from seqtrain_cli.train import train_main
 from tests.utils import parse_log
 
@@ -355,26 +356,21 @@ def test_a_failing_rank_ends_the_job(databin, tmp_path, launcher):
 
 
 def test_call_main_single_process_and_half_a_torchrun_environment(monkeypatch):
-    import argparse
-
-    from seqtrain.distributed import call_main
+    from seqtrain.distributed import LaunchConfig, call_main
     from seqtrain.errors import SeqtrainError
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     seen = []
     assert (
-        call_main(
-            argparse.Namespace(distributed_world_size=1), lambda a: seen.append(a.distributed_rank) or 7
-        )
-        == 7
+        call_main(LaunchConfig(distributed_world_size=1), lambda a: seen.append(a.distributed_rank) or 7) == 7
     )
     assert seen == [0]
     monkeypatch.setenv("WORLD_SIZE", "4")  # but no RANK / LOCAL_RANK / MASTER_*: not a torchrun launch
     with pytest.raises(
         SeqtrainError, match=r"WORLD_SIZE=4 is set but RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not"
     ):
-        call_main(argparse.Namespace(distributed_world_size=1), lambda a: None)
+        call_main(LaunchConfig(distributed_world_size=1), lambda a: None)
 
 
 @pytest.mark.slow
@@ -442,13 +438,13 @@ def _rank_passes(databin: str, save_dir: str, budget: int) -> list[list[int]]:
     """Passes per update of epoch 1 on each of 2 ranks under --merge-max-tokens `budget`, as the training loop
     builds each rank's batches."""
     from seqtrain.data.pair_dataset import merge_plan, padded_shape
-    from seqtrain.flags import parsers
+    from seqtrain.flags import parsing, training
     from seqtrain.tasks import setup_task
 
     out = []
     for rank in (0, 1):
-        args = parsers.parse_args_and_arch(parsers.get_training_parser(), train_args(databin, save_dir))
-        task = setup_task(args)
+        args = parsing.parse_args_and_arch(training.get_training_parser(), train_args(databin, save_dir))
+        task = setup_task(task_config(args))
         task.load_dataset("train")
         itr = task.get_batch_iterator(
             task.dataset("train"),

@@ -445,7 +445,7 @@ def test_non_finite_weights_are_never_saved(databin, tmp_path):
     checkpoint_last.pt: the save is refused and names the last good checkpoint."""
     import hashlib
 
-    from seqtrain.flags.parsers import parse_train_args
+    from seqtrain.flags.training import parse_train_args
     from seqtrain.train.loop import train
 
     save = str(tmp_path / "save")
@@ -599,8 +599,8 @@ def test_a_run_ending_mid_epoch_leaves_no_data_loading_worker(databin, tmp_path,
 
     tasks = []
 
-    def keep(args):
-        tasks.append(setup_task(args))
+    def keep(cfg):
+        tasks.append(setup_task(cfg))
         return tasks[-1]
 
     setup_task = seqtrain.train.loop.setup_task

@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file
 from tests.utils import SAMPLE
 
@@ -94,7 +95,7 @@ def released(tmp_path_factory):
     margs = p.parse_args(DIMS)
     margs.arch = "bart_base"
     torch.manual_seed(0)
-    model = build_model(argparse.Namespace(**vars(margs)), big, big)
+    model = build_model(model_config(argparse.Namespace(**vars(margs))), big, big)
     from seqtrain.registry import ARCHS
 
     ARCHS.get("bart_base")(margs)

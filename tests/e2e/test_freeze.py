@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
@@ -22,7 +23,7 @@ def tiny(**kw) -> torch.nn.Module:
     d = Dictionary()
     for i in range(20):
         d.add_symbol(f"w{i}")
-    return build_model(argparse.Namespace(arch="bart_tiny", **kw), d, d)
+    return build_model(model_config(argparse.Namespace(arch="bart_tiny", **kw)), d, d)
 
 
 def trainable(model) -> set[str]:

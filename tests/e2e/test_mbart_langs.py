@@ -11,8 +11,10 @@ import random
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
+from seqtrain.train.loop import task_config
 
 LANGS = "en_XX,ro_RO"
 DIMS = [
@@ -56,7 +58,7 @@ def made(tmp_path_factory):
     margs.arch, margs.langs, margs.task = "mbart_large", LANGS, "multilingual_denoising"
     ARCHS.get("mbart_large")(margs)
     torch.manual_seed(0)
-    model = build_model(argparse.Namespace(**vars(margs)), full, full)
+    model = build_model(model_config(argparse.Namespace(**vars(margs))), full, full)
     state = dict(model.state_dict())
     torch.save(
         {"args": margs, "model": state, "optimizer_history": [], "extra_state": {}},
@@ -66,7 +68,7 @@ def made(tmp_path_factory):
 
 
 def task_args(data: str, *extra: str) -> argparse.Namespace:
-    from seqtrain.flags.parsers import parse_train_args
+    from seqtrain.flags.training import parse_train_args
 
     argv = [
         data,
@@ -85,7 +87,7 @@ def test_batches_follow_fairseqs_layout_token_by_token(made):
     from seqtrain.tasks import setup_task
 
     folder, lines = made
-    task = setup_task(task_args(str(folder / "data-bin"), "-s", "en_XX", "-t", "ro_RO"))
+    task = setup_task(task_config(task_args(str(folder / "data-bin"), "-s", "en_XX", "-t", "ro_RO")))
     d = task.src_dict
     en, ro, eos, pad = d.index("[en_XX]"), d.index("[ro_RO]"), d.eos(), d.pad()
     # the symbols follow dict.txt's words, then <mask>: the rows of the pretrained embedding
@@ -110,9 +112,9 @@ def test_language_errors_name_the_flag(made):
 
     data = str(made[0] / "data-bin")
     with pytest.raises(SeqtrainError, match="needs --langs"):
-        setup_task(argparse.Namespace(**{**vars(task_args(data)), "langs": None}))
+        setup_task(task_config(argparse.Namespace(**{**vars(task_args(data)), "langs": None})))
     with pytest.raises(SeqtrainError, match="--target-lang 'ro_RO' is not one of --langs en_XX,de_DE"):
-        setup_task(task_args(data, "--langs", "en_XX,de_DE"))
+        setup_task(task_config(task_args(data, "--langs", "en_XX,de_DE")))
 
 
 def greedy(model, src: torch.Tensor, start: int, end: int, steps: int) -> list[int]:

@@ -11,7 +11,7 @@ import torch
 
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.train.loop import check_args
 from seqtrain_cli.train import train_main
 from tests.utils import FP32, base_args
@@ -61,7 +61,7 @@ def test_training_with_merged_updates_equals_accumulation(databin, tmp_path):
 def test_merge_is_refused_with_fsdp(databin, tmp_path):
     argv = base_args(databin, str(tmp_path), "--merge-max-tokens", "4096", "--update-freq", "2")
     argv += ["--ddp-backend", "fully_sharded", "--distributed-world-size", "2"]
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     with pytest.raises(
         SeqtrainError, match="--merge-max-tokens is not supported with --ddp-backend fully_sharded"
     ):

@@ -16,9 +16,14 @@ import sys
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file
+from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig
 from seqtrain.errors import SeqtrainError
 from seqtrain.optim import DynamicLossScaler, MinimumLossScaleError
+from seqtrain.train import loop as train_loop
+from seqtrain.train.loop import task_config
 from seqtrain.train.stop_signals import GracefulStop
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.train import cli_main, train_main
@@ -369,14 +374,19 @@ def poison_criterion(trainer: Trainer, bad_calls: set, value: float) -> None:
 
 
 def make_trainer(databin: str, tmp_path, *extra: str) -> tuple:
-    from seqtrain.flags import parsers
+    from seqtrain.flags import parsing, training
     from seqtrain.tasks import setup_task
 
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), targs(databin, str(tmp_path), *extra))
+    args = parsing.parse_args_and_arch(training.get_training_parser(), targs(databin, str(tmp_path), *extra))
     args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     task.load_dataset("train")
-    trainer = Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
+    trainer = train_loop.build_trainer(
+        args,
+        task,
+        task.build_model(model_config(args)),
+        task.build_criterion(from_args(DistillationConfig, args)),
+    )
     itr = task.get_batch_iterator(task.dataset("train"), max_tokens=256, seed=1).next_epoch_itr(shuffle=False)
     return trainer, [next(itr) for _ in range(4)]
 

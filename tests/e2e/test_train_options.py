@@ -9,9 +9,13 @@ import os
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.generation import options
+from seqtrain.scoring.settings import EvalRougeConfig
+from seqtrain.train.loop import task_config
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
 from tests.utils import base_args, parse_log
@@ -76,15 +80,15 @@ def test_rouge_validator_scores_what_it_generates(databin):
     from seqtrain.scoring.rouge import score_pairs
     from seqtrain.tasks import setup_task
 
-    parser = parsers.get_training_parser()
-    args = parsers.parse_args_and_arch(
+    parser = training.get_training_parser()
+    args = parsing.parse_args_and_arch(
         parser, base_args(databin, "unused", "--eval-rouge-args", "--beam 3 --max-len-b 5")
     )
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     task.load_dataset("valid")
     torch.manual_seed(0)
-    model = task.build_model(args)
-    rv = RougeValidator.from_args(args, task)
+    model = task.build_model(model_config(args))
+    rv = RougeValidator(from_args(EvalRougeConfig, args), task, args.seed, args.prepend_bos)
     assert (rv.gen_args.beam, rv.gen_args.max_len_b) == (3, 5)
     itr = task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(shuffle=False)
     n = 0
@@ -113,14 +117,14 @@ def test_eval_rouge_bootstrap_interval_is_seqtrain_scores(databin, tmp_path, cap
     from seqtrain.tasks import setup_task
     from seqtrain_cli.score import main as score_main
 
-    parser = parsers.get_training_parser()
+    parser = training.get_training_parser()
     flags = ("--eval-rouge-args", "--beam 2 --max-len-b 5", "--eval-rouge-bootstrap", "300", "--seed", "7")
-    args = parsers.parse_args_and_arch(parser, base_args(databin, "unused", *flags))
-    task = setup_task(args)
+    args = parsing.parse_args_and_arch(parser, base_args(databin, "unused", *flags))
+    task = setup_task(task_config(args))
     task.load_dataset("valid")
     torch.manual_seed(0)
-    model = task.build_model(args)
-    rv = RougeValidator.from_args(args, task)
+    model = task.build_model(model_config(args))
+    rv = RougeValidator(from_args(EvalRougeConfig, args), task, args.seed, args.prepend_bos)
     for sample in task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(
         shuffle=False
     ):
@@ -209,8 +213,8 @@ def test_rouge_metric_needs_eval_rouge(databin, tmp_path):
 
 
 def test_memory_efficient_precision_flags(databin, tmp_path):
-    parser = parsers.get_training_parser()
-    args = parsers.parse_args_and_arch(parser, base_args(databin, "x", "--memory-efficient-fp16"))
+    parser = training.get_training_parser()
+    args = parsing.parse_args_and_arch(parser, base_args(databin, "x", "--memory-efficient-fp16"))
     assert args.fp16 and args.memory_efficient_fp16
     if not torch.cuda.is_available():
         with pytest.raises(SeqtrainError, match="--fp16 needs a CUDA device"):
@@ -404,8 +408,8 @@ def test_cuda_kernel_choices_are_set_as_asked():
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.cudnn_sdp_enabled()
     set_cuda_kernels(tf32=False, cudnn_attention=False)
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-    train = parsers.parse_args_and_arch(
-        parsers.get_training_parser(), ["d", "--arch", "bart_tiny", "--cudnn-attention", "--no-tf32"]
+    train = parsing.parse_args_and_arch(
+        training.get_training_parser(), ["d", "--arch", "bart_tiny", "--cudnn-attention", "--no-tf32"]
     )
     assert train.cudnn_attention and train.no_tf32
     assert options.get_generation_parser().parse_args(["d", "--cudnn-attention"]).cudnn_attention

@@ -17,8 +17,9 @@ import subprocess
 
 import pytest
 
-from seqtrain.flags import parsers
+from seqtrain.flags import training
 from seqtrain.tasks import setup_task
+from seqtrain.train.loop import task_config
 from tests.utils import SAMPLE
 
 VENV = pathlib.Path(os.environ.get("FAIRSEQ_VENV") or pathlib.Path.home() / ".cache/seqtrain-peers/fairseq")
@@ -99,8 +100,8 @@ def test_blocks_and_batches_equal_fairseqs(mono):
     assert proc.returncode == 0, proc.stderr[-3000:]
     theirs = json.loads(proc.stdout)
     for name, argv in argvs.items():
-        args = parsers.parse_train_args([*argv, "--arch", "bart_tiny", "--cpu"])
-        task = setup_task(args)
+        args = training.parse_train_args([*argv, "--arch", "bart_tiny", "--cpu"])
+        task = setup_task(task_config(args))
         ds = task.load_dataset("train")
         itr = task.get_batch_iterator(
             ds,

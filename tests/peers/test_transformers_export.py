@@ -14,6 +14,7 @@ import re
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import save_checkpoint_file
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.data.dictionary import Dictionary
@@ -73,7 +74,7 @@ def tiny_checkpoint(path, d, tok, prepend_bos=False, seed=0):
         arch="bart_tiny", dropout=0.0, prepend_bos=prepend_bos, max_source_positions=128
     )
     args.max_target_positions = 128
-    model = build_model(args, d, d).eval()
+    model = build_model(model_config(args), d, d).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

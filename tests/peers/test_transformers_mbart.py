@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from seqtrain.checkpoint.fairseq import export_fairseq
+from seqtrain.checkpoint.fairseq import export_fairseq, model_config
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.hf import export_hf
 from seqtrain.checkpoint.load import LoadedModel, load_model
@@ -134,7 +134,7 @@ def tiny_mbart(langs=None):
     if langs:
         args.langs, args.source_lang, args.target_lang = ",".join(langs), langs[0], langs[1]
     torch.manual_seed(4)
-    model = build_model(args, d, d).eval()
+    model = build_model(model_config(args), d, d).eval()
     perturb(model)
     return model, args, d
 

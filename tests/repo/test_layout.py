@@ -294,3 +294,60 @@ def test_functions_stay_readable():
             text=True,
         )
         assert run.returncode == 0, run.stdout + run.stderr
+
+
+# Where the parsed flags (an argparse.Namespace) may be seen (docs/design.md, "Settings"): the flag layer that
+# makes them, the one conversion into typed settings, each program's front end that parses and converts once,
+# and the one adapter for the `args` record fairseq checkpoints store. Everything else takes its typed config.
+NAMESPACE_EDGE = {
+    "seqtrain_cli": "the entry points",
+    "seqtrain.flags": "the flag layer: parsers, --config files, fairseq's flags",
+    "seqtrain.config": "from_args: parsed flags -> a typed config, the one conversion",
+    "seqtrain.checkpoint.fairseq": "the one adapter for the args record a fairseq checkpoint stores",
+    "seqtrain.checkpoint.files": "unpickling fairseq files allows the Namespace they hold; the record's type",
+    "seqtrain.checkpoint.load": "a loaded checkpoint carries its stored args record (read through the adapter)",
+    "seqtrain.train.loop": "seqtrain-train's front end",
+    "seqtrain.generation.options": "seqtrain-generate/-interactive/-tune's parsers",
+    "seqtrain.generation.generate": "seqtrain-generate's front end",
+    "seqtrain.generation.interactive": "seqtrain-interactive's front end",
+    "seqtrain.generation.tune": "seqtrain-tune's front end",
+    "seqtrain.evaluation.report": "seqtrain-eval's front end",
+    "seqtrain.preprocess.databin": "seqtrain-preprocess's front end",
+}
+
+
+def _namespace_uses(tree: ast.AST) -> list[tuple[int, str]]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "Namespace":
+            found.append((node.lineno, "argparse.Namespace"))
+        elif isinstance(node, ast.ImportFrom) and node.module == "argparse":
+            found += [
+                (node.lineno, "from argparse import Namespace") for a in node.names if a.name == "Namespace"
+            ]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "args"
+        ):
+            found.append((node.lineno, f"{node.func.id}(args, ...)"))
+    return found
+
+
+def test_the_namespace_stays_at_the_programs_edge():
+    """Below the program front ends, components receive their own typed config, never the parsed flags: no
+    argparse.Namespace and no getattr(args, ...) outside NAMESPACE_EDGE (issue 36)."""
+    bad, seen_edge = [], set()
+    for name, path in _modules().items():
+        edge = next((p for p in NAMESPACE_EDGE if name == p or name.startswith(p + ".")), None)
+        uses = _namespace_uses(ast.parse(path.read_text(encoding="utf-8")))
+        if edge:
+            seen_edge |= {edge} if uses else set()
+            continue
+        bad += [f"{path.relative_to(REPO)}:{line}: {what}" for line, what in uses]
+    assert not bad, "the parsed flags reach below the programs' front ends:\n" + "\n".join(bad)
+    # the check sees what it looks for: the front ends and the adapter do hold the Namespace
+    assert {"seqtrain.train.loop", "seqtrain.checkpoint.fairseq", "seqtrain.config"} <= seen_edge

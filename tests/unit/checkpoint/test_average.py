@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from seqtrain.checkpoint.average import average_checkpoints, last_n_checkpoints
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.load import load_model
 from seqtrain.checkpoint.native import make_checkpoint_state
@@ -36,7 +37,7 @@ def tiny_states(
     states = []
     for seed in range(n):
         torch.manual_seed(seed)
-        model = build_model(args, d, d).to(dtype)
+        model = build_model(model_config(args), d, d).to(dtype)
         states.append({k: v.clone() for k, v in model.state_dict().items()})
     return args, d, states
 

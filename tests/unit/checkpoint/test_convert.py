@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.load import load_model
 from seqtrain.data.dictionary import Dictionary
@@ -35,7 +36,7 @@ def fairseq_ckpt(tmp_path):
     d = make_dict(28)
     torch.manual_seed(0)
     args = argparse.Namespace(arch="bart_tiny", encoder_layers=2, decoder_layers=1, dropout=0.0)
-    model = build_model(args, d, d).eval()
+    model = build_model(model_config(args), d, d).eval()
     args.lr, args.task, args.no_scale_embedding = [0.001], "translation", True
     state = dict(model.state_dict())
     state["encoder.version"] = state["decoder.version"] = torch.tensor([3.0])
@@ -308,7 +309,11 @@ def test_conversion_logs_name_the_architecture_the_file_stores(tmp_path, fairseq
         arch="bart_tiny", encoder_embed_dim=32, decoder_embed_dim=32, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_embed_dim=64, decoder_ffn_embed_dim=64,
     )  # fmt: skip
-    state = {"format": "seqtrain", "args": vars(args), "model": build_model(args, d, d).state_dict()}
+    state = {
+        "format": "seqtrain",
+        "args": vars(args),
+        "model": build_model(model_config(args), d, d).state_dict(),
+    }
     state.update(src_dict=d.to_list(), tgt_dict=d.to_list())
     save_checkpoint_file(state, str(tmp_path / "narrow.pt"))
     assert convert(str(tmp_path / "narrow.pt"), str(tmp_path / "hf"), "--to", "hf") == 0

@@ -19,11 +19,11 @@ import argparse
 import pytest
 import torch
 
-from seqtrain.checkpoint.fairseq import export_args
+from seqtrain.checkpoint.fairseq import export_args, model_config
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.checkpoint.train_state import TrainState
-from seqtrain.flags.parsers import parse_train_args
+from seqtrain.flags.training import parse_train_args
 from seqtrain.models.bart import build_model
 from seqtrain.registry import ARCHS
 from seqtrain_cli.convert import cli_main
@@ -188,7 +188,7 @@ def test_trained_checkpoint_exports_loadable(tmp_path):
     args = parse_train_args(argv + ["--label-smoothing", "0.1", "--lr-scheduler", "inverse_sqrt"])
     d = make_dict(20)
     torch.manual_seed(0)
-    model = build_model(args, d, d)
+    model = build_model(model_config(args), d, d)
     run = TrainState(epoch=3, num_updates=42, best=2.5, train_iterator={"epoch": 3, "iterations_in_epoch": 4})
     save_checkpoint_file(
         make_checkpoint_state(args, model.state_dict(), d, d, training=run), str(tmp_path / "c.pt")

@@ -10,6 +10,7 @@ import pickle
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import hf_config_to_args
@@ -33,7 +34,7 @@ def make_dict(n_words: int) -> Dictionary:
 def tiny_model(d: Dictionary, seed: int = 0):
     torch.manual_seed(seed)
     args = argparse.Namespace(arch="bart_tiny", encoder_layers=1, decoder_layers=1, dropout=0.0)
-    return build_model(args, d, d).eval(), args
+    return build_model(model_config(args), d, d).eval(), args
 
 
 def batch(vocab: int):
@@ -224,7 +225,9 @@ def test_a_file_that_cannot_be_mapped_is_read_instead(tmp_path, monkeypatch):
 def fairseq_namespace(args: argparse.Namespace) -> argparse.Namespace:
     """What fairseq stores: all of its flags, not only the model's."""
     full = argparse.Namespace(**vars(args))
-    build_model(full, make_dict(20), make_dict(20))  # fills the preset fields, as fairseq's arch functions do
+    build_model(
+        model_config(full), make_dict(20), make_dict(20)
+    )  # fills the preset fields, as fairseq's arch functions do
     full.lr, full.optimizer, full.task, full.max_tokens = [0.001], "adam", "translation", 2048
     full.encoder_normalize_before = full.decoder_normalize_before = False
     full.no_scale_embedding, full.layernorm_embedding, full.share_decoder_input_output_embed = (
@@ -526,7 +529,7 @@ def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
             arch="bart_tiny", max_source_positions=positions, max_target_positions=positions
         )
         ARCHS.get("bart_tiny")(a)
-        return build_model(a, d, d)
+        return build_model(model_config(a), d, d)
 
     big, small = model(64), model(16)
     state = fit_positions(big.state_dict(), small, "big.pt")
@@ -558,7 +561,7 @@ def test_prenorm_model_round_trips_and_exports_as_mbart(tmp_path):
         encoder_normalize_before=True,
         decoder_normalize_before=True,
     )
-    model = build_model(args, d, d).eval()
+    model = build_model(model_config(args), d, d).eval()
     with torch.no_grad():
         model.encoder.layer_norm.weight.uniform_(0.5, 1.5)
         model.decoder.layer_norm.bias.uniform_(-0.5, 0.5)

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from seqtrain.checkpoint.fairseq import export_fairseq
+from seqtrain.checkpoint.fairseq import export_fairseq, model_config
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.checkpoint.hub import hub_cache_dir, parse_hub_name, resolve_model_path
 from seqtrain.checkpoint.load import LoadedModel, load_model
@@ -89,7 +89,7 @@ def hub(tmp_path_factory, toy_databin):
     d = Dictionary.load(os.path.join(data, "dict.src.txt"))
     args = argparse.Namespace(arch="bart_tiny")
     torch.manual_seed(3)
-    model = build_model(args, d, d).eval()
+    model = build_model(model_config(args), d, d).eval()
     fq = root / "fairseq" / "model.pt"
     fq.parent.mkdir()
     export_fairseq(LoadedModel(model, args, d, d), str(fq))

@@ -12,6 +12,7 @@ import zlib
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import save_checkpoint_file
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.native import make_checkpoint_state
@@ -32,7 +33,7 @@ def save_tiny(path: str, optimizer=None, change=None) -> dict[str, torch.Tensor]
     d = make_dict()
     torch.manual_seed(0)
     args = argparse.Namespace(arch="bart_tiny", encoder_layers=1, decoder_layers=1, dropout=0.0)
-    state = build_model(args, d, d).state_dict()
+    state = build_model(model_config(args), d, d).state_dict()
     if change is not None:
         change(state)
     save_checkpoint_file(

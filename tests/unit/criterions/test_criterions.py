@@ -6,8 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from seqtrain.config import from_args
 from seqtrain.criterions import (
     CrossEntropyCriterion,
+    DistillationConfig,
     LabelSmoothedCrossEntropyCriterion,
     build_criterion,
     smoothed_nll_loss,
@@ -199,11 +201,11 @@ def test_build_criterion_from_args_and_registry():
     class Task:
         target_dictionary = Dict_()
 
-    crit = build_criterion(args, Task())
+    crit = build_criterion(from_args(DistillationConfig, args), Task())
     assert isinstance(crit, LabelSmoothedCrossEntropyCriterion)
     assert crit.eps == 0.2 and crit.report_accuracy and crit.padding_idx == PAD
     with pytest.raises(SeqtrainError, match="--criterion: unknown criterion 'nope'"):
-        build_criterion(argparse.Namespace(criterion="nope"), PAD)
+        build_criterion(from_args(DistillationConfig, argparse.Namespace(criterion="nope")), PAD)
     with pytest.raises(SeqtrainError, match="--label-smoothing"):
         LabelSmoothedCrossEntropyCriterion(PAD, label_smoothing=1.5)
 

@@ -7,7 +7,12 @@ import math
 import pytest
 import torch
 
-from seqtrain.criterions import LabelSmoothedCrossEntropyWithDistillationCriterion, build_criterion
+from seqtrain.config import from_args
+from seqtrain.criterions import (
+    DistillationConfig,
+    LabelSmoothedCrossEntropyWithDistillationCriterion,
+    build_criterion,
+)
 from seqtrain.errors import SeqtrainError
 from tests.unit.criterions.test_criterions import PAD, V, _tiny_bart, make_sample
 
@@ -62,7 +67,11 @@ def test_alpha_zero_is_the_label_smoothed_loss_and_equal_models_have_no_kd():
     sample = make_sample()
     crit = LabelSmoothedCrossEntropyWithDistillationCriterion(PAD, teacher, 2.0, 0.0, label_smoothing=0.1)
     plain = build_criterion(
-        type("A", (), {"criterion": "label_smoothed_cross_entropy", "label_smoothing": 0.1})(), PAD
+        from_args(
+            DistillationConfig,
+            type("A", (), {"criterion": "label_smoothed_cross_entropy", "label_smoothing": 0.1})(),
+        ),
+        PAD,
     )
     loss, _, log = crit(student, sample)
     assert loss.item() == pytest.approx(plain(student, sample)[0].item(), rel=1e-10)
@@ -101,13 +110,13 @@ def test_bad_settings_are_one_line(kw, message):
 def test_needs_a_teacher_and_teacher_path_needs_the_criterion(tmp_path):
     args = type("A", (), {"criterion": "label_smoothed_cross_entropy_with_distillation"})()
     with pytest.raises(SeqtrainError, match="needs --teacher-path CKPT"):
-        build_criterion(args, PAD)
+        build_criterion(from_args(DistillationConfig, args), PAD)
     args.teacher_path = str(tmp_path / "missing.pt")
     with pytest.raises(SeqtrainError, match=r"--teacher-path .*missing.pt: no such file"):
-        build_criterion(args, PAD)
+        build_criterion(from_args(DistillationConfig, args), PAD)
     args.criterion = "cross_entropy"
     with pytest.raises(SeqtrainError, match="--teacher-path is read only by --criterion"):
-        build_criterion(args, PAD)
+        build_criterion(from_args(DistillationConfig, args), PAD)
 
 
 def test_packed_batch_equals_padded_batch():

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from seqtrain.criterions import LabelSmoothedCrossEntropyCriterion
+from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig, LabelSmoothedCrossEntropyCriterion
 from seqtrain.criterions.projected_loss import (
     CPU_BUDGET_BYTES,
     CUDA_BUDGET_BYTES,
@@ -333,6 +334,6 @@ def test_loss_chunk_mb_reaches_the_projected_loss(monkeypatch):
     monkeypatch.setattr(ce, "projected_nll_loss", spy)
     for name in ("cross_entropy", "label_smoothed_cross_entropy"):
         args = argparse.Namespace(criterion=name, label_smoothing=0.1, loss_chunk_mb=8.0)
-        crit = ce.CRITERIONS.get(name).from_args(args, 1)
+        crit = ce.CRITERIONS.get(name).from_config(from_args(DistillationConfig, args), 1)
         crit(_TiedToy(), _toy_sample(True))
     assert budgets == [8.0, 8.0]

@@ -4,8 +4,9 @@ import logging
 import numpy as np
 import pytest
 
+from seqtrain.config import from_args
 from seqtrain.data.batching import batch_by_size, batch_stats, filter_by_size, resolve_max_positions
-from seqtrain.data.options import add_dataset_args, check_dataset_args
+from seqtrain.data.options import TrainDatasetConfig, add_dataset_args, check_dataset_args
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.errors import SeqtrainError
 
@@ -268,12 +269,16 @@ def test_flag_spellings():
         parse(["--left-pad-source", "maybe"])
 
 
+def train_config(argv):
+    return from_args(TrainDatasetConfig, parse(argv))
+
+
 def test_check_dataset_args():
     with pytest.raises(SeqtrainError, match="--max-tokens or --batch-size"):
-        check_dataset_args(parse([]))
+        check_dataset_args(train_config([]))
     with pytest.raises(SeqtrainError, match="--max-tokens must be positive"):
-        check_dataset_args(parse(["--max-tokens", "0"]))
-    a = check_dataset_args(parse(["--max-tokens", "4096", "--batch-size", "32"]))
+        check_dataset_args(train_config(["--max-tokens", "0"]))
+    a = check_dataset_args(train_config(["--max-tokens", "4096", "--batch-size", "32"]))
     assert (a.max_tokens_valid, a.batch_size_valid) == (4096, 32)
-    a = check_dataset_args(parse(["--max-tokens", "4096", "--max-tokens-valid", "1024"]))
+    a = check_dataset_args(train_config(["--max-tokens", "4096", "--max-tokens-valid", "1024"]))
     assert (a.max_tokens_valid, a.batch_size_valid) == (1024, None)

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from seqtrain.config import add_settings
+from seqtrain.config import add_settings, from_args
 from seqtrain.data.tokenizer import (
     GPT2BPETokenizer,
     SentencePieceTokenizer,
@@ -12,8 +12,8 @@ from seqtrain.data.tokenizer import (
     WhitespaceTokenizer,
     build_tokenizer,
     load_databin_tokenizer,
+    load_tokenizer,
     save_databin_tokenizer,
-    tokenizer_from_args,
 )
 from seqtrain.errors import SeqtrainError
 from seqtrain.registry import TOKENIZERS
@@ -186,7 +186,10 @@ def test_databin_without_tokenizer_json_is_none(tmp_path):
         load_databin_tokenizer(str(tmp_path))
 
 
-def test_tokenizer_from_args(gpt2_files, sample_dir):
+def test_load_tokenizer(gpt2_files, sample_dir):
+    def tokenizer_config(args):
+        return from_args(TokenizerConfig, args)
+
     p = argparse.ArgumentParser()
     add_settings(p, TokenizerConfig)
     args = p.parse_args(
@@ -199,12 +202,12 @@ def test_tokenizer_from_args(gpt2_files, sample_dir):
             str(gpt2_files[1]),
         ]
     )
-    assert tokenizer_from_args(args).encode("Hello") == GPT2BPETokenizer.from_files(
+    assert load_tokenizer(tokenizer_config(args)).encode("Hello") == GPT2BPETokenizer.from_files(
         *map(str, gpt2_files)
     ).encode("Hello")
     with pytest.raises(SeqtrainError, match="--tokenizer gpt2 needs --gpt2-encoder-json"):
-        tokenizer_from_args(p.parse_args(["--tokenizer", "gpt2"]))
+        load_tokenizer(tokenizer_config(p.parse_args(["--tokenizer", "gpt2"])))
     args = p.parse_args(["--spm-vocab-size", "300", "--spm-model-type", "bpe"])
-    t = tokenizer_from_args(args, [str(sample_dir / "valid.target")])
+    t = load_tokenizer(tokenizer_config(args), [str(sample_dir / "valid.target")])
     assert t.kind == "sentencepiece" and t.vocab_size == 300
-    assert tokenizer_from_args(p.parse_args(["--tokenizer", "none"])).encode(" a  b") == "a b"
+    assert load_tokenizer(tokenizer_config(p.parse_args(["--tokenizer", "none"]))).encode(" a  b") == "a b"

@@ -10,9 +10,10 @@ import sys
 import pytest
 import yaml
 
-from seqtrain.data.options import check_dataset_args
+from seqtrain.config import from_args
+from seqtrain.data.options import TrainDatasetConfig, check_dataset_args
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, tools, training
 from seqtrain.generation import options
 from seqtrain.preprocess import options as preprocess_options
 from tests.utils import REPO, base_args
@@ -20,7 +21,7 @@ from tests.utils import REPO, base_args
 
 def parse(*argv: str):
     # as seqtrain-train: a preset's generation keys are seqtrain-generate's, skipped
-    return parsers.parse_train_args(list(argv), options.generation_flags)
+    return training.parse_train_args(list(argv), options.generation_flags)
 
 
 def printed(capsys, *argv: str) -> str:
@@ -146,9 +147,8 @@ def test_run_saves_its_config(databin, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     saved, given = parse("--config", os.path.join(save, "config.yaml")), parse(*argv)
-    check_dataset_args(
-        given
-    )  # what the run itself resolved before saving (--max-tokens-valid from --max-tokens)
+    data = check_dataset_args(from_args(TrainDatasetConfig, given))  # what the run resolved before saving
+    given.max_tokens_valid, given.batch_size_valid = data.max_tokens_valid, data.batch_size_valid
     assert comparable(saved) == comparable(given)
     assert not [n for n in os.listdir(save) if n.startswith(".")]
 
@@ -157,16 +157,16 @@ def test_every_switch_has_a_negative_form(tmp_path):
     """A config's true is turned off on the command line: --no-X (for a flag named --no-X: --X)."""
     import argparse
 
-    train = parsers.get_training_parser()
-    parsers.parse_args_and_arch(train, ["data", "--arch", "bart_tiny"])  # adds the component flags
+    train = training.get_training_parser()
+    parsing.parse_args_and_arch(train, ["data", "--arch", "bart_tiny"])  # adds the component flags
     gen = options.get_generation_parser()
-    parsers.parse_args_and_arch(gen, ["data", "--path", "x.pt"])
+    parsing.parse_args_and_arch(gen, ["data", "--path", "x.pt"])
     built = [
         train,
         gen,
         preprocess_options.get_preprocessing_parser(),
-        parsers.get_convert_parser(),
-        parsers.get_score_parser(),
+        tools.get_convert_parser(),
+        tools.get_score_parser(),
     ]
     for parser in built:
         for action in parser._actions:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from seqtrain.flags.parsers import UsageError, parse_train_args
+from seqtrain.flags.parsers import UsageError
+from seqtrain.flags.training import parse_train_args
 from seqtrain.generation.options import parse_generation_args
 
 

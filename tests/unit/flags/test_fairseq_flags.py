@@ -9,7 +9,8 @@ import pytest
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.fairseq_flag_list import FAIRSEQ_FLAGS
-from seqtrain.flags.parsers import UsageError, parse_train_args
+from seqtrain.flags.parsers import UsageError
+from seqtrain.flags.training import parse_train_args
 from seqtrain.generation.options import parse_generation_args
 from tests.utils import REPO, load_script
 

@@ -15,7 +15,7 @@ import pytest
 from seqtrain import registry
 from seqtrain.config import left_out
 from seqtrain.evaluation.report import get_eval_parser
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, tools, training
 from seqtrain.generation import options
 from seqtrain.preprocess import options as preprocess_options
 
@@ -135,22 +135,22 @@ def _grid() -> list[tuple[str, str, tuple[str, ...]]]:
             if _numeric(a):
                 found.setdefault((cli, a.option_strings[-1]), extra)
 
-    train = parsers.get_training_parser()
-    parsers._add_choice_args(train, "task", "translation")
+    train = training.get_training_parser()
+    parsing.add_choice_args(train, "task", "translation")
     scan(train, "train")
     import seqtrain.tasks  # noqa: F401
 
     for kind, table in (("optimizer", registry.OPTIMIZERS), ("lr_scheduler", registry.LR_SCHEDULERS)):
         for name in table.names():
-            p = parsers.get_training_parser()
-            parsers._add_choice_args(p, kind, name)
+            p = training.get_training_parser()
+            parsing.add_choice_args(p, kind, name)
             scan(p, "train", (f"--{kind.replace('_', '-')}", name))
     gen = options.get_generation_parser()
-    parsers._add_choice_args(gen, "task", "translation")
+    parsing.add_choice_args(gen, "task", "translation")
     scan(gen, "generate")
     scan(preprocess_options.get_preprocessing_parser(), "preprocess")
-    scan(parsers.get_convert_parser(), "convert")
-    scan(parsers.get_score_parser(), "score")
+    scan(tools.get_convert_parser(), "convert")
+    scan(tools.get_score_parser(), "score")
     scan(get_eval_parser(), "eval")
     return [(cli, flag, extra) for (cli, flag), extra in sorted(found.items())]
 
@@ -191,15 +191,15 @@ def test_legal_values_parse(tmp_path):
         for value in values:
             argv = _argv(cli, flag, value, extras[(cli, flag)], str(tmp_path))
             if cli == "train":
-                parsers.parse_train_args(argv)
+                training.parse_train_args(argv)
             elif cli == "generate":
                 options.parse_generation_args(argv)
             elif cli == "score":
-                parsers.get_score_parser().parse_args(argv)
+                tools.get_score_parser().parse_args(argv)
             elif cli == "eval":
                 get_eval_parser().parse_args(argv)
             elif cli == "convert":
-                parsers.get_convert_parser().parse_args(argv)
+                tools.get_convert_parser().parse_args(argv)
             else:
                 preprocess_options.get_preprocessing_parser().parse_args(argv)
 
@@ -236,12 +236,12 @@ def _parsers_of(cli: str) -> list[argparse.Action]:
         if cli == "train":
             for kind, table in (("optimizer", registry.OPTIMIZERS), ("lr_scheduler", registry.LR_SCHEDULERS)):
                 for name in table.names():
-                    p = parsers.get_training_parser()
-                    parsers._add_choice_args(p, kind, name)
+                    p = training.get_training_parser()
+                    parsing.add_choice_args(p, kind, name)
                     actions += p._actions
         elif cli == "generate":
             p = options.get_generation_parser()
-            parsers._add_choice_args(p, "task", "translation")
+            parsing.add_choice_args(p, "task", "translation")
             actions = p._actions
         else:
             actions = preprocess_options.get_preprocessing_parser()._actions

@@ -8,8 +8,9 @@ import pathlib
 
 import pytest
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import training
 from seqtrain.generation import options
 
 ROOT = str(pathlib.Path(__file__).resolve().parents[3])
@@ -18,7 +19,7 @@ CONFIGS = os.path.join(ROOT, "configs")
 
 def train_args(*argv: str):
     # as seqtrain-train: the preset's generation keys are seqtrain-generate's, skipped
-    return parsers.parse_train_args(list(argv), options.generation_flags)
+    return training.parse_train_args(list(argv), options.generation_flags)
 
 
 def generate_args(*argv: str):
@@ -155,7 +156,7 @@ def test_debdesc_small_parses_and_builds_its_model():
     d = Dictionary()
     for i in range(8004):  # the 8,008-symbol dictionary of a sentencepiece-8000 debdesc data-bin
         d.add_symbol(f"w{i}")
-    model = build_model(args, d, d)
+    model = build_model(model_config(args), d, d)
     assert len(d) == 8008
     # 7,647,232 for post-norm BART with 128 source positions: 80 fewer positions (-20,480), two final layer norms
     # of pre-norm stacks (+1,024)

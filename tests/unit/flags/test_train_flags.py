@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.generation import options
 
 
 def parse(*argv: str):
-    return parsers.parse_args_and_arch(parsers.get_training_parser(), list(argv))
+    return parsing.parse_args_and_arch(training.get_training_parser(), list(argv))
 
 
 def test_arch_preset_fills_only_what_flags_leave_unset():
@@ -234,5 +234,5 @@ def test_help_groups_in_order():
 
 def test_generation_parser_has_common_and_dataset_flags():
     parser = options.get_generation_parser()
-    args = parsers.parse_args_and_arch(parser, ["bin", "--path", "ck.pt", "--gen-subset", "valid", "--cpu"])
+    args = parsing.parse_args_and_arch(parser, ["bin", "--path", "ck.pt", "--gen-subset", "valid", "--cpu"])
     assert (args.data, args.path, args.gen_subset, args.cpu, args.seed) == ("bin", "ck.pt", "valid", True, 1)

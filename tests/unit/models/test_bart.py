@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from seqtrain.checkpoint.fairseq import model_config
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import BartConfig, BARTModel, add_args, build_model
 from seqtrain.registry import ARCHS
@@ -84,7 +86,7 @@ def _fairseq_model(fairseq_tiny):
     ck = torch.load(fairseq_tiny / "checkpoint_last.pt", weights_only=True)
     args = ck["cfg"]["model"]
     model = BARTModel(
-        BartConfig.from_args(args, vocab_size=ck["model"]["encoder.embed_tokens.weight"].shape[0])
+        from_args(BartConfig, args, vocab_size=ck["model"]["encoder.embed_tokens.weight"].shape[0])
     )
     state = {k: v for k, v in ck["model"].items() if not k.endswith(".version")}
     assert list(model.state_dict()) == list(state)  # same names, same order
@@ -440,7 +442,7 @@ def test_override_flags_win_and_shapes_follow():
         ]
     )
     args.arch = "bart_tiny"
-    m = build_model(args, Dict_(24), Dict_(24))
+    m = build_model(model_config(args), Dict_(24), Dict_(24))
     assert len(m.encoder.layers) == 3 and len(m.decoder.layers) == 1
     assert m.encoder.embed_tokens.weight.shape == (24, 48)
     assert m.encoder.layers[0].fc1.weight.shape == (96, 48)
@@ -467,7 +469,7 @@ def test_fairseq_finetuning_flags_are_accepted():
         ]
     )
     args.arch = "bart_tiny"
-    m = build_model(args, Dict_(24), Dict_(24))
+    m = build_model(model_config(args), Dict_(24), Dict_(24))
     assert m.cfg.attention_dropout == 0.1 and m.encoder.layers[0].self_attn.dropout == 0.1
     assert m.decoder.output_projection.weight is m.encoder.embed_tokens.weight
 
@@ -475,7 +477,7 @@ def test_fairseq_finetuning_flags_are_accepted():
 def test_unshared_embeddings_allow_two_dictionaries():
     args = _parse(["--no-share-all-embeddings"])
     args.arch = "bart_tiny"
-    m = build_model(args, Dict_(30), Dict_(20))
+    m = build_model(model_config(args), Dict_(30), Dict_(20))
     assert m.encoder.embed_tokens.weight.shape[0] == 30 and m.decoder.embed_tokens.weight.shape[0] == 20
     assert m.decoder.output_projection.weight is m.decoder.embed_tokens.weight
     assert m.decoder.embed_tokens.weight is not m.encoder.embed_tokens.weight
@@ -488,17 +490,17 @@ def test_user_errors_are_one_line_seqtrain_errors():
     args = _parse([])
     args.arch = "bart_tiny"
     with pytest.raises(SeqtrainError, match="joined dictionary: source has 30 symbols, target 20"):
-        build_model(args, Dict_(30), Dict_(20))
+        build_model(model_config(args), Dict_(30), Dict_(20))
     bad = _parse(["--encoder-attention-heads", "5"])
     bad.arch = "bart_tiny"
     with pytest.raises(
         SeqtrainError, match="--encoder-embed-dim 64 must be divisible by --encoder-attention-heads 5"
     ):
-        build_model(bad, Dict_(30), Dict_(30))
+        build_model(model_config(bad), Dict_(30), Dict_(30))
     unknown = _parse([])
     unknown.arch = "bart_huge"
     with pytest.raises(SeqtrainError, match="--arch: unknown arch 'bart_huge'"):
-        build_model(unknown, Dict_(30), Dict_(30))
+        build_model(model_config(unknown), Dict_(30), Dict_(30))
     m = make_model()
     with pytest.raises(SeqtrainError, match="exceeds --max-source-positions 64"):
         m(torch.full((1, 65), 5), None, right_padded([2]))

@@ -9,6 +9,7 @@ import argparse
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
@@ -27,7 +28,7 @@ def make_dict() -> Dictionary:
 def build(seed: int = 0, **kw) -> torch.nn.Module:
     torch.manual_seed(seed)
     return build_model(
-        argparse.Namespace(arch="bart_tiny", dropout=0.0, **kw), make_dict(), make_dict()
+        model_config(argparse.Namespace(arch="bart_tiny", dropout=0.0, **kw)), make_dict(), make_dict()
     ).eval()
 
 

@@ -10,6 +10,7 @@ import logging
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
@@ -26,7 +27,7 @@ def make_dict(n: int = 24) -> Dictionary:
 def tiny(d: Dictionary, seed: int = 0, **kw) -> torch.nn.Module:
     torch.manual_seed(seed)
     args = argparse.Namespace(arch="bart_tiny", dropout=0.0, **kw)
-    return build_model(args, d, d).eval(), args
+    return build_model(model_config(args), d, d).eval(), args
 
 
 def batch(src_len: int = 7, tgt_len: int = 5, seed: int = 1):

@@ -19,7 +19,8 @@ import copy
 import pytest
 import torch
 
-from seqtrain.optim import DynamicLossScaler, GradientOverflow, build_optimizer
+from seqtrain.optim import DynamicLossScaler, GradientOverflow
+from tests.utils import optimizer_of
 
 U = 2.0**-24
 LR = 1e-3
@@ -38,7 +39,7 @@ def adam(params: list) -> object:
     args = argparse.Namespace(
         optimizer="adam", lr=[LR], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.01
     )
-    opt = build_optimizer(args, params)
+    opt = optimizer_of(args, params)
     assert opt.folds_grad_scale  # torch's fused AdamW (CPU kernel since torch 2.4)
     return opt
 
@@ -144,5 +145,5 @@ def test_other_optimizers_do_not_fold():
     params = make()
     for name in ("sgd", "nag", "adafactor"):
         args = argparse.Namespace(optimizer=name, lr=[0.1], momentum=None, weight_decay=0.0)
-        opt = build_optimizer(args, copy.deepcopy(params))
+        opt = optimizer_of(args, copy.deepcopy(params))
         assert not opt.folds_grad_scale

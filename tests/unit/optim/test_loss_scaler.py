@@ -3,9 +3,11 @@ import argparse
 import pytest
 import torch
 
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.optim import DynamicLossScaler, GradientOverflow, MinimumLossScaleError
 from seqtrain.optim import loss_scaler as scaler_mod
+from seqtrain.optim.loss_scaler import LossScalerConfig
 
 
 def train_step(scaler, param, overflow):
@@ -36,10 +38,14 @@ def test_default_flags_and_window():
         args.min_loss_scale,
         args.threshold_loss_scale,
     ) == (128, None, 0.0, 1e-4, None)
-    args.update_freq = [2]
-    s = DynamicLossScaler.from_args(args, world_size=4)
+    s = DynamicLossScaler.from_config(from_args(LossScalerConfig, args), world_size=4, update_freq=2)
     assert s.loss_scale == 128.0 and s.scale_window == 2**14 // 8
-    assert DynamicLossScaler.from_args(p.parse_args(["--fp16-scale-window", "7"])).scale_window == 7
+    assert (
+        DynamicLossScaler.from_config(
+            from_args(LossScalerConfig, p.parse_args(["--fp16-scale-window", "7"]))
+        ).scale_window
+        == 7
+    )
 
 
 def test_scale_sequence_with_injected_overflows():

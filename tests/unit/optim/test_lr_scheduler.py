@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.optim import build_lr_scheduler, build_optimizer
 from seqtrain.optim import lr_scheduler as sched_mod
 from seqtrain.optim import optimizers as optim_mod
 from seqtrain.registry import LR_SCHEDULERS
+from tests.utils import optimizer_of, scheduler_of
 
 
 def setup(name, argv, max_update=0):
@@ -18,8 +18,8 @@ def setup(name, argv, max_update=0):
     sched_mod.add_args(p, name)
     args = p.parse_args(["--lr-scheduler", name] + argv)
     args.max_update = max_update
-    opt = build_optimizer(args, [torch.nn.Parameter(torch.zeros(1))])
-    return args, opt, build_lr_scheduler(args, opt)
+    opt = optimizer_of(args, [torch.nn.Parameter(torch.zeros(1))])
+    return args, opt, scheduler_of(args, opt)
 
 
 def test_registry_and_unknown_name():
@@ -31,7 +31,7 @@ def test_registry_and_unknown_name():
         "cosine",
     }
     with pytest.raises(SeqtrainError, match="--lr-scheduler: unknown scheduler 'linear'"):
-        build_lr_scheduler(argparse.Namespace(lr_scheduler="linear", lr=[1.0]), None)
+        scheduler_of(argparse.Namespace(lr_scheduler="linear", lr=[1.0]), None)
 
 
 def test_fixed_one_lr_per_epoch_then_last():
@@ -138,7 +138,7 @@ def test_reduce_lr_on_plateau_maximize_and_warmup():
         ["--lr", "1.0", "--lr-shrink", "0.5", "--lr-patience", "0", "--lr-threshold", "0.01"],
     )
     args.maximize_best_checkpoint_metric = True
-    s = build_lr_scheduler(args, opt)
+    s = scheduler_of(args, opt)
     assert [s.step(1, 10.0), s.step(2, 10.05), s.step(3, 20.0)] == pytest.approx([1.0, 0.5, 0.5])
 
     _, opt, s = setup("reduce_lr_on_plateau", ["--lr", "1.0", "--warmup-updates", "4"])

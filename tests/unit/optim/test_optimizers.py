@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.optim import build_optimizer, parse_lr_list
 from seqtrain.optim import optimizers as optim_mod
+from seqtrain.optim import parse_lr_list
 from seqtrain.registry import OPTIMIZERS
+from tests.utils import optimizer_of
 
 
 def parse(argv, name=None):
@@ -48,9 +49,9 @@ def test_union_flags_resolve_per_optimizer_defaults():
     assert args.momentum is None and args.optimizer == "adam" and args.lr == [0.25]
     p = [torch.nn.Parameter(torch.zeros(2))]
     args.optimizer = "nag"
-    assert build_optimizer(args, p).param_groups[0]["momentum"] == 0.99
+    assert optimizer_of(args, p).param_groups[0]["momentum"] == 0.99
     args.optimizer = "sgd"
-    assert build_optimizer(args, p).param_groups[0]["momentum"] == 0.0
+    assert optimizer_of(args, p).param_groups[0]["momentum"] == 0.0
     assert parse([], "nag").momentum == 0.99  # a named parser shows fairseq's real default
     assert set(OPTIMIZERS.names()) >= {"adam", "nag", "sgd", "adafactor"}
 
@@ -59,7 +60,7 @@ def test_nag_matches_fairseq_update_rule_with_lr_change():
     lr0, lr1, mom, wd = 0.1, 0.03, 0.9, 0.01
     p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
     args = argparse.Namespace(optimizer="nag", lr=[lr0], momentum=mom, weight_decay=wd)
-    opt = build_optimizer(args, [p])
+    opt = optimizer_of(args, [p])
     run(opt, [p], 5, lr_at={3: lr1})
 
     # fairseq's NAG by hand: buf holds -lr * velocity, rescaled by lr/lr_old when the lr changes
@@ -97,7 +98,7 @@ def test_adam_matches_torch_adamw():
             "0.1",
         ]
     )
-    opt = build_optimizer(args, ours)
+    opt = optimizer_of(args, ours)
     assert isinstance(opt.optimizer, torch.optim.AdamW)
     assert opt.optimizer.param_groups[0]["fused"] is True  # fused kernel on the CPU too (torch >= 2.4)
     ref_opt = torch.optim.AdamW(ref, lr=0.01, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.1, foreach=False)
@@ -111,7 +112,7 @@ def test_adam_matches_torch_adamw():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)
     assert not torch.equal(ours[0].detach(), init[0])
     with pytest.raises(SeqtrainError, match="--adam-betas"):
-        build_optimizer(
+        optimizer_of(
             argparse.Namespace(optimizer="adam", lr=[1.0], adam_betas="0.9", adam_eps=1e-8, weight_decay=0.0),
             ours,
         )
@@ -120,9 +121,7 @@ def test_adam_matches_torch_adamw():
 def test_sgd_matches_torch_sgd():
     init = torch.tensor([[0.5, -1.0], [2.0, 0.25]], dtype=torch.float64)
     a, b = torch.nn.Parameter(init.clone()), torch.nn.Parameter(init.clone())
-    opt = build_optimizer(
-        parse(["--optimizer", "sgd", "--lr", "0.2", "--momentum", "0.5", "--wd", "0.01"]), [a]
-    )
+    opt = optimizer_of(parse(["--optimizer", "sgd", "--lr", "0.2", "--momentum", "0.5", "--wd", "0.01"]), [a])
     ref = torch.optim.SGD([b], lr=0.2, momentum=0.5, weight_decay=0.01)
     for s in range(4):
         a.grad, b.grad = grads_at(s, a.shape), grads_at(s, b.shape)
@@ -201,7 +200,7 @@ def test_adafactor_matches_reference(shape, flags):
     for f in ("scale_parameter", "relative_step", "warmup_init"):
         if flags.get(f):
             argv.append("--" + f.replace("_", "-"))
-    opt = build_optimizer(parse(argv), [p])
+    opt = optimizer_of(parse(argv), [p])
     run(opt, [p], 5)
     expected = adafactor_reference(w0.numpy(), lambda s: grads_at(10 * s, shape).numpy(), 5, lr=0.05, **flags)
     np.testing.assert_allclose(p.detach().numpy(), expected, rtol=1e-10, atol=1e-12)
@@ -212,7 +211,7 @@ def test_adafactor_matches_reference(shape, flags):
 
 def test_adafactor_warmup_init_needs_relative_step():
     with pytest.raises(SeqtrainError, match="--warmup-init requires --relative-step"):
-        build_optimizer(
+        optimizer_of(
             parse(["--optimizer", "adafactor", "--warmup-init"]), [torch.nn.Parameter(torch.ones(2))]
         )
 
@@ -230,18 +229,18 @@ def test_state_dict_round_trip_continues_identically(name):
     args = parse(["--optimizer", name, "--lr", "0.05"] + extra)
 
     straight = [torch.nn.Parameter(t.clone()) for t in init]
-    opt = build_optimizer(args, straight)
+    opt = optimizer_of(args, straight)
     run(opt, straight, 6, lr_at={4: 0.02})
 
     first = [torch.nn.Parameter(t.clone()) for t in init]
-    opt1 = build_optimizer(args, first)
+    opt1 = optimizer_of(args, first)
     run(opt1, first, 3)
     buf = io.BytesIO()
     torch.save(opt1.state_dict(), buf)
     buf.seek(0)
     state = torch.load(buf, weights_only=True)  # plain data only
     resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
-    opt2 = build_optimizer(args, resumed)
+    opt2 = optimizer_of(args, resumed)
     opt2.load_state_dict(state)
     run(opt2, resumed, 3, start=3, lr_at={4: 0.02})
     for a, b in zip(straight, resumed):
@@ -250,7 +249,7 @@ def test_state_dict_round_trip_continues_identically(name):
 
 def test_load_state_dict_overrides_and_grad_helpers():
     p = torch.nn.Parameter(torch.zeros(2))
-    opt = build_optimizer(argparse.Namespace(optimizer="sgd", lr=[0.1], momentum=0.0, weight_decay=0.0), [p])
+    opt = optimizer_of(argparse.Namespace(optimizer="sgd", lr=[0.1], momentum=0.0, weight_decay=0.0), [p])
     opt.load_state_dict(opt.state_dict(), optimizer_overrides={"lr": 0.5})
     assert opt.get_lr() == 0.5
     p.grad = torch.tensor([3.0, 4.0])
@@ -264,9 +263,7 @@ def test_load_state_dict_overrides_and_grad_helpers():
 
 def test_frozen_parameters_are_left_out():
     a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2), requires_grad=False)
-    opt = build_optimizer(
-        argparse.Namespace(optimizer="nag", lr=[0.1], momentum=0.9, weight_decay=0.0), [a, b]
-    )
+    opt = optimizer_of(argparse.Namespace(optimizer="nag", lr=[0.1], momentum=0.9, weight_decay=0.0), [a, b])
     assert opt.param_groups[0]["params"] == [a]
 
 
@@ -274,7 +271,7 @@ def test_frozen_parameters_are_left_out():
 def test_adam_uses_fused_kernel_on_cuda():
     p = torch.nn.Parameter(torch.randn(8, device="cuda"))
     ref = torch.nn.Parameter(p.detach().clone())
-    opt = build_optimizer(
+    opt = optimizer_of(
         argparse.Namespace(
             optimizer="adam", lr=[1e-2], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.01
         ),
@@ -306,10 +303,10 @@ def test_bf16_params_keep_fp32_state_across_resume(name):
         relative_step=False,
         warmup_init=False,
     )
-    opt = build_optimizer(args, [p])
+    opt = optimizer_of(args, [p])
     p.grad = torch.randn(3, 2).to(torch.bfloat16)
     opt.step()
-    opt2 = build_optimizer(args, [p])
+    opt2 = optimizer_of(args, [p])
     opt2.load_state_dict(opt.state_dict())
     key = "momentum_buffer" if name == "nag" else "exp_avg"
     assert opt2.optimizer.state[p][key].dtype == torch.float32
@@ -321,7 +318,7 @@ def _adam(lr=1e-2):
     args = argparse.Namespace(
         optimizer="adam", lr=[lr], adam_betas="(0.9, 0.98)", adam_eps=1e-8, weight_decay=0.0
     )
-    return build_optimizer(args, [p])
+    return optimizer_of(args, [p])
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
+from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig
 from seqtrain.data.pair_dataset import padded_shape
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
+from seqtrain.train import loop as train_loop
+from seqtrain.train.loop import task_config
 from seqtrain.train.trainer import Trainer
 
 
@@ -40,12 +45,17 @@ def build_trainer(data: str, save_dir: str) -> Trainer:
         "--log-format",
         "none",
     ]
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     task.load_dataset("train")
     torch.manual_seed(0)
-    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
+    return train_loop.build_trainer(
+        args,
+        task,
+        task.build_model(model_config(args)),
+        task.build_criterion(from_args(DistillationConfig, args)),
+    )
 
 
 def _passes(trainer: Trainer) -> list[int]:

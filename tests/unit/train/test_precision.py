@@ -12,9 +12,14 @@ import math
 import pytest
 import torch
 
+from seqtrain.checkpoint.fairseq import model_config
+from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig
 from seqtrain.errors import SeqtrainError
-from seqtrain.flags import parsers
+from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
+from seqtrain.train import loop as train_loop
+from seqtrain.train.loop import task_config
 from seqtrain.train.trainer import Trainer
 
 SEED = 5
@@ -44,15 +49,17 @@ def build_trainer(data: str, save_dir: str, *extra: str, init: dict | None = Non
         "none",
         *extra,
     ]
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     task.load_dataset("train")
     torch.manual_seed(0)
-    model = task.build_model(args)
+    model = task.build_model(model_config(args))
     if init is not None:
         model.load_state_dict(init)
-    return Trainer.from_args(args, task, model, task.build_criterion(args))
+    return train_loop.build_trainer(
+        args, task, model, task.build_criterion(from_args(DistillationConfig, args))
+    )
 
 
 def batches(trainer: Trainer, n: int, size: int = 16) -> list:

@@ -26,9 +26,14 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from seqtrain.flags import parsers
+from seqtrain.checkpoint.fairseq import model_config
+from seqtrain.config import from_args
+from seqtrain.criterions import DistillationConfig
+from seqtrain.flags import parsing, training
 from seqtrain.generation.sequence_generator import SequenceGenerator
 from seqtrain.tasks import setup_task
+from seqtrain.train import loop as train_loop
+from seqtrain.train.loop import task_config
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.preprocess import preprocess_main
 from tests.utils import FP32
@@ -116,11 +121,16 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
         "none",
         *extra,
     ]
-    args = parsers.parse_args_and_arch(parsers.get_training_parser(), argv)
+    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
     args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(args)
+    task = setup_task(task_config(args))
     task.load_dataset("train")
-    return Trainer.from_args(args, task, task.build_model(args), task.build_criterion(args))
+    return train_loop.build_trainer(
+        args,
+        task,
+        task.build_model(model_config(args)),
+        task.build_criterion(from_args(DistillationConfig, args)),
+    )
 
 
 @pytest.fixture(scope="module")

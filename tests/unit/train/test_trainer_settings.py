@@ -5,6 +5,7 @@ whose default differs from their field's, ranges)."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 import pytest
 
@@ -12,11 +13,13 @@ from seqtrain import registry
 from seqtrain.checkpoint.options import CheckpointConfig
 from seqtrain.config import add_settings, from_args
 from seqtrain.criterions.cross_entropy import CriterionConfig
-from seqtrain.flags.parsers import ArgumentParser, UsageError, parse_train_args
-from seqtrain.models.bart import BartConfig
+from seqtrain.data.dictionary import Dictionary
+from seqtrain.flags.parsers import ArgumentParser, UsageError
+from seqtrain.flags.training import parse_train_args
+from seqtrain.models.bart import BartConfig, build_model
 from seqtrain.optim.optimizers import OPTIMIZER_CONFIGS
 from seqtrain.tasks.translation import TranslationConfig
-from seqtrain.train.trainer import TrainerConfig
+from seqtrain.train.loop import trainer_config
 
 
 def _train(*flags: str) -> argparse.Namespace:
@@ -26,7 +29,7 @@ def _train(*flags: str) -> argparse.Namespace:
 def test_trainer_config_nests_the_groups_it_reads_from_one_command_line():
     args = _train("--clip-norm", "0.5", "--store-ema", "--ema-decay", "0.9", "--update-freq", "2,3")
     args.bf16, args.device_id = True, 3  # as a launcher sets them
-    cfg = TrainerConfig.from_args(args)
+    cfg = trainer_config(args)
     assert cfg.update.clip_norm == 0.5 and cfg.update.update_freq == [2, 3]
     assert cfg.ema.store_ema and cfg.ema.ema_decay == 0.9 and cfg.ema.ema_update_freq == 1
     assert cfg.device.bf16 and not cfg.device.fp16 and cfg.launch.device_id == 3
@@ -35,7 +38,7 @@ def test_trainer_config_nests_the_groups_it_reads_from_one_command_line():
 
 
 def test_a_hand_made_namespace_gets_the_declared_defaults():
-    cfg = TrainerConfig.from_args(argparse.Namespace(clip_norm=1.0))
+    cfg = trainer_config(argparse.Namespace(clip_norm=1.0))
     assert cfg.update.clip_norm == 1.0 and cfg.update.update_freq == [1] and cfg.device.seed == 1
     assert cfg.ema.ema_decay == 0.9999 and cfg.checkpoint.keep_last_epochs == -1
 
@@ -45,8 +48,14 @@ def test_model_flags_default_to_none_so_the_preset_fills_them_but_the_config_kee
     add_settings(p, BartConfig)
     assert p.parse_args([]).encoder_layers is None and p.parse_args([]).share_all_embeddings is None
     assert BartConfig().encoder_layers == 6 and BartConfig().share_all_embeddings is True
-    cfg = BartConfig.from_args(argparse.Namespace(dropout=0.3, activation_dropout=0.0, relu_dropout=0.2), 99)
-    assert (cfg.vocab_size, cfg.dropout, cfg.activation_dropout, cfg.encoder_layers) == (99, 0.3, 0.2, 6)
+    flags = argparse.Namespace(dropout=0.3, activation_dropout=0.0, relu_dropout=0.2, encoder_embed_dim=8)
+    cfg = from_args(BartConfig, flags, vocab_size=99)
+    assert (cfg.vocab_size, cfg.dropout, cfg.activation_dropout, cfg.encoder_layers) == (99, 0.3, 0.0, 6)
+    small = replace(cfg, encoder_layers=1, decoder_layers=1, decoder_embed_dim=8, encoder_ffn_embed_dim=8)
+    small = replace(small, decoder_ffn_embed_dim=8, encoder_attention_heads=2, decoder_attention_heads=2)
+    d = Dictionary()
+    built = build_model(small, d, d).cfg  # fairseq's --relu-dropout: read where --activation-dropout is 0
+    assert (built.vocab_size, built.activation_dropout) == (len(d), 0.2)
 
 
 def test_registry_choices_are_read_when_the_parser_is_built():

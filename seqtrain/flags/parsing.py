@@ -1,0 +1,157 @@
+"""Parsing a program's command line in fairseq's two stages: the component choices first (--task, --arch,
+--criterion, --optimizer, --lr-scheduler), then the chosen components add their flags and the whole line is
+parsed. Every program that takes a task parses with it (seqtrain.flags.training, seqtrain.generation.options).
+
+Precedence, highest first: flags on the command line > `--config FILE` values (seqtrain.flags.config_file) > the
+`--arch` preset > each flag's default. The arch preset runs last and only fills model fields still unset (None),
+so explicit flags and config values win over it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from seqtrain.config import left_out
+from seqtrain.errors import SeqtrainError
+from seqtrain.flags import fairseq_compat
+from seqtrain.flags.config_file import apply_config, config_text, load_config
+from seqtrain.flags.parsers import ArgumentParser, UsageError, _order_groups, _retitle, add_negations
+from seqtrain.registry import ARCHS
+
+# The flags that pick a component; their values decide which further flags exist.
+_CHOICE_FLAGS = (("--task",), ("--arch", "-a"), ("--criterion",), ("--optimizer",), ("--lr-scheduler",))
+
+
+def add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
+    """Add the flags of the chosen task / optimizer / lr scheduler."""
+    # these import torch and register the tasks, optimizers and schedulers; parsing needs them from here on
+    import seqtrain.tasks  # noqa: F401
+    from seqtrain import registry
+    from seqtrain.optim import lr_scheduler, optimizers
+
+    table = {
+        "task": registry.TASKS,
+        "optimizer": registry.OPTIMIZERS,
+        "lr_scheduler": registry.LR_SCHEDULERS,
+    }[dest]
+    if name not in table:
+        raise SeqtrainError(
+            f"--{dest.replace('_', '-')}: unknown {table.kind} {name!r}; "
+            f"choose from: {', '.join(table.names())}"
+        )
+    if dest == "task":
+        cls = table.get(name)
+        # a CLI that declared DATA itself (seqtrain-generate: optional with --input) keeps its own
+        if hasattr(cls, "add_args") and not any(a.dest == "data" for a in parser._actions):
+            cls.add_args(parser)
+        if hasattr(cls, "add_task_flags"):  # the task's own flags, beside DATA: every CLI takes them
+            cls.add_task_flags(parser)
+    elif dest == "optimizer":
+        _retitle(optimizers.add_args(parser, name), f"Optimizer ({name})")
+    else:
+        _retitle(lr_scheduler.add_args(parser, name), f"LR scheduler ({name})")
+
+
+# ------------------------------------------------------------------------------------------------- parsing
+def _pre_parse(argv: Sequence[str], defaults: dict[str, Any]) -> argparse.Namespace:
+    """Read --config and the component choices without failing on flags that do not exist yet."""
+    pre = ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--config", default=None)
+    for flags in _CHOICE_FLAGS:
+        dest = flags[0].lstrip("-").replace("-", "_")
+        pre.add_argument(*flags, dest=dest, default=defaults.get(dest))
+    args, _ = pre.parse_known_args([a for a in argv if a not in ("-h", "--help")])
+    return args
+
+
+def _config_value(config: dict[str, Any], dest: str) -> Any:
+    for key in (dest, dest.replace("_", "-"), "--" + dest.replace("_", "-")):
+        if key in config:
+            return config[key]
+    return None
+
+
+def _refuse_left_out(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """The flags of a group the program composes that it leaves out (seqtrain.config.left_out): one line each."""
+    out = left_out(parser)
+    for arg in argv:
+        if arg == "--":
+            break
+        if arg.split("=", 1)[0] in out:
+            raise UsageError(f"{arg.split('=', 1)[0]}: does nothing in {parser.prog}; remove it")
+
+
+def parse_args_and_arch(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    other_flags: Callable[[argparse.Namespace], dict[str, argparse.Action]] | None = None,
+) -> argparse.Namespace:
+    """Parse `argv` with `parser` once the chosen components added their flags; then apply the arch preset.
+    `other_flags(choices)`: the flags of the other programs a --config file may hold, keyed as config keys
+    (a preset serves training and generation; each program skips the other's keys, checking their values).
+    The programs above this layer compose their parsers and pass their flags (seqtrain.generation.options)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _refuse_left_out(parser, argv)
+    stage = parser.get_default("_stage")
+    # Choices default to the parser's defaults (fairseq's: adam is seqtrain's default optimizer, fixed the
+    # scheduler), then the config file, then the command line.
+    defaults = {
+        "task": parser.get_default("task") or "translation",
+        "optimizer": "adam",
+        "lr_scheduler": "fixed",
+    }
+    first = _pre_parse(argv, defaults)
+    config: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    if first.config:
+        config, lines = load_config(first.config)
+        for dest in ("task", "arch", "criterion", "optimizer", "lr_scheduler"):
+            if _config_value(config, dest) is not None:
+                defaults[dest] = _config_value(config, dest)
+        first = _pre_parse(argv, defaults)
+
+    add_choice_args(parser, "task", first.task)
+    if stage == "train":
+        add_choice_args(parser, "optimizer", first.optimizer)
+        add_choice_args(parser, "lr_scheduler", first.lr_scheduler)
+        if first.arch is not None:
+            if first.arch not in ARCHS:
+                raise SeqtrainError(
+                    f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
+                )
+    _order_groups(parser)
+    add_negations(parser)
+    if first.config:
+        ignore = other_flags(first) if other_flags is not None else {}
+        apply_config(parser, first.config, config, lines, ignore=ignore)
+
+    args = parser.parse_args(argv)
+    if stage == "train":
+        if not args.arch:
+            raise SeqtrainError(f"--arch is required; choose from: {', '.join(ARCHS.names())}")
+        ARCHS.get(args.arch)(args)  # fills only fields still None: explicit flags and config values win
+    # fairseq: the memory-efficient variants imply the plain ones (seqtrain keeps fp32 master weights for both)
+    if getattr(args, "memory_efficient_fp16", False):
+        args.fp16 = True
+    if getattr(args, "memory_efficient_bf16", False):
+        args.bf16 = True
+    fairseq_compat.apply(args)
+    if hasattr(args, "_stage"):
+        del args._stage
+    if getattr(args, "config", None):
+        args.config = os.path.abspath(args.config)
+    if getattr(args, "print_config", False):
+        args.print_config = False  # the printed file must not print itself
+        sys.stdout.write(config_text(parser, args, CONFIG_HEADER))
+        raise SystemExit(0)  # as --help: print, then exit
+    return args
+
+
+CONFIG_HEADER = (
+    "The resolved flags of a seqtrain run (command line > --config > arch preset > defaults):\n"
+    "--config THIS_FILE alone reproduces them."
+)
