@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+from seqtrain.config import from_args
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import LanguagePairDataset
 from seqtrain.errors import SeqtrainError
-from seqtrain.tasks.translation import TranslationTask
+from seqtrain.tasks.translation import TranslationConfig, TranslationTask
 
 REPO = pathlib.Path(__file__).resolve().parents[2]  # the repository root
 FIXTURE = REPO.parent / "shared" / "fixtures" / "fairseq-batches"
@@ -75,7 +76,7 @@ def task_and_dataset(fixture_dir, split, truncate_source):
         max_source_positions=1024,
         max_target_positions=1024,
     )
-    return TranslationTask(args, d, d), dataset
+    return TranslationTask(from_args(TranslationConfig, args), d, d), dataset
 
 
 def batch_iterator(task, dataset, setting, epoch=1):
@@ -167,7 +168,9 @@ def test_order_seed_is_seed_plus_1_or_the_epoch_when_each_epoch_has_its_own_data
             data=data, train_subset="train", max_source_positions=1024, max_target_positions=1024
         )
         dataset = LanguagePairDataset(Stored(src, d.eos()), src, d, Stored(tgt, d.eos()), tgt, d)
-        itr = TranslationTask(args, d, d).get_batch_iterator(dataset, max_tokens=64, seed=seed, epoch=epoch)
+        itr = TranslationTask(from_args(TranslationConfig, args), d, d).get_batch_iterator(
+            dataset, max_tokens=64, seed=seed, epoch=epoch
+        )
         return [b.tolist() for b in itr.frozen_batches]
 
     first = frozen("bin", seed=1, epoch=1)
@@ -189,8 +192,16 @@ def test_training_leaves_out_a_last_batch_that_is_not_a_multiple_as_fairseq(mult
     )
     dataset = LanguagePairDataset(Stored(src, d.eos()), src, d, Stored(tgt, d.eos()), tgt, d)
     kw = dict(max_tokens=256, required_batch_size_multiple=mult, seed=1)
-    train = TranslationTask(args, d, d).get_batch_iterator(dataset, split="train", **kw).frozen_batches
-    valid = TranslationTask(args, d, d).get_batch_iterator(dataset, split="valid", **kw).frozen_batches
+    train = (
+        TranslationTask(from_args(TranslationConfig, args), d, d)
+        .get_batch_iterator(dataset, split="train", **kw)
+        .frozen_batches
+    )
+    valid = (
+        TranslationTask(from_args(TranslationConfig, args), d, d)
+        .get_batch_iterator(dataset, split="valid", **kw)
+        .frozen_batches
+    )
     assert sum(len(b) for b in valid) == 203
     if mult == 1:
         assert [b.tolist() for b in train] == [b.tolist() for b in valid]
