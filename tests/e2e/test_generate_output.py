@@ -169,13 +169,16 @@ def test_torchrun_two_processes_write_one_result_identical_to_one_process(setup)
 @pytest.mark.slow
 def test_torchrun_ranks_with_different_inputs_are_refused(setup):
     """Another --input per rank (a launcher script choosing the file by RANK) ended rank 0 with a KeyError while
-    it merged the results; every rank now refuses with the same line."""
+    it merged the results; every rank now refuses with the same line. Each rank's stderr goes to its own file:
+    on a shared pipe the two ranks' lines could interleave."""
     base, inp, tmp = setup
     lines = open(inp, encoding="utf-8").read().split("\n")[:-1]
     (tmp / "in0.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp / "in1.txt").write_text("\n".join(lines[:7]) + "\n", encoding="utf-8")
     (tmp / "per_rank.py").write_text(
         "import os, sys\n"
+        "os.dup2(os.open(os.path.join(os.path.dirname(__file__), f\"err{os.environ['RANK']}.txt\"), "
+        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)\n"
         "from seqtrain_cli.generate import cli_main\n"
         "cli_main([a.replace('RANK', os.environ['RANK']) for a in sys.argv[1:]])\n"
     )
@@ -185,12 +188,15 @@ def test_torchrun_ranks_with_different_inputs_are_refused(setup):
     proc = subprocess.run(
         cmd + ["--output", str(tmp / "out.txt")], capture_output=True, text=True, timeout=300, env=env
     )
-    assert proc.returncode != 0 and "KeyError" not in proc.stderr, proc.stderr[-3000:]
+    errs = [(tmp / f"err{rank}.txt").read_text() for rank in (0, 1)]
+    assert proc.returncode != 0 and "KeyError" not in proc.stderr + "".join(errs), proc.stderr[-3000:] + str(
+        errs
+    )
     line = (
         f"seqtrain-generate: error: the ranks have different inputs: rank 0 has {N} examples from {tmp}/in0.txt, "
         f"rank 1 7 from {tmp}/in1.txt; every rank must generate for the same input (the ranks split it)"
     )
-    assert proc.stderr.splitlines().count(line) == 2, proc.stderr[-3000:]  # one per rank
+    assert [e.splitlines().count(line) for e in errs] == [1, 1], errs  # once from each rank
     # torchrun's own failure report names the line as each rank's error and the root cause (issue 40), not
     # "To enable traceback see: ..."; the report itself is torchrun's, printed for any rank that exits non-zero
     assert proc.stderr.count(f"traceback : {line}") == 2 and "To enable traceback" not in proc.stderr

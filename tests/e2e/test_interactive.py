@@ -104,21 +104,35 @@ def test_terminal_answers_a_typed_line_then_ends_on_ctrl_d(tiny, tmp_path):
     assert "type a text and press Enter" in (tmp_path / "stderr.txt").read_text()
 
 
-def _cli(module: str, flags: list, stdin: bytes | None, close: int | None = None, locale: str = "C.UTF-8"):
-    """Run `python -m seqtrain_cli.MODULE FLAGS` with `stdin`, or with descriptor `close` (0 or 1) closed."""
+def _start(module: str, flags: list, close: int | None = None, locale: str = "C.UTF-8") -> subprocess.Popen:
+    """Start `python -m seqtrain_cli.MODULE FLAGS` with a stdin pipe, or with descriptor `close` (0 or 1)
+    closed."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LC_ALL": locale, "PYTHONIOENCODING": ""}
     env.pop("PYTHONUTF8", None)
-    proc = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, "-m", f"seqtrain_cli.{module}"] + flags,
-        input=stdin,
-        capture_output=close is None,
-        stderr=subprocess.PIPE if close is not None else None,
+        stdin=subprocess.PIPE if close is None else None,
+        stdout=subprocess.PIPE if close is None else None,
+        stderr=subprocess.PIPE,
         preexec_fn=(lambda: os.close(close)) if close is not None else None,
         env=env,
-        timeout=120,
     )
-    err = [ln for ln in proc.stderr.decode().splitlines() if ln.strip() and " | INFO | " not in ln]
-    return proc.returncode, proc.stdout, err
+
+
+def _finish(proc: subprocess.Popen, stdin: bytes | None = None):
+    """(exit code, stdout, stderr lines other than INFO records) of a process from _start."""
+    try:
+        out, err = proc.communicate(stdin, timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in err.decode().splitlines() if ln.strip() and " | INFO | " not in ln]
+    return proc.returncode, out, lines
+
+
+def _cli(module: str, flags: list, stdin: bytes | None, close: int | None = None, locale: str = "C.UTF-8"):
+    """Run `python -m seqtrain_cli.MODULE FLAGS` with `stdin`, or with descriptor `close` (0 or 1) closed."""
+    return _finish(_start(module, flags, close, locale), stdin)
 
 
 @pytest.mark.slow
@@ -128,12 +142,14 @@ def test_invalid_utf8_on_stdin_is_one_line_naming_stdin_and_line(tiny, locale):
     surrogates (a traceback there); in a UTF-8 locale the line was named '-'."""
     flags, texts, want = tiny
     data = (texts[0] + "\n").encode() + b"caf\xe9 " + texts[1].encode() + b"\n"
+    # both programs start side by side
+    gen = _start("generate", flags + ["--input", "-"], locale=locale)
     code, out, err = _cli("interactive", flags + ["--buffer-size", "1"], data, locale=locale)
     assert code == 1 and err == [
         "seqtrain-interactive: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
     ], err
     assert out.decode().split("\n")[:-1] == want[:1]  # the line before it was answered
-    code, out, err = _cli("generate", flags + ["--input", "-"], data, locale=locale)
+    code, out, err = _finish(gen, data)
     assert code == 1 and err == [
         "seqtrain-generate: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
     ]
@@ -157,8 +173,10 @@ def test_closed_stdin_or_stdout_is_one_line(tiny, tmp_path):
         ),
         ("generate", ["--input", str(tmp_path / "in.txt")], 1, f"{closed_stdout}; give --output FILE"),
     ]
-    for module, extra, fd, line in cases:
-        code, _, err = _cli(module, flags + extra, None, close=fd)
+    # the four processes run side by side (each is refused on its own; they share nothing)
+    procs = [_start(module, flags + extra, close=fd) for module, extra, fd, _ in cases]
+    for (module, _extra, fd, line), proc in zip(cases, procs):
+        code, _, err = _finish(proc)
         assert (code, err) == (1, [f"seqtrain-{module}: error: {line}"]), (module, fd, err)
 
 

@@ -17,14 +17,15 @@ from tests.utils import load_script
 def test_sigkill_anywhere_then_resume_is_bitwise_exact(tmp_path):
     chaos = load_script("dev/chaos_resume")
     lines = []
-    # 5 kills: 3 at seeded random moments during training (updates, validation, checkpoint writes, pruning),
-    # kill 2 half-way through writing a checkpoint's temporary file, kill 4 between writing checkpoint_E_U.pt
-    # and linking checkpoint_last.pt (and checkpoint_best.pt) to it.
+    # 4 kills: 1 and 3 at seeded random moments during training (updates, validation, checkpoint writes,
+    # pruning), kill 2 half-way through writing a checkpoint's temporary file, kill 4 between writing
+    # checkpoint_E_U.pt and linking checkpoint_last.pt (and checkpoint_best.pt) to it.
     records, diffs, seconds = chaos.chaos(
-        str(tmp_path), kills=5, seed=1234, max_update=120, window=1.0, aimed_every=2, log=lines.append
+        str(tmp_path), kills=4, seed=1234, max_update=80, window=1.0, aimed_every=2, log=lines.append
     )
-    # 120 updates: even on an idle machine five 1-second windows cannot finish the run before the last kill
-    assert len(records) == 5, lines  # every kill landed before training finished
+    # 80 updates: the aimed kills come by the 4th checkpoint write (update 4 at most), so the run cannot finish
+    # before the last kill unless it trains 36 updates a second (as the earlier 5 kills in 120 updates)
+    assert len(records) == 4, lines  # every kill landed before training finished
     hows = [r["how"] for r in records]
     assert "mid-write" in hows[1] and "between-files" in hows[3], hows
     # the mid-write kill left its half-written temporary file; checkpoint_last.pt was untouched and loads
@@ -44,6 +45,6 @@ def test_sigkill_anywhere_then_resume_is_bitwise_exact(tmp_path):
     updates = [r["updates"] for r in records if r["updates"] is not None]
     assert updates == sorted(updates) and updates[-1] > 0, updates
     compared = [r for r in records if r["equal"] is not None]
-    assert len(compared) >= 4 and all(r["equal"] for r in compared), records
+    assert len(compared) >= 3 and all(r["equal"] for r in compared), records
     assert diffs == [], diffs  # final parameters, optimizer, scheduler, data position: bitwise equal
     assert not [n for n in os.listdir(tmp_path / "chaos") if n.startswith(".")]  # stale temp files cleaned

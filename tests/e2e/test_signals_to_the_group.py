@@ -18,7 +18,7 @@ from seqtrain.checkpoint import load_checkpoint_file
 from seqtrain_cli.train import train_main
 from tests.utils import REPO, assert_same_state
 
-MAX_UPDATE = 150
+MAX_UPDATE = 24  # 6 epochs: the resumed run crosses epoch ends and validations; the signals come by update 5
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| (INFO|WARNING|ERROR) \| ")
 

@@ -98,14 +98,18 @@ def _run(chaos, data, save_dir, max_update):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_second_run_refused_first_unharmed(tmp_path):
+    """The first run has no update limit it could reach during the test (under load the second run can take
+    longer to start than 60 updates took), keeps training after the refusal, and is then stopped with SIGTERM."""
+    import signal
+
     chaos = load_script("dev/chaos_resume")
     data = chaos.make_databin(str(tmp_path / "data"))
     save = str(tmp_path / "ck")
-    first = _run(chaos, data, save, 60)
+    first = _run(chaos, data, save, 100000)
     first.training.wait(timeout=120)
     assert os.path.exists(os.path.join(save, LOCK_NAME)), first.output()
     second = subprocess.run(
-        chaos.train_command() + chaos.train_args(data, save, 60),
+        chaos.train_command() + chaos.train_args(data, save, 100000),
         env=chaos.child_env(),
         capture_output=True,
         text=True,
@@ -116,17 +120,25 @@ def test_second_run_refused_first_unharmed(tmp_path):
     err = [line for line in second.stderr.splitlines() if line.strip()]
     assert len(err) == 1 and f"pid {first.proc.pid}, since" in err[0], second.stderr
     assert "Loaded checkpoint" not in second.stdout and "Preparing to load" not in second.stdout
-    assert first.wait(timeout=240) == 0, first.output()
-    # the first run trained to the end, its checkpoints are intact, and it released the lock
+    # the first run goes on saving after the refusal
+    refused_at = chaos.saved_updates(save) or 0
+    deadline = time.monotonic() + 120
+    while (chaos.saved_updates(save) or 0) < refused_at + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=240) == 143, first.output()
+    # its checkpoints are intact, the last one is where it stopped, and it released the lock
     from seqtrain.train.checkpoints import checkpoint_problem
 
     names = [n for n in os.listdir(save) if n.endswith(".pt")]
     assert "checkpoint_last.pt" in names and all(
         checkpoint_problem(os.path.join(save, n)) is None for n in names
     )
-    assert chaos.load(os.path.join(save, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 60
+    stopped_at = chaos.load(os.path.join(save, "checkpoint_last.pt"))["extra_state"]["num_updates"]
+    assert stopped_at >= refused_at + 2, (refused_at, stopped_at)
     assert "Free disk space" not in first.output()
     assert not [n for n in os.listdir(save) if n.startswith(".")]
+    assert not os.path.exists(os.path.join(save, LOCK_NAME))
 
 
 @pytest.mark.slow
@@ -135,20 +147,20 @@ def test_kill9_then_same_command_takes_over_and_resumes(tmp_path):
     chaos = load_script("dev/chaos_resume")
     data = chaos.make_databin(str(tmp_path / "data"))
     save = str(tmp_path / "ck")
-    run = _run(chaos, data, save, 40)
+    run = _run(chaos, data, save, 20)
     deadline = time.monotonic() + 180
     while chaos.saved_updates(save) in (None, 0) and time.monotonic() < deadline and run.proc.poll() is None:
         time.sleep(0.05)
     assert run.kill_after(0, after_training_starts=False), run.output()
     killed_at = chaos.saved_updates(save)
-    assert killed_at is not None and killed_at < 40
+    assert killed_at is not None and killed_at < 20
     assert os.path.exists(os.path.join(save, LOCK_NAME))  # left behind by the killed run
-    again = _run(chaos, data, save, 40)
+    again = _run(chaos, data, save, 20)
     assert again.wait(timeout=240) == 0, again.output()
     out = again.output()
     assert "taking over the stale lock" in out and "is not running" in out, out
     assert "Loaded checkpoint" in out, out
-    assert chaos.load(os.path.join(save, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 40
+    assert chaos.load(os.path.join(save, "checkpoint_last.pt"))["extra_state"]["num_updates"] == 20
     assert not os.path.exists(os.path.join(save, LOCK_NAME))
 
 
