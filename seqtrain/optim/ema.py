@@ -18,6 +18,7 @@ the model's own state) and loading shards them again.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,10 +28,16 @@ from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import POSITIVE_INT, PROBABILITY
 
-try:  # torch >= 2.4 has the public DTensor API (FSDP2)
-    from torch.distributed.tensor import DTensor, distribute_tensor
-except ImportError:  # pragma: no cover - older torch: no FSDP2 either
-    DTensor, distribute_tensor = (), None
+
+def _dtensor() -> Any:
+    """torch.distributed.tensor when something has imported it (FSDP2 does, before it makes a DTensor), else
+    None: a model without DTensors never needs it, and importing it costs every program ~1 s at start-up."""
+    return sys.modules.get("torch.distributed.tensor")
+
+
+def _is_dtensor(t: Any) -> bool:
+    mod = _dtensor()
+    return mod is not None and isinstance(t, mod.DTensor)
 
 
 @settings
@@ -57,7 +64,7 @@ class EmaConfig:
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if isinstance(t, DTensor) else t
+    return t.full_tensor() if _is_dtensor(t) else t
 
 
 class EMA:
@@ -78,7 +85,7 @@ class EMA:
         first: dict[tuple, str] = {}
         self.decayed: list[str] = []
         for k, v in model.state_dict().items():
-            local = v._local_tensor if isinstance(v, DTensor) else v
+            local = v._local_tensor if _is_dtensor(v) else v
             ident = (local.data_ptr(), local.dtype, tuple(local.shape)) if local.numel() else None
             if ident is not None and ident in first:
                 self.shadow[k] = self.shadow[first[ident]]
@@ -123,8 +130,8 @@ class EMA:
         return shadow, self.counter, fp32
 
     def _copy_in(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        if isinstance(dst, DTensor):
-            src = distribute_tensor(src.to(dst.dtype), dst.device_mesh, dst.placements)
+        if _is_dtensor(dst):
+            src = _dtensor().distribute_tensor(src.to(dst.dtype), dst.device_mesh, dst.placements)
         dst.copy_(src)
 
     @torch.no_grad()

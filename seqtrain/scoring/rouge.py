@@ -18,7 +18,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from rouge_score import rouge_scorer
 
 from seqtrain.errors import SeqtrainError, Stopped
 from seqtrain.fileio import atomic_write
@@ -79,6 +78,9 @@ def example_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict
         raise SeqtrainError("nothing to score: no hypotheses")
     check_lengths(hypotheses, "hypothesis", line_names=False)
     check_lengths(references, "reference", line_names=False)
+    # here, not at the top: rouge-score loads nltk (~0.4 s of every program's start)
+    from rouge_score import rouge_scorer
+
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     out: dict[str, list[float]] = {key: [] for key in ROUGE_TYPES}
     for hyp, ref in zip(hypotheses, references):
