@@ -351,3 +351,22 @@ def test_the_namespace_stays_at_the_programs_edge():
     assert not bad, "the parsed flags reach below the programs' front ends:\n" + "\n".join(bad)
     # the check sees what it looks for: the front ends and the adapter do hold the Namespace
     assert {"seqtrain.train.loop", "seqtrain.checkpoint.fairseq", "seqtrain.config"} <= seen_edge
+
+
+def test_programs_start_without_what_only_some_runs_use():
+    """Every program imports torch, but not FSDP2's DTensor machinery (~1-2 s; only --ddp-backend fully_sharded
+    loads it) nor rouge-score's nltk (~0.4 s; loaded when ROUGE is first computed; seqtrain-eval, which always
+    scores, excepted): start-up is paid by every command, `--help` included."""
+    programs = [
+        p.stem for p in (REPO / "seqtrain_cli").glob("*.py") if p.stem not in ("_main", "__init__", "eval")
+    ]
+    assert {"train", "generate", "preprocess", "interactive"} <= set(programs)
+    code = (
+        "import importlib, sys\n"
+        f"for p in {sorted(programs)!r}: importlib.import_module('seqtrain_cli.' + p)\n"
+        "print(sorted(m for m in ('torch.distributed.tensor', 'nltk', 'rouge_score') if m in sys.modules))\n"
+        "print('torch' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:2] == ["[]", "True"]
