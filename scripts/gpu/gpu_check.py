@@ -415,8 +415,11 @@ def stage_oom(check: Check) -> dict[str, Any]:
     small = lib.make_pairs(4, (100, 200), (20, 40), lib.BART_VOCAB, seed=7)
     assert trainer.train_step([lib.seqtrain_sample(small)]) is not None
     base = torch.cuda.memory_allocated(check.device)
-    total = torch.cuda.get_device_properties(check.device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, (base + 4 * 2**30) / total), check.device)
+    index = (
+        torch.cuda.current_device() if check.device.index is None else check.device.index
+    )  # torch 2.11 wants one
+    total = torch.cuda.get_device_properties(index).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, (base + 4 * 2**30) / total), index)
     try:
         big = lib.make_pairs(
             256, (900, 1024), (100, 140), lib.BART_VOCAB, seed=8
@@ -425,7 +428,7 @@ def stage_oom(check: Check) -> dict[str, Any]:
         kept = trainer.train_step([lib.seqtrain_sample(big)])
         seconds = time.perf_counter() - start
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, check.device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
     after = torch.cuda.memory_allocated(check.device)
     stats = trainer.train_step([lib.seqtrain_sample(small)])
     meters = trainer.meters["train"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import functools
 import json
 import re
 import zlib
@@ -18,7 +19,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from rouge_score import tokenizers
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.scoring.rouge import split_sentences
@@ -52,7 +52,14 @@ def ngram_f1(target: collections.Counter, prediction: collections.Counter) -> fl
     return 0.0 if p + r == 0 else 2 * p * r / (p + r)
 
 
-_STEMMED = tokenizers.DefaultTokenizer(use_stemmer=True)
+@functools.cache
+def _stemmed() -> Any:
+    """rouge-score's stemming tokenizer, loaded on first use (it loads nltk: not at every program's start)."""
+    from rouge_score import tokenizers
+
+    return tokenizers.DefaultTokenizer(use_stemmer=True)
+
+
 ORACLE_MAX_SENTENCES = 5
 
 
@@ -62,8 +69,9 @@ def oracle(source: str, reference: str, max_sentences: int = ORACLE_MAX_SENTENCE
     against the reference, until no sentence raises it or `max_sentences` are chosen. Returns the chosen
     sentences in source order, joined, and their indices."""
     sentences = split_sentences(source)
-    tokens = [_STEMMED.tokenize(s) for s in sentences]
-    ref = _STEMMED.tokenize(reference)
+    stem = _stemmed()
+    tokens = [stem.tokenize(s) for s in sentences]
+    ref = stem.tokenize(reference)
     ref1, ref2 = _ngrams(ref, 1), _ngrams(ref, 2)
     chosen: list[int] = []
     best = 0.0
