@@ -193,12 +193,20 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "seqtrain-bench-ct2"))
     p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
+    p.add_argument(
+        "--steps-sweep",
+        help="comma list of --max-len-b values (e.g. 0,4,16): time both engines at each (every hypothesis runs to "
+        "the limit while it is shorter than the outputs), then split a pass into its fixed part (encoder, "
+        "set-up) and its cost per decoding step",
+    )
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.memory_probe:
         return memory_probe(a.memory_probe)
     os.makedirs(a.workdir, exist_ok=True)
     SEARCH["no_repeat_ngram_size"] = a.no_repeat_ngram_size
+    if a.steps_sweep:
+        return steps_sweep(a)
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}")
     rows = []
     for size in a.sizes.split(","):
@@ -245,6 +253,53 @@ def main() -> None:
             f"| {size} | {precision} | {threads} | {n} | {sps['seqtrain']:.1f} | {sps['ctranslate2']:.1f} | "
             f"{ratio:.2f}x | {same:.0%} | {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} |"
         )
+
+
+def steps_sweep(a: argparse.Namespace) -> None:
+    """Seconds per pass of each engine at each --max-len-b of `a.steps_sweep` (engines alternated per round,
+    medians), then a least-squares line through them: the fixed part of a pass and its seconds per decoding
+    step. Valid while the outputs are longer than the largest limit (the denoising model rebuilds its source)."""
+    limits = [int(x) for x in a.steps_sweep.split(",")]
+    print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}; max-len-b sweep {limits}")
+    print("| size | precision | threads | sentences | max-len-b | seqtrain s/pass | CTranslate2 s/pass |")
+    print("|---|---|---|---|---|---|---|")
+    fits = []
+    for size in a.sizes.split(","):
+        paths = make_models(a.workdir, size)
+        n = a.sentences if size == "small" else a.sentences_base
+        lines = read_lines(n)
+        for precision in a.precisions.split(","):
+            for threads in map(int, a.threads.split(",")):
+                secs: dict[str, list[float]] = {"seqtrain": [], "ctranslate2": []}
+                for limit in limits:
+                    SEARCH["max_len_b"] = limit
+                    engines = {e: make_engine(e, paths, precision, lines, threads) for e in secs}
+                    for e in engines:
+                        engines[e]()  # warm-up
+                    times: dict[str, list[float]] = {e: [] for e in engines}
+                    for r in range(a.rounds):
+                        for e in list(engines) if r % 2 == 0 else list(engines)[::-1]:
+                            torch.set_num_threads(threads)
+                            t = time.perf_counter()
+                            engines[e]()
+                            times[e].append(time.perf_counter() - t)
+                    for e in engines:
+                        secs[e].append(statistics.median(times[e]))
+                    print(
+                        f"| {size} | {precision} | {threads} | {n} | {limit} | {secs['seqtrain'][-1]:.3f} | "
+                        f"{secs['ctranslate2'][-1]:.3f} |",
+                        flush=True,
+                    )
+                    del engines
+                for e in secs:
+                    slope, fixed = statistics.linear_regression(limits, secs[e])
+                    fits.append((size, precision, threads, e, fixed, slope))
+    print(f"# load average at end: {os.getloadavg()[0]:.2f}")
+    print()
+    print("| size | precision | threads | engine | fixed s/pass (encoder, set-up) | s per decoding step |")
+    print("|---|---|---|---|---|---|")
+    for size, precision, threads, e, fixed, slope in fits:
+        print(f"| {size} | {precision} | {threads} | {e} | {fixed:.3f} | {slope * 1000:.1f} ms |")
 
 
 if __name__ == "__main__":
