@@ -55,7 +55,7 @@ def ngram_f1(target: collections.Counter, prediction: collections.Counter) -> fl
 @functools.cache
 def _stemmed() -> Any:
     """rouge-score's stemming tokenizer, loaded on first use (it loads nltk: not at every program's start)."""
-    from rouge_score import tokenizers
+    from rouge_score import tokenizers  # here, not at the top: it loads nltk (the GPU image has none)
 
     return tokenizers.DefaultTokenizer(use_stemmer=True)
 
