@@ -78,6 +78,7 @@ JUDGED = [
     ("transformers", "bart_large_step0_loss_rel_diff", "<=", 1e-2),
     ("transformers", "bart_base_step0_loss_rel_diff", "<=", 1e-2),
     ("generate", "bf16_static_vs_transformers", ">=", 2.0),
+    ("generate", "fp32_static_vs_transformers", ">=", 2.0),
 ]
 
 
