@@ -22,7 +22,8 @@ timeout keeps what ran) and $OUT/gpu_check.md (a table, targets beside the figur
                seqtrain-generate --bf16 runs)
   generate_static  the static decoding path (CUDA graphs, finished on the device) in bf16 weights against the
                eager loop and transformers' bf16 generate: sentences/s, capture seconds, agreement with the eager
-               loop; fp32 best hypotheses identical to transformers' and the eager loop's on 64 sentences
+               loop; fp32 best hypotheses identical to transformers' and the eager loop's on 64 sentences, and
+               fp32 sentences/s of the static path and transformers' generate on them
   generate_packed  generation's encoder pass packed (--packed-encoder) against padded in bf16 weights, unsorted
                CNN/DM-like sources: encoder ms per batch both ways, the largest output difference, whether the
                default packs; best hypotheses packed and padded (fp32 identical, bf16 agreement)
@@ -561,11 +562,14 @@ def stage_generate(check: Check) -> dict[str, Any]:
 
 def stage_generate_static(check: Check) -> dict[str, Any]:
     """The static decoding path (CUDA graphs, finished on the device; issue 27) against the eager loop and
-    transformers: fp32 best hypotheses identical to transformers' and the eager loop's on `n_fp32` sentences;
-    in bf16 weights (seqtrain-generate --bf16) sentences/s of the eager loop, the graphed path (its first pass,
-    which captures, timed apart) and transformers' generate, the capture seconds, and the agreement of the
-    graphed path's best hypotheses with the eager loop's (bf16 may differ by rounding)."""
+    transformers: fp32 best hypotheses identical to transformers' and the eager loop's on `n_fp32` sentences,
+    and fp32 sentences/s of the graphed path and transformers' generate on them (alternating, after the
+    identity pass that captures); in bf16 weights (seqtrain-generate --bf16) sentences/s of the eager loop,
+    the graphed path (its first pass, which captures, timed apart) and transformers' generate, the capture
+    seconds, and the agreement of the graphed path's best hypotheses with the eager loop's (bf16 may differ by
+    rounding)."""
     n, bsz, n_fp32 = (2, 2, 2) if check.dry else (128, 32, 64)  # dry: bf16 on a CPU is slow
+    fp32_reps = 2 if check.dry else 4  # timed fp32 passes of each engine
     s, hf, ours, d, sources = _generate_setup(check, n)
     batches = [sources[i : i + bsz] for i in range(0, n, bsz)]
     fp32_batches = [sources[i : i + bsz] for i in range(0, n_fp32, bsz)]
@@ -583,6 +587,15 @@ def stage_generate_static(check: Check) -> dict[str, Any]:
                 a == b for a, b in zip(got["static"], got["transformers"])
             )
             out["fp32_identical_eager"] = sum(a == b for a, b in zip(got["static"], got["eager"]))
+            # fp32 speed on those sentences (the pass above captured the static path's graphs and warmed
+            # transformers up): the engines alternate, each first in turn, so neither gets the warmer device
+            times = {"static": 0.0, "transformers": 0.0}
+            engines = (("static", static_decode), ("transformers", hf_decode))
+            for r in range(fp32_reps):
+                for name, fn in engines if r % 2 == 0 else engines[::-1]:
+                    times[name] += timed(check, lambda fn=fn: [h for b in fp32_batches for h in fn(b)])[0]
+            for name, seconds in times.items():
+                out[f"fp32_{name}_sentences_per_s"] = fp32_reps * n_fp32 / seconds
 
             hf, ours = hf.to(torch.bfloat16), ours.to(torch.bfloat16)
             static_decode, static_gen = _ours_decoder(check, ours, d, s, static=True)
@@ -602,6 +615,9 @@ def stage_generate_static(check: Check) -> dict[str, Any]:
             out["bf16_transformers_sentences_per_s"] = n / seconds
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
+    out["fp32_static_vs_transformers"] = (
+        out["fp32_static_sentences_per_s"] / out["fp32_transformers_sentences_per_s"]
+    )
     out["bf16_static_vs_eager"] = out["bf16_static_sentences_per_s"] / out["bf16_eager_sentences_per_s"]
     out["bf16_static_vs_transformers"] = (
         out["bf16_static_sentences_per_s"] / out["bf16_transformers_sentences_per_s"]

@@ -43,12 +43,24 @@ Cache = dict[str, Tensor]
 
 class Segments(NamedTuple):
     """The sequences of a packed batch: `cu` (int32, B + 1 cumulative lengths, on the activations' device),
-    `max_len` (a host int at least the longest; pair_dataset.batch_layout rounds it up so shapes repeat) and
-    `bounds` (cu's values on the host, for the reference attention; None: read from cu)."""
+    `max_len` (a host int at least the longest; pair_dataset.batch_layout rounds it up so shapes repeat; in a
+    compiled layer a length carrier instead, see `_DynamicTokens`: read it with `max_length`) and `bounds`
+    (cu's values on the host, for the reference attention; None: read from cu)."""
 
     cu: Tensor
-    max_len: int
+    max_len: int | Tensor
     bounds: Tensor | None = None
+
+
+# A length carrier's one dimension is the max length plus this: never 0 or 1, which dynamo would specialize.
+_CARRIER_OFFSET = 2
+
+
+def max_length(segments: Segments) -> int:
+    """`segments.max_len` as an int: the host int itself, or read off a length carrier's size (in a compiled
+    layer a symbolic int, so a new max length reuses the graph)."""
+    n = segments.max_len
+    return n if isinstance(n, int) else n.size(0) - _CARRIER_OFFSET
 
 
 def _time_major(buf: Tensor, t: int, b: int, h: int, d: int) -> Tensor:
@@ -219,9 +231,8 @@ class MultiheadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, seg_q: Segments, seg_k: Segments, causal: bool
     ) -> Tensor:
         p = self.dropout if self.training else 0.0
-        o = varlen_attention(
-            q, k, v, seg_q.cu, seg_k.cu, seg_q.max_len, seg_k.max_len, causal, p, seg_q.bounds, seg_k.bounds
-        )
+        max_q, max_k = max_length(seg_q), max_length(seg_k)
+        o = varlen_attention(q, k, v, seg_q.cu, seg_k.cu, max_q, max_k, causal, p, seg_q.bounds, seg_k.bounds)
         return self.out_proj(o.reshape(o.size(0), self.embed_dim))
 
     def packed_self_attention(self, x: Tensor, segments: Segments, causal: bool) -> Tensor:
@@ -534,9 +545,8 @@ def _compiled(cls: type, backend: str) -> Callable[..., Tensor]:
 
 
 def _packed_forward(layer: _FeedForward) -> Callable[..., Tensor]:
-    """The layer's forward_packed, compiled when compile_layers marked it; the inputs' token counts and the
-    segment counts are marked dynamic, so new batch shapes reuse the graph (the max lengths, host ints, become
-    dynamic at their first change: one recompile at most)."""
+    """The layer's forward_packed, compiled when compile_layers marked it; the inputs' token counts, the
+    segment counts and the max lengths are dynamic from the first call, so new batch shapes reuse the graph."""
     backend = getattr(layer, "compile_backend", None)
     if backend is None or torch.compiler.is_compiling():
         return type(layer).forward_packed
@@ -545,17 +555,30 @@ def _packed_forward(layer: _FeedForward) -> Callable[..., Tensor]:
 
 class _DynamicTokens:
     """Calls `fn(layer, *inputs)` after marking the first dimension of every tensor input (and the tensors of
-    Segments) dynamic."""
+    Segments) dynamic, and handing each Segments' max length over as a length carrier: a tensor with no
+    elements whose dynamic size is the length (plus _CARRIER_OFFSET). The attention kernel takes the max
+    lengths as ints; a host int in a compiled region is a constant that dynamo guards on and makes dynamic only
+    when it first changes, a recompile of each layer class (2 frames and 6.4 s on the H200, 2026-12-04, at a
+    new source max length; on the CPU the failing guards read `segments.max_len == 64` in the encoder layer and
+    `memory_segments.max_len == 64` in the decoder's). Read off a dynamic size it is a symbolic int from the
+    first compile on."""
 
     def __init__(self, fn: Callable[..., Tensor]):
         self.fn = fn
 
     def __call__(self, layer: nn.Module, *inputs: Any) -> Tensor:
-        for item in inputs:
-            for t in item if isinstance(item, Segments) else (item,):
-                if torch.is_tensor(t):
-                    torch._dynamo.mark_dynamic(t, 0)
-        return self.fn(layer, *inputs)
+        return self.fn(layer, *(_dynamic(item) for item in inputs))
+
+
+def _dynamic(item: Any) -> Any:
+    if isinstance(item, Segments):
+        n = item.max_len
+        if isinstance(n, int):
+            n = torch.empty(n + _CARRIER_OFFSET, 0)  # no storage: only its size is read
+        item = Segments(*(_dynamic(t) for t in (item.cu, n, item.bounds)))
+    elif torch.is_tensor(item):
+        torch._dynamo.mark_dynamic(item, 0)
+    return item
 
 
 def init_bert_params(module: nn.Module) -> None:

@@ -19,8 +19,8 @@ Tensors: q N x H x d, k and v M x H x d (M = N for self-attention), cu_q / cu_k 
 `*_cu_seqlens_host`, which Trainer.prepare_sample leaves there): the reference reads its segment bounds from
 them, so it never waits for the device either. `max_q` / `max_k` are host ints at least the longest segment
 (the collater rounds them up, pair_dataset.LENGTH_BUCKET, so shapes repeat; the kernel only sizes its grid by
-them, the reference ignores them). Causal masking is within each segment (query j sees keys 0..j of its own
-sequence).
+them, the reference ignores them; in a compiled layer they are symbolic ints, see transformer._DynamicTokens).
+Causal masking is within each segment (query j sees keys 0..j of its own sequence).
 
 Why a module of its own: the kernel choice, the version probe and the reference must agree on one contract
 (segments, causal alignment, scale), and tests/unit/models/test_varlen.py checks all three against it.
@@ -71,13 +71,20 @@ def reference_attention(
 
 
 @torch.library.custom_op("seqtrain::varlen_attention", mutates_args=())
-def varlen_attention_op(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool) -> Tensor:
-    """reference_attention without dropout, as one operator (see the module docstring)."""
+def varlen_attention_op(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int, causal: bool
+) -> Tensor:
+    """reference_attention without dropout, as one operator (see the module docstring). It takes the max
+    lengths as the kernel does and ignores them: so a compiled layer reads them on the CPU as on the GPU, and
+    the CPU tests see what the GPU's graph depends on (a max length that recompiles, tests/unit/models/
+    test_compile_layers.py)."""
     return reference_attention(q, k, v, cu_q, cu_k, causal)
 
 
 @varlen_attention_op.register_fake
-def _(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool) -> Tensor:
+def _(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int, causal: bool
+) -> Tensor:
     return q.new_empty(q.size(0), q.size(1), v.size(-1))
 
 
@@ -123,7 +130,7 @@ def _(
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-    q, k, v, cu_q, cu_k, causal = inputs
+    q, k, v, cu_q, cu_k, _, _, causal = inputs
     ctx.save_for_backward(q, k, v, cu_q, cu_k)
     ctx.causal = causal
 
@@ -131,7 +138,7 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
 def _backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
     q, k, v, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = varlen_attention_backward_op(grad.contiguous(), q, k, v, cu_q, cu_k, ctx.causal)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None, None, None, None, None
 
 
 varlen_attention_op.register_autograd(_backward, setup_context=_setup_context)
@@ -240,7 +247,7 @@ def varlen_attention(
         return padded_reference(q, k, v, bounds_q, bounds_k, causal, dropout_p)
     if dropout_p > 0.0:
         return reference_attention(q, k, v, bounds_q, bounds_k, causal, dropout_p)
-    return varlen_attention_op(q, k, v, bounds_q, bounds_k, causal)
+    return varlen_attention_op(q, k, v, bounds_q, bounds_k, max_q, max_k, causal)
 
 
 def _padded_rows(lengths: list[int]) -> tuple[Tensor, int]:

@@ -74,6 +74,10 @@ def test_dry_run_writes_every_stage_with_numbers(tmp_path):
     assert static["fp32_identical_eager"] == static["fp32_identical_transformers"] == static["fp32_sentences"]
     assert static["bf16_static_sentences_per_s"] > 0 and static["bf16_eager_sentences_per_s"] > 0
     assert static["bf16_transformers_sentences_per_s"] > 0 and static["bf16_static_vs_transformers"] > 0
+    assert static["fp32_static_sentences_per_s"] > 0 and static["fp32_transformers_sentences_per_s"] > 0
+    assert static["fp32_static_vs_transformers"] == pytest.approx(
+        static["fp32_static_sentences_per_s"] / static["fp32_transformers_sentences_per_s"]
+    )
     assert static["graphs"] == 0 and static["capture_s"] == 0
     assert 0 <= static["bf16_static_agree_eager"] <= static["sentences"]
     packed = stages["generate_packed"]  # generation's encoder pass packed against padded

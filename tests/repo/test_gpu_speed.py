@@ -119,10 +119,14 @@ def test_dry_run_writes_every_stage_with_finite_figures(tmp_path):
     gen = stages["generate"]  # gpu_check's stage_generate_static, called as it is
     assert gen["fp32_identical_eager"] == gen["fp32_identical_transformers"] == gen["fp32_sentences"]
     assert gen["bf16_static_sentences_per_s"] > 0
+    assert gen["fp32_static_sentences_per_s"] > 0 and gen["fp32_transformers_sentences_per_s"] > 0
 
     table = (out / "gpu_speed.md").read_text()
     assert all(f"| {name} |" in table for name in STAGES)
     assert "| transformers.bart_large_speedup |" in table and ">= 1.8" in table
+    # the fp32 static figure is judged, with its value (not "not measured")
+    row = next(r for r in table.splitlines() if r.startswith("| generate.fp32_static_vs_transformers |"))
+    assert f"| {gen['fp32_static_vs_transformers']:.4g} | >= 2 |" in row
 
 
 @pytest.mark.slow

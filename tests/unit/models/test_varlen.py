@@ -73,7 +73,7 @@ def test_the_operator_and_the_eager_cpu_path_agree_with_gradients(causal):
     q, k, v = (packed(n, seed=s).requires_grad_() for n, s in ((lq, 0), (lk, 1), (lk, 2)))
     grad = packed(lq, seed=3)
     eager = varlen_attention(q, k, v, cu_of(lq), cu_of(lk), 64, 64, causal)
-    op = varlen_attention_op(q, k, v, cu_of(lq), cu_of(lk), causal)
+    op = varlen_attention_op(q, k, v, cu_of(lq), cu_of(lk), 64, 64, causal)
     torch.testing.assert_close(eager, op, rtol=1e-12, atol=1e-12)
     for a, b in zip(torch.autograd.grad(eager, (q, k, v), grad), torch.autograd.grad(op, (q, k, v), grad)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -104,7 +104,7 @@ def test_the_eager_cpu_path_by_runs_of_equal_key_lengths_agrees_with_the_operato
     q, k, v = (packed(n, seed=s).requires_grad_() for n, s in ((lq, 0), (lk, 1), (lk, 2)))
     grad = packed(lq, seed=3)
     eager = varlen_attention(q, k, v, cu_of(lq), cu_of(lk), 64, 64, causal)
-    op = varlen_attention_op(q, k, v, cu_of(lq), cu_of(lk), causal)
+    op = varlen_attention_op(q, k, v, cu_of(lq), cu_of(lk), 64, 64, causal)
     torch.testing.assert_close(eager, op, rtol=1e-12, atol=1e-12)
     for a, b in zip(torch.autograd.grad(eager, (q, k, v), grad), torch.autograd.grad(op, (q, k, v), grad)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
@@ -125,10 +125,10 @@ def test_many_key_lengths_are_laid_out_padded_and_causal_needs_no_mask():
 def test_opcheck_and_the_fake_implementation(causal):
     q, k, v = (packed(LENGTHS_Q, torch.float32, s).requires_grad_() for s in range(3))
     cu = cu_of(LENGTHS_Q)
-    torch.library.opcheck(varlen_attention_op, (q, k, v, cu, cu, causal))
+    torch.library.opcheck(varlen_attention_op, (q, k, v, cu, cu, 64, 64, causal))
     with torch._subclasses.FakeTensorMode() as mode:
         fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
-        out = varlen_attention_op(fq, fk, fv, mode.from_tensor(cu), mode.from_tensor(cu), causal)
+        out = varlen_attention_op(fq, fk, fv, mode.from_tensor(cu), mode.from_tensor(cu), 64, 64, causal)
     assert out.shape == q.shape and out.dtype == q.dtype
 
 
