@@ -13,6 +13,8 @@ seqtrain.train.host_cpu.choose_threads picks at load k (the probe itself is test
 
 Read the slowdown column against the idle row; with k CPU-bound processes on c cores a single run's fair share
 is at best c / (k + 1) of the machine, so no thread count keeps it within 1.5x of idle once k >= 2 on 2 cores.
+The idle row at one thread measures what one core gives: a one-thread run beside k busy processes can at best
+take max(1, (k + 1) / c) times that (the last column).
 """
 
 from __future__ import annotations
@@ -89,22 +91,30 @@ def main() -> None:
     cpus = usable_cpus()
     default = torch.get_num_threads()
     print(f"# {cpus} usable CPUs, torch's default {default} threads, {args.updates} updates a row")
-    print("| busy processes | threads | s | updates/s | vs idle |")
-    print("|---:|---|---:|---:|---:|")
-    idle = None
+    print("| busy processes | threads | s | updates/s | vs idle | vs a one-thread run's fair-share bound |")
+    print("|---:|---|---:|---:|---:|---:|")
+    idle = one = None
     for k in (int(x) for x in args.busy.split(",")):
         chosen = choose_threads(cpus, float(k))
         modes = [("torch's default", default)] + (
             [("seqtrain's choice", chosen)] if chosen != default else []
         )
+        if k == 0 and default != 1:
+            modes.append(("one thread", 1))  # what one core gives: the bound's unit
         procs = burners(k)
         try:
             time.sleep(1.0 if k else 0.0)
             for name, threads in modes:
                 s = train_seconds(args.data, args.updates, threads)
                 idle = idle if idle is not None else s
+                if k == 0 and threads == 1:
+                    one = s
+                # k CPU-bound processes and this run's one thread share `cpus` cores: at best max(1, (k+1)/cpus)
+                # of one thread's idle time
+                bound = one * max(1.0, (k + 1) / cpus) if one is not None and threads == 1 else None
+                vs_bound = f"{s / bound:.2f}x" if bound else "-"
                 print(
-                    f"| {k} | {name}: {threads} | {s:.1f} | {args.updates / s:.2f} | {s / idle:.2f}x |",
+                    f"| {k} | {name}: {threads} | {s:.1f} | {args.updates / s:.2f} | {s / idle:.2f}x | {vs_bound} |",
                     flush=True,
                 )
         finally:
