@@ -327,6 +327,8 @@ def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
             "fc1": (x, torch.randn(f, d, device=dev, dtype=bf16)),
             "fc2": (h, torch.randn(d, f, device=dev, dtype=bf16)),
             "vocab": (x, torch.randn(v, d, device=dev, dtype=bf16)),
+            # the same rows padded to a multiple of 8: what the projected loss runs on CUDA (CUDA_ALIGN_ROWS)
+            "vocab_aligned": (x, torch.randn(v + (-v % 8), d, device=dev, dtype=bf16)),
         }
         for name, (a, w) in cases.items():
             fn = lambda a=a, w=w: F.linear(a, w)  # noqa: E731
@@ -340,6 +342,7 @@ def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
         x = h = dy = cases = None  # (freed before the next M)
     out["gemm_best_tflops"] = best
     out["gemm_best_fraction_of_peak"] = best * 1e12 / check.peak
+    out.update(_projected_loss_alignment(check, d, v, reps))
     n = 2**23 if check.dry else 2**30
     a = torch.empty(n, dtype=torch.uint8, device=dev)
     b = torch.empty_like(a)
@@ -350,6 +353,35 @@ def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
         b.copy_(host, non_blocking=True)
         ms = _sync_ms(check, lambda: b.copy_(host, non_blocking=True), reps)
         out["h2d_pinned_GBps"] = n / ms / 1e6
+    return out
+
+
+def _projected_loss_alignment(check: SpeedCheck, d: int, v: int, reps: int) -> dict[str, float]:
+    """The projected loss's forward and backward (bf16 autocast, label smoothing 0.1) over 8,192 target rows
+    (256 in a dry run) at vocabulary `v`, its products against the weight as it is (align 1) and padded to 8
+    rows (the CUDA default): ms each and the speedup, and the loss's relative difference between the two."""
+    from seqtrain.criterions.projected_loss import projected_nll_loss
+
+    dev, rows = check.device, 256 if check.dry else 8192
+    g = torch.Generator(device=dev).manual_seed(5)
+    hidden = torch.randn(rows, d, device=dev, generator=g).requires_grad_()
+    weight = (0.02 * torch.randn(v, d, device=dev, generator=g)).requires_grad_()
+    target = torch.randint(0, v, (rows,), device=dev, generator=g)
+    out: dict[str, float] = {}
+    losses = {}
+    for align in (1, 8):
+
+        def step(align: int = align) -> torch.Tensor:
+            hidden.grad = weight.grad = None
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = projected_nll_loss(hidden, weight, target, 0.1, align=align)[0]
+            loss.backward()
+            return loss
+
+        losses[align] = float(step())
+        out[f"projected_loss_align{align}_ms"] = _sync_ms(check, step, reps)
+    out["projected_loss_aligned_speedup"] = out["projected_loss_align1_ms"] / out["projected_loss_align8_ms"]
+    out["projected_loss_aligned_loss_rel_diff"] = abs(losses[8] - losses[1]) / abs(losses[1])
     return out
 
 

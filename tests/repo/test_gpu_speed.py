@@ -71,6 +71,10 @@ def test_dry_run_writes_every_stage_with_finite_figures(tmp_path):
     ceil = stages["ceilings"]
     assert ceil["gemm_best_tflops"] > 0 and ceil["copy_GBps"] > 0
     assert ceil["gemm_vocab_M1k_tflops"] > 0 and ceil["gemm_fc1_wgrad_M1k_tflops"] > 0
+    assert ceil["gemm_vocab_aligned_M1k_tflops"] > 0
+    # the projected loss with its products on the padded weight: the same loss (bf16 products), both timed
+    assert ceil["projected_loss_align1_ms"] > 0 and ceil["projected_loss_align8_ms"] > 0
+    assert ceil["projected_loss_aligned_loss_rel_diff"] < 1e-2
 
     att = stages["attention"]
     for kind in ("encoder_self", "decoder_self", "cross"):

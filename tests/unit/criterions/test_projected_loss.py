@@ -22,12 +22,15 @@ from seqtrain.config import from_args
 from seqtrain.criterions import DistillationConfig, LabelSmoothedCrossEntropyCriterion
 from seqtrain.criterions.projected_loss import (
     CPU_BUDGET_BYTES,
+    CUDA_ALIGN_ROWS,
     CUDA_BUDGET_BYTES,
+    align_rows,
     bytes_per_logit,
     chunk_budget_bytes,
     chunk_rows,
     projected_nll_loss,
 )
+from tests.utils import FP32
 
 V = 50_265
 SCALE = 2.0**15
@@ -337,3 +340,62 @@ def test_loss_chunk_mb_reaches_the_projected_loss(monkeypatch):
         crit = ce.CRITERIONS.get(name).from_config(from_args(DistillationConfig, args), 1)
         crit(_TiedToy(), _toy_sample(True))
     assert budgets == [8.0, 8.0]
+
+
+class _ProductShapes(TorchDispatchMode):
+    """Records the output shapes of the matrix products run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm):
+            self.shapes.append(tuple(out.shape))
+        return out
+
+
+def test_align_rows_pads_on_cuda_only_unless_asked():
+    assert align_rows(torch.device("cpu")) == 1
+    assert align_rows(torch.device("cuda")) == CUDA_ALIGN_ROWS == 8
+    assert align_rows(torch.device("cpu"), 64) == 64 and align_rows(torch.device("cuda"), 1) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("rows", [None, 7])
+def test_the_aligned_vocabulary_is_the_same_function(dtype, epsilon, rows):
+    """The products against the weight padded to 8 (or 64) rows give the unpadded loss, nll, accuracy and
+    gradients (the H200's odd-V kernels; here on the CPU, where the padding is only on when asked): fp64 to
+    1e-12, fp32 to torch's fp32 tolerances, bf16 autocast to the bf16 tolerance of the test above; with a
+    `valid` mask and in several chunks. And the padded products really ran: their outputs are 1,008 wide."""
+    vocab, n, dim = 1_001, 40, 32
+    g = torch.Generator().manual_seed(3)
+    base = torch.float64 if dtype == torch.float64 else torch.float32
+    hidden0 = (0.5 * torch.randn(n, dim, generator=g, dtype=base)).clamp(-2, 2)
+    weight0 = 0.3 * torch.randn(vocab, dim, generator=g, dtype=base)
+    target = torch.randint(0, vocab, (n,), generator=g)
+    valid = torch.rand(n, generator=g) > 0.2
+    results = {}
+    for align in (1, 8, 64):
+        hidden, weight = hidden0.clone().requires_grad_(), weight0.clone().requires_grad_()
+        shapes = _ProductShapes()
+        with shapes, torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss, nll, correct = projected_nll_loss(
+                hidden, weight, target, epsilon, valid=valid, rows=rows, accuracy=True, align=align
+            )
+        loss.backward()
+        widths = {s[-1] for s in shapes.shapes} | {s[0] for s in shapes.shapes}
+        padded = vocab + (-vocab % align)
+        assert (padded in widths) and (align == 1 or vocab not in widths), (align, widths)
+        results[align] = (loss.detach(), nll, correct, hidden.grad, weight.grad)
+    tol = {torch.float64: 1e-12, torch.float32: FP32["rtol"], torch.bfloat16: 1e-2}[dtype]
+    ref = results[1]
+    for align in (8, 64):
+        loss, nll, correct, gh, gw = results[align]
+        assert int(correct) == int(ref[2])
+        assert float(loss) == pytest.approx(float(ref[0]), rel=tol, abs=1e-9)
+        assert float(nll) == pytest.approx(float(ref[1]), rel=tol, abs=1e-9)
+        assert gw.shape == ref[4].shape == (vocab, dim)
+        assert _rel(gh, ref[3]) <= max(tol, 1e-12) * 10 and _rel(gw, ref[4]) <= max(tol, 1e-12) * 10
