@@ -180,6 +180,29 @@ def peak_rss(engine: str, paths: dict[str, str], precision: str, threads: int, n
     return json.loads(out.strip().splitlines()[-1])["peak_rss_mib"]
 
 
+def settings(a: argparse.Namespace):
+    """(size, paths, sentences, lines, precision, threads) for every row the flags ask for, models made once."""
+    for size in a.sizes.split(","):
+        paths = make_models(a.workdir, size)
+        n = a.sentences if size == "small" else a.sentences_base
+        lines = read_lines(n)
+        for precision in a.precisions.split(","):
+            for threads in map(int, a.threads.split(",")):
+                yield size, paths, n, lines, precision, threads
+
+
+def alternate(engines: dict, rounds: int, threads: int) -> dict[str, list[float]]:
+    """Seconds of each engine's pass in each round; the engines alternate, the first one swapping per round."""
+    times: dict[str, list[float]] = {e: [] for e in engines}
+    for r in range(rounds):
+        for e in list(engines) if r % 2 == 0 else list(engines)[::-1]:
+            torch.set_num_threads(threads)
+            t = time.perf_counter()
+            engines[e]()
+            times[e].append(time.perf_counter() - t)
+    return times
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="small,base")
@@ -209,37 +232,23 @@ def main() -> None:
         return steps_sweep(a)
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}")
     rows = []
-    for size in a.sizes.split(","):
-        paths = make_models(a.workdir, size)
-        n = a.sentences if size == "small" else a.sentences_base
-        lines = read_lines(n)
-        for precision in a.precisions.split(","):
-            for threads in map(int, a.threads.split(",")):
-                engines = {
-                    e: make_engine(e, paths, precision, lines, threads) for e in ("seqtrain", "ctranslate2")
-                }
-                times: dict[str, list[float]] = {e: [] for e in engines}
-                hyps = {e: engines[e]() for e in engines}  # warm-up pass, and the hypotheses compared
-                for r in range(a.rounds):
-                    order = list(engines) if r % 2 == 0 else list(engines)[::-1]
-                    for e in order:
-                        torch.set_num_threads(threads)
-                        t = time.perf_counter()
-                        engines[e]()
-                        times[e].append(time.perf_counter() - t)
-                same = sum(x == y for x, y in zip(hyps["seqtrain"], hyps["ctranslate2"])) / len(lines)
-                mem = {e: float("nan") for e in engines}
-                if not a.no_memory:
-                    mem = {e: peak_rss(e, paths, precision, threads, n) for e in engines}
-                sps = {e: len(lines) / statistics.median(times[e]) for e in engines}
-                rows.append((size, precision, threads, n, sps, same, mem))
-                print(
-                    f"{size:5} {precision:4} {threads}t  seqtrain {sps['seqtrain']:6.1f}/s  "
-                    f"ctranslate2 {sps['ctranslate2']:6.1f}/s  ratio {sps['seqtrain'] / sps['ctranslate2']:.2f}  "
-                    f"identical {same:.0%}  RSS {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} MiB",
-                    flush=True,
-                )
-                del engines
+    for size, paths, n, lines, precision, threads in settings(a):
+        engines = {e: make_engine(e, paths, precision, lines, threads) for e in ("seqtrain", "ctranslate2")}
+        hyps = {e: engines[e]() for e in engines}  # warm-up pass, and the hypotheses compared
+        times = alternate(engines, a.rounds, threads)
+        same = sum(x == y for x, y in zip(hyps["seqtrain"], hyps["ctranslate2"])) / len(lines)
+        mem = {e: float("nan") for e in engines}
+        if not a.no_memory:
+            mem = {e: peak_rss(e, paths, precision, threads, n) for e in engines}
+        sps = {e: len(lines) / statistics.median(times[e]) for e in engines}
+        rows.append((size, precision, threads, n, sps, same, mem))
+        print(
+            f"{size:5} {precision:4} {threads}t  seqtrain {sps['seqtrain']:6.1f}/s  "
+            f"ctranslate2 {sps['ctranslate2']:6.1f}/s  ratio {sps['seqtrain'] / sps['ctranslate2']:.2f}  "
+            f"identical {same:.0%}  RSS {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} MiB",
+            flush=True,
+        )
+        del engines
     print(f"# load average at end: {os.getloadavg()[0]:.2f}")
     print()
     print(
@@ -264,36 +273,25 @@ def steps_sweep(a: argparse.Namespace) -> None:
     print("| size | precision | threads | sentences | max-len-b | seqtrain s/pass | CTranslate2 s/pass |")
     print("|---|---|---|---|---|---|---|")
     fits = []
-    for size in a.sizes.split(","):
-        paths = make_models(a.workdir, size)
-        n = a.sentences if size == "small" else a.sentences_base
-        lines = read_lines(n)
-        for precision in a.precisions.split(","):
-            for threads in map(int, a.threads.split(",")):
-                secs: dict[str, list[float]] = {"seqtrain": [], "ctranslate2": []}
-                for limit in limits:
-                    SEARCH["max_len_b"] = limit
-                    engines = {e: make_engine(e, paths, precision, lines, threads) for e in secs}
-                    for e in engines:
-                        engines[e]()  # warm-up
-                    times: dict[str, list[float]] = {e: [] for e in engines}
-                    for r in range(a.rounds):
-                        for e in list(engines) if r % 2 == 0 else list(engines)[::-1]:
-                            torch.set_num_threads(threads)
-                            t = time.perf_counter()
-                            engines[e]()
-                            times[e].append(time.perf_counter() - t)
-                    for e in engines:
-                        secs[e].append(statistics.median(times[e]))
-                    print(
-                        f"| {size} | {precision} | {threads} | {n} | {limit} | {secs['seqtrain'][-1]:.3f} | "
-                        f"{secs['ctranslate2'][-1]:.3f} |",
-                        flush=True,
-                    )
-                    del engines
-                for e in secs:
-                    slope, fixed = statistics.linear_regression(limits, secs[e])
-                    fits.append((size, precision, threads, e, fixed, slope))
+    for size, paths, n, lines, precision, threads in settings(a):
+        secs: dict[str, list[float]] = {"seqtrain": [], "ctranslate2": []}
+        for limit in limits:
+            SEARCH["max_len_b"] = limit
+            engines = {e: make_engine(e, paths, precision, lines, threads) for e in secs}
+            for e in engines:
+                engines[e]()  # warm-up
+            times = alternate(engines, a.rounds, threads)
+            for e in engines:
+                secs[e].append(statistics.median(times[e]))
+            print(
+                f"| {size} | {precision} | {threads} | {n} | {limit} | {secs['seqtrain'][-1]:.3f} | "
+                f"{secs['ctranslate2'][-1]:.3f} |",
+                flush=True,
+            )
+            del engines
+        for e in secs:
+            slope, fixed = statistics.linear_regression(limits, secs[e])
+            fits.append((size, precision, threads, e, fixed, slope))
     print(f"# load average at end: {os.getloadavg()[0]:.2f}")
     print()
     print("| size | precision | threads | engine | fixed s/pass (encoder, set-up) | s per decoding step |")
