@@ -8,11 +8,11 @@ unless they fit the memory budget, and no N x V tensor is kept for the backward 
 Chunk size (`chunk_rows`): as many rows as fit a byte budget for the chunk's temporaries (the logits in the
 compute dtype, their fp32 copy that becomes the gradient, and its low-precision cast): all rows at once when
 they fit. The budget is fixed (`chunk_budget_bytes`): 256 MiB on the CPU, where larger chunks buy no speed,
-1 GiB on CUDA (2,624 bf16 rows at V = 50,265: matrix products of thousands of rows), or `--loss-chunk-mb`. So
-the chunk count, and with it the order in which the weight gradient sums over chunks, is a function of the
-shapes and the budget only, never of the memory the device has free at that moment: a resumed run chunks, and
-sums, exactly as the unbroken one (it asked cudaMemGetInfo on every call before, and on CUDA a quarter of the
-free memory decided).
+1 GiB on CUDA (2,624 bf16 rows at V = 50,265 padded to 50,272: matrix products of thousands of rows), or
+`--loss-chunk-mb`. So the chunk count, and with it the order in which the weight gradient sums over chunks,
+is a function of the shapes and the budget only, never of the memory the device has free at that moment: a
+resumed run chunks, and sums, exactly as the unbroken one (it asked cudaMemGetInfo on every call before, and
+on CUDA a quarter of the free memory decided).
 
 Precision, matching what autograd does for the model's own F.linear under autocast, without its losses:
 - the matrix products run in the autocast dtype (fp16/bf16) when autocast is on, the softmax and loss in fp32;
@@ -28,11 +28,14 @@ On the CPU, an fp16 product that overflows under the scale gives inf, which the 
 as it would for plain autograd under the same scale.
 
 Aligned vocabulary (`align`; default 8 rows on CUDA, none elsewhere): the products run against the weight
-zero-padded to a multiple of `align` rows (padded once per call), the logits' extra columns left out of the
-softmax and the loss, the gradient's extra columns zero, the weight gradient's extra rows dropped. The same
-function, only faster: at BART's odd V = 50,265 no row of the logits or of the weight gradient is 16-byte
-aligned, and cuBLAS ran all three products in `cutlass_75 ... align1` kernels at ~100 TFLOP/s against 570-800
-for the layers' products (an H200 in bf16, 2026-12-04: 14 ms of a 238 ms bart_large update).
+cast to the compute dtype and zero-padded to a multiple of `align` rows (once per call, not per chunk), the
+logits' extra columns left out of the softmax and the loss, the gradient's extra columns zero, the weight
+gradient's extra rows dropped. The same function, only faster: at BART's odd V = 50,265 no row of the logits
+or of the weight gradient is 16-byte aligned, and cuBLAS ran all three products in `cutlass_75 ... align1`
+kernels at 96-105 TFLOP/s against 570-800 for the layers' products (an H200 in bf16, 2026-12-04: ~14 ms of a
+225-238 ms bart_large update). 8 rows are 16 bytes in fp16/bf16 and twice that in fp32 (TF32 kernels want
+16-byte rows too), so CUDA pads whatever the dtype; 7 zero rows cost nothing. The chunk budget counts the
+padded width (the logits and the gradient's cast are V8 wide, the fp32 copy V).
 
 `valid` (optional, N booleans) marks the rows that count: the others (padding targets) add nothing to the
 loss, the gradients or the accuracy. It lets callers skip the boolean-mask selection of rows, which forces a
@@ -58,6 +61,17 @@ def align_rows(device: torch.device, align: int | None = None) -> int:
     if align is not None:
         return max(1, int(align))
     return CUDA_ALIGN_ROWS if device.type == "cuda" else 1
+
+
+def padded_weight(weight: Tensor, align: int, dtype: torch.dtype) -> Tensor:
+    """`weight` (V x C) in `dtype`, zero-padded to a multiple of `align` rows: one new tensor, one cast. In the
+    compute dtype, so that neither F.linear under autocast nor the gradient products cast it again per chunk
+    (a padded copy is no leaf, and autocast caches the casts of leaves only)."""
+    vocab = weight.size(0)
+    out = weight.new_empty((vocab + (-vocab % align), weight.size(1)), dtype=dtype)
+    out[:vocab] = weight.detach()
+    out[vocab:] = 0
+    return out
 
 
 def bytes_per_logit(compute_dtype: torch.dtype) -> int:
@@ -143,7 +157,7 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
     ) -> tuple[Tensor, Tensor, Tensor]:
         n, vocab = hidden.size(0), weight.size(0)
         pad = -vocab % align
-        w_mm = torch.nn.functional.pad(weight, (0, 0, 0, pad)) if pad else weight  # once per call
+        w_mm = padded_weight(weight, align, compute_dtype(hidden)) if pad else weight  # once per call
         eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
         c_target = 1.0 - epsilon - eps_i
         acc = torch.float64 if hidden.dtype == torch.float64 else torch.float32
@@ -183,9 +197,10 @@ class _ProjectedSmoothedNLL(torch.autograd.Function):
                 elif g.dtype == zf.dtype:  # g was computed in place in zf's first columns: zero the others
                     g_mm = zf
                     g_mm[:, vocab:] = 0
-                else:  # the cast into an aligned buffer whose extra columns are zero
-                    g_mm = g.new_zeros((g.size(0), vocab + pad), dtype=z.dtype)
+                else:  # the cast into an aligned buffer (as g.to(z.dtype) unpadded) whose extra columns are zero
+                    g_mm = g.new_empty((g.size(0), vocab + pad), dtype=z.dtype)
                     g_mm[:, :vocab] = g
+                    g_mm[:, vocab:] = 0
                 del g
                 unscale = 1.0 / grad_scale if low else 1.0
                 gh = _product(g_mm, w_mm, acc)
@@ -241,10 +256,12 @@ def projected_nll_loss(
     backward (the fp16 loss scale), applied to the low-precision gradient casts. `align`: the products run
     against the weight zero-padded to a multiple of this many rows (default: align_rows; see the module
     docstring)."""
+    align = align_rows(hidden.device, align)
     if rows is None:
         per_logit = bytes_per_logit(compute_dtype(hidden))
         budget = chunk_budget_bytes(hidden.device, budget_mb)
-        rows = chunk_rows(hidden.size(0), weight.size(0), budget, per_logit)
+        vocab = weight.size(0)
+        rows = chunk_rows(hidden.size(0), vocab + (-vocab % align), budget, per_logit)  # at the padded width
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     return _ProjectedSmoothedNLL.apply(
         hidden,
@@ -256,5 +273,5 @@ def projected_nll_loss(
         need_grad,
         accuracy,
         float(grad_scale),
-        align_rows(hidden.device, align),
+        align,
     )

@@ -399,3 +399,51 @@ def test_the_aligned_vocabulary_is_the_same_function(dtype, epsilon, rows):
         assert float(nll) == pytest.approx(float(ref[1]), rel=tol, abs=1e-9)
         assert gw.shape == ref[4].shape == (vocab, dim)
         assert _rel(gh, ref[3]) <= max(tol, 1e-12) * 10 and _rel(gw, ref[4]) <= max(tol, 1e-12) * 10
+
+
+def test_the_aligned_vocabulary_chunks_at_its_padded_width():
+    """The chunk budget counts the logits at the width they have: a budget of 40 fp32 rows at V = 50,265 holds
+    39 rows at 50,272 (align 8), and the padded products (50,272 wide) run in chunks of 39."""
+    hidden, weight, target = _inputs(n=100)
+    budget_mb = 40 * V * 4 / (1 << 20)
+    seen = {}
+    for align in (1, 8):
+        shapes = _ProductShapes()
+        with shapes:
+            projected_nll_loss(
+                hidden.detach(), weight.detach(), target, EPS, budget_mb=budget_mb, align=align
+            )
+        width = V + (-V % align)
+        seen[align] = [s[0] for s in shapes.shapes if s[-1] == width]
+    assert seen == {1: [40, 40, 20], 8: [39, 39, 22]}
+
+
+def test_the_padded_weight_is_cast_once_in_the_compute_dtype():
+    """Under bf16 autocast the padded weight is made once per call in bf16 (so neither F.linear nor the
+    gradient products cast it again per chunk), its first V rows the weight's cast and the others zero."""
+    from seqtrain.criterions.projected_loss import padded_weight
+
+    w = torch.randn(11, 4, dtype=torch.float32, requires_grad=True)
+    p = padded_weight(w, 8, torch.bfloat16)
+    assert p.shape == (16, 4) and p.dtype == torch.bfloat16 and not p.requires_grad
+    assert torch.equal(p[:11], w.detach().bfloat16()) and not p[11:].any()
+    hidden, weight, target = _inputs(n=30)
+    casts = []
+
+    class _Casts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            big = (
+                torch.is_tensor(out) and out.dim() == 2 and out.size(0) >= V
+            )  # a V x C weight, cast or padded
+            if big and out.dtype == torch.bfloat16 and func.overloadpacket in allocations:
+                casts.append(func.overloadpacket.__name__)
+            return out
+
+    ops = torch.ops.aten
+    allocations = (ops.new_empty, ops.empty, ops.empty_strided, ops._to_copy, ops.constant_pad_nd, ops.clone)
+
+    with _Casts(), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = projected_nll_loss(hidden, weight, target, EPS, rows=7, align=8)[0]
+    loss.backward()
+    assert casts == ["new_empty"], casts
