@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from seqtrain.criterions.projected_loss import align_rows, padded_weight
 from seqtrain.models.lora import LoRALinear
 
 MIN_BUCKET = 16  # the smallest source and target capacity: fewer graphs for short inputs
@@ -93,23 +94,45 @@ class StepBuffers:
         torch.index_select(other.enc_mask, 0, slots, out=self.enc_mask)
 
 
-class StaticStep:
-    """The decoding step of a BartDecoder on StepBuffers: reorder, then one position for every row."""
+def aligned_output_weight(decoder: nn.Module, dtype: torch.dtype, align: int | None = None) -> Tensor | None:
+    """The decoder's output projection weight in `dtype`, zero-padded to a multiple of `align` rows (default:
+    8 on CUDA, none on the CPU; seqtrain.criterions.projected_loss.align_rows), or None when there is nothing
+    to pad or the projection is not a plain bias-free nn.Linear. At BART's odd V = 50,265 the logits' rows are
+    not 16-byte aligned and cuBLAS runs the step's largest product in align1 kernels (~100 TFLOP/s against
+    570-800 aligned, an H200 in bf16, 2026-12-04); the padded weight's extra logits are zero and sliced off."""
+    proj = getattr(decoder, "output_projection", None)
+    if type(proj) is not nn.Linear or proj.bias is not None:
+        return None
+    weight = proj.weight
+    align = align_rows(weight.device, align)
+    if weight.size(0) % align == 0:
+        return None
+    return padded_weight(weight, align, dtype)
 
-    def __init__(self, decoder: nn.Module):
+
+class StaticStep:
+    """The decoding step of a BartDecoder on StepBuffers: reorder, then one position for every row; on CUDA
+    the output projection against its weight padded to 8 rows (aligned_output_weight; `align` overrides)."""
+
+    def __init__(self, decoder: nn.Module, align: int | None = None):
         self.decoder = decoder
         dtype = decoder.embed_tokens.weight.dtype
         self.qkv = [fused_qkv(layer.self_attn, dtype) for layer in decoder.layers]
+        self.out_weight = aligned_output_weight(decoder, dtype, align)
 
     def refresh(self) -> None:
         """Copy the current q/k/v weights into the fused ones in place: captured graphs read them by address,
-        and a model trained between two runs (ROUGE validation) must not decode with stale weights."""
+        and a model trained between two runs (ROUGE validation) must not decode with stale weights. The same
+        for the padded output weight."""
         dtype = self.decoder.embed_tokens.weight.dtype
         for (weight, bias), layer in zip(self.qkv, self.decoder.layers):
             new_weight, new_bias = fused_qkv(layer.self_attn, dtype)
             weight.copy_(new_weight)
             if bias is not None and new_bias is not None:
                 bias.copy_(new_bias)
+        if self.out_weight is not None:
+            w = self.decoder.output_projection.weight
+            self.out_weight[: w.size(0)].copy_(w)
 
     def encoder_kv(self, memory: Tensor) -> tuple[list[Tensor], list[Tensor]]:
         """Each layer's cross-attention keys and values (B x H x S x d), as the eager step computes them."""
@@ -138,6 +161,8 @@ class StaticStep:
             x = layer._ffn_block(x)
         if dec.layer_norm is not None:
             x = dec.layer_norm(x)
+        if self.out_weight is not None:  # the aligned product, its extra (zero) columns sliced off
+            return F.linear(x.squeeze(1), self.out_weight)[:, : dec.output_projection.out_features]
         return dec.output_layer(x).squeeze(1)
 
     def _self_attn(self, buf: StepBuffers, i: int, x: Tensor, mask: Tensor) -> Tensor:
@@ -167,8 +192,8 @@ class StaticDecoder:
     Per batch: `start(encoder_out, slot_rows, tgt_len)`, then per step `step(tokens, step, order)`, and
     `compact(rows, slots)` when the batch shrinks to a smaller bucket. `capture_seconds` sums the captures."""
 
-    def __init__(self, decoder: nn.Module, beam: int, graphs: bool | None = None):
-        self.step_fn = StaticStep(decoder)
+    def __init__(self, decoder: nn.Module, beam: int, graphs: bool | None = None, align: int | None = None):
+        self.step_fn = StaticStep(decoder, align)
         self.beam = beam
         device = decoder.embed_tokens.weight.device
         self.graphs = device.type == "cuda" if graphs is None else graphs and device.type == "cuda"

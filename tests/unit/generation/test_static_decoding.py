@@ -206,6 +206,37 @@ def test_static_step_logits_match_the_eager_decoder(model):
         assert set(static.buffers) == {(4, 16, 16), (2, 16, 16)}  # slots, source and target capacities
 
 
+def test_the_aligned_output_weight_gives_the_same_logits():
+    """The step's output projection against its weight zero-padded to a multiple of `align` rows (CUDA's
+    default 8, for BART's odd V = 50,265; here V = 24 padded to 32) gives the unpadded step's logits, V wide,
+    and after the model's tied weight changes between runs (training before a ROUGE validation) start()
+    copies the new weight into the padded one (captured graphs read it by address)."""
+    model = tiny_model()  # its weights are changed below
+    beam, srcs = 2, left_pad(sources(3, seed=6))
+    assert StaticDecoder(model.decoder, beam).step_fn.out_weight is None  # the CPU's default: no padding
+    padded = StaticDecoder(model.decoder, beam, align=16)
+    out_weight = padded.step_fn.out_weight
+    assert out_weight.shape == (32, model.decoder.output_projection.in_features) and not out_weight[V:].any()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for run in range(2):
+            if run:
+                model.decoder.embed_tokens.weight.mul_(1.5)  # tied to output_projection.weight
+            enc = model.encoder(srcs)
+            plain = StaticDecoder(model.decoder, beam, align=1)
+            assert plain.step_fn.out_weight is None
+            for static in (plain, padded):
+                static.start(enc, torch.arange(3), 8)
+            tokens = torch.full((3 * beam,), EOS)
+            for step in range(5):
+                want, got = plain.step(tokens, step, None), padded.step(tokens, step, None)
+                assert got.shape == want.shape == (3 * beam, V)
+                torch.testing.assert_close(got, want, **FP32)
+                tokens = torch.randint(4, V, tokens.shape, generator=g)
+            assert padded.step_fn.out_weight is out_weight  # refreshed in place
+            torch.testing.assert_close(out_weight[:V], model.decoder.output_projection.weight, rtol=0, atol=0)
+
+
 def _assert_same_hypotheses(a, b, tol=1e-5):
     assert len(a) == len(b)
     for hyps_a, hyps_b in zip(a, b):
