@@ -311,8 +311,10 @@ def stage_env(check: SpeedCheck) -> dict[str, Any]:
 
 
 def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
-    """bf16 GEMMs (F.linear: x @ W^T, and fc1's weight gradient dY^T @ X) at bart_large's layer shapes, and
-    bandwidth: a device-to-device copy (bytes read + written) and pinned host-to-device."""
+    """bf16 GEMMs (F.linear: x @ W^T, and fc1's weight gradient dY^T @ X) at bart_large's layer shapes; the
+    odd vocabulary's products against the weight as it is and padded to 8 rows (the GEMM, the projected loss's
+    forward and backward, a beam step's logits); and bandwidth: a device-to-device copy (bytes read +
+    written) and pinned host-to-device."""
     out = check.stage_figures
     dev, bf16 = check.device, torch.bfloat16
     d, f, v = (64, 256, 1000) if check.dry else (1024, 4096, lib.BART_VOCAB)
@@ -343,6 +345,7 @@ def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
     out["gemm_best_tflops"] = best
     out["gemm_best_fraction_of_peak"] = best * 1e12 / check.peak
     out.update(_projected_loss_alignment(check, d, v, reps))
+    out.update(_decode_logits_alignment(check, d, v, 5 * reps))
     n = 2**23 if check.dry else 2**30
     a = torch.empty(n, dtype=torch.uint8, device=dev)
     b = torch.empty_like(a)
@@ -382,6 +385,21 @@ def _projected_loss_alignment(check: SpeedCheck, d: int, v: int, reps: int) -> d
         out[f"projected_loss_align{align}_ms"] = _sync_ms(check, step, reps)
     out["projected_loss_aligned_speedup"] = out["projected_loss_align1_ms"] / out["projected_loss_align8_ms"]
     out["projected_loss_aligned_loss_rel_diff"] = abs(losses[8] - losses[1]) / abs(losses[1])
+    return out
+
+
+def _decode_logits_alignment(check: SpeedCheck, d: int, v: int, reps: int) -> dict[str, float]:
+    """A beam step's logits (bf16, 256 rows: 64 sentences x beam 4) against the output weight as it is and
+    padded to 8 rows, the extra columns sliced off (the static decoding step on CUDA: aligned_output_weight):
+    microseconds each."""
+    dev, rows = check.device, 256
+    x = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
+    out: dict[str, float] = {}
+    for align in (1, 8):
+        w = torch.randn(v + (-v % align), d, device=dev, dtype=torch.bfloat16)
+        fn = lambda w=w: F.linear(x, w)[:, :v]  # noqa: E731
+        fn()
+        out[f"decode_logits_M{rows}_align{align}_us"] = 1000 * _sync_ms(check, fn, reps)
     return out
 
 

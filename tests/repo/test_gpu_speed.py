@@ -75,6 +75,7 @@ def test_dry_run_writes_every_stage_with_finite_figures(tmp_path):
     # the projected loss with its products on the padded weight: the same loss (bf16 products), both timed
     assert ceil["projected_loss_align1_ms"] > 0 and ceil["projected_loss_align8_ms"] > 0
     assert ceil["projected_loss_aligned_loss_rel_diff"] < 1e-2
+    assert ceil["decode_logits_M256_align1_us"] > 0 and ceil["decode_logits_M256_align8_us"] > 0
 
     att = stages["attention"]
     for kind in ("encoder_self", "decoder_self", "cross"):
