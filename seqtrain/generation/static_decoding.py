@@ -55,16 +55,27 @@ def fused_qkv(attn: nn.Module, dtype: torch.dtype) -> tuple[Tensor, Tensor | Non
 class StepBuffers:
     """Every tensor one static step reads or writes, for `slots` x `beam` rows (see the module docstring)."""
 
-    def __init__(self, decoder: nn.Module, slots: int, beam: int, src_cap: int, tgt_cap: int):
+    def __init__(
+        self,
+        decoder: nn.Module,
+        slots: int,
+        beam: int,
+        src_cap: int,
+        tgt_cap: int,
+        dtype: torch.dtype | None = None,
+    ):
+        """`dtype`: the keys' and values' (default the model's; under autocast the autocast dtype, which the
+        projections then produce)."""
         p = decoder.embed_tokens.weight
         layer0 = decoder.layers[0].self_attn
         h, d = layer0.num_heads, layer0.head_dim
         rows = slots * beam
         self.slots, self.beam, self.src_cap, self.tgt_cap = slots, beam, src_cap, tgt_cap
-        self.kv = [p.new_zeros(rows, tgt_cap, 2, h, d) for _ in decoder.layers]
-        self.spare = p.new_zeros(rows, tgt_cap, 2, h, d)  # the reorder's gather target, shared by the layers
-        self.enc_k = [p.new_zeros(slots, h, src_cap, d) for _ in decoder.layers]
-        self.enc_v = [p.new_zeros(slots, h, src_cap, d) for _ in decoder.layers]
+        self.dtype = dtype = dtype or p.dtype
+        self.kv = [p.new_zeros(rows, tgt_cap, 2, h, d, dtype=dtype) for _ in decoder.layers]
+        self.spare = p.new_zeros(rows, tgt_cap, 2, h, d, dtype=dtype)  # the reorder's gather target, shared
+        self.enc_k = [p.new_zeros(slots, h, src_cap, d, dtype=dtype) for _ in decoder.layers]
+        self.enc_v = [p.new_zeros(slots, h, src_cap, d, dtype=dtype) for _ in decoder.layers]
         self.enc_mask = torch.ones(slots, 1, 1, src_cap, dtype=torch.bool, device=p.device)
         self.tokens = torch.full((rows,), decoder.padding_idx, dtype=torch.long, device=p.device)
         self.step = torch.zeros(1, dtype=torch.long, device=p.device)
@@ -197,23 +208,33 @@ class StaticDecoder:
         self.beam = beam
         device = decoder.embed_tokens.weight.device
         self.graphs = device.type == "cuda" if graphs is None else graphs and device.type == "cuda"
-        self.buffers: dict[tuple[int, int, int], StepBuffers] = {}
-        self.cuda_graphs: dict[tuple[int, int, int], Any] = {}
+        # keyed by (slots, source capacity, target capacity, keys' dtype)
+        self.buffers: dict[tuple[int, int, int, torch.dtype], StepBuffers] = {}
+        self.cuda_graphs: dict[tuple[int, int, int, torch.dtype], Any] = {}
         self.pool: Any = None
         self.capture_seconds = 0.0
         self.current: StepBuffers | None = None
 
     def _buffers(self, slots: int, src_cap: int, tgt_cap: int) -> StepBuffers:
-        key = (slots, src_cap, tgt_cap)
+        """The buffers of this shape, for the dtype the step writes now: under autocast (ROUGE validation of a
+        --bf16/--fp16 run) the projections give the autocast dtype, and the keys and values are kept in it, as
+        the eager decoder's cache keeps them."""
+        device = self.step_fn.decoder.embed_tokens.weight.device.type
+        autocast = torch.is_autocast_enabled(device)
+        dtype = (
+            torch.get_autocast_dtype(device) if autocast else self.step_fn.decoder.embed_tokens.weight.dtype
+        )
+        key = (slots, src_cap, tgt_cap, dtype)
         if key not in self.buffers:
-            buf = self.buffers[key] = StepBuffers(self.step_fn.decoder, slots, self.beam, src_cap, tgt_cap)
+            decoder = self.step_fn.decoder
+            buf = self.buffers[key] = StepBuffers(decoder, slots, self.beam, src_cap, tgt_cap, dtype)
             # Under autocast the casts of the weights are cached per forward pass, outside the graph's pool:
             # a graph would read them after they are freed (torch's CUDA graph notes), so that step runs eagerly.
-            if self.graphs and not torch.is_autocast_enabled("cuda"):
+            if self.graphs and not autocast:
                 self._capture(key, buf)
         return self.buffers[key]
 
-    def _capture(self, key: tuple[int, int, int], buf: StepBuffers) -> None:
+    def _capture(self, key: tuple[int, int, int, torch.dtype], buf: StepBuffers) -> None:
         """Capture buf's step: warm-up runs on a side stream (cuBLAS handles, lazy inits, allocator state),
         then one capture into the pool every graph of this run shares. It runs on the fresh buffers (zeros,
         identity order) before any batch is loaded, so what the warm-up writes is overwritten.
@@ -268,8 +289,8 @@ class StaticDecoder:
         buf.tokens.copy_(tokens)
         buf.step.fill_(step)
         buf.order.copy_(buf.identity if order is None else order)
-        key = (buf.slots, buf.src_cap, buf.tgt_cap)
-        if key in self.cuda_graphs:
+        key = (buf.slots, buf.src_cap, buf.tgt_cap, buf.dtype)
+        if key in self.cuda_graphs and not torch.is_autocast_enabled(buf.tokens.device.type):
             self.cuda_graphs[key].replay()
             assert buf.logits is not None
             logits = buf.logits

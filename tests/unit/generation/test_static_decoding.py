@@ -18,7 +18,7 @@ from torch import nn
 
 from seqtrain.config import add_settings
 from seqtrain.generation.search import GenerationConfig, Sampling, generation_config
-from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator
+from seqtrain.generation.sequence_generator import SequenceGenerator, build_generator, generate_batch
 from seqtrain.generation.static_decoding import StaticDecoder, bucket
 from seqtrain.generation.static_search import EagerSteps, StaticSteps, static_generate
 from tests.unit.generation.test_sequence_generator import EOS, PAD, Dict4, V, left_pad, sources, tiny_model
@@ -203,7 +203,8 @@ def test_static_step_logits_match_the_eager_decoder(model):
                 model.decoder.reorder_incremental_state(state, rows, slots)
                 eager_enc = model.encoder.reorder_encoder_out(eager_enc, slots)
                 tokens = tokens.index_select(0, rows)
-        assert set(static.buffers) == {(4, 16, 16), (2, 16, 16)}  # slots, source and target capacities
+        # slots, source and target capacities, the keys' dtype
+        assert set(static.buffers) == {(4, 16, 16, torch.float32), (2, 16, 16, torch.float32)}
 
 
 def test_the_aligned_output_weight_gives_the_same_logits():
@@ -301,3 +302,29 @@ def test_cuda_graphs_replay_the_static_step(model):
     plain = _gen(cuda, 4, dict(max_len_b=12, nbest=-1), static_decoding=True)
     plain._static_steps = StaticSteps(cuda, 4, graphs=False)
     _assert_bitwise(plain.generate(srcs), got)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_static_decoding_under_autocast_keeps_the_keys_in_the_autocast_dtype(device):
+    """ROUGE validation of a --bf16 run decodes an fp32 model under bf16 autocast, and on CUDA static decoding
+    is the default: the projections then give bf16 keys and values, which the step's buffers must hold (they
+    were fp32 and index_copy_ refused: "self and source expected to have the same dtype"). The static path
+    gives the eager path's best hypotheses under the same autocast, and its buffers are bf16; the fp32 buffers
+    of a run without autocast are kept apart."""
+    model = tiny_model().eval().to(device)
+    srcs = left_pad(sources(12, seed=7)).to(device)
+    sample = {"id": torch.arange(12), "net_input": {"src_tokens": srcs, "src_lengths": (srcs != PAD).sum(1)}}
+    best, scores = {}, {}
+    for static in (False, True):
+        gen = build_generator(model, Dict4(), GenerationConfig(beam=3, max_len_b=12, static_decoding=static))
+        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
+            out = generate_batch(gen, sample)
+        best[static] = [hyps[0]["tokens"].tolist() for _, hyps in out]
+        scores[static] = torch.tensor([float(hyps[0]["score"]) for _, hyps in out])
+        if static:
+            with torch.no_grad():
+                generate_batch(gen, sample)  # and without autocast: fp32 buffers beside the bf16 ones
+            dtypes = {key[3] for key in gen._static_steps.decoder.buffers}
+    assert best[True] == best[False]
+    torch.testing.assert_close(scores[True], scores[False], rtol=0, atol=0.05)  # bf16 rounding of the scores
+    assert dtypes == {torch.bfloat16, torch.float32}
