@@ -8,9 +8,9 @@ busy or older machine many times slower without a word (issue 41).
   says so in one warning line with the cost, instead of switching precision behind the user's back.
 - Intra-op threads: torch starts one thread per core it sees, whatever else runs there. On a 2-core machine with
   other work, two spin-waiting threads per matrix product made updates 3-5x slower than one thread. seqtrain
-  picks the threads from the CPUs it may use (affinity mask, cgroup CPU quota) minus their load over the last
-  minute, once at start-up, and logs what it chose. OMP_NUM_THREADS, when set, always wins (torchrun sets it to
-  1 for its workers).
+  picks the threads from the CPUs it may use (affinity mask, cgroup CPU quota) minus the load other work puts
+  on them (the lower of the 1-minute load average and the CPUs busy right now), once at start-up, and logs
+  what it chose. OMP_NUM_THREADS, when set, always wins (torchrun sets it to 1 for its workers).
 
 The probes are plain functions so tests can patch them and get the same answer on any machine.
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import time
 
 import torch
 
@@ -109,11 +110,47 @@ def usable_cpus() -> int:
     return max(1, n)
 
 
-def load_average() -> float | None:
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int, int] | None:
+    """(busy jiffies, all jiffies, CPUs) of the whole machine from /proc/stat's aggregate `cpu` line (busy: all
+    but idle and iowait; steal counts as busy: the CPU was not ours), or None where it is unreadable."""
     try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
+        with open(path, encoding="ascii") as f:
+            lines = f.read().splitlines()
+        fields = [int(x) for x in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError, IndexError):
         return None
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    total = sum(fields)
+    return total - fields[3] - fields[4], total, max(1, cpus)
+
+
+def busy_cpus_now(interval: float = 0.25, path: str = "/proc/stat") -> float | None:
+    """How many CPUs other work keeps busy right now: /proc/stat sampled `interval` seconds apart (this process
+    sleeps meanwhile, so it counts only the others), or None where it cannot tell."""
+    first = cpu_times(path)
+    if first is None:
+        return None
+    time.sleep(interval)
+    second = cpu_times(path)
+    if second is None or second[1] <= first[1]:
+        return None
+    return (second[0] - first[0]) / (second[1] - first[1]) * second[2]
+
+
+def load_average() -> float | None:
+    """The load other work puts on the machine: the lower of the 1-minute load average and the CPUs busy right
+    now. The average alone lags a minute: a run started right after its own preprocessing or a pip install (the
+    quickstart from a fresh clone: load 0.9 on an otherwise idle 2-core machine) saw that work as another job's
+    and trained on one thread, 1.64x slower. The sample alone would miss a job between two bursts; a machine
+    that is busy now and was busy for the last minute is busy by both."""
+    try:
+        average = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        average = None
+    now = busy_cpus_now()
+    if average is None or now is None:
+        return average if now is None else now
+    return min(average, now)
 
 
 def choose_threads(usable: int, load: float | None, ranks: int = 1) -> int:

@@ -127,3 +127,49 @@ def test_the_module_prints_the_choice_for_scripts():
     assert out.returncode == 0, out.stderr
     assert 1 <= int(out.stdout) <= len(os.sched_getaffinity(0))
     assert re.fullmatch(r"\d+ usable CPUs?, load ([\d.]+|unknown)\n", out.stderr)
+
+
+def _stat(tmp_path, name, busy, idle, cpus=2):
+    """A /proc/stat with `busy` user jiffies and `idle` idle jiffies in its aggregate line."""
+    path = tmp_path / name
+    per_cpu = "".join(f"cpu{i} 0 0 0 0 0 0 0 0 0 0\n" for i in range(cpus))
+    path.write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\n{per_cpu}intr 1\n")
+    return str(path)
+
+
+def test_cpu_times_reads_the_aggregate_line(tmp_path):
+    path = tmp_path / "stat"
+    path.write_text("cpu  100 5 20 800 40 3 2 30 7 0\ncpu0 1 0 0 0 0 0 0 0 0 0\ncpu1 1 0 0 0 0 0 0 0 0 0\n")
+    # busy: user + nice + system + irq + softirq + steal (not idle, not iowait); guest is inside user already
+    assert host_cpu.cpu_times(str(path)) == (160, 1000, 2)
+    assert host_cpu.cpu_times(str(tmp_path / "missing")) is None
+
+
+def test_busy_cpus_now_counts_the_jiffies_between_two_samples(tmp_path, monkeypatch):
+    samples = iter([_stat(tmp_path, "a", 1000, 1000), _stat(tmp_path, "b", 1150, 1050)])
+    real = host_cpu.cpu_times
+    monkeypatch.setattr(host_cpu, "cpu_times", lambda path: real(next(samples)))
+    monkeypatch.setattr(host_cpu.time, "sleep", lambda s: None)
+    # 150 busy of 200 jiffies on 2 CPUs: 1.5 CPUs busy
+    assert host_cpu.busy_cpus_now() == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize(
+    ("average", "now", "want"),
+    [
+        (
+            0.9,
+            0.05,
+            0.05,
+        ),  # the run's own preprocessing still in the 1-minute average: the machine is idle now
+        (0.1, 1.9, 0.1),  # a burst now on a machine idle for the last minute
+        (2.0, 2.0, 2.0),  # busy by both
+        (1.2, None, 1.2),  # no /proc/stat
+    ],
+)
+def test_load_is_the_lower_of_the_average_and_now(monkeypatch, average, now, want):
+    monkeypatch.setattr(host_cpu.os, "getloadavg", lambda: (average, 0.0, 0.0))
+    monkeypatch.setattr(host_cpu, "busy_cpus_now", lambda: now)
+    assert host_cpu.load_average() == pytest.approx(want)
+    # and what a 2-core machine trains with then
+    assert host_cpu.choose_threads(2, host_cpu.load_average()) == (2 if want < 0.5 else 1)
