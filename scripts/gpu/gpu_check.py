@@ -416,9 +416,8 @@ def stage_oom(check: Check) -> dict[str, Any]:
     small = lib.make_pairs(4, (100, 200), (20, 40), lib.BART_VOCAB, seed=7)
     assert trainer.train_step([lib.seqtrain_sample(small)]) is not None
     base = torch.cuda.memory_allocated(check.device)
-    index = (
-        torch.cuda.current_device() if check.device.index is None else check.device.index
-    )  # torch 2.11 wants one
+    # torch 2.11's set_per_process_memory_fraction wants a device index, not a bare "cuda"
+    index = torch.cuda.current_device() if check.device.index is None else check.device.index
     total = torch.cuda.get_device_properties(index).total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, (base + 4 * 2**30) / total), index)
     try:

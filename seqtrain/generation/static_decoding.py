@@ -219,14 +219,12 @@ class StaticDecoder:
         """The buffers of this shape, for the dtype the step writes now: under autocast (ROUGE validation of a
         --bf16/--fp16 run) the projections give the autocast dtype, and the keys and values are kept in it, as
         the eager decoder's cache keeps them."""
-        device = self.step_fn.decoder.embed_tokens.weight.device.type
-        autocast = torch.is_autocast_enabled(device)
-        dtype = (
-            torch.get_autocast_dtype(device) if autocast else self.step_fn.decoder.embed_tokens.weight.dtype
-        )
+        decoder = self.step_fn.decoder
+        weight = decoder.embed_tokens.weight
+        autocast = torch.is_autocast_enabled(weight.device.type)
+        dtype = torch.get_autocast_dtype(weight.device.type) if autocast else weight.dtype
         key = (slots, src_cap, tgt_cap, dtype)
         if key not in self.buffers:
-            decoder = self.step_fn.decoder
             buf = self.buffers[key] = StepBuffers(decoder, slots, self.beam, src_cap, tgt_cap, dtype)
             # Under autocast the casts of the weights are cached per forward pass, outside the graph's pool:
             # a graph would read them after they are freed (torch's CUDA graph notes), so that step runs eagerly.

@@ -147,10 +147,8 @@ def load_average() -> float | None:
         average = os.getloadavg()[0]
     except (AttributeError, OSError):
         average = None
-    now = busy_cpus_now()
-    if average is None or now is None:
-        return average if now is None else now
-    return min(average, now)
+    known = [v for v in (average, busy_cpus_now()) if v is not None]
+    return min(known) if known else None
 
 
 def choose_threads(usable: int, load: float | None, ranks: int = 1) -> int:
