@@ -26,6 +26,9 @@ fi
 fail() { echo "gpu_speed.sh: error: $*" >&2; exit 1; }
 
 limit="${TIMEOUT:-560}"
+for a in "$@"; do  # the stages' budgets against TIMEOUT's, nothing run
+  [ "$a" = "--plan" ] && exec "$py" scripts/gpu/gpu_speed.py --budget "$((limit - 10))" "$@"
+done
 dry=0
 for a in "$@"; do [ "$a" = "--dry-run" ] && dry=1; done
 if [ "$dry" = 0 ]; then
