@@ -587,12 +587,46 @@ def _fp32_reference(
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+def _kernels(check: SpeedCheck, *backends: Any) -> Callable[[], Any]:
+    """A context that limits SDPA to `backends` on CUDA (nothing to choose on a CPU)."""
+    from torch.nn.attention import sdpa_kernel
+
+    return (lambda: sdpa_kernel(list(backends))) if check.device.type == "cuda" else nullcontext
+
+
+def _equal_cases(check: SpeedCheck, b: int, tq: int, tk: int, causal: bool) -> dict[str, tuple]:
+    """Equal lengths, every row at the longest, no mask (flash's ceiling; cuDNN at this one shape): flash's
+    case and, on CUDA with a torch that has it, cuDNN's, as _attention_case takes them."""
+    from torch.nn.attention import SDPBackend
+
+    s, dev = check.shapes, check.device
+    eq = [torch.randn(b, s.heads, n, s.head_dim, device=dev).to(torch.bfloat16) for n in (tq, tk, tk)]
+    eq_g = torch.randn(b, s.heads, tq, s.head_dim, device=dev).to(torch.bfloat16)
+
+    def equal_fn(q_, k_, v_):
+        return F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
+
+    case = (
+        equal_fn,
+        eq,
+        eq_g,
+        lambda r: r,
+        _fp32_reference(equal_fn, eq, eq_g),
+        12 * b * tq * tk * s.heads * s.head_dim,
+    )
+    cases = {"flash_equal": (*case, _kernels(check, SDPBackend.FLASH_ATTENTION))}
+    cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
+    if dev.type == "cuda" and cudnn is not None:
+        cases["cudnn_equal"] = (*case, _kernels(check, cudnn))
+    return cases
+
+
 def stage_attention(check: SpeedCheck) -> dict[str, Any]:
     """Attention alone, fwd+bwd, bf16, at the train batches' lengths. FLOPs: 3 x the forward's 4 Sq Sk H d
     over the real tokens (flops.py's convention: the whole square, causal too), so the variants compare at
     one count. Padded SDPA runs as seqtrain's padded path does (cuDNN attention off: flash, memory-efficient
     or math as torch picks); flash and cuDNN run on equal lengths (every row at the batch's longest)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     from seqtrain.models import varlen
 
@@ -604,11 +638,7 @@ def stage_attention(check: SpeedCheck) -> dict[str, Any]:
     out["varlen_backend"] = "varlen_attn" if cuda and varlen.varlen_kernel() is not None else "reference"
     errors = []
 
-    def kernels(*backends: Any) -> Callable[[], Any]:
-        return (lambda: sdpa_kernel(list(backends))) if cuda else nullcontext
-
-    cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
-    no_cudnn = kernels(SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    no_cudnn = _kernels(check, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
     for kind, qs, ks, causal in (
         ("encoder_self", "src", "src", False),
         ("decoder_self", "tgt", "tgt", True),
@@ -661,27 +691,8 @@ def stage_attention(check: SpeedCheck) -> dict[str, Any]:
             real_flops,
             no_cudnn,
         )
-        # equal lengths: every row at the longest, no mask (flash's ceiling; cuDNN at this one shape)
-        eq = [torch.randn(b, heads, t, dh, device=dev).to(torch.bfloat16) for t in (tq, tk, tk)]
-        eq_g = torch.randn(b, heads, tq, dh, device=dev).to(torch.bfloat16)
-
-        def equal_fn(q_, k_, v_, causal=causal):
-            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
-
-        eq_ref = _fp32_reference(equal_fn, eq, eq_g)
-        eq_flops = 3 * 4 * b * tq * tk * heads * dh
-        cases["flash_equal"] = (
-            equal_fn,
-            eq,
-            eq_g,
-            lambda r: r,
-            eq_ref,
-            eq_flops,
-            kernels(SDPBackend.FLASH_ATTENTION),
-        )
-        if cuda and cudnn is not None:
-            cases["cudnn_equal"] = (equal_fn, eq, eq_g, lambda r: r, eq_ref, eq_flops, kernels(cudnn))
-        else:
+        cases.update(_equal_cases(check, b, tq, tk, causal))
+        if "cudnn_equal" not in cases:
             out[f"cudnn_equal_{kind}_skipped"] = (
                 "needs CUDA" if not cuda else "this torch has no cuDNN attention"
             )
@@ -699,7 +710,7 @@ def stage_attention(check: SpeedCheck) -> dict[str, Any]:
                     errors.append(f"{name} {kind}: {type(e).__name__}: {str(e)[:300]}")
         if f"varlen_{kind}_ms" in out and f"sdpa_padded_{kind}_ms" in out:
             out[f"varlen_vs_padded_{kind}"] = out[f"sdpa_padded_{kind}_ms"] / out[f"varlen_{kind}_ms"]
-        del q, k, v, g, padded, eq, eq_g, ref, eq_ref, cases
+        del q, k, v, g, padded, ref, cases
         _free(check)
     if errors:
         out["errors"] = errors
@@ -712,11 +723,11 @@ def _lever_cases(
     """The encoder self-attention cases at one shape bucket (rows of `lens` tokens): varlen by seqtrain's
     dispatcher; the padded layout with a key-padding mask, off cuDNN and on it; equal lengths (every row at the
     bucket's width), flash and cuDNN. Each case as _attention_case takes it, and the packed inputs."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     from seqtrain.models import varlen
 
-    s, dev, cuda = check.shapes, check.device, check.device.type == "cuda"
+    s, dev = check.shapes, check.device
     q, k, v, g = _attention_inputs(lens, lens, s.heads, s.head_dim, dev, seed=seed)
     b, flops = len(lens), 3 * 4 * sum(x * x for x in lens) * s.heads * s.head_dim
     cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
@@ -730,9 +741,6 @@ def _lever_cases(
             q_, k_, v_, cu_dev, cu_dev, max_len, max_len, False, bounds_q=cu, bounds_k=cu
         )
 
-    def kernels(*backends: Any) -> Callable[[], Any]:
-        return (lambda: sdpa_kernel(list(backends))) if cuda else nullcontext
-
     ref = _fp32_reference(packed_ref, [q, k, v], g)
     rows, t = _rows(lens)
     mask = (torch.arange(t)[None, :] < torch.tensor(lens)[:, None]).view(b, 1, 1, t).to(dev)
@@ -744,32 +752,14 @@ def _lever_cases(
     def padded_cmp(r):
         return tuple(_unpadded(x, rows) for x in r)
 
-    eq = [torch.randn(b, s.heads, t, s.head_dim, device=dev).to(torch.bfloat16) for _ in range(3)]
-    eq_g = torch.randn(b, s.heads, t, s.head_dim, device=dev).to(torch.bfloat16)
-
-    def equal_fn(q_, k_, v_):
-        return F.scaled_dot_product_attention(q_, k_, v_)
-
-    eq_ref = _fp32_reference(equal_fn, eq, eq_g)
-    eq_flops = 3 * 4 * b * t * t * s.heads * s.head_dim
-    no_cudnn = kernels(SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    no_cudnn = _kernels(check, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
     cases = {
         "varlen": (varlen_fn, [q, k, v], g, lambda r: r, ref, flops, nullcontext),
         "sdpa_padded": (padded_fn, padded, _padded(g, rows, b, t), padded_cmp, ref, flops, no_cudnn),
-        "flash_equal": (
-            equal_fn,
-            eq,
-            eq_g,
-            lambda r: r,
-            eq_ref,
-            eq_flops,
-            kernels(SDPBackend.FLASH_ATTENTION),
-        ),
+        **_equal_cases(check, b, t, t, False),
     }
-    cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
-    if cuda and cudnn is not None:
-        cases["cudnn_padded"] = (*cases["sdpa_padded"][:6], kernels(cudnn))
-        cases["cudnn_equal"] = (*cases["flash_equal"][:6], kernels(cudnn))
+    if "cudnn_equal" in cases:  # (CUDA, and a torch with cuDNN attention)
+        cases["cudnn_padded"] = (*cases["sdpa_padded"][:6], _kernels(check, SDPBackend.CUDNN_ATTENTION))
     return cases, [q, k, v], ref
 
 
@@ -1135,17 +1125,17 @@ def stage_serve(check: SpeedCheck) -> dict[str, Any]:
 STAGES: list[tuple[str, Callable[[SpeedCheck], dict[str, Any]], float, float]] = [
     ("env", stage_env, 5, 0),
     ("ceilings", stage_ceilings, 15, 2),
-    ("align", stage_align, 15, 3),
+    ("align", stage_align, 12, 3),
     ("attention", stage_attention, 25, 3),
     ("packed_vs_padded", stage_packed_vs_padded, 25, 3),
     ("merged_update", stage_merged_update, 20, 3),
     ("train_ab", stage_train_ab, 180, 20),
     ("determinism", stage_determinism, 60, 5),
-    ("train_fair_large", stage_fair.stage_train_fair_large, 240, 20),
-    ("generate_fair", stage_fair.stage_generate_fair, 150, 15),
-    ("train_fair_base", stage_fair.stage_train_fair_base, 140, 20),
-    ("attention_lever", stage_attention_lever, 25, 5),
-    ("serve", stage_serve, 30, 10),
+    ("train_fair_large", stage_fair.stage_train_fair_large, 220, 20),
+    ("generate_fair", stage_fair.stage_generate_fair, 140, 15),
+    ("train_fair_base", stage_fair.stage_train_fair_base, 125, 20),
+    ("attention_lever", stage_attention_lever, 20, 5),
+    ("serve", stage_serve, 25, 10),
 ]
 # seconds a GPU run spends before its first stage (interpreter, torch, transformers and seqtrain imports, the
 # device's context): what --plan adds to the stages' budgets
@@ -1169,7 +1159,7 @@ def plan(stages: list[str], budget: float) -> tuple[str, bool]:
         "",
         f"{total:g} s of the run's budget {budget:.0f} s: "
         f"{'fits' if fits else 'DOES NOT FIT (the last stages would be skipped)'}; "
-        f"gpu_speed.sh's TIMEOUT >= {math.ceil(total) + 15} (the device probe and 10 s of margin), "
+        f"gpu_speed.sh's TIMEOUT >= {math.ceil(total) + 15} (the device probe, ~5 s, and 10 s of margin), "
         f"the device call's timeout_s >= TIMEOUT + 15",
     ]
     return "\n".join(lines) + "\n", fits
