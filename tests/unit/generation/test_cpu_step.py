@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from seqtrain.generation import cpu_step
 from seqtrain.generation.decode_step import DecodeStep
 from seqtrain.generation.sequence_generator import SequenceGenerator, encode
+from seqtrain.models.bart import BartConfig, BARTModel
 from seqtrain.models.cpu_products import LinearSpec, gemm_backend, run_linear
 from seqtrain.models.int8 import quantize_int8
 from tests.unit.generation.test_sequence_generator import (
@@ -34,6 +35,7 @@ from tests.unit.generation.test_sequence_generator import (
     Dict4,
     V,
     left_pad,
+    peaked_init_,
     sources,
     tiny_model,
 )
@@ -206,6 +208,48 @@ def test_decoder_step_matches_the_incremental_decoder(name):
             steps.reorder(order, keep)
             tokens = tokens.index_select(0, order)
         assert steps.decoder.steps == 9 and steps.decoder.rows == 3 * beam
+
+
+def test_decoder_step_with_64_wide_heads_over_many_steps():
+    """Heads of 64 (bart_small's and bart_base's width, which the vector kernels take 16 keys at a time) over 40
+    steps: the logits are the eager decoder's."""
+    torch.manual_seed(9)
+    model = BARTModel(
+        BartConfig(
+            vocab_size=V,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_embed_dim=128,
+            decoder_embed_dim=128,
+            encoder_ffn_embed_dim=256,
+            decoder_ffn_embed_dim=256,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            max_source_positions=64,
+            max_target_positions=64,
+            dropout=0.0,
+        ),
+        padding_idx=PAD,
+    ).eval()
+    peaked_init_(model.named_parameters())
+    beam, srcs = 2, left_pad(sources(3, seed=1, lo=20, hi=40))
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        enc = model.encoder(srcs)
+        packed = cpu_step.PackedModel.get(model)
+        steps = cpu_step.CompiledSteps(packed, packed.native_decoder(), enc, 3 * beam, 3 * beam)
+        state, tokens = {}, torch.full((3 * beam, 1), EOS)
+        for _ in range(40):
+            want, _ = model.decoder(tokens, enc, incremental_state=state)
+            torch.testing.assert_close(steps.logits(tokens), want, **FP32)
+            order = torch.arange(3).repeat_interleave(beam) * beam + torch.randint(
+                0, beam, (3 * beam,), generator=g
+            )
+            model.decoder.reorder_incremental_state(state, order)
+            steps.reorder(order, None)
+            tokens = torch.cat(
+                [tokens.index_select(0, order), torch.randint(4, V, (3 * beam, 1), generator=g)], 1
+            )
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
