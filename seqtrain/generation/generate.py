@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -28,29 +29,29 @@ import torch.distributed as dist
 
 from seqtrain.config import from_args
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, stop_on_sigterm
+from seqtrain.fileio import check_outputs_apart, text_lines, write_files
 from seqtrain.generation import runner
 from seqtrain.generation.output import (
     Progress,
     check_file_writable,
     check_folder_writable,
     fairseq_lines,
-    write_files,
     write_out,
 )
-from seqtrain.generation.program import GenerateConfig, load_generation_model
+from seqtrain.generation.program import GenerateConfig, load_generation_model, run_inputs
 from seqtrain.generation.rerank import rerank
 from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.search import check_generation_args
-from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
-from seqtrain.scoring.rouge import format_summary, score_pairs
+from seqtrain.scoring.rouge import check_some_text, format_summary, score_pairs
 
 logger = logging.getLogger("seqtrain.generate")
 
 
 def read_text(path: str) -> list[str]:
-    """The lines of a text file ('-': stdin), without their newlines; errors name the file and line."""
+    """The lines of a text file ('-': stdin), without their line ends ("\\n" or "\\r\\n"), read with
+    seqtrain.fileio's bound on a line's length and strict UTF-8; errors name the file (or stdin) and line."""
     try:
         if path == "-":
             if sys.stdin is None:  # started with stdin closed (0<&-)
@@ -63,36 +64,34 @@ def read_text(path: str) -> list[str]:
             if raw is None:  # a text stream put in its place (tests, notebooks)
                 text = sys.stdin.read()
                 runner.check_utf8(text, "stdin", 1)
-            else:  # bytes, decoded strictly here: the C locale's 'surrogateescape' would let invalid ones through
-                data = raw.read()
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    start, line = data.rfind(b"\n", 0, e.start) + 1, data.count(b"\n", 0, e.start) + 1
-                    raise SeqtrainError(
-                        f"stdin:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start - start} of the "
-                        "line)"
-                    ) from None
-            return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+                return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
+            # bytes, decoded strictly: the C locale's 'surrogateescape' would let invalid ones through
+            return [line.removesuffix("\r") for line in text_lines(raw, "stdin")]
+        with open(path, "rb") as f:
+            return [line.removesuffix("\r") for line in text_lines(f, path)]
     except FileNotFoundError:
         raise SeqtrainError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise SeqtrainError(f"{path}: is a folder; give a text file, one document per line") from None
-    except UnicodeDecodeError as e:
-        with open(path, "rb") as f:
-            line = f.read(e.start).count(b"\n") + 1
-        raise SeqtrainError(f"{path}:{line}: invalid UTF-8") from None
     except OSError as e:
         raise SeqtrainError(f"{path}: cannot read ({e.strerror})") from None
-    lines = text.split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def check_settings(cfg: GenerateConfig) -> None:
+def results_file(cfg: GenerateConfig, name: str) -> str:
+    """--results-path's file `name` (generate.txt, hypotheses.txt, references.txt, rouge.json) for the split
+    generated: NAME-SPLIT.EXT, SPLIT being --gen-subset or "input" for --input."""
+    split = "input" if cfg.inputs.input is not None else cfg.dataset.gen_subset
+    stem, ext = os.path.splitext(name)
+    return os.path.join(cfg.load.results_path, f"{stem}-{split}{ext}")
+
+
+RESULT_FILES = ("generate.txt", "hypotheses.txt", "references.txt", "rouge.json")
+
+
+def check_settings(cfg: GenerateConfig, extra: Sequence[tuple[str, str]] = ()) -> None:
     """seqtrain-generate's checks across its settings, before anything loads; fills the defaults that depend
-    on others (--batch-size 32 without --max-tokens, --output-format by --input)."""
+    on others (--batch-size 32 without --max-tokens, --output-format by --input). Its outputs (and a calling
+    program's, `extra`) are checked against its inputs by seqtrain.fileio's rule."""
     ds, search, inputs, outputs = cfg.dataset, cfg.search, cfg.inputs, cfg.outputs
     if ds.batch_size is None and ds.max_tokens is None:
         ds.batch_size = 32
@@ -117,6 +116,10 @@ def check_settings(cfg: GenerateConfig) -> None:
         )
     if outputs.output_format is None:
         outputs.output_format = "text" if inputs.input is not None else "fairseq"
+    written = [("--output", outputs.output), ("--log-file", cfg.log.log_file), *extra]
+    if cfg.load.results_path:
+        written += [("--results-path", results_file(cfg, name)) for name in RESULT_FILES]
+    check_outputs_apart(written, run_inputs(cfg))
     if cfg.load.results_path:
         check_folder_writable(cfg.load.results_path, "--results-path")
     if outputs.output:
@@ -137,6 +140,8 @@ def open_dataset(cfg: GenerateConfig, loaded: runner.GenerationModel):
             raise SeqtrainError(
                 f"--reference {inputs.reference}: {len(refs)} lines for {len(lines)} inputs in {inputs.input}"
             )
+        if refs is not None:
+            check_some_text(refs, f"--reference {inputs.reference}", "references")
         src = runner.encode(loaded, lines)
         digest = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
         return runner.text_dataset(loaded, src, truncate), np.array([len(s) for s in src]), refs, digest
@@ -206,22 +211,28 @@ def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, A
         raise SeqtrainError(f"--log-file {cfg.log.log_file}: cannot write ({e.strerror})") from None
     rank, world = _world()
     try:
-        if world > 1:
-            if rank != 0:
-                logging.getLogger().setLevel(logging.WARNING)
-            use_cuda = torch.cuda.is_available() and not cfg.device.cpu
-            if use_cuda:
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group("nccl" if use_cuda else "gloo")
-            try:
-                return _generate(cfg, out or sys.stdout, rank, world)
-            finally:
-                dist.destroy_process_group()
-        return _generate(cfg, out or sys.stdout, 0, 1)
+        with stop_on_sigterm():  # the outputs are written at the end: until then, nothing was
+            return _generate_on_ranks(cfg, out or sys.stdout, rank, world)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
+
+
+def _generate_on_ranks(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[str, Any]:
+    """One process's part: the whole run, or under torchrun this rank's share in a process group."""
+    if world == 1:
+        return _generate(cfg, out, 0, 1)
+    if rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    use_cuda = torch.cuda.is_available() and not cfg.device.cpu
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    try:
+        return _generate(cfg, out, rank, world)
+    finally:
+        dist.destroy_process_group()
 
 
 def _generate(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[str, Any]:
@@ -244,9 +255,7 @@ def _generate(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[s
         config = search
         if rr.rerank:  # it chooses among all --beam finished hypotheses: the search returns them all
             config = dataclasses.replace(config, nbest=config.beam)
-        generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
-        )
+        generator = runner.make_generator(loaded, config)
     ds, raw_sizes, refs, content = open_dataset(cfg, loaded)
     n = len(ds)
     if world > 1:
@@ -346,19 +355,17 @@ def _write(
     if output:
         files[output] = "".join(x + "\n" for x in body)
     if results_path:
-
-        def path(name: str) -> str:
-            return os.path.join(results_path, f"{name}-{split}")
-
-        files[path("generate") + ".txt"] = "".join(x + "\n" for x in lines + [summary])
-        files[path("hypotheses") + ".txt"] = "".join(x + "\n" for x in hyps)
+        files[results_file(cfg, "generate.txt")] = "".join(x + "\n" for x in lines + [summary])
+        files[results_file(cfg, "hypotheses.txt")] = "".join(x + "\n" for x in hyps)
         if refs is not None:
-            files[path("references") + ".txt"] = "".join(x + "\n" for x in refs)
+            files[results_file(cfg, "references.txt")] = "".join(x + "\n" for x in refs)
         if rouge is not None:
             meta = dict(
                 checkpoint=cfg.load.path, split=split, beam=search.beam, lenpen=search.lenpen, n=len(hyps)
             )
-            files[path("rouge") + ".json"] = json.dumps({**meta, **rouge}, indent=2, sort_keys=True) + "\n"
+            files[results_file(cfg, "rouge.json")] = (
+                json.dumps({**meta, **rouge}, indent=2, sort_keys=True) + "\n"
+            )
     write_files(files)
     if not output:
         write_out(out, body)

@@ -24,7 +24,6 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
 from seqtrain.generation import runner
 from seqtrain.generation.search import GenerationConfig, check_generation_args
-from seqtrain.generation.sequence_generator import build_generator
 
 
 class Summarizer:
@@ -133,13 +132,11 @@ class Summarizer:
             GenerationConfig(), **{**self._loaded.defaults, **generation_flags, "seed": seed}
         )
         # the command line's check, naming the argument: before, lenpen=nan and beam="4" went into the search
-        check_generation_args(config, lambda dest: f"Summarizer.summarize({dest}=...)")
+        name = lambda dest: f"Summarizer.summarize({dest}=...)"  # noqa: E731
+        check_generation_args(config, name)
+        generator = runner.make_generator(self._loaded, config, name)  # held against the model's vocabulary
         if not texts:
             return []
-        loaded = self._loaded
-        generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
-        )
         ds = runner.text_dataset(self._loaded, runner.encode(self._loaded, texts))
         order = runner.order_examples(ds, None, seed)
         batches = runner.plan_batches(ds, order, max_tokens, batch_size)

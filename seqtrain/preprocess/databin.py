@@ -48,7 +48,7 @@ from seqtrain.data.tokenizer import (
     save_databin_tokenizer,
 )
 from seqtrain.errors import SeqtrainError, Stopped
-from seqtrain.fileio import atomic_write
+from seqtrain.fileio import MAX_LINE_BYTES, atomic_write, bounded_lines, line_too_long
 from seqtrain.preprocess import jsonl as preprocess_jsonl
 from seqtrain.preprocess import tables as preprocess_tables
 from seqtrain.preprocess.options import PreprocessConfig
@@ -254,6 +254,8 @@ def scan_text_file(path: str, allow_blank: bool = False) -> int:
             carry = buf[cut:]
             if cut:
                 n = _check_lines(path, buf[:cut], n, allow_blank)
+            if len(carry) > MAX_LINE_BYTES:  # seqtrain.fileio's bound: a file without line ends is no text
+                raise line_too_long(path, n + 1)
     if carry:
         n = _check_lines(path, carry + b"\n", n, allow_blank)
     if n == 0:
@@ -293,7 +295,7 @@ def line_chunks(path: str, n_chunks: int) -> list[tuple[int, int]]:
     with open(path, "rb") as f:
         for i in range(1, n_chunks):
             f.seek(size * i // n_chunks)
-            f.readline()  # move to the start of the next line
+            f.readline(MAX_LINE_BYTES + 1)  # move to the start of the next line (validated: within the bound)
             pos = min(f.tell(), size)
             if pos > bounds[-1]:
                 bounds.append(pos)
@@ -308,13 +310,13 @@ def _chunk_count(path: str, workers: int) -> int:
 
 
 def read_chunk(path: str, start: int, end: int) -> Iterator[str]:
-    """The lines (without line ending) in bytes [start, end) of an already validated file."""
+    """The lines (without line ending) in bytes [start, end) of an already validated file (scan_text_file);
+    read with seqtrain.fileio's bound on a line's length all the same."""
     with open(path, "rb") as f:
         f.seek(start)
         pos = start
-        while pos < end:
-            raw = f.readline()
-            if not raw:
+        for raw in bounded_lines(f, path):
+            if pos >= end:
                 break
             pos += len(raw)
             yield raw.decode("utf-8").rstrip("\r\n")

@@ -599,7 +599,12 @@ CASES = [
     ("convert-input-missing", "convert", ["{root}/nope.pt", "{out}.pt", "--to", "hf"], "{root}/nope.pt"),
     ("convert-not-a-checkpoint", "convert", ["{text_file}", "{out}.pt", "--to", "hf"], "{text_file}"),
     ("convert-unknown-format", "convert", ["{ck}", "{out}.pt", "--to", "onnx"], "--to"),
-    ("convert-output-is-input", "convert", ["{ck}", "{ck}", "--to", "seqtrain"], "output must differ"),
+    (
+        "convert-output-is-input",
+        "convert",
+        ["{ck}", "{ck}", "--to", "seqtrain"],
+        "OUTPUT {ck} is INPUT {ck} (the same file): writing it would replace that input; give OUTPUT another file",
+    ),
     (
         "convert-wrong-from",
         "convert",

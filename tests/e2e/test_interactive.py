@@ -146,12 +146,12 @@ def test_invalid_utf8_on_stdin_is_one_line_naming_stdin_and_line(tiny, locale):
     gen = _start("generate", flags + ["--input", "-"], locale=locale)
     code, out, err = _cli("interactive", flags + ["--buffer-size", "1"], data, locale=locale)
     assert code == 1 and err == [
-        "seqtrain-interactive: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
+        "seqtrain-interactive: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 4 of the line)"
     ], err
     assert out.decode().split("\n")[:-1] == want[:1]  # the line before it was answered
     code, out, err = _finish(gen, data)
     assert code == 1 and err == [
-        "seqtrain-generate: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
+        "seqtrain-generate: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 4 of the line)"
     ]
     assert out == b""
 

@@ -136,10 +136,11 @@ def test_validation_curves_from_both_log_formats(tmp_path):
         '2026-12-01 10:01:00 | INFO | valid | {"valid_loss": 6.5, "valid_num_updates": 200}\n'
     )
     curves = analyses.validation_curves(str(log))
-    assert curves == {
-        "valid": {"loss": [[100.0, 7.5], [200.0, 6.5]], "nll_loss": [[100.0, 7.0]]},
-        "valid1": {"loss": [[200.0, 6.25]], "rougeLsum": [[200.0, 31.5]]},
+    assert curves["subsets"] == {
+        "valid": {"loss": [[100, 7.5], [200, 6.5]], "nll_loss": [[100, 7.0]]},
+        "valid1": {"loss": [[200, 6.25]], "rougeLsum": [[200, 31.5]]},
     }
+    assert curves["skipped"] == 0
     (tmp_path / "empty.log").write_text("no json here\n")
     with pytest.raises(SeqtrainError, match=r"--train-log .*empty.log: no validation records"):
         analyses.validation_curves(str(tmp_path / "empty.log"))
