@@ -37,7 +37,7 @@ from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.search import GenerationConfig, check_generation_args, flag_name
 from seqtrain.generation.sequence_generator import build_generator, generate_batch
-from seqtrain.models.int8 import COMPUTE_TYPES, int8_supported, quantize_int8
+from seqtrain.models.int8 import COMPUTE_TYPES, Int8Linear, int8_supported, quantize_int8
 from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
@@ -219,7 +219,17 @@ def make_generator(
     checked settings held against the model (check_beam_width), then build_generator with its start and end
     tokens."""
     check_beam_width(config, len(loaded.lm.tgt_dict), name)
+    if config.static_decoding and is_int8(loaded):
+        raise SeqtrainError(
+            f"{name('static_decoding')}: static decoding runs float weights; not with the model's int8 linear "
+            "layers (compute_type int8)"
+        )
     return build_generator(loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end)
+
+
+def is_int8(loaded: GenerationModel) -> bool:
+    """Whether the model runs int8 linear layers (set_compute_type's int8)."""
+    return any(isinstance(m, Int8Linear) for m in loaded.model.modules())
 
 
 def cast(
@@ -227,10 +237,18 @@ def cast(
     device: torch.device | str,
     dtype: torch.dtype | None = None,
     cudnn_attention: bool = False,
+    name: str = "cast",
 ) -> None:
     """Move the model to `device` and, when given, `dtype` (float16 / bfloat16 / float32). On CUDA, attention
     keeps off cuDNN's kernel unless `cudnn_attention` (seqtrain.cuda.set_cuda_kernels: incremental decoding
-    meets a new shape every step)."""
+    meets a new shape every step). A model with int8 linear layers stays an fp32 CPU model: another device or
+    dtype is refused here, naming the call (`name`), not deep inside the first search."""
+    if is_int8(loaded) and (torch.device(device).type != "cpu" or dtype not in (None, torch.float32)):
+        target = f"{torch.device(device).type}" if torch.device(device).type != "cpu" else str(dtype)
+        raise SeqtrainError(
+            f"{name}: the model runs int8 linear layers (compute_type int8), which take fp32 inputs on the CPU, "
+            f"not {target.replace('torch.', '')}; load it again without compute_type='int8' for that"
+        )
     loaded.lm.model = loaded.lm.model.to(device=device, dtype=dtype).eval()
     if torch.device(device).type == "cuda":
         set_cuda_kernels(tf32=None, cudnn_attention=cudnn_attention)

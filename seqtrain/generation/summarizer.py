@@ -79,17 +79,23 @@ class Summarizer:
         return dict(self._loaded.defaults)
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Summarizer:
-        runner.cast(self._loaded, device if device is not None else self.device, dtype)
-        return self
+        """Move the model to `device` and/or `dtype`. An int8 Summarizer (compute_type="int8") stays an fp32
+        CPU model: another device or dtype is refused at the call, in its words."""
+        given = ", ".join(f"{k}={v!r}" for k, v in (("device", device), ("dtype", dtype)) if v is not None)
+        return self._cast(device, dtype, f"Summarizer.to({given})")
 
     def half(self) -> Summarizer:
-        return self.to(dtype=torch.float16)
+        return self._cast(None, torch.float16, "Summarizer.half()")
 
     def bfloat16(self) -> Summarizer:
-        return self.to(dtype=torch.bfloat16)
+        return self._cast(None, torch.bfloat16, "Summarizer.bfloat16()")
 
     def float(self) -> Summarizer:
-        return self.to(dtype=torch.float32)
+        return self._cast(None, torch.float32, "Summarizer.float()")
+
+    def _cast(self, device: str | torch.device | None, dtype: torch.dtype | None, name: str) -> Summarizer:
+        runner.cast(self._loaded, device if device is not None else self.device, dtype, name=name)
+        return self
 
     # ------------------------------------------------------------------------------------------ summarize
     def summarize(

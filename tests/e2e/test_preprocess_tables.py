@@ -168,7 +168,7 @@ def test_missing_pyarrow_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
-def _strings(values: list, kind) -> "pa.Array":
+def _strings(values: list, kind) -> pa.Array:
     """A string column holding exactly these bytes, valid UTF-8 or not (pyarrow checks nothing it is given as
     buffers: a table another tool wrote with a lone surrogate's bytes reads the same)."""
     binary = pa.array(values, type=pa.large_binary() if kind == pa.large_string() else pa.binary())
