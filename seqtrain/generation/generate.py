@@ -42,7 +42,7 @@ from seqtrain.generation.output import (
 from seqtrain.generation.program import GenerateConfig, load_generation_model, run_inputs
 from seqtrain.generation.rerank import rerank
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import check_generation_args
+from seqtrain.generation.search import check_generation_args, flag_name
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import check_some_text, format_summary, score_pairs
 
@@ -174,23 +174,60 @@ def open_dataset(cfg: GenerateConfig, loaded: runner.GenerationModel):
     return runner.text_dataset(loaded, src, truncate, tgt), np.asarray(src.sizes), None, ""
 
 
-def _same_input_on_every_rank(cfg: GenerateConfig, raw_sizes: np.ndarray, content: str, world: int) -> None:
-    """Ranks split one input between them: refuse (on every rank, with the same line) inputs that differ, e.g.
-    another --input per rank, which used to end rank 0 with a KeyError while it merged the results."""
-    digest = hashlib.sha256(np.ascontiguousarray(raw_sizes, dtype=np.int64).tobytes())
-    digest.update(content.encode())
-    inp = cfg.inputs.input
-    name = inp if inp is not None else f"{cfg.data} --gen-subset {cfg.dataset.gen_subset}"
-    every: list[Any] = [None] * world
-    dist.all_gather_object(every, (name, len(raw_sizes), digest.hexdigest()))
-    other = next((r for r, x in enumerate(every) if x[1:] != every[0][1:]), None)
+def run_settings(cfg: GenerateConfig) -> dict[str, Any]:
+    """The settings that decide what a run generates, by flag: the search's, --rerank's, the output format and
+    the input settings (not the batching, which only the ranks' shares differ in)."""
+    inputs = cfg.inputs
+    settings = {flag_name(k): v for k, v in dataclasses.asdict(cfg.search).items()}
+    settings.update({flag_name(k): v for k, v in dataclasses.asdict(cfg.rerank).items()})
+    for dest in (
+        "post_process",
+        "compute_type",
+        "max_source_positions",
+        "max_target_positions",
+        "score_reference",
+    ):
+        settings[flag_name(dest)] = getattr(inputs, dest)
+    settings["--model-overrides"] = inputs.model_overrides
+    settings["--output-format"] = cfg.outputs.output_format
+    settings["--truncate-source"] = cfg.dataset.truncate_source
+    return settings
+
+
+def same_run(every: list[tuple[str, int, str, dict[str, Any]]]) -> None:
+    """Refuse (on every rank, with the same line) ranks that would not make one run: each rank's (input name,
+    example count, digest of the input, run_settings) as all_gather_object collected them. Other settings
+    (rank 0 --beam 5, rank 1 --beam 1) gave mixed output and exit 0; another --input per rank ended rank 0 with
+    a KeyError while it merged the results."""
+    first = every[0]
+    for rank, (*_, settings) in enumerate(every):
+        diff = [k for k in first[3] if settings.get(k) != first[3][k]]
+        if diff:
+            ours = ", ".join(f"{k} {first[3][k]}" for k in diff[:3])
+            theirs = ", ".join(f"{k} {settings.get(k)}" for k in diff[:3])
+            raise SeqtrainError(
+                f"the ranks have different generation settings: rank 0 {ours}, rank {rank} {theirs}; every rank "
+                "must generate with the same settings (the ranks split one run)"
+            )
+    other = next((r for r, x in enumerate(every) if x[1:3] != first[1:3]), None)
     if other is not None:
-        (name0, n0, _), (name1, n1, _) = every[0], every[other]
+        (name0, n0), (name1, n1) = first[:2], every[other][:2]
         same = " (the same name, other content)" if name0 == name1 else ""
         raise SeqtrainError(
             f"the ranks have different inputs: rank 0 has {n0} examples from {name0}, rank {other} {n1} from "
             f"{name1}{same}; every rank must generate for the same input (the ranks split it)"
         )
+
+
+def _same_run_on_every_rank(cfg: GenerateConfig, raw_sizes: np.ndarray, content: str, world: int) -> None:
+    """Ranks split one input between them, generating with the same settings: same_run on what every rank has."""
+    digest = hashlib.sha256(np.ascontiguousarray(raw_sizes, dtype=np.int64).tobytes())
+    digest.update(content.encode())
+    inp = cfg.inputs.input
+    name = inp if inp is not None else f"{cfg.data} --gen-subset {cfg.dataset.gen_subset}"
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, (name, len(raw_sizes), digest.hexdigest(), run_settings(cfg)))
+    same_run(every)
 
 
 def _world() -> tuple[int, int]:
@@ -259,7 +296,7 @@ def _generate(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[s
     ds, raw_sizes, refs, content = open_dataset(cfg, loaded)
     n = len(ds)
     if world > 1:
-        _same_input_on_every_rank(cfg, raw_sizes, content, world)
+        _same_run_on_every_rank(cfg, raw_sizes, content, world)
     shards, shard = cfg.outputs.num_shards, cfg.outputs.shard_id
     lo, hi = shard * n // shards, (shard + 1) * n // shards
     mine = np.arange(lo, hi)
