@@ -40,7 +40,7 @@ from seqtrain.generation.output import (
     write_out,
 )
 from seqtrain.generation.program import GenerateConfig, load_generation_model, run_inputs
-from seqtrain.generation.rerank import rerank
+from seqtrain.generation.rerank import check_rerank, rerank
 from seqtrain.generation.scorer import SequenceScorer
 from seqtrain.generation.search import check_generation_args, flag_name
 from seqtrain.logging import setup_logging
@@ -289,6 +289,7 @@ def _generate(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[s
         generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict, search.packed_encoder)
     else:
         check_generation_args(search, rerank=bool(rr.rerank))
+        check_rerank(rr.rerank, search.beam)
         config = search
         if rr.rerank:  # it chooses among all --beam finished hypotheses: the search returns them all
             config = dataclasses.replace(config, nbest=config.beam)

@@ -46,6 +46,16 @@ class RerankConfig:
     )
 
 
+def check_rerank(method: str | None, beam: int) -> None:
+    """--rerank reorders the finished beam: with --beam 1 there is one hypothesis, nothing to choose among (a
+    silent no-op before)."""
+    if method and beam < 2:
+        raise SeqtrainError(
+            f"--rerank {method} chooses among the beam's finished hypotheses, and --beam {beam} leaves one: nothing "
+            "to rerank; give --beam 2 or more (or drop --rerank)"
+        )
+
+
 METHODS = ("length", "mbr")
 MBR_UTILITY = ("rouge1", "rouge2", "rougeL")  # F1 is symmetric in its two texts for these three
 

@@ -44,7 +44,7 @@ from seqtrain.generation import generate as gen_mod
 from seqtrain.generation import runner
 from seqtrain.generation.output import check_file_writable, fairseq_lines
 from seqtrain.generation.program import GenerateConfig
-from seqtrain.generation.rerank import rerank
+from seqtrain.generation.rerank import check_rerank, rerank
 from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.sequence_generator import encode, generate_batch
 from seqtrain.generation.tune_flags import METRICS, TUNABLE, TuneConfig
@@ -199,6 +199,7 @@ def valid_combination(cfg: GenerateConfig, settings: dict[str, Any], max_tgt: in
     try:
         check_generation_args(a, rerank=bool(cfg.rerank.rerank))
         runner.check_beam_width(a, vocab)
+        check_rerank(cfg.rerank.rerank, a.beam)
     except SeqtrainError as e:
         return str(e)
     if a.min_len > max_tgt - 1:
