@@ -15,14 +15,14 @@ import functools
 import math
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import bounded_lines, loads_bounded
-from seqtrain.scoring.rouge import split_sentences
+from seqtrain.scoring.rouge import rouge_scorer, split_sentences
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -56,6 +56,7 @@ def ngram_f1(target: collections.Counter, prediction: collections.Counter) -> fl
 @functools.cache
 def _stemmed() -> Any:
     """rouge-score's stemming tokenizer, loaded on first use (it loads nltk: not at every program's start)."""
+    rouge_scorer()  # rouge-score imported as seqtrain.scoring.rouge does (its absl logger quiet)
     from rouge_score import tokenizers  # here, not at the top: it loads nltk (the GPU image has none)
 
     return tokenizers.DefaultTokenizer(use_stemmer=True)
@@ -193,6 +194,23 @@ def past_limit(source: str, reference: str, limit: int) -> float:
         return 0.0
     kept, cut = set(src[:limit]), set(src[limit:])
     return sum(1 for w in ref if w in cut and w not in kept) / len(ref)
+
+
+def kept_words(source: str, fits: Callable[[str], bool]) -> int:
+    """How many of the source's words (rouge-score's tokens, as past_limit counts them) a model that reads only a
+    prefix keeps: the words of the longest whitespace-separated prefix that `fits` (the model's tokenizer within
+    its position limit). Binary search: a few tokenizer calls per source, none for a source that fits whole."""
+    if fits(source):
+        return len(words(source))
+    parts = source.split()
+    lo, hi = 0, len(parts)  # fits(first lo parts); not fits(first hi parts)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(" ".join(parts[:mid])):
+            lo = mid
+        else:
+            hi = mid
+    return len(words(" ".join(parts[:lo])))
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -308,7 +308,7 @@ def _checks_section(r: dict[str, Any]) -> str:
         f"<h2>Faithfulness proxy</h2><table>{''.join(rows)}</table><p class='note'>Numbers and capitalised "
         "words (not sentence-initial) of each summary that its source does not contain; the references' share is "
         "the base rate of such content in the data. A proxy to read examples by, not a verdict.</p>"
-        f"<h2>Source truncation</h2><p>At {t['limit_words']} words: {t['sources_over_limit']} of {r['n']} "
+        f"<h2>Source truncation</h2><p>At {_e(_limit(t))}: {t['sources_over_limit']} of {r['n']} "
         f"sources are longer; on average {100 * t['reference_past_limit_mean']:.2f}% of a reference's words occur "
         f"in its source only past the limit ({t['references_with_words_past_limit']} references have some).</p>"
     )
@@ -335,6 +335,12 @@ def _checks_section(r: dict[str, Any]) -> str:
         )
         out += f"<h2>Validation curves</h2><div class='plots'>{''.join(figs)}</div>{note}"
     return out
+
+
+def _limit(t: dict[str, Any]) -> str:
+    if t.get("unit", "words") == "words":
+        return f"{t['limit_words']} words"
+    return f"{t['limit']} pieces of {t['model']}'s tokenizer (its max_source_positions)"
 
 
 def _examples_section(r: dict[str, Any], which: str) -> str:

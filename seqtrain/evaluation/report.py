@@ -19,12 +19,14 @@ from typing import Any
 
 import numpy as np
 
+from seqtrain.checkpoint.fairseq import stored_conventions
 from seqtrain.config import add_settings, int_list, setting, settings
 from seqtrain.errors import SeqtrainError, stop_on_sigterm
 from seqtrain.evaluation import analyses, page
 from seqtrain.fileio import check_outputs_apart, write_files
 from seqtrain.flag_bounds import Bounds
 from seqtrain.flags.parsers import ArgumentParser, add_negations
+from seqtrain.generation import runner
 from seqtrain.scoring.rouge import (
     ROUGE_TYPES,
     _read_lines,
@@ -74,6 +76,13 @@ class EvalInputs:
         None,
         "a second system's hypotheses (file or folder): the paired bootstrap test and per-bucket differences",
         metavar="OTHER",
+    )
+    path: str | None = setting(
+        None,
+        "the model that made the hypotheses (any checkpoint seqtrain-generate --path reads): the truncation "
+        "section then counts each source in its tokenizer's pieces against its max_source_positions, instead "
+        "of --source-limit words",
+        metavar="CHECKPOINT",
     )
 
 
@@ -266,13 +275,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         "reference": analyses.faithfulness_summary(ref_faith),
     }
 
-    past = [analyses.past_limit(s, r, args.source_limit) for s, r in zip(sources, refs)]
-    out["truncation"] = {
-        "limit_words": args.source_limit,
-        "sources_over_limit": sum(1 for x in src_len if x > args.source_limit),
-        "reference_past_limit_mean": float(np.mean(past)),
-        "references_with_words_past_limit": sum(1 for x in past if x > 0),
-    }
+    out["truncation"], past = truncation(args, sources, refs, src_len)
 
     if train is not None:
         out["duplicates"] = {
@@ -329,6 +332,47 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def limit_text(t: dict[str, Any]) -> str:
+    """The truncation limit in words: "1024 words", or "48 pieces of CHECKPOINT's tokenizer"."""
+    if t["unit"] == "words":
+        return f"{t['limit']} words"
+    return f"{t['limit']} pieces of {t['model']}'s tokenizer (its max_source_positions)"
+
+
+def truncation(
+    args: argparse.Namespace, sources: list[str], refs: list[str], src_len: list[int]
+) -> tuple[dict[str, Any], list[float]]:
+    """The truncation section and each reference's share of words past the limit: --source-limit words, or with
+    --path the model's own limit (its max_source_positions, in its tokenizer's pieces), each source cut where
+    the model cuts it (analyses.kept_words)."""
+    if not args.path:
+        kept = [args.source_limit] * len(sources)
+        over = sum(1 for x in src_len if x > args.source_limit)
+        section: dict[str, Any] = {
+            "limit": args.source_limit,
+            "unit": "words",
+            "limit_words": args.source_limit,
+        }
+    else:
+        loaded = runner.load_for_generation(args.path)
+        limit = loaded.model.max_positions()[0]
+        extra = 1 if stored_conventions(loaded.lm.args).prepend_bos else 0  # <s>, which encode leaves out
+
+        def fits(text: str) -> bool:
+            return len(runner.encode(loaded, [text])[0]) + extra <= limit
+
+        kept = [analyses.kept_words(s, fits) for s in sources]
+        over = sum(1 for s, k, n in zip(sources, kept, src_len) if k < n or not fits(s))
+        section = {"limit": limit, "unit": "pieces", "model": shown(args.path)}
+    past = [analyses.past_limit(s, r, k) for s, r, k in zip(sources, refs, kept)]
+    section.update(
+        sources_over_limit=over,
+        reference_past_limit_mean=float(np.mean(past)),
+        references_with_words_past_limit=sum(1 for x in past if x > 0),
+    )
+    return section, past
+
+
 def _lines(r: dict[str, Any]) -> list[str]:
     """The console summary."""
     lines = [f"{r['hypotheses']}: {format_summary(r['rouge'])}"]
@@ -346,7 +390,7 @@ def _lines(r: dict[str, Any]) -> list[str]:
     )
     t = r["truncation"]
     lines.append(
-        f"truncation at {t['limit_words']} words: {t['sources_over_limit']} sources longer; "
+        f"truncation at {limit_text(t)}: {t['sources_over_limit']} sources longer; "
         f"{100 * t['reference_past_limit_mean']:.2f}% of reference words lie only past it"
     )
     if "duplicates" in r:
@@ -411,4 +455,5 @@ _INPUT_FLAGS = (
     ("--compare", "compare"),
     ("--train-source", "train_source"),
     ("--train-log", "train_log"),
+    ("--path", "path"),
 )

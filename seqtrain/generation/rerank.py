@@ -24,6 +24,7 @@ from typing import Any
 
 from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.scoring.rouge import rouge_scorer
 
 
 @settings
@@ -71,9 +72,7 @@ _SCORER: list[Any] = []
 def rouge_utility(a: str, b: str) -> float:
     """The MBR utility of two texts: the mean of ROUGE-1, ROUGE-2 and ROUGE-L F1 x 100 (symmetric in a, b)."""
     if not _SCORER:  # one scorer for the process: building one loads the stemmer's tables
-        from rouge_score import rouge_scorer  # here, not at the top: it loads nltk (~0.4 s of every start)
-
-        _SCORER.append(rouge_scorer.RougeScorer(list(MBR_UTILITY), use_stemmer=True))
+        _SCORER.append(rouge_scorer().RougeScorer(list(MBR_UTILITY), use_stemmer=True))
     scores = _SCORER[0].score(a, b)
     return 100.0 * sum(scores[k].fmeasure for k in MBR_UTILITY) / len(MBR_UTILITY)
 

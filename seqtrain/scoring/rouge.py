@@ -10,6 +10,7 @@ Newlines do not change ROUGE-1/2/L, whose tokenizer treats them as spaces.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -66,6 +67,16 @@ def check_lengths(lines: Sequence[str], name: str, line_names: bool = True) -> N
                 )
 
 
+def rouge_scorer() -> Any:
+    """rouge-score's rouge_scorer module, imported here (not at the top: it loads nltk, ~0.4 s of every program's
+    start), with its absl logger held to warnings: every scorer it builds logged `INFO | absl | Using default
+    tokenizer.` into each generate, tune and eval run. Every user of rouge-score imports it through this."""
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    from rouge_score import rouge_scorer as module
+
+    return module
+
+
 def example_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, list[float]]:
     """F1 x 100 of each ROUGE type for each aligned (hypothesis, reference) pair, in order. A line of more than
     MAX_WORDS words is refused before any is scored."""
@@ -75,10 +86,7 @@ def example_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict
         raise SeqtrainError("nothing to score: no hypotheses")
     check_lengths(hypotheses, "hypothesis", line_names=False)
     check_lengths(references, "reference", line_names=False)
-    # here, not at the top: rouge-score loads nltk (~0.4 s of every program's start)
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    scorer = rouge_scorer().RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     out: dict[str, list[float]] = {key: [] for key in ROUGE_TYPES}
     for hyp, ref in zip(hypotheses, references):
         scores = scorer.score(_prepare(ref), _prepare(hyp))  # rouge-score's order: (target, prediction)
@@ -233,6 +241,7 @@ __all__ = [
     "bootstrap_intervals",
     "check_lengths",
     "check_some_text",
+    "rouge_scorer",
     "example_scores",
     "format_comparison",
     "format_intervals",

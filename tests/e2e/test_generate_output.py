@@ -250,3 +250,23 @@ def test_double_ctrl_c_during_generation_is_one_line_and_130(fairseq_tiny, tmp_p
         lines = [ln for ln in err.splitlines() if ln.strip() and " | INFO | " not in ln]
         assert lines == ["seqtrain-generate: interrupted"], (gap, err)
         assert not (tmp_path / "out.txt").exists()
+
+
+def test_no_rouge_score_info_line_and_a_refused_run_leaves_no_results_folder(setup, caplog):
+    """Issue 48: rouge-score logged `INFO | absl | Using default tokenizer.` in every run that scores (class 11);
+    a refused run left its --results-path folder, made by the up-front check (class 10); a beam wider than the
+    208-symbol vocabulary ended in a RuntimeError inside the search (class 5)."""
+    import logging
+
+    base, inp, tmp = setup
+    logging.getLogger("absl").setLevel(logging.NOTSET)  # as a fresh process has it
+    caplog.set_level(logging.INFO)
+    r, _ = run(base + ["--input", inp, "--reference", inp, "--scoring", "rouge", "--rerank", "mbr"])
+    assert r["rouge"]["n"] == N and [rec for rec in caplog.records if rec.name == "absl"] == []
+    with pytest.raises(SeqtrainError) as e:
+        run(base + ["--input", inp, "--results-path", str(tmp / "res"), "--beam", "208"])
+    assert str(e.value) == (
+        "--beam 208 is wider than the model's vocabulary allows: beam search keeps at most 207 hypotheses (its "
+        "208 target symbols less <pad>, which no search picks); give --beam 207 or less"
+    )
+    assert not (tmp / "res").exists()

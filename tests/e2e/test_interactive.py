@@ -200,3 +200,17 @@ def test_truncated_sources_get_generates_warning(tiny, tmp_path, caplog):
     )
     assert warnings == gen_warnings
     assert answers.getvalue() == out.getvalue()
+    # issue 48, class 11: a line at a time, the warning came for every line cut; now once a session, the last
+    # line counting them all
+    n_cut = int(gen_warnings[0].split()[1])
+    caplog.clear()
+    caplog.set_level("INFO")
+    interactive_main(
+        flags + ["--buffer-size", "1"], inp=io.StringIO("\n".join(texts) + "\n"), out=io.StringIO()
+    )
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith("truncated 1 of 1 sources longer than 8 tokens to fit")
+    last = caplog.records[-1].getMessage()
+    assert last.startswith(f"Generated {N} sentences") and last.endswith(
+        f"; {n_cut} sources truncated to 8 tokens"
+    )
