@@ -61,7 +61,7 @@ class DistillationConfig(CriterionConfig):
     distill_temperature: float = setting(
         2.0,
         "softmax temperature of teacher and student in the KD term (DistilBART: 2; at least 0.01: the term's "
-        "gradient scales with T, and 1e-30 silently zeroed it)",
+        "gradient scales with T)",
         type=float,
         metavar="T",
         bounds=Bounds(MIN_TEMPERATURE, 1000),
