@@ -81,9 +81,10 @@ def _check_component_names(
     """A config's --arch, --task, --optimizer and --lr-scheduler (those of `dests`) name registered components,
     in every program: a generation program skips training's keys (one preset serves both) but `arch:
     no_such_arch` passed through it silently. The error names the file, line and key, as the config's others."""
-    import seqtrain.tasks  # noqa: F401  (registers the tasks and, through them, the archs)
+    # here, as add_choice_args does: they import torch and register the tasks (and archs), optimizers, schedulers
+    import seqtrain.tasks  # noqa: F401
     from seqtrain import registry
-    from seqtrain.optim import lr_scheduler, optimizers  # noqa: F401  (register theirs)
+    from seqtrain.optim import lr_scheduler, optimizers  # noqa: F401
 
     tables = {
         "arch": ARCHS,

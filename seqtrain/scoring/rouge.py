@@ -72,7 +72,7 @@ def rouge_scorer() -> Any:
     start), with its absl logger held to warnings: every scorer it builds logged `INFO | absl | Using default
     tokenizer.` into each generate, tune and eval run. Every user of rouge-score imports it through this."""
     logging.getLogger("absl").setLevel(logging.WARNING)
-    from rouge_score import rouge_scorer as module
+    from rouge_score import rouge_scorer as module  # here: it loads nltk, which only scoring needs
 
     return module
 
