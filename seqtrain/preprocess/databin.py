@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import filecmp
 import functools
 import json
 import math
@@ -469,6 +470,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     check_settings(cfg)
     splits = collect_inputs(cfg)
     validate_inputs(cfg, splits)
+    inputs = read_files(cfg, splits)
     train = next((s for s in splits if s.name == "train"), None)
 
     destdir = cfg.data.destdir
@@ -514,7 +516,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
             json.dump(summary, f, indent=2)
             f.write("\n")
         with signals_deferred():  # no half data-bin: a SIGTERM / Ctrl-C now acts once every file is in place
-            publish(work, destdir)
+            publish(work, destdir, inputs)
             ok = True
     except Stopped as e:
         kept = f"the data-bin in {destdir} is whole" if ok else f"nothing was written to --destdir {destdir}"
@@ -529,14 +531,30 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def publish(work: str, destdir: str) -> None:
+def read_files(cfg: PreprocessRun, splits: list[SplitInput]) -> list[tuple[str, str | None]]:
+    """The files preprocessing reads, as (flag, path) for seqtrain.fileio.check_outputs_apart."""
+    inputs = [(s.flag, path) for s in splits for path in [*s.paths.values(), s.jsonl_path]]
+    inputs += [("--srcdict", cfg.data.srcdict), ("--tgtdict", cfg.data.tgtdict)]
+    tok = cfg.tokenizer
+    return inputs + [(f"--{k.replace('_', '-')}", getattr(tok, k)) for k in ("spm_model", "gpt2_encoder_json",
+                                                                             "gpt2_vocab_bpe")]  # fmt: skip
+
+
+def publish(work: str, destdir: str, inputs: list[tuple[str, str | None]] = ()) -> None:
     """Move the finished files into destdir, each by seqtrain.fileio's rule for outputs (renamed over a regular
     file, written through a link, into a FIFO...); preprocess.json last, so its presence means the rest is
-    complete."""
+    complete. None replaces one of the `inputs` with other bytes (seqtrain.fileio.check_outputs_apart; the
+    same bytes lose nothing: --srcdict bin/dict.src.txt --destdir bin, adding a split to a data-bin)."""
     names = sorted(
         n for n in os.listdir(work) if os.path.isfile(os.path.join(work, n)) and not n.startswith(".")
     )
     names.sort(key=lambda n: n == "preprocess.json")
+    for name in names:
+        try:
+            fileio.check_outputs_apart([("--destdir", os.path.join(destdir, name))], inputs)
+        except SeqtrainError:
+            if not filecmp.cmp(os.path.join(work, name), os.path.join(destdir, name), shallow=False):
+                raise
     for name in names:
         fileio.output_target(os.path.join(destdir, name))  # a folder in the way: refused before any move
     for name in names:
