@@ -14,18 +14,20 @@ import os
 import pytest
 
 from seqtrain_cli.eval import cli_main
-from tests.unit.evaluation.test_report import HYPOTHESES, OTHER, REFERENCES, SOURCES, TRAIN, _write
+from tests.unit.evaluation.test_report import HYPOTHESES, _write, example_files
+
+KEYS = {
+    "--hyps": "hyps",
+    "--source": "source",
+    "--reference": "reference",
+    "--compare": "other",
+    "--train-source": "train",
+}
 
 
 @pytest.fixture
 def files(tmp_path):
-    return {
-        "hyps": _write(tmp_path / "hyp.txt", HYPOTHESES),
-        "compare": _write(tmp_path / "other.txt", OTHER),
-        "source": _write(tmp_path / "valid.source", SOURCES),
-        "reference": _write(tmp_path / "valid.target", REFERENCES),
-        "train-source": _write(tmp_path / "train.source", TRAIN),
-    }
+    return example_files(tmp_path)
 
 
 def _run(files, *extra, capsys=None) -> tuple[int, str]:
@@ -46,7 +48,7 @@ def test_an_output_onto_an_input_is_refused_by_any_spelling(
     files, tmp_path, capsys, monkeypatch, flag, spelling, out
 ):
     """Before: `--html s.txt --source s.txt` replaced the sources with the page, exit 0."""
-    target = files[flag[2:]]
+    target = files[KEYS[flag]]
     if spelling == "dotdot":
         path = str(tmp_path / "sub" / ".." / os.path.basename(target))
         (tmp_path / "sub").mkdir()
@@ -149,7 +151,7 @@ def test_an_endless_line_is_refused_at_the_bound(files, tmp_path, capsys, flag):
         f.truncate(MAX_LINE_BYTES + 10)
     path = "/dev/zero" if flag == "--hyps" else str(endless)
     extra = [flag, path] if flag == "--train-log" else []
-    code, err = _run({**files, flag[2:]: path}, *extra, capsys=capsys)
+    code, err = _run({**files, KEYS.get(flag, ""): path}, *extra, capsys=capsys)
     name = f"--train-log {path}" if flag == "--train-log" else path
     assert (code, err) == (
         1,

@@ -33,8 +33,8 @@ def _write(path, lines):
     return str(path)
 
 
-@pytest.fixture
-def files(tmp_path):
+def example_files(tmp_path) -> dict:
+    """The four made examples' files in `tmp_path` (also tests/e2e/test_eval_inputs.py's)."""
     return {
         "hyps": _write(tmp_path / "hyp.txt", HYPOTHESES),
         "other": _write(tmp_path / "other.txt", OTHER),
@@ -42,6 +42,11 @@ def files(tmp_path):
         "reference": _write(tmp_path / "valid.target", REFERENCES),
         "train": _write(tmp_path / "train.source", TRAIN),
     }
+
+
+@pytest.fixture
+def files(tmp_path):
+    return example_files(tmp_path)
 
 
 def _args(files, *extra):
