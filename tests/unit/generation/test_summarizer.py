@@ -114,6 +114,50 @@ def test_dtype_and_device(tiny):
     s.float()
 
 
+def test_widest_beam_the_vocabulary_allows_runs(tiny):
+    """The limit is exact: 207 hypotheses of the 208-symbol model run (also in two diverse groups), as does a
+    sampled beam wider than the vocabulary."""
+    from seqtrain import Summarizer
+
+    tmp, texts, _, _ = tiny
+    s = Summarizer.from_pretrained(tmp / "seqtrain.pt")
+    assert len(s.summarize(texts[:1], beam=207, max_len_b=3)) == 1
+    assert len(s.summarize(texts[:1], beam=414, diverse_beam_groups=2, max_len_b=2)) == 1
+    assert len(s.summarize(texts[:1], beam=300, nbest=300, sampling=True, max_len_b=2)) == 1
+
+
+def test_int8_summarizer_refuses_another_dtype_device_or_static_decoding_at_the_call(tiny):
+    """Issue 48, class 7: .half() / .bfloat16() / static_decoding=True on an int8 Summarizer failed only when it
+    summarized, deep inside; now the call itself is refused in the API's words, and the Summarizer still works."""
+    from seqtrain import Summarizer
+    from seqtrain.models.int8 import int8_supported
+
+    if not int8_supported():
+        pytest.skip("this torch build has no quantized CPU engine")
+    tmp, texts, _, _ = tiny
+    s = Summarizer.from_pretrained(tmp / "seqtrain.pt", compute_type="int8")
+    want = s.summarize(texts[:3], beam=2)
+    for call, name, target in (
+        (s.half, "Summarizer.half()", "float16"),
+        (s.bfloat16, "Summarizer.bfloat16()", "bfloat16"),
+        (lambda: s.to("cuda"), "Summarizer.to(device='cuda')", "cuda"),
+        (lambda: s.to(dtype=torch.float16), "Summarizer.to(dtype=torch.float16)", "float16"),
+    ):
+        with pytest.raises(SeqtrainError) as e:
+            call()
+        assert str(e.value) == (
+            f"{name}: the model runs int8 linear layers (compute_type int8), which take fp32 inputs on the CPU, "
+            f"not {target}; load it again without compute_type='int8' for that"
+        )
+    with pytest.raises(SeqtrainError) as e:
+        s.summarize(texts[:3], beam=2, static_decoding=True)
+    assert str(e.value) == (
+        "Summarizer.summarize(static_decoding=...): static decoding runs float weights; not with the model's "
+        "int8 linear layers (compute_type int8)"
+    )
+    assert s.float().dtype == torch.float32 and s.summarize(texts[:3], beam=2) == want
+
+
 def test_import_seqtrain_is_cheap():
     code = "import sys, seqtrain; assert 'torch' not in sys.modules; print(seqtrain.Summarizer.__name__)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -261,6 +305,20 @@ def test_generation_config_gives_the_defaults_as_transformers_reads_them(tmp_pat
         ),
         (dict(seed=-1), "Summarizer.summarize(seed=...) must be between 0 and 4294967295, got -1"),
         (dict(max_tokens="64"), "Summarizer.summarize(max_tokens=...) must be an integer, got '64'"),
+        # issue 48, class 5: the 208-symbol model's beam search fills at most 207 hypotheses (a RuntimeError in
+        # the search before); sampling draws with replacement and has no such limit
+        (
+            dict(beam=208),
+            "Summarizer.summarize(beam=...) 208 is wider than the model's vocabulary allows: beam search keeps at "
+            "most 207 hypotheses (its 208 target symbols less <pad>, which no search picks); give "
+            "Summarizer.summarize(beam=...) 207 or less",
+        ),
+        (
+            dict(beam=416, diverse_beam_groups=2),
+            "Summarizer.summarize(beam=...) 416 is wider than the model's vocabulary allows: beam search keeps at "
+            "most 207 hypotheses per group of Summarizer.summarize(diverse_beam_groups=...) 2 (its 208 target "
+            "symbols less <pad>, which no search picks); give Summarizer.summarize(beam=...) 414 or less",
+        ),
     ],
 )
 def test_summarize_checks_its_flags_as_the_command_line_does(tiny, flags, message):
