@@ -123,7 +123,9 @@ class Seqtrain:
             self.gen.decode_step.fusable = lambda beams: False
 
     def __call__(self) -> list[list[int]]:
-        os.environ["SEQTRAIN_CPU_GEMM"] = self.gemm  # (each engine holds its own model: its own packed weights)
+        os.environ["SEQTRAIN_CPU_GEMM"] = (
+            self.gemm
+        )  # (each engine holds its own model: its own packed weights)
         out: list[list[int]] = [[] for _ in range(self.n)]
         for sid, _, _, hypos in self.runner.run_batches(self.loaded, self.gen, self.ds, self.batches):
             out[sid] = hypos[0]["tokens"].tolist()[:-1]
@@ -316,7 +318,9 @@ def main() -> None:
         )
     if lever_rows:
         print()
-        print("| size | precision | threads | seqtrain lever | sent/s | / CT2 | hypotheses as the default path's |")
+        print(
+            "| size | precision | threads | seqtrain lever | sent/s | / CT2 | hypotheses as the default path's |"
+        )
         print("|---|---|---|---|---|---|---|")
         for size, precision, threads, e, v, ratio, as_default in lever_rows:
             print(f"| {size} | {precision} | {threads} | {e} | {v:.1f} | {ratio:.2f}x | {as_default:.0%} |")
