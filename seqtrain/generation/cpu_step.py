@@ -376,6 +376,28 @@ class CompiledSteps:
     def reorder(self, new_order: Tensor, encoder_order: Tensor | None) -> None:
         self.decoder.reorder(new_order)
 
+    def search(
+        self, body: Any, beams: Any, bos: int
+    ) -> list[list[tuple[float, list[int], list[float]]]] | None:
+        """Plain beam search of the whole batch in C++ (csrc/cpu_step.cpp's `search`: the eager loop's rules with
+        the fused candidate step; `body` a DecodeStep that is `fusable`): per sentence its finished hypotheses
+        (final score, tokens, positional scores) in the order they finished; None when a logit was not finite."""
+        return extension().search(
+            self.decoder,
+            list(beams.max_lens_host),
+            body.beam,
+            bos,
+            body.eos,
+            body.pad,
+            body.unk,
+            body.min_len,
+            float(body.len_penalty),
+            bool(body.normalize_scores),
+            float(body.unk_penalty),
+            float(body.temperature),
+            0 if body.ngram_blocker is None else body.ngram_blocker.n,
+        )
+
 
 def beam_candidates(
     logits: Tensor,

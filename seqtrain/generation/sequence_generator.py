@@ -207,6 +207,11 @@ class SequenceGenerator:
         beams = body.begin(src_tokens, prefix_tokens, bos)
         decoder = self._decoder(encoder_out, bsz)
         fused = isinstance(decoder, cpu_step.CompiledSteps) and body.fusable(beams)
+        if fused:  # plain beam search on the compiled step: the whole loop in C++ (this loop's rules)
+            found = decoder.search(body, beams, bos)
+            if found is not None:
+                return self._sorted(found)
+            decoder = self._decoder(encoder_out, bsz)  # a logit was not finite: this loop's masks decide
 
         # Finished hypotheses stay on the device until the search ends (_collect); the host keeps their counts.
         pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = []
@@ -273,6 +278,26 @@ class SequenceGenerator:
         cum[:, step] = eos_scores
         final = self.decode_step.final_scores(step, eos_scores)
         return [active[j] for j, _ in picks], hyp_tokens, positional_scores(cum), final
+
+    def _sorted(self, found: list[list[tuple[float, list[int], list[float]]]]) -> list[list[Hypothesis]]:
+        """The compiled loop's finished hypotheses (per sentence, (final score, tokens, positional scores) in
+        the order they finished) as _collect returns its own: best first (a stable sort), nbest kept."""
+        out = []
+        for hyps in found:
+            hyps = sorted(hyps, key=lambda h: h[0], reverse=True)[: self.nbest]
+            out.append(
+                [
+                    {
+                        "tokens": torch.tensor(tokens, dtype=torch.long),
+                        "score": torch.tensor(score, dtype=torch.float32),
+                        "attention": None,
+                        "alignment": None,
+                        "positional_scores": torch.tensor(positional, dtype=torch.float32),
+                    }
+                    for score, tokens, positional in hyps
+                ]
+            )
+        return out
 
     def _collect(
         self, pending: list[tuple[list[int], Tensor, Tensor, Tensor]], bsz: int

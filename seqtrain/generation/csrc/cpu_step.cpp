@@ -823,40 +823,33 @@ void row_candidates(const T* x, int64_t V, T temperature, T prev, int64_t k, int
   if (static_cast<int64_t>(out.size()) > k) out.resize(static_cast<size_t>(k));
 }
 
+// The candidate step's core (beam_candidates, search): logits x (R x V, R = n * per), the rows' cumulative
+// scores prev (none at step 0), at_max per sentence, each row's tokens so far (t of them, rows `stride` apart)
+// for the n-gram rule. Writes scores, tokens and beams (n x k, best first, -inf / pad / 0 where a sentence has
+// fewer than k candidates); false when a logit is not finite (NaN, +-inf).
 template <typename T>
-std::vector<Tensor> candidates_impl(const Tensor& logits, const Tensor& prev, int64_t k, double temperature,
-                                    int64_t pad, int64_t unk, double unk_penalty, int64_t eos, bool ban_eos,
-                                    const Tensor& at_max, const Tensor& history, int64_t ngram) {
-  const int64_t R = logits.size(0), V = logits.size(1), n = at_max.size(0);
+bool candidates_core(const T* x, int64_t R, int64_t V, const T* prev, int64_t k, double temperature, int64_t pad,
+                     int64_t unk, double unk_penalty, int64_t eos, bool ban_eos, const bool* at_max, int64_t n,
+                     const int64_t* hist, int64_t stride, int64_t t, int64_t ngram, T* scores, int64_t* tokens,
+                     int64_t* beams) {
   TORCH_CHECK(n > 0 && R % n == 0, "beam_candidates: ", R, " rows for ", n, " sentences");
   const int64_t per = R / n;
-  const T* x = logits.data_ptr<T>();
-  const T* p = prev.defined() && prev.numel() ? prev.data_ptr<T>() : nullptr;
-  const bool* am = at_max.data_ptr<bool>();
-  const int64_t* hist = history.data_ptr<int64_t>();
-  const int64_t t = history.size(1);
   std::vector<std::vector<Cand<T>>> rows(static_cast<size_t>(R));
   std::vector<char> ok(static_cast<size_t>(R), 1);
   at::parallel_for(0, R, 4, [&](int64_t begin, int64_t end) {
     std::vector<T> work;
     std::vector<int64_t> banned;
     for (int64_t r = begin; r < end; ++r) {
-      ngram_banned(hist + r * t, t, ngram, banned);
+      ngram_banned(hist + r * stride, t, ngram, banned);
       bool finite = true;
-      row_candidates<T>(x + r * V, V, static_cast<T>(temperature), p ? p[r] : T(0), k, r % per, pad, unk,
-                        static_cast<T>(unk_penalty), eos, ban_eos, am[r / per], banned, work, rows[r], finite);
+      row_candidates<T>(x + r * V, V, static_cast<T>(temperature), prev ? prev[r] : T(0), k, r % per, pad, unk,
+                        static_cast<T>(unk_penalty), eos, ban_eos, at_max[r / per], banned, work, rows[r], finite);
       ok[r] = finite;
     }
   });
   for (char f : ok) {
-    if (!f) return {};
+    if (!f) return false;
   }
-  Tensor scores = at::full({n, k}, -std::numeric_limits<T>::infinity(), logits.options());
-  Tensor tokens = at::full({n, k}, pad, logits.options().dtype(at::kLong));
-  Tensor beams = at::zeros({n, k}, logits.options().dtype(at::kLong));
-  T* sp = scores.data_ptr<T>();
-  int64_t* tp = tokens.data_ptr<int64_t>();
-  int64_t* bp = beams.data_ptr<int64_t>();
   std::vector<Cand<T>> merged;
   for (int64_t s = 0; s < n; ++s) {
     merged.clear();
@@ -866,12 +859,29 @@ std::vector<Tensor> candidates_impl(const Tensor& logits, const Tensor& prev, in
     }
     const int64_t take = std::min<int64_t>(k, static_cast<int64_t>(merged.size()));
     std::partial_sort(merged.begin(), merged.begin() + take, merged.end(), better<T>);
-    for (int64_t i = 0; i < take; ++i) {
-      sp[s * k + i] = merged[i].score;
-      tp[s * k + i] = merged[i].flat % V;
-      bp[s * k + i] = merged[i].flat / V;
+    for (int64_t i = 0; i < k; ++i) {
+      scores[s * k + i] = i < take ? merged[i].score : -std::numeric_limits<T>::infinity();
+      tokens[s * k + i] = i < take ? merged[i].flat % V : pad;
+      beams[s * k + i] = i < take ? merged[i].flat / V : 0;
     }
   }
+  return true;
+}
+
+template <typename T>
+std::vector<Tensor> candidates_impl(const Tensor& logits, const Tensor& prev, int64_t k, double temperature,
+                                    int64_t pad, int64_t unk, double unk_penalty, int64_t eos, bool ban_eos,
+                                    const Tensor& at_max, const Tensor& history, int64_t ngram) {
+  const int64_t R = logits.size(0), V = logits.size(1), n = at_max.size(0);
+  Tensor scores = at::empty({n, k}, logits.options());
+  Tensor tokens = at::empty({n, k}, logits.options().dtype(at::kLong));
+  Tensor beams = at::empty({n, k}, logits.options().dtype(at::kLong));
+  const bool ok = candidates_core<T>(
+      logits.data_ptr<T>(), R, V, prev.defined() && prev.numel() ? prev.data_ptr<T>() : nullptr, k, temperature,
+      pad, unk, unk_penalty, eos, ban_eos, at_max.data_ptr<bool>(), n, history.data_ptr<int64_t>(),
+      history.size(1), history.size(1), ngram, scores.data_ptr<T>(), tokens.data_ptr<int64_t>(),
+      beams.data_ptr<int64_t>());
+  if (!ok) return {};
   return {scores, tokens, beams};
 }
 
@@ -891,6 +901,170 @@ std::vector<Tensor> beam_candidates(const Tensor& logits, const Tensor& prev, in
   }
   TORCH_CHECK(logits.scalar_type() == at::kFloat, "beam_candidates: logits must be float32 or float64");
   return candidates_impl<float>(logits, pv, k, temperature, pad, unk, unk_penalty, eos, ban_eos, am, hist, ngram);
+}
+
+// ------------------------------------------------------------------------------------------------ the loop
+// One finished hypothesis: its final score (length-normalized unless told not to), its tokens (EOS last) and
+// each token's log-probability.
+struct Hyp {
+  float score;
+  std::vector<int64_t> tokens;
+  std::vector<float> positional;
+};
+
+struct SearchSettings {
+  int64_t beam, bos, eos, pad, unk, min_len, ngram;
+  double len_penalty, unk_penalty, temperature;
+  bool normalize;
+};
+
+// Beam search on a begun Decoder, the whole loop here: SequenceGenerator._eager's (fairseq's) rules step for
+// step, with beam_candidates' candidate step (decode_step.py holds the rules; tests/unit/generation/
+// test_cpu_step.py checks this loop against that one, hypothesis for hypothesis and bit for bit). `max_lens`:
+// each sentence's most tokens before the final EOS. Returns every sentence's finished hypotheses in the order
+// they finished (the caller sorts them as _collect does), or nothing when a logit was not finite (the caller
+// then runs the batch through the Python loop, whose masks turn NaN into -inf).
+std::vector<std::vector<Hyp>> search(Decoder& dec, const std::vector<int64_t>& max_lens, const SearchSettings& cfg,
+                                     bool& ok) {
+  const int64_t n0 = static_cast<int64_t>(max_lens.size()), beam = cfg.beam;
+  const int64_t steps = *std::max_element(max_lens.begin(), max_lens.end());
+  const int64_t cap = steps + 2;  // a row's tokens: the start token, steps + 1 chosen
+  std::vector<std::vector<Hyp>> out(static_cast<size_t>(n0));
+  ok = true;
+  // per row (row = sentence slot * beam + hypothesis): tokens and cumulative scores, cap wide
+  std::vector<int64_t> tok(static_cast<size_t>(n0 * beam * cap), cfg.pad), tok_next;
+  std::vector<float> sc(static_cast<size_t>(n0 * beam * cap), 0.f), sc_next;
+  for (int64_t r = 0; r < n0 * beam; ++r) tok[r * cap] = cfg.bos;
+  std::vector<char> ignore(static_cast<size_t>(n0 * beam), 0);  // cands_to_ignore, sentence slot x beam
+  std::vector<int64_t> active(n0), lens(max_lens), counts(n0, 0);
+  for (int64_t j = 0; j < n0; ++j) active[j] = j;
+  std::vector<float> cs;
+  std::vector<int64_t> ct, cb, order, last;
+  std::vector<char> eos_mask, at_max;
+  std::vector<float> prev;
+  const int64_t pad_pos = cfg.pad;
+  for (int64_t step = 0; step <= steps; ++step) {
+    const int64_t n = static_cast<int64_t>(active.size());
+    const bool unexpanded = step == 0 && beam > 1;  // one decoder row per sentence until the first choice
+    const int64_t per = step == 0 ? 1 : beam;
+    const int64_t R = n * per;
+    last.resize(R);
+    for (int64_t r = 0; r < R; ++r) last[r] = tok[(r * (beam / per)) * cap + step];
+    (void)unexpanded;
+    const Tensor logits =
+        dec.step(at::from_blob(last.data(), {R}, at::TensorOptions().dtype(at::kLong)), pad_pos + step + 1);
+    const int64_t V = logits.size(1);
+    const int64_t k = std::min<int64_t>(2 * beam, (step == 0 ? V : beam * V) - 1);
+    at_max.resize(n);
+    for (int64_t j = 0; j < n; ++j) at_max[j] = step >= lens[j];
+    prev.resize(R);
+    for (int64_t r = 0; r < R; ++r) prev[r] = step > 0 ? sc[r * cap + step - 1] : 0.f;
+    cs.resize(n * k);
+    ct.resize(n * k);
+    cb.resize(n * k);
+    if (!candidates_core<float>(logits.data_ptr<float>(), R, V, step > 0 ? prev.data() : nullptr, k,
+                                cfg.temperature, cfg.pad, cfg.unk, cfg.unk_penalty, cfg.eos, step < cfg.min_len,
+                                reinterpret_cast<const bool*>(at_max.data()), n, tok.data(), cap * (beam / per),
+                                step + 1, cfg.ngram, cs.data(), ct.data(), cb.data())) {
+      ok = false;
+      return {};
+    }
+    // which candidates end here (EOS with a finite score, not in an ignored slot); the first `beam` finished
+    // per sentence are kept
+    eos_mask.assign(n * k, 0);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < k; ++i) {
+        char e = ct[j * k + i] == cfg.eos && cs[j * k + i] != -std::numeric_limits<float>::infinity();
+        if (i < beam) e = e && !ignore[j * beam + i];
+        eos_mask[j * k + i] = e;
+      }
+    }
+    const float denom = static_cast<float>(std::pow(static_cast<double>(step + 1), cfg.len_penalty));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t b = 0; b < beam && b < k; ++b) {
+        if (!eos_mask[j * k + b] || counts[active[j]] >= beam) continue;
+        counts[active[j]] += 1;
+        const int64_t row = j * beam + cb[j * k + b];
+        const float eos_score = cs[j * k + b];
+        Hyp h;
+        h.tokens.assign(tok.begin() + row * cap + 1, tok.begin() + row * cap + 1 + step);
+        h.tokens.push_back(cfg.eos);
+        h.positional.resize(step + 1);
+        float before = 0.f;
+        for (int64_t i = 0; i <= step; ++i) {
+          const float cum = i == step ? eos_score : sc[row * cap + i];
+          h.positional[i] = i == 0 ? cum : cum - before;
+          before = cum;
+        }
+        h.score = cfg.normalize ? eos_score / denom : eos_score;
+        out[active[j]].push_back(std::move(h));
+      }
+    }
+    std::vector<int64_t> keep;
+    for (int64_t j = 0; j < n; ++j) {
+      if (counts[active[j]] < beam && step < lens[j]) keep.push_back(j);
+    }
+    if (keep.empty()) break;
+    // continue the first `beam` candidates of each kept sentence that did not end (continue_beams' rule: ended
+    // or ignored candidates rank after the others, each group in candidate order)
+    const int64_t m = static_cast<int64_t>(keep.size());
+    tok_next.assign(static_cast<size_t>(m * beam * cap), cfg.pad);
+    sc_next.assign(static_cast<size_t>(m * beam * cap), 0.f);
+    std::vector<char> ignore_next(static_cast<size_t>(m * beam), 0);
+    std::vector<int64_t> active_next(m), lens_next(m);
+    order.resize(m * beam);
+    for (int64_t jj = 0; jj < m; ++jj) {
+      const int64_t j = keep[jj];
+      active_next[jj] = active[j];
+      lens_next[jj] = lens[j];
+      for (int64_t i = 0; i < std::min(beam, k); ++i) {
+        if (ignore[j * beam + i]) eos_mask[j * k + i] = 1;
+      }
+      int64_t slot = 0;
+      for (int pass = 0; pass < 2 && slot < beam; ++pass) {
+        for (int64_t i = 0; i < k && slot < beam; ++i) {
+          if (eos_mask[j * k + i] != pass) continue;
+          const int64_t src = j * beam + cb[j * k + i];
+          const int64_t dst = jj * beam + slot;
+          std::copy(tok.begin() + src * cap, tok.begin() + src * cap + step + 1, tok_next.begin() + dst * cap);
+          tok_next[dst * cap + step + 1] = ct[j * k + i];
+          std::copy(sc.begin() + src * cap, sc.begin() + src * cap + step, sc_next.begin() + dst * cap);
+          sc_next[dst * cap + step] = cs[j * k + i];
+          ignore_next[dst] = pass;
+          order[dst] = step == 0 && beam > 1 ? src / beam : src;  // step 0's decoder rows are sentences
+          ++slot;
+        }
+      }
+      TORCH_CHECK(slot == beam, "search: fewer than beam candidates for a sentence");
+    }
+    std::swap(tok, tok_next);
+    std::swap(sc, sc_next);
+    ignore.swap(ignore_next);
+    active.swap(active_next);
+    lens.swap(lens_next);
+    dec.reorder(at::from_blob(order.data(), {m * beam}, at::TensorOptions().dtype(at::kLong)));
+  }
+  return out;
+}
+
+py::object search_py(Decoder& dec, std::vector<int64_t> max_lens, int64_t beam, int64_t bos, int64_t eos,
+                     int64_t pad, int64_t unk, int64_t min_len, double len_penalty, bool normalize,
+                     double unk_penalty, double temperature, int64_t ngram) {
+  const SearchSettings cfg{beam, bos, eos, pad, unk, min_len, ngram, len_penalty, unk_penalty, temperature, normalize};
+  bool ok = true;
+  std::vector<std::vector<Hyp>> found;
+  {
+    py::gil_scoped_release release;
+    found = search(dec, max_lens, cfg, ok);
+  }
+  if (!ok) return py::none();
+  py::list out;
+  for (const auto& hyps : found) {
+    py::list sentence;
+    for (const Hyp& h : hyps) sentence.append(py::make_tuple(h.score, h.tokens, h.positional));
+    out.append(sentence);
+  }
+  return out;
 }
 
 Linear make_linear(int64_t kind, c10::optional<Tensor> weight, c10::optional<Tensor> bias, py::object packed,
@@ -926,6 +1100,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("rows", &Decoder::rows)
       .def_property_readonly("steps", &Decoder::steps);
   m.def("beam_candidates", &beam_candidates);
+  m.def("search", &search_py);
   m.def("linear", [](const Linear& l, const Tensor& x, int64_t act, c10::optional<Tensor> residual) {
     return run_linear(l, x, act, residual.has_value() ? &*residual : nullptr);
   });

@@ -303,6 +303,48 @@ def test_compiled_search_gives_the_eager_hypotheses(name, pre):
     assert_same_hypotheses(compiled.generate(srcs), eager.generate(srcs))
 
 
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+def test_the_compiled_loop_is_the_python_loop_bit_for_bit(name, monkeypatch):
+    """Plain beam search on the compiled step runs its whole loop in C++ (cpu_step.CompiledSteps.search); the
+    Python loop over the same compiled decoder and fused candidate step (what runs when that search declines)
+    gives the same hypotheses, scores and positional scores, bit for bit."""
+    model = tiny_model(seed=8)
+    srcs = left_pad(sources(11, seed=3 + sorted(SEARCHES).index(name)))
+    calls = []
+    search = cpu_step.CompiledSteps.search
+    monkeypatch.setattr(cpu_step.CompiledSteps, "search", lambda *a: calls.append(1) or search(*a))
+    in_cpp = SequenceGenerator(model, Dict4(), **SEARCHES[name]).generate(srcs)
+    assert calls
+    monkeypatch.setattr(cpu_step.CompiledSteps, "search", lambda *a: None)
+    in_python = SequenceGenerator(model, Dict4(), **SEARCHES[name]).generate(srcs)
+    assert len(in_cpp) == len(in_python)
+    for a, b in zip(in_cpp, in_python):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+        for x, y in zip(a, b):
+            assert torch.equal(x["score"], y["score"]) and torch.equal(
+                x["positional_scores"], y["positional_scores"]
+            )
+
+
+def test_a_nan_logit_takes_the_python_loop():
+    """A NaN logit (a broken checkpoint): the C++ loop declines the batch and the Python loop's masks decide, as
+    on the eager step."""
+    model = tiny_model(seed=10)
+    with torch.no_grad():
+        model.decoder.embed_tokens.weight[7, 0] = float("nan")  # (tied: token 7's logit, and its embedding)
+    srcs = left_pad(sources(5, seed=4))
+    found = []
+    search = cpu_step.CompiledSteps.search
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_step.CompiledSteps, "search", lambda *a: found.append(search(*a)) or found[-1])
+        got = SequenceGenerator(model, Dict4(), beam_size=3, max_len_b=8).generate(srcs)
+    assert found == [None]
+    want = SequenceGenerator(model, Dict4(), beam_size=3, max_len_b=8, cpu_step=False).generate(srcs)
+    assert [[h["tokens"].tolist() for h in s] for s in got] == [
+        [h["tokens"].tolist() for h in s] for s in want
+    ]
+
+
 def test_int8_compiled_search_gives_the_eager_int8_hypotheses():
     """With every source the same length (no pads: dynamic quantization then sees the same activations in
     both encoders), the compiled step runs the model's own int8 linears: the eager int8 hypotheses."""
