@@ -56,17 +56,27 @@ MAX_SOURCE = 48
 BATCH = 32
 
 
-def make_models(workdir: str, size: str) -> dict[str, str]:
-    """{"ckpt", "hf", "ct2-float32", "ct2-int8"} paths for a size, made once in `workdir`."""
+FINETUNED = os.path.join(REPO, ".quickstart", "checkpoints", "checkpoint_best.pt")
+
+
+def make_models(workdir: str, size: str, finetuned: str = FINETUNED) -> dict[str, str]:
+    """{"ckpt", "hf", "ct2-float32", "ct2-int8"} paths for a size, made once in `workdir`. `finetuned`: the
+    checkpoint the `finetuned` size converts (the quickstart's model, what issue 47 measured)."""
     import ctranslate2
 
     from seqtrain_cli.convert import main as convert
 
-    paths = {k: os.path.join(workdir, f"{size}-{k}") for k in ("hf", "ct2-float32", "ct2-int8")}
-    paths["ckpt"] = os.path.join(workdir, f"{size}.pt")
+    tag = size
+    if size == "finetuned":  # a new checkpoint at that path is a new model
+        st = os.stat(finetuned)
+        tag = f"finetuned-{abs(hash((os.path.abspath(finetuned), st.st_mtime_ns, st.st_size))) % 10**8}"
+    paths = {k: os.path.join(workdir, f"{tag}-{k}") for k in ("hf", "ct2-float32", "ct2-int8")}
+    paths["ckpt"] = os.path.join(workdir, f"{tag}.pt")
     if os.path.isdir(paths["ct2-int8"]):
         return paths
-    lm = load_model(PRETRAINED, arch_overrides={"max_source_positions": MAX_SOURCE})
+    lm = load_model(
+        finetuned if size == "finetuned" else PRETRAINED, arch_overrides={"max_source_positions": MAX_SOURCE}
+    )
     args, state = lm.args, {k: v.float() for k, v in lm.model.state_dict().items()}
     if size == "base":
         args = argparse.Namespace(
@@ -187,7 +197,9 @@ def memory_probe(spec: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from benchlib import MIB, _status_bytes
 
-    engine, paths_json, precision, threads, n = json.loads(spec)
+    global SOURCES
+    engine, paths_json, precision, threads, n, SOURCES, search = json.loads(spec)
+    SEARCH.update(search)
     lines = read_lines(n)
     make_engine(engine, json.loads(paths_json), precision, lines, threads)()
     print(json.dumps({"peak_rss_mib": _status_bytes("VmHWM") / MIB}))
@@ -198,8 +210,12 @@ def read_lines(n: int) -> list[str]:
         return f.read().split("\n")[:n]
 
 
+def sentences_for(a: argparse.Namespace, size: str) -> int:
+    return {"small": a.sentences, "base": a.sentences_base, "finetuned": a.sentences_finetuned}[size]
+
+
 def peak_rss(engine: str, paths: dict[str, str], precision: str, threads: int, n: int) -> float:
-    spec = json.dumps([engine, json.dumps(paths), precision, threads, n])
+    spec = json.dumps([engine, json.dumps(paths), precision, threads, n, SOURCES, SEARCH])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run(
         [sys.executable, __file__, "--memory-probe", spec],
@@ -214,8 +230,8 @@ def peak_rss(engine: str, paths: dict[str, str], precision: str, threads: int, n
 def settings(a: argparse.Namespace):
     """(size, paths, sentences, lines, precision, threads) for every row the flags ask for, models made once."""
     for size in a.sizes.split(","):
-        paths = make_models(a.workdir, size)
-        n = a.sentences if size == "small" else a.sentences_base
+        paths = make_models(a.workdir, size, a.finetuned)
+        n = sentences_for(a, size)
         lines = read_lines(n)
         for precision in a.precisions.split(","):
             for threads in map(int, a.threads.split(",")):
@@ -248,6 +264,18 @@ def main() -> None:
     p.add_argument(
         "--sentences-base", type=int, default=16, help="the same for base (random weights: slower)"
     )
+    p.add_argument(
+        "--sentences-finetuned", type=int, default=300, help="the same for finetuned (the test split's 300)"
+    )
+    p.add_argument(
+        "--finetuned",
+        default=FINETUNED,
+        help="the checkpoint --sizes finetuned converts (default: the quickstart's checkpoint_best.pt)",
+    )
+    p.add_argument(
+        "--sources", default=SOURCES, help="the sources decoded (default: the sample's valid split)"
+    )
+    p.add_argument("--max-len-b", type=int, default=SEARCH["max_len_b"])
     p.add_argument("--no-repeat-ngram-size", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "seqtrain-bench-ct2"))
@@ -276,7 +304,10 @@ def main() -> None:
     if a.memory_probe:
         return memory_probe(a.memory_probe)
     os.makedirs(a.workdir, exist_ok=True)
+    global SOURCES
+    SOURCES = a.sources
     SEARCH["no_repeat_ngram_size"] = a.no_repeat_ngram_size
+    SEARCH["max_len_b"] = a.max_len_b
     if a.steps_sweep:
         return steps_sweep(a)
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}; clock {a.clock}")
@@ -287,18 +318,25 @@ def main() -> None:
         hyps = {e: engines[e]() for e in engines}  # warm-up pass, and the hypotheses compared
         times = alternate(engines, a.rounds, threads)
         same = sum(x == y for x, y in zip(hyps["seqtrain"], hyps["ctranslate2"])) / len(lines)
+        # where CTranslate2 ended with </s> before the max length (there it returns its best unfinished
+        # hypothesis, seqtrain and fairseq force </s>): the sentences both engines search by the same rules
+        ended = [
+            (x, y) for x, y in zip(hyps["seqtrain"], hyps["ctranslate2"]) if len(y) <= SEARCH["max_len_b"]
+        ]
+        same_ended = sum(x == y for x, y in ended) / max(len(ended), 1)
         mem = {e: float("nan") for e in ("seqtrain", "ctranslate2")}
         if not a.no_memory:
             mem = {e: peak_rss(e, paths, precision, threads, n) for e in mem}
         sps = {e: len(lines) / statistics.median(times[e]) for e in engines}
-        rows.append((size, precision, threads, n, sps, same, mem))
+        rows.append((size, precision, threads, n, sps, f"{same:.0%} ({same_ended:.0%} of {len(ended)})", mem))
         for e in names[2:]:
             as_default = sum(x == y for x, y in zip(hyps[e], hyps["seqtrain"])) / len(lines)
             lever_rows.append((size, precision, threads, e, sps[e], sps[e] / sps["ctranslate2"], as_default))
         print(
             f"{size:5} {precision:4} {threads}t  seqtrain {sps['seqtrain']:6.1f}/s  "
             f"ctranslate2 {sps['ctranslate2']:6.1f}/s  ratio {sps['seqtrain'] / sps['ctranslate2']:.2f}  "
-            f"identical {same:.0%}  RSS {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} MiB"
+            f"identical {same:.0%} ({same_ended:.0%} of the {len(ended)} CTranslate2 ended)  "
+            f"RSS {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} MiB"
             + "".join(f"  {e} {sps[e]:.1f}/s" for e in names[2:]),
             flush=True,
         )
@@ -307,14 +345,14 @@ def main() -> None:
     print()
     print(
         "| size | precision | threads | sentences | seqtrain sent/s | CTranslate2 sent/s | seqtrain / CT2 "
-        "| identical | peak RSS seqtrain / CT2 (MiB) |"
+        "| identical (of those CT2 ended with </s>) | peak RSS seqtrain / CT2 (MiB) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for size, precision, threads, n, sps, same, mem in rows:
         ratio = sps["seqtrain"] / sps["ctranslate2"]
         print(
             f"| {size} | {precision} | {threads} | {n} | {sps['seqtrain']:.1f} | {sps['ctranslate2']:.1f} | "
-            f"{ratio:.2f}x | {same:.0%} | {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} |"
+            f"{ratio:.2f}x | {same} | {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} |"
         )
     if lever_rows:
         print()

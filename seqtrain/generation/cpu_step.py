@@ -194,6 +194,8 @@ def _why_not(model: nn.Module) -> str | None:
     for p in model.parameters():
         if p.device.type != "cpu" or p.dtype != torch.float32:
             return "not fp32 on the CPU"
+        if hasattr(p, "_local_tensor"):  # a DTensor: FSDP shards (ROUGE validation of an FSDP run)
+            return "sharded parameters"
     names = {fn: name for name, fn in ACTIVATIONS.items()}
     for layer in [*model.encoder.layers, *model.decoder.layers]:
         if names.get(layer.activation) not in ACTS:
@@ -349,7 +351,15 @@ def for_model(model: nn.Module) -> PackedModel | None:
                 f"SEQTRAIN_CPU_STEP=compiled: the compiled CPU step is unavailable ({_ext_error})"
             )
         return None
-    return PackedModel.get(model)
+    packed = PackedModel.get(model)
+    global _said
+    if not _said:  # once a process: which step CPU generation takes
+        _said = True
+        logger.info(f"CPU decoding: the compiled step ({packed.backend} products)")
+    return packed
+
+
+_said = False
 
 
 class CompiledSteps:

@@ -11,6 +11,7 @@ import pytest
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.parsers import UsageError
+from seqtrain.generation import cpu_step
 from seqtrain_cli.generate import generate_main
 
 N = 20
@@ -163,6 +164,8 @@ def test_torchrun_two_processes_write_one_result_identical_to_one_process(setup)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs[n] = (tmp / f"out{n}.txt").read_text(), (res / "hypotheses-input.txt").read_text()
+        if cpu_step.extension() is not None:  # every rank decodes with the compiled CPU step
+            assert proc.stderr.count("CPU decoding: the compiled step") >= 1, proc.stderr[-2000:]
     assert outs[2] == outs[1] and outs[1][0].count("\n") == N
 
 

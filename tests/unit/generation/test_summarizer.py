@@ -418,3 +418,80 @@ def test_model_overrides_are_checked_before_the_model_is_built(tiny, overrides, 
     with pytest.raises(SeqtrainError) as e:
         Summarizer.from_pretrained(tmp / "seqtrain.pt", model_overrides=overrides)
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_every_front_end_takes_the_compiled_cpu_loop(tiny, monkeypatch, tmp_path):
+    """On the CPU, Summarizer, seqtrain-generate (--input and a data-bin split), seqtrain-interactive and
+    seqtrain-tune search through the compiled step's C++ loop, and their summaries are the eager step's."""
+    from seqtrain import Summarizer
+    from seqtrain.generation import cpu_step
+    from seqtrain_cli.generate import generate_main
+    from seqtrain_cli.interactive import interactive_main
+    from seqtrain_cli.tune import main as tune_main
+
+    if cpu_step.extension() is None:
+        pytest.skip(f"the compiled CPU step cannot be built here: {cpu_step.unavailable_reason()}")
+    tmp, texts, _, fx = tiny
+    calls = []
+    search = cpu_step.CompiledSteps.search
+    monkeypatch.setattr(cpu_step.CompiledSteps, "search", lambda *a: calls.append(1) or search(*a))
+
+    def compiled_then_eager(run):
+        calls.clear()
+        monkeypatch.setenv("SEQTRAIN_CPU_STEP", "auto")
+        got = run()
+        assert calls, "the compiled loop was not taken"
+        monkeypatch.setenv("SEQTRAIN_CPU_STEP", "eager")
+        assert run() == got
+        return got
+
+    own = Summarizer.from_pretrained(tmp / "seqtrain.pt")
+    want = compiled_then_eager(lambda: own.summarize(texts, beam=4, batch_size=5))
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    flags = ["--path", str(tmp / "seqtrain.pt"), "--beam", "4", "--batch-size", "5"]
+
+    def generate(*extra):
+        out = io.StringIO()
+        generate_main(flags + list(extra), out=out)
+        return out.getvalue().split("\n")[:-1]
+
+    assert compiled_then_eager(lambda: generate("--input", str(tmp_path / "in.txt"))) == want
+    split = ["--path", str(fx / "checkpoint_last.pt"), str(fx / "data-bin"), "-s", "src", "-t", "tgt"]
+    split += ["--gen-subset", "valid", "--beam", "4", "--results-path", str(tmp_path / "r")]
+
+    scores = []
+
+    def generate_split():  # H- lines: id and hypothesis; the scores to 1e-5 (the steps sum in other orders)
+        generate_main(split, out=io.StringIO())
+        lines = (tmp_path / "r" / "generate-valid.txt").read_text(encoding="utf-8").split("\n")
+        hyps = [line.split("\t") for line in lines if line.startswith("H-")]
+        scores.append(torch.tensor([float(h[1]) for h in hyps]))
+        return [(h[0], h[2]) for h in hyps]
+
+    assert len(compiled_then_eager(generate_split)) == 200
+    torch.testing.assert_close(scores[0], scores[1], rtol=0, atol=1e-5)
+
+    def interactive():
+        out = io.StringIO()
+        interactive_main(flags + ["--buffer-size", "3"], inp=io.StringIO("\n".join(texts)), out=out)
+        return out.getvalue().split("\n")[:-1]
+
+    assert compiled_then_eager(interactive) == want
+
+    def tune():
+        argv = [
+            str(fx / "data-bin"),
+            "--path",
+            str(fx / "checkpoint_last.pt"),
+            "--cpu",
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+        ]
+        argv += ["--tune-output", str(tmp_path / "t"), "--tune", "max-len-b", "--tune-grid", "max-len-b=3,6"]
+        argv += ["--tune-subset", "30", "--batch-size", "10"]
+        result = tune_main(argv, out=io.StringIO())
+        return [(t["settings"], t["rouge"]) for t in result["trials"]]
+
+    compiled_then_eager(tune)
