@@ -256,6 +256,7 @@ def alternate(engines: dict, rounds: int, threads: int) -> dict[str, list[float]
 
 
 def main() -> None:
+    global SOURCES, CLOCK
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="small,base")
     p.add_argument("--precisions", default="fp32,int8")
@@ -299,12 +300,10 @@ def main() -> None:
     )
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     a = p.parse_args()
-    global CLOCK
     CLOCK = time.process_time if a.clock == "process" else time.perf_counter
     if a.memory_probe:
         return memory_probe(a.memory_probe)
     os.makedirs(a.workdir, exist_ok=True)
-    global SOURCES
     SOURCES = a.sources
     SEARCH["no_repeat_ngram_size"] = a.no_repeat_ngram_size
     SEARCH["max_len_b"] = a.max_len_b
