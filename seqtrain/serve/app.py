@@ -23,6 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from seqtrain.generation.search import GenerationConfig
 from seqtrain.serve.batcher import Answer, Batcher
@@ -93,6 +94,9 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+# the bearer token, when given (module level: FastAPI reads the annotation by name)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
+
 ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 500, 503, 504)}
 
 
@@ -133,9 +137,8 @@ def build_app(state: ServerState) -> FastAPI:
         version="1",
     )
     app.add_middleware(Observe, metrics=state.metrics)
-    bearer = HTTPBearer(auto_error=False)
 
-    def authorized(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    def authorized(credentials: Credentials) -> None:
         if state.api_key is None:
             return
         given = credentials.credentials.encode() if credentials is not None else b""
@@ -177,7 +180,10 @@ def build_app(state: ServerState) -> FastAPI:
     async def summarize(request: Request) -> JSONResponse:
         """Summarize `texts` (each setting optional: the server's flags are the defaults)."""
         start = time.monotonic()
-        body = await read_body(request, state.max_request_bytes)
+        try:
+            body = await read_body(request, state.max_request_bytes)
+        except ClientDisconnect:  # gone before its body arrived whole
+            return Response(status_code=499)
         texts, config = parse_request(body, state.defaults, state.limits)
         sources = await run_in_threadpool(state.batcher.encode, texts)
         answer = Answer(len(texts), asyncio.get_running_loop())

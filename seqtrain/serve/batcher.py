@@ -66,7 +66,7 @@ class Answer:
         self.loop.call_soon_threadsafe(settle)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two texts are never the same item
 class Item:
     answer: Answer | None  # None: the warm-up's text
     index: int  # the text's place in its request
@@ -75,6 +75,34 @@ class Item:
     key: tuple
     config: GenerationConfig
     arrived: float = field(default_factory=time.monotonic)
+
+
+def take_batch(queue: list[Item], max_tokens: int, max_size: int) -> tuple[list[Item], list[Item]]:
+    """The batch around the oldest text of `queue` (arrival order) and the texts left: texts of its settings,
+    sorted by length, its nearest neighbours in length added while the batch holds at most `max_size` texts and
+    `max_tokens` padded source tokens (the oldest always goes, alone if it must)."""
+    oldest = queue[0]
+    same = sorted((it for it in queue if it.key == oldest.key), key=lambda it: it.length)
+    at = next(i for i, it in enumerate(same) if it is oldest)
+    lo, hi, width = at, at + 1, oldest.length
+
+    def fits(it: Item) -> bool:
+        n = hi - lo + 1
+        return n <= max_size and n * max(width, it.length) <= max_tokens
+
+    while True:
+        left = same[lo - 1] if lo > 0 and fits(same[lo - 1]) else None
+        right = same[hi] if hi < len(same) and fits(same[hi]) else None
+        if left is None and right is None:
+            break
+        if right is None or (left is not None and width - left.length <= right.length - width):
+            lo -= 1
+        else:
+            hi += 1
+            width = max(width, right.length)
+    batch = same[lo:hi]
+    taken = {id(it) for it in batch}
+    return batch, [it for it in queue if id(it) not in taken]
 
 
 class Batcher:
@@ -186,30 +214,7 @@ class Batcher:
         return len(same) >= self.max_batch_size or len(same) * width >= self.max_batch_tokens
 
     def _take(self) -> list[Item]:
-        """The batch around the oldest text (taken out of the queue): texts of its settings, sorted by length,
-        its nearest neighbours in length added while the budget holds."""
-        oldest = self._queue[0]
-        same = sorted((it for it in self._queue if it.key == oldest.key), key=lambda it: it.length)
-        at = next(i for i, it in enumerate(same) if it is oldest)
-        lo, hi, width = at, at + 1, oldest.length
-
-        def fits(it: Item) -> bool:
-            n = hi - lo + 1
-            return n <= self.max_batch_size and n * max(width, it.length) <= self.max_batch_tokens
-
-        while True:
-            left = same[lo - 1] if lo > 0 and fits(same[lo - 1]) else None
-            right = same[hi] if hi < len(same) and fits(same[hi]) else None
-            if left is None and right is None:
-                break
-            if right is None or (left is not None and width - left.length <= right.length - width):
-                lo -= 1
-            else:
-                hi += 1
-                width = max(width, right.length)
-        batch = same[lo:hi]
-        taken = {id(it) for it in batch}
-        self._queue = [it for it in self._queue if id(it) not in taken]
+        batch, self._queue = take_batch(self._queue, self.max_batch_tokens, self.max_batch_size)
         return batch
 
     def _run(self, batch: list[Item]) -> None:
