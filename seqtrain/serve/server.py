@@ -145,13 +145,13 @@ def _serve(cfg: GenerateConfig, opts: ServeConfig, api_key: str | None) -> int:
         metrics.gauge(
             "seqtrain_serve_ready", "1 when the server takes requests", lambda: int(not state.draining)
         )
-        server = _Server(_uvicorn_config(build_app(state), opts), state)
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        logger.info(
+        listening = (
             f"listening on http://{shown}:{port} (POST /v1/summarize, docs at /docs; {state.info['model']}; "
             f"Ctrl-C or SIGTERM answers what is in flight, then stops)"
         )
+        server = _Server(_uvicorn_config(build_app(state), opts), state, listening)
         asyncio.run(server.serve(sockets=[sock]))
     finally:
         sock.close()
@@ -212,9 +212,14 @@ class _Server(uvicorn.Server if uvicorn is not None else object):  # type: ignor
     every request held answered, /readyz 503 meanwhile) and the program exits 0; a second one stops it at once.
     uvicorn's own handling raises the signal again after draining, which ends the process with 143 / 130."""
 
-    def __init__(self, config: Any, state: Any):
+    def __init__(self, config: Any, state: Any, listening: str):
         super().__init__(config)
-        self.state = state
+        self.state, self.listening = state, listening
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started:  # the line a process manager or a test waits for: connections are accepted from now
+            logger.info(self.listening)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

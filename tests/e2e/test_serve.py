@@ -422,7 +422,8 @@ def test_bearer_token_health_readiness_and_docs(server):
     assert code == 404 and json.loads(data)["error"]["status"] == 404
 
 
-def test_sigterm_answers_what_is_in_flight_then_exits_0(checkpoint, texts, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_answers_what_is_in_flight_then_exits_0(checkpoint, texts, tmp_path, sig):
     want = generated(checkpoint, texts[:3], tmp_path, {})
     server = start(checkpoint, tmp_path)
     results = {}
@@ -436,7 +437,7 @@ def test_sigterm_answers_what_is_in_flight_then_exits_0(checkpoint, texts, tmp_p
     )
     queued.start()
     server.wait_for("seqtrain_serve_queue_depth", 3)
-    server.proc.send_signal(signal.SIGTERM)
+    server.proc.send_signal(sig)
     slow.join(30)
     queued.join(30)
     assert server.proc.wait(timeout=60) == 0, server.log.read_text()[-3000:]
@@ -447,7 +448,7 @@ def test_sigterm_answers_what_is_in_flight_then_exits_0(checkpoint, texts, tmp_p
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=5)
     log = server.log.read_text()
-    assert "SIGTERM: no new connections; answering what is in flight" in log
+    assert f"{sig.name}: no new connections; answering what is in flight (4 texts" in log
     assert "stopped: every request in flight was answered" in log
 
 
