@@ -30,7 +30,6 @@ a temporary folder. Servers run with OMP_NUM_THREADS=--threads (default 1: stead
     python scripts/bench/bench_serve.py --concurrency 1 8 --rounds 1 --soak-requests 0   # a quick look
 """
 
-
 import argparse
 import http.client
 import json
@@ -116,10 +115,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start(argv: list[str], port: int, log: str, threads: int) -> subprocess.Popen:
+def start(argv: list[str], port: int, log: str, threads: int, cpus: set[int] | None) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=REPO)
+    pin = None if cpus is None else lambda: os.sched_setaffinity(0, cpus)
     with open(log, "w") as f:
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=pin)
     end = time.monotonic() + 300
     while True:
         try:
@@ -290,11 +290,20 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=64, help="requests per cell: max(this, 2 x concurrency)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every server")
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run every server on the same --threads CPUs (sched_setaffinity), so a server answering requests "
+        "in several threads at once (FastAPI runs a plain def endpoint in a thread pool) gets no more cores "
+        "than one that batches them (default: on)",
+    )
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--max-len-b", type=int, default=30)
     p.add_argument("--no-repeat-ngram-size", type=int, default=3)
     p.add_argument("--max-source-positions", type=int, default=48)
     p.add_argument("--sides", nargs="+", default=["seqtrain-serve", "summarizer", "transformers"])
+    p.add_argument("--serve-args", default="", help="more seqtrain-serve flags, e.g. '--max-wait-ms 20'")
     p.add_argument("--soak-requests", type=int, default=2000)
     p.add_argument("--soak-concurrency", type=int, default=32)
     p.add_argument("--serve-baseline", choices=["summarizer", "transformers"], help=argparse.SUPPRESS)
@@ -317,7 +326,8 @@ def main() -> None:
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')}; {cpu}, {os.cpu_count()} CPUs; commit {commit.stdout.strip()}"
     )
-    print(f"# model {os.path.relpath(a.path, REPO)}; {' '.join(search)}; server threads {a.threads}")
+    pinned = f", pinned to {a.threads} CPU{'s' if a.threads > 1 else ''}" if a.pin else ""
+    print(f"# model {os.path.relpath(a.path, REPO)}; {' '.join(search)}; server threads {a.threads}{pinned}")
     print(f"# command: python scripts/bench/bench_serve.py {' '.join(sys.argv[1:])}")
     print(f"# load average at start: {os.getloadavg()[0]:.2f}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_serve.") as tmp:
@@ -334,6 +344,7 @@ def main() -> None:
             convert = [sys.executable, "-m", "seqtrain_cli.convert", a.path, hf, "--to", "hf"]
             subprocess.run(convert, check=True, cwd=REPO, capture_output=True)
         servers, ports = {}, {}
+        cpus = set(sorted(os.sched_getaffinity(0))[: a.threads]) if a.pin else None
         try:
             for side in a.sides:
                 port = ports[side] = free_port()
@@ -350,6 +361,7 @@ def main() -> None:
                         str(port),
                     ]
                     argv += ["--no-access-log", "--max-queue", "4096", "--max-text-chars", "1000000"]
+                    argv += a.serve_args.split()
                 else:
                     me = [
                         sys.executable,
@@ -367,7 +379,7 @@ def main() -> None:
                             for k in ("beam", "max-len-b", "no-repeat-ngram-size", "max-source-positions")
                         ]
                     )
-                servers[side] = start(argv, port, log, a.threads)
+                servers[side] = start(argv, port, log, a.threads, cpus)
             table(a, texts, refs, ports)
             if a.soak_requests and "seqtrain-serve" in servers:
                 report_soak(a, texts, refs, ports["seqtrain-serve"], servers["seqtrain-serve"])
@@ -382,6 +394,14 @@ def main() -> None:
     print(f"# load average at end: {os.getloadavg()[0]:.2f}")
 
 
+def batches(port: int) -> tuple[float, float]:
+    """seqtrain-serve's (texts summarized, batches run) so far, from its /metrics."""
+    text = post(port, "GET", "/metrics", None)[1].decode()
+    done = re.search(r"^seqtrain_serve_summaries_total (\S+)$", text, re.M)
+    runs = re.search(r"^seqtrain_serve_batch_size_count (\S+)$", text, re.M)
+    return float(done.group(1)), float(runs.group(1))
+
+
 def table(a: argparse.Namespace, texts: list[str], refs: dict, ports: dict) -> None:
     cells: dict = {}
     wrong = 0
@@ -391,35 +411,39 @@ def table(a: argparse.Namespace, texts: list[str], refs: dict, ports: dict) -> N
             for side in a.sides:
                 start_at = r * 7919 % len(texts)  # each round other texts, the same for every side
                 order = texts[start_at:] + texts[:start_at]
+                before = batches(ports[side]) if side == "seqtrain-serve" else None
                 seconds, lat, answers = load(conc, ports[side], order, n)
                 assert all(status == 200 for _, status, _ in answers), [x for x in answers if x[1] != 200][:3]
+                mean = float("nan")
                 if side == "seqtrain-serve":
                     wrong += sum(
                         json.loads(body)["summaries"] != [refs["default"][t]] for t, _, body in answers
                     )
-                cells.setdefault((side, conc), []).append((n / seconds, pct(lat, 0.5), pct(lat, 0.99)))
+                    after = batches(ports[side])
+                    mean = (after[0] - before[0]) / max(after[1] - before[1], 1)
+                cells.setdefault((side, conc), []).append((n / seconds, pct(lat, 0.5), pct(lat, 0.99), mean))
                 print(
                     f"#   {side} c={conc} round {r + 1}: {n / seconds:.1f}/s, load {os.getloadavg()[0]:.2f}",
                     flush=True,
                 )
     print(
-        "\n| server | concurrency | requests | summaries/s | p50 latency (s) | p99 latency (s) | vs summarizer |",
+        "\n| server | concurrency | requests | summaries/s | p50 latency (s) | p99 latency (s) | texts per batch |",
         end="",
     )
-    print(" vs transformers |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(" vs summarizer | vs transformers |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for conc in a.concurrency:
-        med = {s: [statistics.median(x[i] for x in cells[(s, conc)]) for i in range(3)] for s in a.sides}
+        med = {s: [statistics.median(x[i] for x in cells[(s, conc)]) for i in range(4)] for s in a.sides}
         for side in a.sides:
-            rate, p50, p99 = med[side]
+            rate, p50, p99, mean = med[side]
             vs = [
                 f"{rate / med[b][0]:.2f}x" if b in med and b != side else ""
                 for b in ("summarizer", "transformers")
             ]
             n = max(a.requests, 2 * conc)
-            print(
-                f"| {side} | {conc} | {n} x {a.rounds} | {rate:.1f} | {p50:.3f} | {p99:.3f} | {vs[0]} | {vs[1]} |"
-            )
+            per = f"{mean:.1f}" if side == "seqtrain-serve" else "1 (one request)"
+            row = [side, conc, f"{n} x {a.rounds}", f"{rate:.1f}", f"{p50:.3f}", f"{p99:.3f}", per, *vs]
+            print("| " + " | ".join(map(str, row)) + " |")
     print(f"\nseqtrain-serve answers that differ from seqtrain-generate's: {wrong}", flush=True)
 
 

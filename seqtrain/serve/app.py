@@ -180,14 +180,15 @@ def build_app(state: ServerState) -> FastAPI:
     async def summarize(request: Request) -> JSONResponse:
         """Summarize `texts` (each setting optional: the server's flags are the defaults)."""
         start = time.monotonic()
-        try:
-            body = await read_body(request, state.max_request_bytes)
-        except ClientDisconnect:  # gone before its body arrived whole
-            return Response(status_code=499)
-        texts, config = parse_request(body, state.defaults, state.limits)
-        sources = await run_in_threadpool(state.batcher.encode, texts)
-        answer = Answer(len(texts), asyncio.get_running_loop())
-        state.batcher.submit(answer, sources, config)
+        with state.batcher.receiving():
+            try:
+                body = await read_body(request, state.max_request_bytes)
+            except ClientDisconnect:  # gone before its body arrived whole
+                return Response(status_code=499)
+            texts, config = parse_request(body, state.defaults, state.limits)
+            sources = await run_in_threadpool(state.batcher.encode, texts)
+            answer = Answer(len(texts), asyncio.get_running_loop())
+            state.batcher.submit(answer, sources, config)
         try:
             results = await wait_for(
                 request, answer, state, state.request_timeout - (time.monotonic() - start)

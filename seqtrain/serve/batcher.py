@@ -2,10 +2,11 @@
 
 A request's texts are tokenized as they arrive (seqtrain.generation.runner.encode) and wait in one bounded queue
 (--max-queue texts: a request that does not fit is refused at once, never kept in an unbounded backlog). The
-worker takes the oldest text, waits up to --max-wait-ms from its arrival for company unless a full batch is
-already there, and forms a batch around it from the texts whose search settings agree (every setting but nbest,
-which only cuts the returned list): length-sorted, its neighbours in length added while the batch holds at
-most --max-batch-tokens padded source tokens and --max-batch-size texts. The batch goes through the path
+worker takes the oldest text and, unless a full batch is already there, waits for company while texts keep
+arriving less than --max-wait-ms apart (10 x --max-wait-ms at most), then forms a batch around it from the texts
+whose search settings agree (every setting but nbest, which only cuts the returned list): length-sorted, its
+neighbours in length added while the batch holds at most --max-batch-tokens padded source tokens and
+--max-batch-size texts. The batch goes through the path
 seqtrain-generate takes (runner.text_dataset, its collater, runner.run_batches with the model's forced first
 token, runner.decode), so a text gets seqtrain-generate's summary for the same settings, whatever it was batched
 with: a hypothesis does not depend on its batch neighbours (fp32 and bf16; --compute-type int8 quantizes
@@ -19,12 +20,14 @@ dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import math
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +42,7 @@ from seqtrain.serve.requests import ApiError
 
 logger = logging.getLogger("seqtrain.serve")
 
+WAIT_SPAN = 10  # an idle worker waits at most this many --max-wait-ms for a batch to gather
 GENERATORS_KEPT = 16  # generators built for distinct settings (static decoding keeps its CUDA graphs in one)
 
 
@@ -126,8 +130,21 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self.running = 0  # texts in the batch being generated
+        self.arriving = 0  # requests received, not yet queued (their bodies read, checked, tokenized)
 
     # ------------------------------------------------------------------------------------------ the front
+    @contextlib.contextmanager
+    def receiving(self) -> Iterator[None]:
+        """Around a request's reception up to submit(): the worker waits for it to batch it with others."""
+        with self._cond:
+            self.arriving += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self.arriving -= 1
+                self._cond.notify()
+
     def encode(self, texts: list[str]) -> list[torch.Tensor]:
         return runner.encode(self.loaded, texts)
 
@@ -192,20 +209,26 @@ class Batcher:
                     self._cond.wait()
                 if not self._queue:
                     return
-                deadline = self._queue[0].arrived + self.max_wait_s
-                while not self._stopping and not self._full(self._queue[0]):
-                    left = deadline - time.monotonic()
+                while self._queue and not self._stopping and not self._full(self._queue[0]):
+                    left = self._deadline() - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)
-                    if not self._queue:
-                        break
                 batch = self._take() if self._queue else []
                 self.running = len(batch)
             if batch:
                 self._run(batch)
             with self._cond:
                 self.running = 0
+
+    def _deadline(self) -> float:
+        """When to stop waiting for company: --max-wait-ms after the latest arrival (texts that keep coming
+        closer together than that are waited for: closed-loop clients whose answers went out together come back
+        over a few milliseconds), or while requests are being received and tokenized; never later than
+        WAIT_SPAN x --max-wait-ms after the oldest."""
+        oldest, newest = self._queue[0].arrived, self._queue[-1].arrived
+        cap = oldest + WAIT_SPAN * self.max_wait_s
+        return cap if self.arriving else min(cap, newest + self.max_wait_s)
 
     def _full(self, oldest: Item) -> bool:
         """Whether the texts that could join the oldest already make a full batch."""

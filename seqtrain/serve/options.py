@@ -32,7 +32,8 @@ class ServeConfig:
     )
     max_wait_ms: float = setting(
         5.0,
-        "an idle worker waits at most this long after a text arrives for more to batch with it",
+        "an idle worker waits for more texts to batch with while they arrive less than this apart (10 times "
+        "this at most)",
         type=float,
         metavar="MS",
         bounds=Bounds(0, 60_000),
