@@ -3,9 +3,10 @@ and the OpenAPI page at /docs.
 
 Every error is one JSON object, {"error": {"status", "type", "message"}}, with the status that says whose fault
 it is: 400 a body that is not UTF-8 JSON (whatever its Content-Type says), 401 a missing or wrong bearer token,
-413 a body, a text or a list of texts over its limit, 422 a wrong field or an out-of-range setting, 503 a
-full queue (with Retry-After), 504 a request not answered within --request-timeout, 500 a failed batch. A client
-that closes its connection before the answer is counted as 499 (nginx's code) and its texts leave the queue.
+408 a body not received whole within --request-timeout, 413 a body, a text or a list of texts over its limit, 422
+a wrong field or an out-of-range setting, 503 a full queue (with Retry-After), 504 a request not answered within
+--request-timeout, 500 a failed batch. A client that closes its connection before the answer is counted as 499
+(nginx's code) and its texts leave the queue.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class ErrorBody(BaseModel):
 # the bearer token, when given (module level: FastAPI reads the annotation by name)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))]
 
-ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 413, 422, 500, 503, 504)}
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 408, 413, 422, 500, 503, 504)}
 
 
 # ------------------------------------------------------------------------------------------------ the app
@@ -182,9 +183,15 @@ def build_app(state: ServerState) -> FastAPI:
         start = time.monotonic()
         with state.batcher.receiving():
             try:
-                body = await read_body(request, state.max_request_bytes)
+                body = await asyncio.wait_for(
+                    read_body(request, state.max_request_bytes), state.request_timeout
+                )
             except ClientDisconnect:  # gone before its body arrived whole
                 return Response(status_code=499)
+            except TimeoutError:  # a client that never finishes its body holds no worker, and not for long
+                raise ApiError(
+                    408, "body_timeout", f"the body did not arrive within {state.request_timeout:g} s"
+                ) from None
             texts, config = parse_request(body, state.defaults, state.limits)
             sources = await run_in_threadpool(state.batcher.encode, texts)
             answer = Answer(len(texts), asyncio.get_running_loop())

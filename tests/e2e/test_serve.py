@@ -381,6 +381,22 @@ def test_a_client_that_disconnects_costs_the_others_nothing(server, checkpoint, 
     assert server.metrics()['seqtrain_serve_requests_total{route="/v1/summarize",code="499"}'] == 1
 
 
+def test_a_body_that_never_arrives_is_408_and_holds_no_one_up(server):
+    stalled = socket.create_connection(("127.0.0.1", server.port))
+    stalled.sendall(
+        b"POST /v1/summarize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+        + b"\r\nContent-Length: 100\r\n\r\n{\"texts\": "
+    )  # fmt: skip
+    t0 = time.monotonic()
+    status, body = server.summarize({"texts": ["w1 w2 w3"]})  # meanwhile others are answered
+    assert status == 200 and time.monotonic() - t0 < 3
+    stalled.settimeout(30)
+    answer = stalled.recv(65536).decode()
+    stalled.close()
+    assert answer.startswith("HTTP/1.1 408 ") and '"type":"body_timeout"' in answer
+    assert "within 4 s" in answer
+
+
 def test_a_failing_batch_fails_its_requests_with_500_and_the_server_goes_on(server):
     before = server.metrics()
     status, body = server.summarize({"texts": [FAIL]})
