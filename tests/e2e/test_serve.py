@@ -122,7 +122,9 @@ def start(ck: str, tmp: pathlib.Path, *flags: str) -> Server:
         if m:
             return Server(proc, log, int(m.group(1)))
         assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < end, log.read_text()
+        if time.monotonic() > end:
+            proc.kill()
+            raise AssertionError(f"no 'listening on' line in 120 s:\n{log.read_text()}")
         time.sleep(0.05)
 
 
@@ -442,25 +444,29 @@ def test_bearer_token_health_readiness_and_docs(server):
 def test_a_signal_answers_what_is_in_flight_then_exits_0(checkpoint, texts, tmp_path, sig):
     want = generated(checkpoint, texts[:3], tmp_path, {})
     server = start(checkpoint, tmp_path)
-    results = {}
-    slow = threading.Thread(
-        target=lambda: results.setdefault("slow", server.summarize({"texts": [slow_text(1.5)]}))
-    )
-    slow.start()
-    server.wait_for("seqtrain_serve_batch_running", 1)
-    queued = threading.Thread(
-        target=lambda: results.setdefault("queued", server.summarize({"texts": texts[:3]}))
-    )
-    queued.start()
-    server.wait_for("seqtrain_serve_queue_depth", 3)
-    server.proc.send_signal(sig)
-    slow.join(30)
-    queued.join(30)
-    assert server.proc.wait(timeout=60) == 0, server.log.read_text()[-3000:]
-    assert results["slow"][0] == 200
-    assert results["queued"] == (200, results["queued"][1]) and results["queued"][1]["summaries"] == [
-        w[0][1] for w in want
-    ]
+    try:
+        results = {}
+        slow = threading.Thread(
+            target=lambda: results.setdefault("slow", server.summarize({"texts": [slow_text(1.5)]}))
+        )
+        slow.start()
+        server.wait_for("seqtrain_serve_batch_running", 1)
+        queued = threading.Thread(
+            target=lambda: results.setdefault("queued", server.summarize({"texts": texts[:3]}))
+        )
+        queued.start()
+        server.wait_for("seqtrain_serve_queue_depth", 3)
+        server.proc.send_signal(sig)
+        slow.join(30)
+        queued.join(30)
+        assert server.proc.wait(timeout=60) == 0, server.log.read_text()[-3000:]
+        assert results["slow"][0] == 200
+        assert results["queued"] == (200, results["queued"][1]) and results["queued"][1]["summaries"] == [
+            w[0][1] for w in want
+        ]
+    finally:
+        if server.proc.poll() is None:  # failed early: no server outlives its test
+            server.proc.kill()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", server.port), timeout=5)
     log = server.log.read_text()
