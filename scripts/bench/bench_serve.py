@@ -286,7 +286,9 @@ def soak(port: int, pid: int, texts: list[str], refs: dict, a: argparse.Namespac
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--path", default=QUICKSTART if os.path.exists(QUICKSTART) else BUNDLED)
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument(
+        "--concurrency", type=int, nargs="*", default=[1, 8, 32, 128], help="(none: the soak only)"
+    )
     p.add_argument("--requests", type=int, default=64, help="requests per cell: max(this, 2 x concurrency)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every server")
@@ -380,7 +382,8 @@ def main() -> None:
                         ]
                     )
                 servers[side] = start(argv, port, log, a.threads, cpus)
-            table(a, texts, refs, ports)
+            if a.concurrency:
+                table(a, texts, refs, ports)
             if a.soak_requests and "seqtrain-serve" in servers:
                 report_soak(a, texts, refs, ports["seqtrain-serve"], servers["seqtrain-serve"])
         finally:
@@ -463,6 +466,11 @@ def report_soak(
         f"server {'alive' if alive else 'DEAD'}",
         flush=True,
     )
+    tenth = max(1, len(rss) // 10)
+    trace = ", ".join(
+        f"{i}: {m:.0f}" for i, m in rss[::tenth] + ([rss[-1]] if (len(rss) - 1) % tenth else [])
+    )
+    print(f"soak: RSS (MiB) after N requests: {trace}")
     m = re.search(r'code="499"\} (\d+)', post(port, "GET", "/metrics", None)[1].decode())
     print(f"soak: the server counted {m.group(1) if m else 0} requests whose client left first (499)")
 
