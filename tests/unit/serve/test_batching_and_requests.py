@@ -80,7 +80,11 @@ def test_a_request_body_becomes_texts_and_the_servers_settings_with_its_own():
             "unknown field(s) sampling; known: texts, beam, lenpen, min_len, max_len_b, no_repeat_ngram_size, nbest",
         ),
         ({"texts": "a"}, 422, "texts must be a list of strings, got str"),
-        ({"texts": ["a"] * 65}, 413, "texts: 65 texts; this server takes at most 64 per request (--max-texts)"),
+        (
+            {"texts": ["a"] * 65},
+            413,
+            "texts: 65 texts; this server takes at most 64 per request (--max-texts)",
+        ),
     ],
 )
 def test_bad_requests_are_named_as_the_flags_name_them(body, status, message):
