@@ -139,21 +139,27 @@ def hf_batch(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.devic
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def hf_model(targs: argparse.Namespace, state: dict[str, torch.Tensor], vocab: int):
-    """transformers' BartForConditionalGeneration holding seqtrain's weights `state`."""
+def hf_model(targs: argparse.Namespace, state: dict[str, torch.Tensor], vocab: int, attn: str = "sdpa"):
+    """transformers' BartForConditionalGeneration holding seqtrain's weights `state`, its attention
+    implementation `attn` ("sdpa", "flex_attention", ...)."""
     import transformers
 
     config = args_to_hf_config(targs, vocab)
     config.pop("architectures", None)
     config.pop("model_type", None)
     hf = transformers.BartForConditionalGeneration(
-        transformers.BartConfig(**config, attn_implementation="sdpa")
+        transformers.BartConfig(**config, attn_implementation=attn)
     )
     missing, unexpected = hf.load_state_dict(seqtrain_state_to_hf(state), strict=False)
     if unexpected or any(not k.endswith(("embed_tokens.weight", "lm_head.weight")) for k in missing):
         raise RuntimeError(f"weights do not map: missing {missing}, unexpected {unexpected}")
     hf.tie_weights()
     return hf
+
+
+def real_tokens(batches: list[dict[str, Any]]) -> int:
+    """Non-padding source and target tokens of collated batches (host tensors: no sync)."""
+    return sum(int(b["net_input"]["src_lengths"].sum()) + b["ntokens"] for b in batches)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.generation.cpu_step import beam_candidates
 from seqtrain.generation.ngram import NGramRepeatBlocker
 from seqtrain.generation.search import BeamSearch, Sampling, continue_beams
 
@@ -191,10 +192,58 @@ class DecodeStep:
         n, beam = beams.cands_to_ignore.size(0), self.beam
         prev = beams.scores.view(n, beam, -1)[:, :, step - 1] if step > 0 else None
         cand_scores, cand_tokens, cand_beams = self.search.step(step, lprobs.view(n, beam, -1), prev)
-        cand_rows = cand_beams + torch.arange(n, device=lprobs.device).unsqueeze(1) * beam
-        eos = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
+        return self._as_candidates(cand_scores, cand_tokens, cand_beams, beams)
+
+    def _as_candidates(self, scores: Tensor, tokens: Tensor, hyps: Tensor, beams: Beams) -> Candidates:
+        n, beam = beams.cands_to_ignore.size(0), self.beam
+        rows = hyps + torch.arange(n, device=tokens.device).unsqueeze(1) * beam
+        eos = tokens.eq(self.eos) & scores.ne(-math.inf)
         eos[:, :beam] &= ~beams.cands_to_ignore
-        return Candidates(cand_scores, cand_tokens, cand_rows, eos)
+        return Candidates(scores, tokens, rows, eos)
+
+    def fusable(self, beams: Beams) -> bool:
+        """Whether `fused_candidates` can take this batch's steps: plain beam search of one model's logits, no
+        forced prefix."""
+        return (
+            type(self.search) is BeamSearch
+            and self._log_probs is last_log_probs
+            and beams.prefix is None
+            and not beams.eos_forced
+        )
+
+    def fused_candidates(
+        self, step: int, logits: Tensor, beams: Beams, unexpanded: bool
+    ) -> Candidates | None:
+        """`log_probs` then `candidates` in one pass per row (cpu_step.beam_candidates; the same candidates, the
+        scores to rounding), from the decoder's last-position logits (rows x V; one row per sentence when
+        `unexpanded`, step 0). None where the compiled step is unavailable or a logit is not finite: the caller
+        takes the two-step path."""
+        beam = self.beam
+        tokens = beams.tokens
+        if step == 0 and not unexpanded:  # beam search extends only the first of a sentence's identical rows
+            logits, tokens, unexpanded = logits[::beam], tokens[::beam], True
+        elif unexpanded:
+            tokens = tokens[::beam]
+        vocab = logits.size(-1)
+        k = min(2 * beam, (vocab if step == 0 else beam * vocab) - 1)
+        prev = None if step == 0 else beams.scores[:, step - 1]
+        out = beam_candidates(
+            logits,
+            prev,
+            k,
+            self.temperature,
+            self.pad,
+            self.unk,
+            self.unk_penalty,
+            self.eos,
+            step < self.min_len,
+            beams.max_lens.le(step),
+            tokens[:, : step + 1],
+            0 if self.ngram_blocker is None else self.ngram_blocker.n,
+        )
+        if out is None:
+            return None
+        return self._as_candidates(*out, beams)
 
     def advance(self, step: int, cands: Candidates, beams: Beams) -> Tensor:
         """Continue the first `beam` candidates per sentence that did not end; returns the rows (of the batch

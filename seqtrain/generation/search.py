@@ -272,7 +272,8 @@ class GenerationConfig:
     packed_encoder: bool | None = setting(
         None,
         "run the encoder pass on the sources' real tokens only (varlen attention), not padded; the same "
-        "encoder output (default: on CUDA in fp16/bf16; on the CPU for batches of 20%% pads or more)",
+        "encoder output (default: on CUDA in fp16/bf16; the compiled CPU step always packs; the eager CPU step "
+        "from 20%% pads)",
         action=argparse.BooleanOptionalAction,
     )
     temperature: float = setting(

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
+from seqtrain.generation import cpu_step
 from seqtrain.generation.decode_step import Beams, Candidates, DecodeStep, positional_scores
 from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, GenerationConfig, Sampling
 from seqtrain.generation.static_search import StaticSteps, static_generate
@@ -70,6 +71,7 @@ class SequenceGenerator:
         eos: int | None = None,
         static_decoding: bool = False,
         packed_encoder: bool | None = None,
+        cpu_step: bool | None = None,
     ):
         """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
         max_positions()[1] - 1, as fairseq). `eos` is the token that ends a hypothesis (default: the dictionary's
@@ -79,8 +81,10 @@ class SequenceGenerator:
         seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA, finished on the device); the
         same hypotheses. `packed_encoder`: the encoder pass on the sources' real tokens only (True), padded
         (False), or the encoder's choice (None: on CUDA in fp16/bf16, on the CPU from 20% pads; see `encode`);
-        the same encoder output, so the same hypotheses. The search settings go to `decode_step`, the step
-        body both loops run (decode_step.py)."""
+        the same encoder output, so the same hypotheses. `cpu_step`: on the CPU, decode with the compiled step
+        (cpu_step.py: the same hypotheses, scores to rounding) where it applies (None: unless
+        SEQTRAIN_CPU_STEP=eager), or never (False). The search settings go to `decode_step`, the step body both
+        loops run (decode_step.py)."""
         self.model = model
         target_positions = model.max_positions()[1] if hasattr(model, "max_positions") else 1024
         eos = tgt_dict.eos() if eos is None else eos
@@ -107,6 +111,7 @@ class SequenceGenerator:
         self.nbest = beam_size if nbest is None else nbest
         self.static_decoding = static_decoding
         self.packed_encoder = packed_encoder
+        self.cpu_step = cpu_step
         self._static_steps: StaticSteps | None = None  # kept across batches: its buffers and CUDA graphs
 
     @property
@@ -164,7 +169,9 @@ class SequenceGenerator:
         if src_lengths is None:
             src_lengths = src_tokens.ne(self.decode_step.pad).sum(dim=1)
         if encoder_out is None:  # both loops' one pass
-            encoder_out = encode(self.model, src_tokens, src_lengths, self.packed_encoder)
+            encoder_out = encode(
+                self.model, src_tokens, src_lengths, self.packed_encoder, self.cpu_step is not False
+            )
         if self.static_decoding:
             if self._static_steps is None:
                 self._static_steps = StaticSteps(self.model, self.beam_size)
@@ -173,20 +180,30 @@ class SequenceGenerator:
             )
         return self._eager(encoder_out, src_tokens, prefix_tokens, bos)
 
+    def _decoder(self, encoder_out: Any, bsz: int) -> Any:
+        """This batch's decoder (`logits`, `reorder`): the compiled CPU step where it applies, else the model's
+        incremental decoder."""
+        packed = cpu_step.for_model(self.model) if self.cpu_step is not False else None
+        native = packed.native_decoder() if packed is not None else None
+        if native is None:
+            return ModelSteps(self.model, encoder_out)
+        return cpu_step.CompiledSteps(packed, native, encoder_out, bsz, bsz * self.beam_size)
+
     def _eager(
         self, encoder_out: Any, src_tokens: Tensor, prefix_tokens: Tensor | None, bos: int
     ) -> list[list[Hypothesis]]:
-        """The eager loop: the model's incremental decoder, finished hypotheses counted on the host (one sync a
-        step), finished sentences leaving the batch at once."""
-        model, body, beam, device = self.model, self.decode_step, self.beam_size, src_tokens.device
+        """The eager loop: the model's incremental decoder (or the compiled CPU step), finished hypotheses
+        counted on the host (one sync a step), finished sentences leaving the batch at once."""
+        body, beam, device = self.decode_step, self.beam_size, src_tokens.device
         bsz = src_tokens.size(0)
         beams = body.begin(src_tokens, prefix_tokens, bos)
+        decoder = self._decoder(encoder_out, bsz)
+        fused = isinstance(decoder, cpu_step.CompiledSteps) and body.fusable(beams)
 
         # Finished hypotheses stay on the device until the search ends (_collect); the host keeps their counts.
         pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = []
         counts = [0] * bsz
         active: list[int] = list(range(bsz))  # original index of each sentence still in the batch
-        state: dict[str, Any] = {}
         reorder: tuple[Tensor, Tensor | None] | None = None
 
         for step in range(beams.steps + 1):
@@ -194,19 +211,17 @@ class SequenceGenerator:
                 new_order, encoder_order = reorder
                 if step == 1 and beam > 1:
                     new_order = torch.div(new_order, beam, rounding_mode="floor")
-                model.decoder.reorder_incremental_state(state, new_order, encoder_order)
-                if encoder_order is not None:
-                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, encoder_order)
+                decoder.reorder(new_order, encoder_order)
 
-            if step == 0 and beam > 1:
-                # The beams of a sentence are identical until the first choice: decode one row per sentence. Its
-                # cache rows are per sentence, so the first reorder maps beam rows to sentences.
-                logits, _ = model.decoder(beams.tokens[::beam, :1], encoder_out, incremental_state=state)
-                logits = logits.repeat_interleave(beam, dim=0)
-            else:
-                logits, _ = model.decoder(beams.tokens[:, : step + 1], encoder_out, incremental_state=state)
-            lprobs = body.log_probs(step, logits, beams)
-            cands = body.candidates(step, lprobs, beams)
+            # The beams of a sentence are identical until the first choice: step 0 decodes one row per sentence.
+            # Its cache rows are per sentence, so the first reorder maps beam rows to sentences.
+            unexpanded = step == 0 and beam > 1
+            logits = decoder.logits(beams.tokens[::beam, :1] if unexpanded else beams.tokens[:, : step + 1])
+            cands = body.fused_candidates(step, logits[:, -1], beams, unexpanded) if fused else None
+            if cands is None:
+                if unexpanded:
+                    logits = logits.repeat_interleave(beam, dim=0)
+                cands = body.candidates(step, body.log_probs(step, logits, beams), beams)
 
             # The step's one host-device sync: which of the top candidates end here. The first `beam` finished
             # per sentence are kept, as in fairseq.
@@ -288,14 +303,38 @@ class SequenceGenerator:
         return out
 
 
+class ModelSteps:
+    """The model's incremental decoder for one batch, as the eager loop drives it (`logits`, `reorder`)."""
+
+    def __init__(self, model: torch.nn.Module, encoder_out: Any):
+        self.model, self.encoder_out = model, encoder_out
+        self.state: dict[str, Any] = {}
+
+    def logits(self, prev_output_tokens: Tensor) -> Tensor:
+        return self.model.decoder(prev_output_tokens, self.encoder_out, incremental_state=self.state)[0]
+
+    def reorder(self, new_order: Tensor, encoder_order: Tensor | None) -> None:
+        self.model.decoder.reorder_incremental_state(self.state, new_order, encoder_order)
+        if encoder_order is not None:
+            self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, encoder_order)
+
+
 def encode(
-    model: torch.nn.Module, src_tokens: Tensor, src_lengths: Tensor | None, packed: bool | None
+    model: torch.nn.Module,
+    src_tokens: Tensor,
+    src_lengths: Tensor | None,
+    packed: bool | None,
+    compiled: bool = True,
 ) -> Any:
     """The encoder pass of generation (and of --score-reference) on a padded batch: packed (the real tokens only,
     models/varlen.py's attention; BartEncoder.forward_padded_as_packed) when `packed`, padded when False, the
     encoder's own choice when None (BartEncoder.packs_by_default). The output is laid out as the padded pass's
-    (B x S x C and the B x S pad mask), so everything above the encoder is the same either way. An encoder
-    without `supports_packed` (a caller's own model) runs as it always did."""
+    (B x S x C and the B x S pad mask), so everything above the encoder is the same either way. On the CPU, where
+    the compiled step applies (`compiled`, cpu_step.for_model), the packed pass with its prepared products. An
+    encoder without `supports_packed` (a caller's own model) runs as it always did."""
+    cpu = cpu_step.for_model(model) if compiled and src_tokens.device.type == "cpu" else None
+    if cpu is not None:
+        return cpu.encode(src_tokens, src_lengths)
     if getattr(model.encoder, "supports_packed", False):
         return model.encoder(src_tokens, src_lengths, packed=packed)
     return model.encoder(src_tokens, src_lengths)
