@@ -18,7 +18,7 @@ from typing import Any
 from seqtrain.config import left_out
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import fairseq_compat
-from seqtrain.flags.config_file import apply_config, config_text, load_config
+from seqtrain.flags.config_file import actions_by_key, apply_config, check_sections, config_text, load_config
 from seqtrain.flags.parsers import ArgumentParser, UsageError, _order_groups, _retitle, add_negations
 from seqtrain.registry import ARCHS
 
@@ -75,6 +75,35 @@ def _config_value(config: dict[str, Any], dest: str) -> Any:
     return None
 
 
+def _check_component_names(
+    path: str, config: dict[str, Any], lines: dict[str, int], dests: tuple[str, ...]
+) -> None:
+    """A config's --arch, --task, --optimizer and --lr-scheduler (those of `dests`) name registered components,
+    in every program: a generation program skips training's keys (one preset serves both) but `arch:
+    no_such_arch` passed through it silently. The error names the file, line and key, as the config's others."""
+    # here, as add_choice_args does: they import torch and register the tasks (and archs), optimizers, schedulers
+    import seqtrain.tasks  # noqa: F401
+    from seqtrain import registry
+    from seqtrain.optim import lr_scheduler, optimizers  # noqa: F401
+
+    tables = {
+        "arch": ARCHS,
+        "task": registry.TASKS,
+        "optimizer": registry.OPTIMIZERS,
+        "lr_scheduler": registry.LR_SCHEDULERS,
+    }
+    for key, name in config.items():
+        bare = key.lstrip("-").replace("-", "_")
+        dest = "arch" if bare == "a" else bare
+        table = tables.get(dest) if dest in dests else None
+        if table is None or name is None or (isinstance(name, str) and name in table):
+            continue
+        where = f"--config {path}" + (f" line {lines[key]}" if lines.get(key) else "") + f" ({key})"
+        raise SeqtrainError(
+            f"{where}: unknown {table.kind} {name!r}; choose from: {', '.join(table.names())}"
+        )
+
+
 def _refuse_left_out(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """The flags of a group the program composes that it leaves out (seqtrain.config.left_out): one line each."""
     out = left_out(parser)
@@ -107,27 +136,30 @@ def parse_args_and_arch(
     first = _pre_parse(argv, defaults)
     config: dict[str, Any] = {}
     lines: dict[str, int] = {}
+    sections: dict[str, int] = {}
+    ignore: dict[str, argparse.Action] = {}
     if first.config:
-        config, lines = load_config(first.config)
+        config, lines, sections = load_config(first.config)
         for dest in ("task", "arch", "criterion", "optimizer", "lr_scheduler"):
             if _config_value(config, dest) is not None:
                 defaults[dest] = _config_value(config, dest)
         first = _pre_parse(argv, defaults)
+        ignore = other_flags(first) if other_flags is not None else {}
+        # before the components are looked up (again in apply_config, with the chosen components' flags)
+        check_sections(first.config, sections, actions_by_key(parser), ignore)
+        _check_component_names(first.config, config, lines, ("task", "optimizer", "lr_scheduler"))
 
     add_choice_args(parser, "task", first.task)
     if stage == "train":
         add_choice_args(parser, "optimizer", first.optimizer)
         add_choice_args(parser, "lr_scheduler", first.lr_scheduler)
-        if first.arch is not None:
-            if first.arch not in ARCHS:
-                raise SeqtrainError(
-                    f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
-                )
     _order_groups(parser)
     add_negations(parser)
     if first.config:
-        ignore = other_flags(first) if other_flags is not None else {}
-        apply_config(parser, first.config, config, lines, ignore=ignore)
+        apply_config(parser, first.config, config, lines, ignore=ignore, sections=sections)
+        _check_component_names(first.config, config, lines, ("arch",))
+    if stage == "train" and first.arch is not None and first.arch not in ARCHS:
+        raise SeqtrainError(f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}")
 
     args = parser.parse_args(argv)
     if stage == "train":

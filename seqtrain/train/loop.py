@@ -44,6 +44,7 @@ from seqtrain.data.options import TrainDatasetConfig, check_dataset_args
 from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import check_outputs_apart, folder_files
 from seqtrain.flags.fairseq_compat import import_user_dir
 from seqtrain.flags.training import resolved_train_config
 from seqtrain.logging import progress as progress_lib
@@ -78,7 +79,20 @@ def setup_train_logging(args: argparse.Namespace) -> logging.Handler | None:
         setup_logging(sys.stdout, logging.WARNING)
         args.log_format = "none"
         return None
+    check_outputs_apart(
+        [("--log-file", args.log_file), ("--jsonl-log", getattr(args, "jsonl_log", None))], _read_files(args)
+    )
     return setup_logging(sys.stdout, logging.INFO, args.log_file or None)
+
+
+def _read_files(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The files a training run reads, as (flag, path) for seqtrain.fileio.check_outputs_apart: the data-bins'
+    files, the checkpoints it may start from (also --save-dir's), the teacher and the EMA's seed."""
+    inputs = [("DATA", f) for d in (args.data or "").split(":") if d for f in folder_files(d)]
+    inputs += [("--save-dir", f) for f in folder_files(args.save_dir) if f.endswith(".pt")]
+    for flag in ("--restore-file", "--finetune-from-model", "--teacher-path", "--ema-seed-model"):
+        inputs.append((flag, getattr(args, flag[2:].replace("-", "_"), None)))
+    return inputs
 
 
 def check_args(args: argparse.Namespace) -> None:
