@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqtrain import distributed
+from seqtrain import distributed, host_cpu
 from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.options import CheckpointConfig
@@ -57,7 +57,6 @@ from seqtrain.optim.optimizers import optimizer_config
 from seqtrain.scoring.settings import EvalRougeConfig
 from seqtrain.tasks import setup_task, task_class
 from seqtrain.tasks.translation import TranslationConfig
-from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
 from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
