@@ -59,7 +59,9 @@ def test_generation_fits_its_threads_to_a_busy_machine(fairseq_tiny, monkeypatch
         with caplog.at_level(logging.INFO, logger="seqtrain.generate"):
             generate_main(argv, out=io.StringIO())
         assert torch.get_num_threads() == 1
-        assert "the machine is busy (2 usable CPUs, load 1.3): generation uses 1 intra-op thread" in caplog.text
+        assert (
+            "the machine is busy (2 usable CPUs, load 1.3): generation uses 1 intra-op thread" in caplog.text
+        )
         torch.set_num_threads(2)
         caplog.clear()
         monkeypatch.setenv("OMP_NUM_THREADS", "2")
