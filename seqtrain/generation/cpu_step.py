@@ -204,11 +204,13 @@ def _why_not(model: nn.Module) -> str | None:
 
 
 def _key(model: nn.Module, backend: str, rows: int) -> tuple[Any, ...]:
-    """What the packed weights depend on: every parameter (its storage and in-place version) and the int8
-    linears the model holds."""
-    params = tuple((p.data_ptr(), p._version) for p in model.parameters())
+    """What the packed weights depend on: every parameter's storage and contents (the extension's fingerprint:
+    a version counter misses torch's fused AdamW, which updates in place without counting) and the int8 linears
+    the model holds."""
+    params = list(model.parameters())
+    storage = tuple((p.data_ptr(), p.numel()) for p in params)
     int8 = tuple(id(m) for m in model.modules() if isinstance(m, Int8Linear))
-    return (backend, rows, params, int8)
+    return (backend, rows, storage, extension().fingerprint([p.detach() for p in params]), int8)
 
 
 class PackedModel:

@@ -176,42 +176,48 @@ class SequenceGenerator:
             return []
         if src_lengths is None:
             src_lengths = src_tokens.ne(self.decode_step.pad).sum(dim=1)
+        # the compiled CPU step's prepared weights (looked up once a batch: the lookup reads every weight)
+        cpu = None
+        if self.cpu_step is not False and src_tokens.device.type == "cpu":
+            cpu = cpu_step.for_model(self.model)
         if encoder_out is None:  # both loops' one pass
-            encoder_out = encode(
-                self.model, src_tokens, src_lengths, self.packed_encoder, self.cpu_step is not False
-            )
+            encoder_out = encode(self.model, src_tokens, src_lengths, self.packed_encoder, cpu or False)
         if self.static_decoding:
             if self._static_steps is None:
                 self._static_steps = StaticSteps(self.model, self.beam_size)
             return static_generate(
                 self.decode_step, self._static_steps, encoder_out, src_tokens, prefix_tokens, bos, self.nbest
             )
-        return self._eager(encoder_out, src_tokens, prefix_tokens, bos)
+        return self._eager(encoder_out, src_tokens, prefix_tokens, bos, cpu)
 
-    def _decoder(self, encoder_out: Any, bsz: int) -> Any:
-        """This batch's decoder (`logits`, `reorder`): the compiled CPU step where it applies, else the model's
-        incremental decoder."""
-        packed = cpu_step.for_model(self.model) if self.cpu_step is not False else None
-        native = packed.native_decoder() if packed is not None else None
+    def _decoder(self, encoder_out: Any, bsz: int, cpu: cpu_step.PackedModel | None) -> Any:
+        """This batch's decoder (`logits`, `reorder`): the compiled CPU step where it applies (`cpu`, the model's
+        prepared weights), else the model's incremental decoder."""
+        native = cpu.native_decoder() if cpu is not None else None
         if native is None:
             return ModelSteps(self.model, encoder_out)
-        return cpu_step.CompiledSteps(packed, native, encoder_out, bsz, bsz * self.beam_size)
+        return cpu_step.CompiledSteps(cpu, native, encoder_out, bsz, bsz * self.beam_size)
 
     def _eager(
-        self, encoder_out: Any, src_tokens: Tensor, prefix_tokens: Tensor | None, bos: int
+        self,
+        encoder_out: Any,
+        src_tokens: Tensor,
+        prefix_tokens: Tensor | None,
+        bos: int,
+        cpu: cpu_step.PackedModel | None = None,
     ) -> list[list[Hypothesis]]:
         """The eager loop: the model's incremental decoder (or the compiled CPU step), finished hypotheses
         counted on the host (one sync a step), finished sentences leaving the batch at once."""
         body, beam, device = self.decode_step, self.beam_size, src_tokens.device
         bsz = src_tokens.size(0)
         beams = body.begin(src_tokens, prefix_tokens, bos)
-        decoder = self._decoder(encoder_out, bsz)
+        decoder = self._decoder(encoder_out, bsz, cpu)
         fused = isinstance(decoder, cpu_step.CompiledSteps) and body.fusable(beams)
         if fused:  # plain beam search on the compiled step: the whole loop in C++ (this loop's rules)
             found = decoder.search(body, beams, bos)
             if found is not None:
                 return self._sorted(found)
-            decoder = self._decoder(encoder_out, bsz)  # a logit was not finite: this loop's masks decide
+            decoder = self._decoder(encoder_out, bsz, cpu)  # a logit was not finite: this loop's masks decide
 
         # Finished hypotheses stay on the device until the search ends (_collect); the host keeps their counts.
         pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = []
@@ -357,15 +363,18 @@ def encode(
     src_tokens: Tensor,
     src_lengths: Tensor | None,
     packed: bool | None,
-    compiled: bool = True,
+    compiled: bool | cpu_step.PackedModel = True,
 ) -> Any:
     """The encoder pass of generation (and of --score-reference) on a padded batch: packed (the real tokens only,
     models/varlen.py's attention; BartEncoder.forward_padded_as_packed) when `packed`, padded when False, the
     encoder's own choice when None (BartEncoder.packs_by_default). The output is laid out as the padded pass's
     (B x S x C and the B x S pad mask), so everything above the encoder is the same either way. On the CPU, where
-    the compiled step applies (`compiled`, cpu_step.for_model), the packed pass with its prepared products. An
-    encoder without `supports_packed` (a caller's own model) runs as it always did."""
-    cpu = cpu_step.for_model(model) if compiled and src_tokens.device.type == "cpu" else None
+    the compiled step applies (`compiled`: True, or the model's prepared weights when the caller has them;
+    cpu_step.for_model), the packed pass with its prepared products. An encoder without `supports_packed` (a
+    caller's own model) runs as it always did."""
+    cpu = compiled if isinstance(compiled, cpu_step.PackedModel) else None
+    if compiled is True and src_tokens.device.type == "cpu":
+        cpu = cpu_step.for_model(model)
     if cpu is not None:
         return cpu.encode(src_tokens, src_lengths)
     if getattr(model.encoder, "supports_packed", False):

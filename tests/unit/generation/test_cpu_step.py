@@ -308,7 +308,8 @@ def test_compiled_search_gives_the_eager_hypotheses(name, pre, kernels):
     srcs = left_pad(sources(9, seed=sorted(SEARCHES).index(name)))
     eager = SequenceGenerator(model, Dict4(), cpu_step=False, **SEARCHES[name])
     compiled = SequenceGenerator(model, Dict4(), **SEARCHES[name])
-    assert isinstance(compiled._decoder(encode(model, srcs, None, None), 9), cpu_step.CompiledSteps)
+    steps = compiled._decoder(encode(model, srcs, None, None), 9, cpu_step.for_model(model))
+    assert isinstance(steps, cpu_step.CompiledSteps)
     assert_same_hypotheses(compiled.generate(srcs), eager.generate(srcs))
 
 
@@ -377,10 +378,19 @@ def test_packed_weights_follow_parameters_changed_in_place():
     first = cpu_step.PackedModel.get(model)
     before = SequenceGenerator(model, Dict4(), beam_size=3, max_len_b=10).generate(srcs)
     assert cpu_step.PackedModel.get(model) is first  # kept while nothing changes
+    # torch's fused AdamW updates in place without counting versions (as seqtrain-train's Adam does)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+    versions = [p._version for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    assert [p._version for p in model.parameters()] == versions
+    second = cpu_step.PackedModel.get(model)
+    assert second is not first
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
-    assert cpu_step.PackedModel.get(model) is not first
+    assert cpu_step.PackedModel.get(model) is not second
     after = SequenceGenerator(model, Dict4(), beam_size=3, max_len_b=10).generate(srcs)
     assert_same_hypotheses(
         after, SequenceGenerator(model, Dict4(), cpu_step=False, beam_size=3, max_len_b=10).generate(srcs)
