@@ -152,16 +152,41 @@ def assert_same_state(a: dict, b: dict) -> None:
 
 
 def optimizer_of(args: Any, params: Any) -> Any:
-    """The optimizer of parsed flags, as the training loop builds it: its settings read once, then the builder."""
+    """The optimizer of parsed flags, as seqtrain-train builds it: its settings read once, then the builder."""
     from seqtrain.optim import build_optimizer
-    from seqtrain.train.loop import trainer_config
+    from seqtrain.train.program import train_config
 
-    return build_optimizer(trainer_config(args).optim, params)
+    return build_optimizer(train_config(args).optimizer, params)
 
 
 def scheduler_of(args: Any, optimizer: Any) -> Any:
-    """The lr scheduler of parsed flags, as the training loop builds it."""
+    """The lr scheduler of parsed flags, as seqtrain-train builds it."""
     from seqtrain.optim import build_lr_scheduler
-    from seqtrain.train.loop import trainer_config
+    from seqtrain.train.program import train_config
 
-    return build_lr_scheduler(trainer_config(args).schedule, optimizer)
+    return build_lr_scheduler(train_config(args).lr_scheduler, optimizer)
+
+
+def trainer_of(args: Any) -> Any:
+    """The Trainer of parsed seqtrain-train flags, with its task, model and criterion, as seqtrain-train builds
+    them (the record its checkpoints store given as the run gives it)."""
+    from seqtrain.models import as_built
+    from seqtrain.tasks import setup_task
+    from seqtrain.train.loop import build_trainer
+    from seqtrain.train.program import run_record, train_config
+
+    cfg = train_config(args)
+    task = setup_task(cfg.task)
+    trainer = build_trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
+    trainer.run_args = run_record(cfg, as_built(cfg.model))
+    return trainer
+
+
+def completed(args: Any) -> Any:
+    """A hand-made checkpoint record (`argparse.Namespace(arch="bart_tiny", ...)`) completed as a loaded one is
+    (seqtrain.checkpoint.fairseq.complete_model_fields: the arch preset's sizes filled in): the record tests
+    save or export beside a model built from it. Returns it."""
+    from seqtrain.checkpoint.fairseq import complete_model_fields
+
+    complete_model_fields(args)
+    return args

@@ -89,7 +89,7 @@ def _check_dictionary(teacher_dict: Any, data_dict: Any, teacher_path: str, data
         )
 
 
-@CRITERIONS.register(NAME)
+@CRITERIONS.register(NAME, config=DistillationConfig)
 class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(
         self,
@@ -117,8 +117,7 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         self.temperature = float(distill_temperature)
         self.alpha = float(distill_alpha)
 
-    config: type = DistillationConfig
-    needs_task = True
+    needs_task = True  # from_config takes the task (it loads the teacher and checks its dictionaries)
 
     @classmethod
     def from_config(

@@ -15,45 +15,60 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from seqtrain.config import left_out
+from seqtrain import registry
+from seqtrain.config import add_settings, left_out
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import fairseq_compat
 from seqtrain.flags.config_file import apply_config, config_text, load_config
-from seqtrain.flags.parsers import ArgumentParser, UsageError, _order_groups, _retitle, add_negations
-from seqtrain.registry import ARCHS
+from seqtrain.flags.parsers import ArgumentParser, UsageError, _order_groups, add_negations
 
 # The flags that pick a component; their values decide which further flags exist.
 _CHOICE_FLAGS = (("--task",), ("--arch", "-a"), ("--criterion",), ("--optimizer",), ("--lr-scheduler",))
+# Each choice's registry: the chosen component's settings class is REGISTRY.config(name), whose flags the parser
+# adds and into which the program reads them (seqtrain.registry).
+CHOICES = {
+    "task": registry.TASKS,
+    "arch": registry.ARCHS,
+    "criterion": registry.CRITERIONS,
+    "optimizer": registry.OPTIMIZERS,
+    "lr_scheduler": registry.LR_SCHEDULERS,
+}
+# The choices whose flags a program's parser adds once the command line names them, in this order (seqtrain-train's
+# criteria and model flags are every criterion's and arch's, added with the training parser: --help lists them).
+PER_CHOICE = {"train": ("task", "optimizer", "lr_scheduler")}  # the other programs: the task's
+
+
+def check_choice(dest: str, name: str) -> None:
+    """An unknown component `name` for --dest is one line naming the choices."""
+    table = CHOICES[dest]
+    if name not in table:
+        raise SeqtrainError(
+            f"--{dest.replace('_', '-')}: unknown {table.kind} {name!r}; choose from: {', '.join(table.names())}"
+        )
 
 
 def add_choice_args(parser: argparse.ArgumentParser, dest: str, name: str) -> None:
-    """Add the flags of the chosen task / optimizer / lr scheduler."""
+    """Add the flags of component `name` chosen by --dest (task, optimizer, lr_scheduler): the settings class
+    its registry holds for it."""
     # these import torch and register the tasks, optimizers and schedulers; parsing needs them from here on
     import seqtrain.tasks  # noqa: F401
-    from seqtrain import registry
     from seqtrain.optim import lr_scheduler, optimizers
 
-    table = {
-        "task": registry.TASKS,
-        "optimizer": registry.OPTIMIZERS,
-        "lr_scheduler": registry.LR_SCHEDULERS,
-    }[dest]
-    if name not in table:
-        raise SeqtrainError(
-            f"--{dest.replace('_', '-')}: unknown {table.kind} {name!r}; "
-            f"choose from: {', '.join(table.names())}"
-        )
-    if dest == "task":
-        cls = table.get(name)
+    check_choice(dest, name)
+    if dest == "optimizer":
+        optimizers.add_args(parser, name)
+    elif dest == "lr_scheduler":
+        lr_scheduler.add_args(parser, name)
+    else:
+        cls = registry.TASKS.get(name)
         # a CLI that declared DATA itself (seqtrain-generate: optional with --input) keeps its own
-        if hasattr(cls, "add_args") and not any(a.dest == "data" for a in parser._actions):
-            cls.add_args(parser)
+        if not any(a.dest == "data" for a in parser._actions):
+            if registry.TASKS.registered_config(name) is None and hasattr(cls, "add_args"):
+                cls.add_args(parser)  # a --user-dir task written fairseq-style declares its flags itself
+            else:
+                add_settings(parser, registry.TASKS.config(name))
         if hasattr(cls, "add_task_flags"):  # the task's own flags, beside DATA: every CLI takes them
             cls.add_task_flags(parser)
-    elif dest == "optimizer":
-        _retitle(optimizers.add_args(parser, name), f"Optimizer ({name})")
-    else:
-        _retitle(lr_scheduler.add_args(parser, name), f"LR scheduler ({name})")
 
 
 # ------------------------------------------------------------------------------------------------- parsing
@@ -114,15 +129,10 @@ def parse_args_and_arch(
                 defaults[dest] = _config_value(config, dest)
         first = _pre_parse(argv, defaults)
 
-    add_choice_args(parser, "task", first.task)
-    if stage == "train":
-        add_choice_args(parser, "optimizer", first.optimizer)
-        add_choice_args(parser, "lr_scheduler", first.lr_scheduler)
-        if first.arch is not None:
-            if first.arch not in ARCHS:
-                raise SeqtrainError(
-                    f"--arch: unknown arch {first.arch!r}; choose from: {', '.join(ARCHS.names())}"
-                )
+    for dest in PER_CHOICE.get(stage, ("task",)):
+        add_choice_args(parser, dest, getattr(first, dest))
+    if stage == "train" and first.arch is not None:
+        check_choice("arch", first.arch)
     _order_groups(parser)
     add_negations(parser)
     if first.config:
@@ -132,8 +142,10 @@ def parse_args_and_arch(
     args = parser.parse_args(argv)
     if stage == "train":
         if not args.arch:
-            raise SeqtrainError(f"--arch is required; choose from: {', '.join(ARCHS.names())}")
-        ARCHS.get(args.arch)(args)  # fills only fields still None: explicit flags and config values win
+            raise SeqtrainError(f"--arch is required; choose from: {', '.join(registry.ARCHS.names())}")
+        registry.ARCHS.get(args.arch)(
+            args
+        )  # fills only fields still None: explicit flags and config values win
     # fairseq: the memory-efficient variants imply the plain ones (seqtrain keeps fp32 master weights for both)
     if getattr(args, "memory_efficient_fp16", False):
         args.fp16 = True
