@@ -11,6 +11,7 @@ checked before anything is scored; the outputs are written whole or not at all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -18,17 +19,20 @@ from typing import Any
 
 import numpy as np
 
+from seqtrain.checkpoint.fairseq import stored_conventions
 from seqtrain.config import add_settings, int_list, setting, settings
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, stop_on_sigterm
 from seqtrain.evaluation import analyses, page
-from seqtrain.fileio import atomic_write
+from seqtrain.fileio import check_outputs_apart, write_files
 from seqtrain.flag_bounds import Bounds
 from seqtrain.flags.parsers import ArgumentParser, add_negations
+from seqtrain.generation import runner
 from seqtrain.scoring.rouge import (
     ROUGE_TYPES,
     _read_lines,
     bootstrap_intervals,
     check_lengths,
+    check_some_text,
     example_scores,
     format_comparison,
     format_intervals,
@@ -72,6 +76,13 @@ class EvalInputs:
         None,
         "a second system's hypotheses (file or folder): the paired bootstrap test and per-bucket differences",
         metavar="OTHER",
+    )
+    path: str | None = setting(
+        None,
+        "the model that made the hypotheses (any checkpoint seqtrain-generate --path reads): the truncation "
+        "section then counts each source in its tokenizer's pieces against its max_source_positions, instead "
+        "of --source-limit words",
+        metavar="CHECKPOINT",
     )
 
 
@@ -124,8 +135,8 @@ def get_eval_parser() -> argparse.ArgumentParser:
     return add_negations(p)
 
 
-def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[str]]:
-    """(the file read, its lines): `path` itself, or in a seqtrain-generate --results-path folder its
+def hypotheses_file(path: str, split: str | None, flag: str) -> str:
+    """The hypotheses file `path` names: itself, or in a seqtrain-generate --results-path folder its
     hypotheses-SPLIT.txt (SPLIT from --split, else the only one there)."""
     if os.path.isdir(path):
         if split:
@@ -142,7 +153,23 @@ def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[
         file = path
     else:
         raise SeqtrainError(f"{flag} {path}: no such file or folder")
+    return file
+
+
+def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[str]]:
+    """(the file read, its lines); `path` as hypotheses_file takes it."""
+    file = hypotheses_file(path, split, flag)
     return file, _read_lines(file)
+
+
+def shown(text: str) -> str:
+    """`text` as valid UTF-8 for the report: a file name or --title whose bytes are not UTF-8 reaches Python as
+    surrogate escapes, which no UTF-8 file can hold (a UnicodeEncodeError at the write); they are shown as
+    U+FFFD."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate no byte escapes to
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _check_count(name: str, lines: list[str], ref_name: str, refs: list[str], what: str) -> None:
@@ -178,6 +205,8 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     sources, refs = _read_lines(args.source), _read_lines(args.reference)
     if not refs:
         raise SeqtrainError(f"{args.reference}: no references (the file is empty)")
+    check_some_text(refs, args.reference, "references")
+    check_some_text(sources, args.source, "sources")
     _check_count(args.source, sources, args.reference, refs, "sources")
     _check_count(hyp_file, hyps, args.reference, refs, "hypotheses")
     check_lengths(hyps, hyp_file)
@@ -196,9 +225,9 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "format": "seqtrain-eval",
         "version": 1,
-        "hypotheses": hyp_file,
-        "source": args.source,
-        "reference": args.reference,
+        "hypotheses": shown(hyp_file),
+        "source": shown(args.source),
+        "reference": shown(args.reference),
         "n": n,
         "bootstrap": n_boot,
         "seed": seed,
@@ -246,21 +275,15 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         "reference": analyses.faithfulness_summary(ref_faith),
     }
 
-    past = [analyses.past_limit(s, r, args.source_limit) for s, r in zip(sources, refs)]
-    out["truncation"] = {
-        "limit_words": args.source_limit,
-        "sources_over_limit": sum(1 for x in src_len if x > args.source_limit),
-        "reference_past_limit_mean": float(np.mean(past)),
-        "references_with_words_past_limit": sum(1 for x in past if x > 0),
-    }
+    out["truncation"], past = truncation(args, sources, refs, src_len)
 
     if train is not None:
         out["duplicates"] = {
-            "train_source": args.train_source,
+            "train_source": shown(args.train_source),
             **analyses.duplicates(train, sources, args.dup_threshold),
         }
     if curves is not None:
-        out["validation_curves"] = {"train_log": args.train_log, "subsets": curves}
+        out["validation_curves"] = {"train_log": shown(args.train_log), **curves}
 
     examples = [
         {
@@ -286,7 +309,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     if other is not None:
         other_per = example_scores(other[1], refs)
         out["compare"] = {
-            "hypotheses": other[0],
+            "hypotheses": shown(other[0]),
             "rouge": _means_ci(other_per, n_boot, seed),
             "test": paired_bootstrap(per, other_per, n_boot or 1000, seed),
             "buckets": [
@@ -309,6 +332,47 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def limit_text(t: dict[str, Any]) -> str:
+    """The truncation limit in words: "1024 words", or "48 pieces of CHECKPOINT's tokenizer"."""
+    if t["unit"] == "words":
+        return f"{t['limit']} words"
+    return f"{t['limit']} pieces of {t['model']}'s tokenizer (its max_source_positions)"
+
+
+def truncation(
+    args: argparse.Namespace, sources: list[str], refs: list[str], src_len: list[int]
+) -> tuple[dict[str, Any], list[float]]:
+    """The truncation section and each reference's share of words past the limit: --source-limit words, or with
+    --path the model's own limit (its max_source_positions, in its tokenizer's pieces), each source cut where
+    the model cuts it (analyses.kept_words)."""
+    if not args.path:
+        kept = [args.source_limit] * len(sources)
+        over = sum(1 for x in src_len if x > args.source_limit)
+        section: dict[str, Any] = {
+            "limit": args.source_limit,
+            "unit": "words",
+            "limit_words": args.source_limit,
+        }
+    else:
+        loaded = runner.load_for_generation(args.path)
+        limit = loaded.model.max_positions()[0]
+        extra = 1 if stored_conventions(loaded.lm.args).prepend_bos else 0  # <s>, which encode leaves out
+
+        def fits(text: str) -> bool:
+            return len(runner.encode(loaded, [text])[0]) + extra <= limit
+
+        kept = [analyses.kept_words(s, fits) for s in sources]
+        over = sum(1 for s, k, n in zip(sources, kept, src_len) if k < n or not fits(s))
+        section = {"limit": limit, "unit": "pieces", "model": shown(args.path)}
+    past = [analyses.past_limit(s, r, k) for s, r, k in zip(sources, refs, kept)]
+    section.update(
+        sources_over_limit=over,
+        reference_past_limit_mean=float(np.mean(past)),
+        references_with_words_past_limit=sum(1 for x in past if x > 0),
+    )
+    return section, past
+
+
 def _lines(r: dict[str, Any]) -> list[str]:
     """The console summary."""
     lines = [f"{r['hypotheses']}: {format_summary(r['rouge'])}"]
@@ -326,7 +390,7 @@ def _lines(r: dict[str, Any]) -> list[str]:
     )
     t = r["truncation"]
     lines.append(
-        f"truncation at {t['limit_words']} words: {t['sources_over_limit']} sources longer; "
+        f"truncation at {limit_text(t)}: {t['sources_over_limit']} sources longer; "
         f"{100 * t['reference_past_limit_mean']:.2f}% of reference words lie only past it"
     )
     if "duplicates" in r:
@@ -334,6 +398,11 @@ def _lines(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"train duplicates: {d['exact']} exact, {d['high_overlap']} with >= {100 * d['threshold']:.0f}% "
             f"5-gram overlap, of {r['n']} sources"
+        )
+    skipped = r.get("validation_curves", {}).get("skipped")
+    if skipped:
+        lines.append(
+            f"--train-log {r['validation_curves']['train_log']}: {skipped} malformed records skipped"
         )
     if "compare" in r:
         c = r["compare"]
@@ -343,7 +412,9 @@ def _lines(r: dict[str, Any]) -> list[str]:
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    """seqtrain-eval: compute the report, print its summary, write --json and --html (each whole or not at all)."""
+    """seqtrain-eval: compute the report, print its summary, write --json and --html (both or neither, each
+    whole). The outputs are checked first: none is one of the inputs (seqtrain.fileio's rule), nor a folder."""
+    check_outputs_apart([("--json", args.json), ("--html", args.html)], _inputs(args))
     for flag, path in (("--json", args.json), ("--html", args.html)):
         if path and os.path.isdir(path):
             raise SeqtrainError(f"{flag} {path}: is a folder; give a file name")
@@ -351,17 +422,38 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
             raise SeqtrainError(
                 f"{flag} {path}: folder {os.path.dirname(path)} does not exist; create it first"
             )
-    r = report(args)
-    texts = {}
-    if args.json:
-        texts[args.json] = json.dumps(r, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-    if args.html:
-        texts[args.html] = page.render(r, args.title or r["hypotheses"])
-    for path, text in texts.items():
-        with atomic_write(path, "w", encoding="utf-8") as f:
-            f.write(text)
+    with stop_on_sigterm():  # the outputs are written at the end: until then, nothing was
+        r = report(args)
+        texts = {}
+        if args.json:
+            texts[args.json] = json.dumps(r, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+        if args.html:
+            texts[args.html] = page.render(r, shown(args.title or r["hypotheses"]))
+        write_files(texts)
     for line in _lines(r):
         print(line)
     for path in texts:
-        print(f"wrote {path}")
+        print(f"wrote {shown(path)}")
     return r
+
+
+def _inputs(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The files seqtrain-eval reads, as (flag, path): a --hyps or --compare folder stands for the file in it."""
+    inputs = [(flag, getattr(args, dest)) for flag, dest in _INPUT_FLAGS]
+    for flag, dest in (("--hyps", "hyps"), ("--compare", "compare")):
+        path = getattr(args, dest)
+        if path and os.path.isdir(path):
+            with contextlib.suppress(SeqtrainError):  # an ambiguous folder is refused when it is read
+                inputs.append((flag, hypotheses_file(path, args.split, flag)))
+    return inputs
+
+
+_INPUT_FLAGS = (
+    ("--hyps", "hyps"),
+    ("--source", "source"),
+    ("--reference", "reference"),
+    ("--compare", "compare"),
+    ("--train-source", "train_source"),
+    ("--train-log", "train_log"),
+    ("--path", "path"),
+)

@@ -19,7 +19,7 @@ from seqtrain import registry
 from seqtrain.config import add_settings, left_out
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import fairseq_compat
-from seqtrain.flags.config_file import apply_config, config_text, load_config
+from seqtrain.flags.config_file import actions_by_key, apply_config, check_sections, config_text, load_config
 from seqtrain.flags.parsers import ArgumentParser, UsageError, _order_groups, add_negations
 
 # The flags that pick a component; their values decide which further flags exist.
@@ -90,6 +90,28 @@ def _config_value(config: dict[str, Any], dest: str) -> Any:
     return None
 
 
+def _check_component_names(
+    path: str, config: dict[str, Any], lines: dict[str, int], dests: tuple[str, ...]
+) -> None:
+    """A config's --arch, --task, --optimizer and --lr-scheduler (those of `dests`) name registered components,
+    in every program: a generation program skips training's keys (one preset serves both) but `arch:
+    no_such_arch` passed through it silently. The error names the file, line and key, as the config's others."""
+    # here, as add_choice_args does: they import torch and register the tasks (and archs), optimizers, schedulers
+    import seqtrain.tasks  # noqa: F401
+    from seqtrain.optim import lr_scheduler, optimizers  # noqa: F401
+
+    for key, name in config.items():
+        bare = key.lstrip("-").replace("-", "_")
+        dest = "arch" if bare == "a" else bare
+        table = CHOICES.get(dest) if dest in dests else None
+        if table is None or name is None or (isinstance(name, str) and name in table):
+            continue
+        where = f"--config {path}" + (f" line {lines[key]}" if lines.get(key) else "") + f" ({key})"
+        raise SeqtrainError(
+            f"{where}: unknown {table.kind} {name!r}; choose from: {', '.join(table.names())}"
+        )
+
+
 def _refuse_left_out(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
     """The flags of a group the program composes that it leaves out (seqtrain.config.left_out): one line each."""
     out = left_out(parser)
@@ -122,22 +144,28 @@ def parse_args_and_arch(
     first = _pre_parse(argv, defaults)
     config: dict[str, Any] = {}
     lines: dict[str, int] = {}
+    sections: dict[str, int] = {}
+    ignore: dict[str, argparse.Action] = {}
     if first.config:
-        config, lines = load_config(first.config)
+        config, lines, sections = load_config(first.config)
         for dest in ("task", "arch", "criterion", "optimizer", "lr_scheduler"):
             if _config_value(config, dest) is not None:
                 defaults[dest] = _config_value(config, dest)
         first = _pre_parse(argv, defaults)
+        ignore = other_flags(first) if other_flags is not None else {}
+        # before the components are looked up (again in apply_config, with the chosen components' flags)
+        check_sections(first.config, sections, actions_by_key(parser), ignore)
+        _check_component_names(first.config, config, lines, ("task", "optimizer", "lr_scheduler"))
 
     for dest in PER_CHOICE.get(stage, ("task",)):
         add_choice_args(parser, dest, getattr(first, dest))
-    if stage == "train" and first.arch is not None:
-        check_choice("arch", first.arch)
     _order_groups(parser)
     add_negations(parser)
     if first.config:
-        ignore = other_flags(first) if other_flags is not None else {}
-        apply_config(parser, first.config, config, lines, ignore=ignore)
+        apply_config(parser, first.config, config, lines, ignore=ignore, sections=sections)
+        _check_component_names(first.config, config, lines, ("arch",))
+    if stage == "train" and first.arch is not None:
+        check_choice("arch", first.arch)
 
     args = parser.parse_args(argv)
     if stage == "train":

@@ -194,6 +194,8 @@ def _why_not(model: nn.Module) -> str | None:
     for p in model.parameters():
         if p.device.type != "cpu" or p.dtype != torch.float32:
             return "not fp32 on the CPU"
+        if hasattr(p, "_local_tensor"):  # a DTensor: FSDP shards (ROUGE validation of an FSDP run)
+            return "sharded parameters"
     names = {fn: name for name, fn in ACTIVATIONS.items()}
     for layer in [*model.encoder.layers, *model.decoder.layers]:
         if names.get(layer.activation) not in ACTS:
@@ -349,7 +351,15 @@ def for_model(model: nn.Module) -> PackedModel | None:
                 f"SEQTRAIN_CPU_STEP=compiled: the compiled CPU step is unavailable ({_ext_error})"
             )
         return None
-    return PackedModel.get(model)
+    packed = PackedModel.get(model)
+    global _said
+    if not _said:  # once a process: which step CPU generation takes
+        _said = True
+        logger.info(f"CPU decoding: the compiled step ({packed.backend} products)")
+    return packed
+
+
+_said = False
 
 
 class CompiledSteps:
@@ -375,6 +385,28 @@ class CompiledSteps:
 
     def reorder(self, new_order: Tensor, encoder_order: Tensor | None) -> None:
         self.decoder.reorder(new_order)
+
+    def search(
+        self, body: Any, beams: Any, bos: int
+    ) -> list[list[tuple[float, list[int], list[float]]]] | None:
+        """Plain beam search of the whole batch in C++ (csrc/cpu_step.cpp's `search`: the eager loop's rules with
+        the fused candidate step; `body` a DecodeStep that is `fusable`): per sentence its finished hypotheses
+        (final score, tokens, positional scores) in the order they finished; None when a logit was not finite."""
+        return extension().search(
+            self.decoder,
+            list(beams.max_lens_host),
+            body.beam,
+            bos,
+            body.eos,
+            body.pad,
+            body.unk,
+            body.min_len,
+            float(body.len_penalty),
+            bool(body.normalize_scores),
+            float(body.unk_penalty),
+            float(body.temperature),
+            0 if body.ngram_blocker is None else body.ngram_blocker.n,
+        )
 
 
 def beam_candidates(

@@ -131,7 +131,7 @@ def parse_generation_args(
     args = parsing.parse_args_and_arch(parser, argv, other_flags=_other_programs_flags(interactive))
     given = {a.dest for a in parser._actions if set(a.option_strings) & {x.split("=", 1)[0] for x in argv}}
     if args.config:
-        config, _ = load_config(args.config)
+        config, _, _ = load_config(args.config)
         given |= {str(k).lstrip("-").replace("-", "_") for k in config}
     args.given_flags = sorted(given)
     return args

@@ -16,6 +16,7 @@ from seqtrain.cuda import DeviceConfig
 from seqtrain.data.indexed_dataset import DataCheckConfig
 from seqtrain.data.options import GenDatasetConfig
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import folder_files
 from seqtrain.generation import runner
 from seqtrain.generation.output import OutputConfig
 from seqtrain.generation.rerank import RerankConfig
@@ -103,6 +104,16 @@ class GenerateConfig:
     outputs: OutputConfig = field(default_factory=OutputConfig)
     rerank: RerankConfig = field(default_factory=RerankConfig)
     bpe: bpe_flags.BpeConfig = field(default_factory=bpe_flags.BpeConfig)
+
+
+def run_inputs(cfg: GenerateConfig) -> list[tuple[str, str | None]]:
+    """The files a generation run reads, as (flag, path) for seqtrain.fileio.check_outputs_apart: --input,
+    --reference, every --path checkpoint (a model folder's files), --lora-base and the data-bin's files."""
+    inputs = [("--input", cfg.inputs.input), ("--reference", cfg.inputs.reference)]
+    for flag, value in (("--path", cfg.load.path), ("--lora-base", cfg.load.lora_base)):
+        for path in runner.split_paths(value) if value else []:
+            inputs += [(flag, f) for f in folder_files(path)]
+    return inputs + [("DATA", f) for f in folder_files(cfg.data)]
 
 
 def apply_model_defaults(loaded: runner.GenerationModel, search: GenerationConfig, given: set[str]) -> None:

@@ -33,6 +33,7 @@ Output, per input sentence: up to nbest hypotheses, best first, each a dict like
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -143,6 +144,11 @@ class SequenceGenerator:
         sentence in src_tokens' order, its hypotheses best first."""
         was_training = self.model.training
         self.model.eval()
+        # Python's cycle collector off for the search: the loop allocates a few tensors a step, which trigger
+        # collections that walk every object of torch and the model (~180k: 11% of a CPU search's time on
+        # bart_small, docs/benchmarks.md); the search makes no cycles, and a later collection finds any
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             return self._generate(
                 src_tokens,
@@ -153,6 +159,8 @@ class SequenceGenerator:
             )
         finally:
             self.model.train(was_training)
+            if collecting:
+                gc.enable()
 
     # ------------------------------------------------------------------ the loop
 
@@ -199,6 +207,11 @@ class SequenceGenerator:
         beams = body.begin(src_tokens, prefix_tokens, bos)
         decoder = self._decoder(encoder_out, bsz)
         fused = isinstance(decoder, cpu_step.CompiledSteps) and body.fusable(beams)
+        if fused:  # plain beam search on the compiled step: the whole loop in C++ (this loop's rules)
+            found = decoder.search(body, beams, bos)
+            if found is not None:
+                return self._sorted(found)
+            decoder = self._decoder(encoder_out, bsz)  # a logit was not finite: this loop's masks decide
 
         # Finished hypotheses stay on the device until the search ends (_collect); the host keeps their counts.
         pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = []
@@ -265,6 +278,26 @@ class SequenceGenerator:
         cum[:, step] = eos_scores
         final = self.decode_step.final_scores(step, eos_scores)
         return [active[j] for j, _ in picks], hyp_tokens, positional_scores(cum), final
+
+    def _sorted(self, found: list[list[tuple[float, list[int], list[float]]]]) -> list[list[Hypothesis]]:
+        """The compiled loop's finished hypotheses (per sentence, (final score, tokens, positional scores) in
+        the order they finished) as _collect returns its own: best first (a stable sort), nbest kept."""
+        out = []
+        for hyps in found:
+            hyps = sorted(hyps, key=lambda h: h[0], reverse=True)[: self.nbest]
+            out.append(
+                [
+                    {
+                        "tokens": torch.tensor(tokens, dtype=torch.long),
+                        "score": torch.tensor(score, dtype=torch.float32),
+                        "attention": None,
+                        "alignment": None,
+                        "positional_scores": torch.tensor(positional, dtype=torch.float32),
+                    }
+                    for score, tokens, positional in hyps
+                ]
+            )
+        return out
 
     def _collect(
         self, pending: list[tuple[list[int], Tensor, Tensor, Tensor]], bsz: int

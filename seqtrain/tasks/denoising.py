@@ -132,6 +132,10 @@ class DenoisingTask(TranslationTask):
         # the data-bin's tokenizer, checked against fairseq's --bpe flags where a command gives them
         return cls(cfg, dictionary, bpe_flags.databin_tokenizer(cfg.bpe, paths[0]).spec())
 
+    def dictionary_file(self, side: str) -> str:
+        """The one dict.txt of the monolingual data-bin, for both sides (the messages named dict.None.txt)."""
+        return os.path.join(self._paths(self.cfg)[0], "dict.txt")
+
     # ---------------------------------------------------------------------------------------------- data
     def noise(self) -> Noise:
         """The noise of this run's flags (built once: the word-start table reads the whole dictionary)."""

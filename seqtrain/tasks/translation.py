@@ -300,11 +300,12 @@ class TranslationTask:
         """The criterion `cfg.criterion` of its settings (CRITERIONS.config(cfg.criterion))."""
         return build_criterion(cfg, self)
 
-    def data_files(self) -> tuple[str, dict[str, str | None]]:
-        """(the first data-bin folder, {"source": its source language, "target": ...}): where the messages
-        about this task's dictionaries point."""
+    def dictionary_file(self, side: str) -> str:
+        """The file of the `side` ("source", "target") dictionary in the first data-bin: where the messages about
+        this task's dictionaries point (dict.{lang}.txt; the denoising task's one dict.txt)."""
         d = self.cfg.dataset
-        return str(self.cfg.data or "").split(":")[0], {"source": d.source_lang, "target": d.target_lang}
+        lang = d.source_lang if side == "source" else d.target_lang
+        return os.path.join(str(self.cfg.data or "").split(":")[0], f"dict.{lang or side}.txt")
 
     def load_teacher(self, path: str) -> Any:
         """--teacher-path's model for distillation (seqtrain.criterions.distillation): criteria sit below the

@@ -41,6 +41,7 @@ from seqtrain.data.options import check_dataset_args
 from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import check_outputs_apart, folder_files
 from seqtrain.flags.fairseq_compat import import_user_dir
 from seqtrain.flags.training import resolved_train_config
 from seqtrain.logging import progress as progress_lib
@@ -67,7 +68,23 @@ def setup_train_logging(cfg: TrainConfig) -> logging.Handler | None:
     if not is_master(cfg.launch):
         setup_logging(sys.stdout, logging.WARNING)
         return None
-    return setup_logging(sys.stdout, logging.INFO, cfg.loop.logging.log_file or None)
+    log_file = cfg.loop.logging.log_file
+    check_outputs_apart([("--log-file", log_file), ("--jsonl-log", cfg.tracking.jsonl_log)], _read_files(cfg))
+    return setup_logging(sys.stdout, logging.INFO, log_file or None)
+
+
+def _read_files(cfg: TrainConfig) -> list[tuple[str, str | None]]:
+    """The files a training run reads, as (flag, path) for seqtrain.fileio.check_outputs_apart: the data-bins'
+    files, the checkpoints it may start from (also --save-dir's), the teacher and the EMA's seed."""
+    inputs = [("DATA", f) for d in (cfg.data_path or "").split(":") if d for f in folder_files(d)]
+    inputs += [("--save-dir", f) for f in folder_files(cfg.checkpoint.save_dir) if f.endswith(".pt")]
+    inputs += [
+        ("--restore-file", cfg.checkpoint.restore_file),
+        ("--finetune-from-model", cfg.checkpoint.finetune_from_model),
+        ("--teacher-path", getattr(cfg.criterion, "teacher_path", None)),  # the distillation criterion's
+        ("--ema-seed-model", cfg.ema.ema_seed_model),
+    ]
+    return inputs
 
 
 def check_settings(cfg: TrainConfig) -> None:

@@ -24,7 +24,13 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -63,6 +69,142 @@ inline float dot(const float* a, const float* b, int64_t n) {
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+inline void dot4(const float* q, const float* k0, const float* k1, const float* k2, const float* k3, int64_t n,
+                 float* out) {
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#pragma omp simd reduction(+ : s0, s1, s2, s3)
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = q[i];
+    s0 += x * k0[i];
+    s1 += x * k1[i];
+    s2 += x * k2[i];
+    s3 += x * k3[i];
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+#if defined(__AVX512F__)
+// The sums of 16 vectors, as one vector (lane i: the sum of acc[i]): a transposing tree of shuffles and adds,
+// 45 operations where 16 horizontal sums would cost about 16 x 8 dependent ones.
+inline __m512 sum16(const __m512* acc) {
+  __m512 l1[8], l2[4];
+  for (int i = 0; i < 8; ++i) {  // lane-wise [a b a b] partial sums of each pair
+    const __m512 a = acc[2 * i], b = acc[2 * i + 1];
+    l1[i] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+  }
+  for (int i = 0; i < 4; ++i) {  // [a b c d] in every 128-bit lane
+    const __m512 a = l1[2 * i], b = l1[2 * i + 1];
+    l2[i] = _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[0], l2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(l2[0], l2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[2], l2[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(l2[2], l2[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(s01, s23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// out[i] = q . k[i] for 16 keys of n floats (n a multiple of 16)
+inline void dot16(const float* q, const float* const* k, int64_t n, float* out) {
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + j);
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k[i] + j), acc[i]);
+  }
+  _mm512_storeu_ps(out, sum16(acc));
+}
+#endif
+
+// y[0..d) = sum over s < n of p[s] * row(s)[0..d): the attention's weighted sum of values
+template <typename Row>
+void weighted_rows(float* y, int64_t d, int64_t n, const float* p, Row&& row) {
+  std::fill(y, y + d, 0.f);
+  for (int64_t s = 0; s < n; ++s) {
+    if (p[s] == 0.f) continue;
+    const float w = p[s];
+    const float* v = row(s);
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) y[j] += w * v[j];
+  }
+}
+
+// sc[s] = scale * sum over j < d of q[j] * kt[j * S + s], for s < S: a query against keys laid out d x S
+inline void scores_transposed(float* sc, int64_t S, const float* q, int64_t d, const float* kt, float scale) {
+  std::fill(sc, sc + S, 0.f);
+  for (int64_t j = 0; j < d; ++j) {
+    const float qj = q[j] * scale;
+    const float* kj = kt + j * S;
+#pragma omp simd
+    for (int64_t s = 0; s < S; ++s) sc[s] += qj * kj[s];
+  }
+}
+
+#if defined(__AVX512F__)
+// The sums held in NV vector registers across all n rows (the generic loop stores y after every row).
+template <int NV, typename Row>
+void weighted_rows_v(float* y, int64_t n, const float* p, Row&& row) {
+  __m512 acc[NV];
+  for (int c = 0; c < NV; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < n; ++s) {
+    const __m512 w = _mm512_set1_ps(p[s]);
+    const float* v = row(s);
+    for (int c = 0; c < NV; ++c) acc[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * c), acc[c]);
+  }
+  for (int c = 0; c < NV; ++c) _mm512_storeu_ps(y + 16 * c, acc[c]);
+}
+
+template <typename Row>
+bool weighted_rows_fast(float* y, int64_t d, int64_t n, const float* p, Row&& row) {
+  switch (d) {
+    case 16: weighted_rows_v<1>(y, n, p, row); return true;
+    case 32: weighted_rows_v<2>(y, n, p, row); return true;
+    case 64: weighted_rows_v<4>(y, n, p, row); return true;
+    case 128: weighted_rows_v<8>(y, n, p, row); return true;
+    default: return false;
+  }
+}
+
+// scores_transposed with 64 positions at a time held in registers across the d products
+inline void scores_transposed_v(float* sc, int64_t S, const float* q, int64_t d, const float* kt, float scale) {
+  for (int64_t s0 = 0; s0 < S; s0 += 64) {
+    __mmask16 m[4];
+    for (int c = 0; c < 4; ++c) {
+      const int64_t lo = s0 + 16 * c, left = S - lo;
+      m[c] = left >= 16 ? static_cast<__mmask16>(0xFFFF)
+             : left > 0 ? static_cast<__mmask16>((1u << left) - 1u)
+                        : static_cast<__mmask16>(0);
+    }
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t j = 0; j < d; ++j) {
+      const __m512 qj = _mm512_set1_ps(q[j] * scale);
+      const float* kj = kt + j * S + s0;
+      for (int c = 0; c < 4; ++c) acc[c] = _mm512_fmadd_ps(qj, _mm512_maskz_loadu_ps(m[c], kj + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < 4; ++c) _mm512_mask_storeu_ps(sc + s0 + 16 * c, m[c], acc[c]);
+  }
+}
+#endif
+
+template <typename Row>
+void attend_values(float* y, int64_t d, int64_t n, const float* p, Row&& row) {
+#if defined(__AVX512F__)
+  if (weighted_rows_fast(y, d, n, p, row)) return;
+#endif
+  weighted_rows(y, d, n, p, row);
+}
+
+inline void attend_keys_transposed(float* sc, int64_t S, const float* q, int64_t d, const float* kt, float scale) {
+#if defined(__AVX512F__)
+  scores_transposed_v(sc, S, q, d, kt, scale);
+#else
+  scores_transposed(sc, S, q, d, kt, scale);
+#endif
 }
 
 // softmax of scores[0..n) in place, entries at -inf left out; returns nothing (the weights sum to 1)
@@ -185,6 +327,22 @@ struct LayerNorm {
   }
 };
 
+// Where a step's time goes (Decoder.profile(), for scripts/bench/profile_beam_search.py): off unless asked.
+enum Section : int { kEmbed, kNorms, kProducts, kSelfAttention, kCrossAttention, kOutput, kSections };
+constexpr const char* kSectionNames[kSections] = {"embedding", "layer norms", "layer products",
+                                                  "self-attention", "cross-attention", "output projection"};
+
+struct Timer {
+  std::array<double, kSections>* acc;
+  int section;
+  std::chrono::steady_clock::time_point start;
+  Timer(std::array<double, kSections>* a, int sec)
+      : acc(a), section(sec), start(a ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point()) {}
+  ~Timer() {
+    if (acc) (*acc)[section] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+};
+
 struct Layer {
   Linear qkv, out, cross_q, cross_kv, cross_out, fc1, fc2;
   LayerNorm self_norm, cross_norm, ffn_norm;
@@ -236,8 +394,16 @@ class Decoder {
     src_len_ = memory.size(1);
     valid_ = valid.to(at::kBool).contiguous();
     const Tensor flat = memory.reshape({sentences_ * src_len_, memory.size(2)}).contiguous();
-    memory_kv_.clear();
-    for (const Layer& l : layers_) memory_kv_.push_back(run_linear(l.cross_kv, flat, kNone, nullptr).contiguous());
+    memory_keys_.clear();
+    memory_values_.clear();
+    const int64_t H = heads_, d = dim_ / heads_;
+    for (const Layer& l : layers_) {
+      // keys as B x H x d x S (a query's scores are then vector products over the positions) and values as
+      // B x H x S x d (its output a sum of rows): each sentence's block read once per row, no horizontal sums
+      const Tensor kv = run_linear(l.cross_kv, flat, kNone, nullptr).view({sentences_, src_len_, 2, H, d});
+      memory_keys_.push_back(kv.select(2, 0).permute({0, 2, 3, 1}).contiguous());
+      memory_values_.push_back(kv.select(2, 1).permute({0, 2, 1, 3}).contiguous());
+    }
     const Tensor rs = row_sent.to(at::kLong).contiguous();
     row_sent_.assign(rs.data_ptr<int64_t>(), rs.data_ptr<int64_t>() + rs.numel());
     rows_ = static_cast<int64_t>(row_sent_.size());
@@ -258,11 +424,29 @@ class Decoder {
     int32_t* slot = idx_.data() + steps_ * rcap_;
     for (int64_t r = 0; r < R; ++r) slot[r] = static_cast<int32_t>(r);
 
-    Tensor x = embed(tokens.to(at::kLong).contiguous(), position);
+    Tensor x;
+    {
+      Timer tm(timers(), kEmbed);
+      x = embed(tokens.to(at::kLong).contiguous(), position);
+    }
     for (size_t i = 0; i < layers_.size(); ++i) x = layer(i, x);
-    if (has_final_norm_) final_norm_.apply(x, x);
+    if (has_final_norm_) {
+      Timer tm(timers(), kNorms);
+      final_norm_.apply(x, x);
+    }
     steps_ += 1;
+    Timer tm(timers(), kOutput);
     return run_linear(output_, x, kNone, nullptr);
+  }
+
+  void set_profiling(bool on) {
+    profiling_ = on;
+    prof_.fill(0.0);
+  }
+  std::vector<std::pair<std::string, double>> profile() const {
+    std::vector<std::pair<std::string, double>> out;
+    for (int i = 0; i < kSections; ++i) out.emplace_back(kSectionNames[i], prof_[i]);
+    return out;
   }
 
   // The rows of the next step come from rows `new_order` of the last one.
@@ -309,26 +493,46 @@ class Decoder {
     return x;
   }
 
+  std::array<double, kSections>* timers() { return profiling_ ? &prof_ : nullptr; }
+
+  // the sublayer's input: the layer norm of x before it (pre-norm), x itself (post-norm)
+  Tensor norm_in(const LayerNorm& n, const Tensor& x) {
+    if (!pre_norm_) return x;
+    Timer tm(timers(), kNorms);
+    return n(x);
+  }
+  // the residual sum's layer norm after the sublayer (post-norm), in place
+  void norm_out(const LayerNorm& n, Tensor& x) {
+    if (pre_norm_) return;
+    Timer tm(timers(), kNorms);
+    n.apply(x, x);
+  }
+  Tensor product(const Linear& lin, const Tensor& x, int64_t act, const Tensor* residual) {
+    Timer tm(timers(), kProducts);
+    return run_linear(lin, x, act, residual).contiguous();
+  }
+
   Tensor layer(size_t i, Tensor x) {
     const Layer& l = layers_[i];
-    // self-attention
-    Tensor h = pre_norm_ ? l.self_norm(x) : x;
-    Tensor qkv = run_linear(l.qkv, h, kNone, nullptr).contiguous();
-    Tensor o = self_attention(i, qkv);
-    x = run_linear(l.out, o, kNone, &x);
-    if (!pre_norm_) l.self_norm.apply(x, x);
-    // cross-attention
-    h = pre_norm_ ? l.cross_norm(x) : x;
-    Tensor q = run_linear(l.cross_q, h, kNone, nullptr).contiguous();
-    o = cross_attention(i, q);
-    x = run_linear(l.cross_out, o, kNone, &x);
-    if (!pre_norm_) l.cross_norm.apply(x, x);
-    // feed-forward
-    h = pre_norm_ ? l.ffn_norm(x) : x;
-    Tensor a = run_linear(l.fc1, h, act_, nullptr);
-    x = run_linear(l.fc2, a, kNone, &x);
-    if (!pre_norm_) l.ffn_norm.apply(x, x);
-    return x.contiguous();
+    Tensor qkv = product(l.qkv, norm_in(l.self_norm, x), kNone, nullptr);
+    Tensor o;
+    {
+      Timer tm(timers(), kSelfAttention);
+      o = self_attention(i, qkv);
+    }
+    x = product(l.out, o, kNone, &x);
+    norm_out(l.self_norm, x);
+    Tensor q = product(l.cross_q, norm_in(l.cross_norm, x), kNone, nullptr);
+    {
+      Timer tm(timers(), kCrossAttention);
+      o = cross_attention(i, q);
+    }
+    x = product(l.cross_out, o, kNone, &x);
+    norm_out(l.cross_norm, x);
+    Tensor a = product(l.fc1, norm_in(l.ffn_norm, x), act_, nullptr);
+    x = product(l.fc2, a, kNone, &x);
+    norm_out(l.ffn_norm, x);
+    return x;
   }
 
   // cache_[layer]: tcap x rcap x 2 x C (keys, then values, of each row of each step)
@@ -362,19 +566,26 @@ class Decoder {
       for (int64_t rh = begin; rh < end; ++rh) {
         const int64_t r = rh / H, h = rh % H;
         const float* q = in + r * 3 * C + h * d;
-        for (int64_t s = 0; s <= t; ++s) {
-          const int64_t row = idx[s * rcap + r];
-          scores[s] = dot(q, cache + ((s * rcap + row) * 2) * C + h * d, d) * scale;
+        auto key = [&](int64_t s) { return cache + ((s * rcap + idx[s * rcap + r]) * 2) * C + h * d; };
+        int64_t s = 0;
+#if defined(__AVX512F__)
+        if (d % 16 == 0) {
+          const float* keys[16];
+          for (; s + 16 <= t + 1; s += 16) {
+            for (int i = 0; i < 16; ++i) keys[i] = key(s + i);
+            dot16(q, keys, d, scores.data() + s);
+            for (int i = 0; i < 16; ++i) scores[s + i] *= scale;
+          }
         }
+#endif
+        for (; s + 4 <= t + 1; s += 4) {  // four keys a pass: independent sums keep the vector unit busy
+          float d4[4];
+          dot4(q, key(s), key(s + 1), key(s + 2), key(s + 3), d, d4);
+          for (int i = 0; i < 4; ++i) scores[s + i] = d4[i] * scale;
+        }
+        for (; s <= t; ++s) scores[s] = dot(q, key(s), d) * scale;
         softmax_inplace(scores.data(), t + 1);
-        float* y = out + r * C + h * d;
-        std::fill(y, y + d, 0.f);
-        for (int64_t s = 0; s <= t; ++s) {
-          const float p = scores[s];
-          const float* v = cache + ((s * rcap + idx[s * rcap + r]) * 2 + 1) * C + h * d;
-#pragma omp simd
-          for (int64_t j = 0; j < d; ++j) y[j] += p * v[j];
-        }
+        attend_values(out + r * C + h * d, d, t + 1, scores.data(), [&](int64_t s) { return key(s) + C; });
       }
     });
     return o;
@@ -382,7 +593,8 @@ class Decoder {
 
   Tensor cross_attention(size_t layer, const Tensor& q) {
     const int64_t R = rows_, C = dim_, H = heads_, d = C / H, S = src_len_;
-    const float* kv = memory_kv_[layer].data_ptr<float>();
+    const float* keys = memory_keys_[layer].data_ptr<float>();
+    const float* values = memory_values_[layer].data_ptr<float>();
     const bool* valid = valid_.data_ptr<bool>();
     const float* qp = q.data_ptr<float>();
     Tensor o = at::empty({R, C}, q.options());
@@ -391,23 +603,20 @@ class Decoder {
     const float neg_inf = -std::numeric_limits<float>::infinity();
     at::parallel_for(0, R * H, 8, [&](int64_t begin, int64_t end) {
       std::vector<float> scores(S);
+      float* sc = scores.data();
       for (int64_t rh = begin; rh < end; ++rh) {
         const int64_t r = rh / H, h = rh % H;
         const int64_t b = row_sent_[r];
         const float* qr = qp + r * C + h * d;
         const bool* vb = valid + b * S;
-        const float* base = kv + (b * S) * 2 * C + h * d;
-        for (int64_t s = 0; s < S; ++s) scores[s] = vb[s] ? dot(qr, base + s * 2 * C, d) * scale : neg_inf;
-        softmax_inplace(scores.data(), S);
-        float* y = out + r * C + h * d;
-        std::fill(y, y + d, 0.f);
+        const float* kt = keys + (b * H + h) * d * S;  // d x S
+        const float* vs = values + (b * H + h) * S * d;  // S x d
+        attend_keys_transposed(sc, S, qr, d, kt, scale);
         for (int64_t s = 0; s < S; ++s) {
-          if (!vb[s]) continue;
-          const float p = scores[s];
-          const float* v = base + s * 2 * C + C;
-#pragma omp simd
-          for (int64_t j = 0; j < d; ++j) y[j] += p * v[j];
+          if (!vb[s]) sc[s] = neg_inf;
         }
+        softmax_inplace(sc, S);  // (a masked position's weight is 0)
+        attend_values(out + r * C + h * d, d, S, sc, [&](int64_t s) { return vs + s * d; });
       }
     });
     return o;
@@ -427,11 +636,15 @@ class Decoder {
   // the batch
   int64_t sentences_ = 0, src_len_ = 0;
   Tensor valid_;
-  std::vector<Tensor> memory_kv_;  // per layer: (B*S) x 2C, keys then values
+  std::vector<Tensor> memory_keys_;  // per layer: B x H x d x S
+  std::vector<Tensor> memory_values_;  // per layer: B x H x S x d
   std::vector<int64_t> row_sent_;
   int64_t rows_ = 0, rcap_ = 0, steps_ = 0, tcap_ = 0;
   std::vector<Tensor> cache_;
   std::vector<int32_t> idx_;  // tcap x rcap
+
+  bool profiling_ = false;
+  std::array<double, kSections> prof_{};
 };
 
 // ------------------------------------------------------------------------------------------------ candidates
@@ -462,44 +675,97 @@ void ngram_banned(const int64_t* h, int64_t t, int64_t n, std::vector<int64_t>& 
   }
 }
 
+// The max of each block of v (bmax) and of all of v; `finite` false where some v is a NaN or an infinity
+// (x * 0 is 0 for every finite x).
+template <typename T>
+T block_maxima(const T* v, int64_t V, int64_t block, T* bmax, bool& finite) {
+  T zero = 0, m = -std::numeric_limits<T>::infinity();
+  for (int64_t lo = 0, b = 0; lo < V; lo += block, ++b) {
+    const int64_t hi = std::min(V, lo + block);
+    T bm = -std::numeric_limits<T>::infinity();
+    for (int64_t j = lo; j < hi; ++j) {
+      bm = v[j] > bm ? v[j] : bm;
+      zero += v[j] * T(0);
+    }
+    bmax[b] = bm;
+    m = std::max(m, bm);
+  }
+  finite = zero == T(0);
+  return m;
+}
+
+// offer(j) for every j in [lo, hi) whose v[j] >= threshold (the others cannot enter the top k)
+template <typename T, typename F>
+void scan_block(const T* v, int64_t lo, int64_t hi, T threshold, F&& offer) {
+  for (int64_t j = lo; j < hi; ++j) {
+    if (v[j] >= threshold) offer(j);
+  }
+}
+
+#if defined(__AVX512F__)
+template <>
+float block_maxima<float>(const float* v, int64_t V, int64_t block, float* bmax, bool& finite) {
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 nil = _mm512_setzero_ps();
+  __m512 zero = nil, m = neg_inf;
+  for (int64_t lo = 0, b = 0; lo < V; lo += block, ++b) {
+    const int64_t hi = std::min(V, lo + block);
+    __m512 bm = neg_inf;
+    int64_t j = lo;
+    for (; j + 16 <= hi; j += 16) {
+      const __m512 x = _mm512_loadu_ps(v + j);
+      bm = _mm512_max_ps(x, bm);
+      zero = _mm512_add_ps(zero, _mm512_mul_ps(x, nil));
+    }
+    if (j < hi) {
+      const __mmask16 tail = static_cast<__mmask16>((1u << (hi - j)) - 1u);
+      const __m512 x = _mm512_mask_loadu_ps(neg_inf, tail, v + j);
+      bm = _mm512_max_ps(x, bm);
+      zero = _mm512_add_ps(zero, _mm512_maskz_mul_ps(tail, x, nil));
+    }
+    bmax[b] = _mm512_reduce_max_ps(bm);
+    m = _mm512_max_ps(bm, m);
+  }
+  finite = _mm512_reduce_add_ps(zero) == 0.f;
+  return _mm512_reduce_max_ps(m);
+}
+
+template <typename F>
+void scan_block(const float* v, int64_t lo, int64_t hi, float threshold, F&& offer) {
+  const __m512 thr = _mm512_set1_ps(threshold);
+  for (int64_t j = lo; j < hi; j += 16) {
+    const __mmask16 in = j + 16 <= hi ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (hi - j)) - 1u);
+    const __m512 x = _mm512_maskz_loadu_ps(in, v + j);
+    uint32_t hits = _mm512_mask_cmp_ps_mask(in, x, thr, _CMP_GE_OQ);
+    while (hits) {
+      offer(j + __builtin_ctz(hits));
+      hits &= hits - 1;
+    }
+  }
+}
+#endif
+
 template <typename T>
 void row_candidates(const T* x, int64_t V, T temperature, T prev, int64_t k, int64_t row_in_sent, int64_t pad,
                     int64_t unk, T unk_penalty, int64_t eos, bool ban_eos, bool only_eos,
                     const std::vector<int64_t>& banned, std::vector<T>& work, std::vector<Cand<T>>& out,
                     bool& finite) {
-  constexpr int64_t kBlock = 16;
+  // blocks of 128: their maxima let the top-k pass skip what cannot enter (one horizontal max per 128 values)
+  constexpr int64_t kBlock = 128;
   const int64_t nblocks = (V + kBlock - 1) / kBlock;
-  work.resize(static_cast<size_t>(V + nblocks));
-  T* v = work.data();
-  T* bmax = v + V;
-  // pass 1: the temperature, the row's max, every block's max, and whether everything is finite
-  T zero = 0;
-  if (temperature != T(1)) {
-#pragma omp simd reduction(+ : zero)
-    for (int64_t j = 0; j < V; ++j) {
-      v[j] = x[j] / temperature;
-      zero += v[j] * T(0);
-    }
-  } else {
-#pragma omp simd reduction(+ : zero)
-    for (int64_t j = 0; j < V; ++j) {
-      v[j] = x[j];
-      zero += x[j] * T(0);
-    }
+  const bool scaled = temperature != T(1);
+  work.resize(static_cast<size_t>((scaled ? V : 0) + nblocks));
+  T* bmax = work.data();
+  const T* v = x;
+  if (scaled) {  // the logits divided by the temperature, as the eager step's logits / temperature
+    T* w = work.data() + nblocks;
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) w[j] = x[j] / temperature;
+    v = w;
   }
-  if (!(zero == T(0))) {  // a NaN or an infinity: the caller takes the generic path
-    finite = false;
-    return;
-  }
-  T m = -std::numeric_limits<T>::infinity();
-  for (int64_t b = 0; b < nblocks; ++b) {
-    const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    T bm = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : bm)
-    for (int64_t j = lo; j < hi; ++j) bm = std::max(bm, v[j]);
-    bmax[b] = bm;
-    m = std::max(m, bm);
-  }
+  // pass 1: every block's max and the row's, and whether everything is finite
+  const T m = block_maxima(v, V, kBlock, bmax, finite);
+  if (!finite) return;  // a NaN or an infinity: the caller takes the generic path
   // pass 2: log of the sum of exp(v - max), over the whole vocabulary (masks apply after the softmax)
   T sum = 0;
   if constexpr (std::is_same_v<T, float>) {
@@ -530,19 +796,21 @@ void row_candidates(const T* x, int64_t V, T temperature, T prev, int64_t k, int
   auto worse = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  for (int64_t b = 0; b < nblocks; ++b) {
-    if (static_cast<int64_t>(heap.size()) == k && !(bmax[b] >= heap.front().first)) continue;
-    const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
-    for (int64_t j = lo; j < hi; ++j) {
-      if (static_cast<int64_t>(heap.size()) == k && v[j] < heap.front().first) continue;
-      if (masked(j)) continue;
-      heap.emplace_back(v[j], j);
-      std::push_heap(heap.begin(), heap.end(), worse);
-      if (static_cast<int64_t>(heap.size()) > k) {
-        std::pop_heap(heap.begin(), heap.end(), worse);
-        heap.pop_back();
-      }
+  auto offer = [&](int64_t j) {
+    if (static_cast<int64_t>(heap.size()) == k && v[j] < heap.front().first) return;
+    if (masked(j)) return;
+    heap.emplace_back(v[j], j);
+    std::push_heap(heap.begin(), heap.end(), worse);
+    if (static_cast<int64_t>(heap.size()) > k) {
+      std::pop_heap(heap.begin(), heap.end(), worse);
+      heap.pop_back();
     }
+  };
+  for (int64_t b = 0; b < nblocks; ++b) {
+    const bool full = static_cast<int64_t>(heap.size()) == k;
+    if (full && !(bmax[b] >= heap.front().first)) continue;
+    const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
+    scan_block(v, lo, hi, full ? heap.front().first : -std::numeric_limits<T>::infinity(), offer);
   }
   for (const auto& e : heap) out.push_back({score_of(e.second), row_in_sent * V + e.second});
   // unk: its penalty moves it against the others, so it competes by its own score
@@ -555,40 +823,33 @@ void row_candidates(const T* x, int64_t V, T temperature, T prev, int64_t k, int
   if (static_cast<int64_t>(out.size()) > k) out.resize(static_cast<size_t>(k));
 }
 
+// The candidate step's core (beam_candidates, search): logits x (R x V, R = n * per), the rows' cumulative
+// scores prev (none at step 0), at_max per sentence, each row's tokens so far (t of them, rows `stride` apart)
+// for the n-gram rule. Writes scores, tokens and beams (n x k, best first, -inf / pad / 0 where a sentence has
+// fewer than k candidates); false when a logit is not finite (NaN, +-inf).
 template <typename T>
-std::vector<Tensor> candidates_impl(const Tensor& logits, const Tensor& prev, int64_t k, double temperature,
-                                    int64_t pad, int64_t unk, double unk_penalty, int64_t eos, bool ban_eos,
-                                    const Tensor& at_max, const Tensor& history, int64_t ngram) {
-  const int64_t R = logits.size(0), V = logits.size(1), n = at_max.size(0);
+bool candidates_core(const T* x, int64_t R, int64_t V, const T* prev, int64_t k, double temperature, int64_t pad,
+                     int64_t unk, double unk_penalty, int64_t eos, bool ban_eos, const bool* at_max, int64_t n,
+                     const int64_t* hist, int64_t stride, int64_t t, int64_t ngram, T* scores, int64_t* tokens,
+                     int64_t* beams) {
   TORCH_CHECK(n > 0 && R % n == 0, "beam_candidates: ", R, " rows for ", n, " sentences");
   const int64_t per = R / n;
-  const T* x = logits.data_ptr<T>();
-  const T* p = prev.defined() && prev.numel() ? prev.data_ptr<T>() : nullptr;
-  const bool* am = at_max.data_ptr<bool>();
-  const int64_t* hist = history.data_ptr<int64_t>();
-  const int64_t t = history.size(1);
   std::vector<std::vector<Cand<T>>> rows(static_cast<size_t>(R));
   std::vector<char> ok(static_cast<size_t>(R), 1);
   at::parallel_for(0, R, 4, [&](int64_t begin, int64_t end) {
     std::vector<T> work;
     std::vector<int64_t> banned;
     for (int64_t r = begin; r < end; ++r) {
-      ngram_banned(hist + r * t, t, ngram, banned);
+      ngram_banned(hist + r * stride, t, ngram, banned);
       bool finite = true;
-      row_candidates<T>(x + r * V, V, static_cast<T>(temperature), p ? p[r] : T(0), k, r % per, pad, unk,
-                        static_cast<T>(unk_penalty), eos, ban_eos, am[r / per], banned, work, rows[r], finite);
+      row_candidates<T>(x + r * V, V, static_cast<T>(temperature), prev ? prev[r] : T(0), k, r % per, pad, unk,
+                        static_cast<T>(unk_penalty), eos, ban_eos, at_max[r / per], banned, work, rows[r], finite);
       ok[r] = finite;
     }
   });
   for (char f : ok) {
-    if (!f) return {};
+    if (!f) return false;
   }
-  Tensor scores = at::full({n, k}, -std::numeric_limits<T>::infinity(), logits.options());
-  Tensor tokens = at::full({n, k}, pad, logits.options().dtype(at::kLong));
-  Tensor beams = at::zeros({n, k}, logits.options().dtype(at::kLong));
-  T* sp = scores.data_ptr<T>();
-  int64_t* tp = tokens.data_ptr<int64_t>();
-  int64_t* bp = beams.data_ptr<int64_t>();
   std::vector<Cand<T>> merged;
   for (int64_t s = 0; s < n; ++s) {
     merged.clear();
@@ -598,12 +859,29 @@ std::vector<Tensor> candidates_impl(const Tensor& logits, const Tensor& prev, in
     }
     const int64_t take = std::min<int64_t>(k, static_cast<int64_t>(merged.size()));
     std::partial_sort(merged.begin(), merged.begin() + take, merged.end(), better<T>);
-    for (int64_t i = 0; i < take; ++i) {
-      sp[s * k + i] = merged[i].score;
-      tp[s * k + i] = merged[i].flat % V;
-      bp[s * k + i] = merged[i].flat / V;
+    for (int64_t i = 0; i < k; ++i) {
+      scores[s * k + i] = i < take ? merged[i].score : -std::numeric_limits<T>::infinity();
+      tokens[s * k + i] = i < take ? merged[i].flat % V : pad;
+      beams[s * k + i] = i < take ? merged[i].flat / V : 0;
     }
   }
+  return true;
+}
+
+template <typename T>
+std::vector<Tensor> candidates_impl(const Tensor& logits, const Tensor& prev, int64_t k, double temperature,
+                                    int64_t pad, int64_t unk, double unk_penalty, int64_t eos, bool ban_eos,
+                                    const Tensor& at_max, const Tensor& history, int64_t ngram) {
+  const int64_t R = logits.size(0), V = logits.size(1), n = at_max.size(0);
+  Tensor scores = at::empty({n, k}, logits.options());
+  Tensor tokens = at::empty({n, k}, logits.options().dtype(at::kLong));
+  Tensor beams = at::empty({n, k}, logits.options().dtype(at::kLong));
+  const bool ok = candidates_core<T>(
+      logits.data_ptr<T>(), R, V, prev.defined() && prev.numel() ? prev.data_ptr<T>() : nullptr, k, temperature,
+      pad, unk, unk_penalty, eos, ban_eos, at_max.data_ptr<bool>(), n, history.data_ptr<int64_t>(),
+      history.size(1), history.size(1), ngram, scores.data_ptr<T>(), tokens.data_ptr<int64_t>(),
+      beams.data_ptr<int64_t>());
+  if (!ok) return {};
   return {scores, tokens, beams};
 }
 
@@ -623,6 +901,170 @@ std::vector<Tensor> beam_candidates(const Tensor& logits, const Tensor& prev, in
   }
   TORCH_CHECK(logits.scalar_type() == at::kFloat, "beam_candidates: logits must be float32 or float64");
   return candidates_impl<float>(logits, pv, k, temperature, pad, unk, unk_penalty, eos, ban_eos, am, hist, ngram);
+}
+
+// ------------------------------------------------------------------------------------------------ the loop
+// One finished hypothesis: its final score (length-normalized unless told not to), its tokens (EOS last) and
+// each token's log-probability.
+struct Hyp {
+  float score;
+  std::vector<int64_t> tokens;
+  std::vector<float> positional;
+};
+
+struct SearchSettings {
+  int64_t beam, bos, eos, pad, unk, min_len, ngram;
+  double len_penalty, unk_penalty, temperature;
+  bool normalize;
+};
+
+// Beam search on a begun Decoder, the whole loop here: SequenceGenerator._eager's (fairseq's) rules step for
+// step, with beam_candidates' candidate step (decode_step.py holds the rules; tests/unit/generation/
+// test_cpu_step.py checks this loop against that one, hypothesis for hypothesis and bit for bit). `max_lens`:
+// each sentence's most tokens before the final EOS. Returns every sentence's finished hypotheses in the order
+// they finished (the caller sorts them as _collect does), or nothing when a logit was not finite (the caller
+// then runs the batch through the Python loop, whose masks turn NaN into -inf).
+std::vector<std::vector<Hyp>> search(Decoder& dec, const std::vector<int64_t>& max_lens, const SearchSettings& cfg,
+                                     bool& ok) {
+  const int64_t n0 = static_cast<int64_t>(max_lens.size()), beam = cfg.beam;
+  const int64_t steps = *std::max_element(max_lens.begin(), max_lens.end());
+  const int64_t cap = steps + 2;  // a row's tokens: the start token, steps + 1 chosen
+  std::vector<std::vector<Hyp>> out(static_cast<size_t>(n0));
+  ok = true;
+  // per row (row = sentence slot * beam + hypothesis): tokens and cumulative scores, cap wide
+  std::vector<int64_t> tok(static_cast<size_t>(n0 * beam * cap), cfg.pad), tok_next;
+  std::vector<float> sc(static_cast<size_t>(n0 * beam * cap), 0.f), sc_next;
+  for (int64_t r = 0; r < n0 * beam; ++r) tok[r * cap] = cfg.bos;
+  std::vector<char> ignore(static_cast<size_t>(n0 * beam), 0);  // cands_to_ignore, sentence slot x beam
+  std::vector<int64_t> active(n0), lens(max_lens), counts(n0, 0);
+  for (int64_t j = 0; j < n0; ++j) active[j] = j;
+  std::vector<float> cs;
+  std::vector<int64_t> ct, cb, order, last;
+  std::vector<char> eos_mask, at_max;
+  std::vector<float> prev;
+  const int64_t pad_pos = cfg.pad;
+  for (int64_t step = 0; step <= steps; ++step) {
+    const int64_t n = static_cast<int64_t>(active.size());
+    const bool unexpanded = step == 0 && beam > 1;  // one decoder row per sentence until the first choice
+    const int64_t per = step == 0 ? 1 : beam;
+    const int64_t R = n * per;
+    last.resize(R);
+    for (int64_t r = 0; r < R; ++r) last[r] = tok[(r * (beam / per)) * cap + step];
+    (void)unexpanded;
+    const Tensor logits =
+        dec.step(at::from_blob(last.data(), {R}, at::TensorOptions().dtype(at::kLong)), pad_pos + step + 1);
+    const int64_t V = logits.size(1);
+    const int64_t k = std::min<int64_t>(2 * beam, (step == 0 ? V : beam * V) - 1);
+    at_max.resize(n);
+    for (int64_t j = 0; j < n; ++j) at_max[j] = step >= lens[j];
+    prev.resize(R);
+    for (int64_t r = 0; r < R; ++r) prev[r] = step > 0 ? sc[r * cap + step - 1] : 0.f;
+    cs.resize(n * k);
+    ct.resize(n * k);
+    cb.resize(n * k);
+    if (!candidates_core<float>(logits.data_ptr<float>(), R, V, step > 0 ? prev.data() : nullptr, k,
+                                cfg.temperature, cfg.pad, cfg.unk, cfg.unk_penalty, cfg.eos, step < cfg.min_len,
+                                reinterpret_cast<const bool*>(at_max.data()), n, tok.data(), cap * (beam / per),
+                                step + 1, cfg.ngram, cs.data(), ct.data(), cb.data())) {
+      ok = false;
+      return {};
+    }
+    // which candidates end here (EOS with a finite score, not in an ignored slot); the first `beam` finished
+    // per sentence are kept
+    eos_mask.assign(n * k, 0);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < k; ++i) {
+        char e = ct[j * k + i] == cfg.eos && cs[j * k + i] != -std::numeric_limits<float>::infinity();
+        if (i < beam) e = e && !ignore[j * beam + i];
+        eos_mask[j * k + i] = e;
+      }
+    }
+    const float denom = static_cast<float>(std::pow(static_cast<double>(step + 1), cfg.len_penalty));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t b = 0; b < beam && b < k; ++b) {
+        if (!eos_mask[j * k + b] || counts[active[j]] >= beam) continue;
+        counts[active[j]] += 1;
+        const int64_t row = j * beam + cb[j * k + b];
+        const float eos_score = cs[j * k + b];
+        Hyp h;
+        h.tokens.assign(tok.begin() + row * cap + 1, tok.begin() + row * cap + 1 + step);
+        h.tokens.push_back(cfg.eos);
+        h.positional.resize(step + 1);
+        float before = 0.f;
+        for (int64_t i = 0; i <= step; ++i) {
+          const float cum = i == step ? eos_score : sc[row * cap + i];
+          h.positional[i] = i == 0 ? cum : cum - before;
+          before = cum;
+        }
+        h.score = cfg.normalize ? eos_score / denom : eos_score;
+        out[active[j]].push_back(std::move(h));
+      }
+    }
+    std::vector<int64_t> keep;
+    for (int64_t j = 0; j < n; ++j) {
+      if (counts[active[j]] < beam && step < lens[j]) keep.push_back(j);
+    }
+    if (keep.empty()) break;
+    // continue the first `beam` candidates of each kept sentence that did not end (continue_beams' rule: ended
+    // or ignored candidates rank after the others, each group in candidate order)
+    const int64_t m = static_cast<int64_t>(keep.size());
+    tok_next.assign(static_cast<size_t>(m * beam * cap), cfg.pad);
+    sc_next.assign(static_cast<size_t>(m * beam * cap), 0.f);
+    std::vector<char> ignore_next(static_cast<size_t>(m * beam), 0);
+    std::vector<int64_t> active_next(m), lens_next(m);
+    order.resize(m * beam);
+    for (int64_t jj = 0; jj < m; ++jj) {
+      const int64_t j = keep[jj];
+      active_next[jj] = active[j];
+      lens_next[jj] = lens[j];
+      for (int64_t i = 0; i < std::min(beam, k); ++i) {
+        if (ignore[j * beam + i]) eos_mask[j * k + i] = 1;
+      }
+      int64_t slot = 0;
+      for (int pass = 0; pass < 2 && slot < beam; ++pass) {
+        for (int64_t i = 0; i < k && slot < beam; ++i) {
+          if (eos_mask[j * k + i] != pass) continue;
+          const int64_t src = j * beam + cb[j * k + i];
+          const int64_t dst = jj * beam + slot;
+          std::copy(tok.begin() + src * cap, tok.begin() + src * cap + step + 1, tok_next.begin() + dst * cap);
+          tok_next[dst * cap + step + 1] = ct[j * k + i];
+          std::copy(sc.begin() + src * cap, sc.begin() + src * cap + step, sc_next.begin() + dst * cap);
+          sc_next[dst * cap + step] = cs[j * k + i];
+          ignore_next[dst] = pass;
+          order[dst] = step == 0 && beam > 1 ? src / beam : src;  // step 0's decoder rows are sentences
+          ++slot;
+        }
+      }
+      TORCH_CHECK(slot == beam, "search: fewer than beam candidates for a sentence");
+    }
+    std::swap(tok, tok_next);
+    std::swap(sc, sc_next);
+    ignore.swap(ignore_next);
+    active.swap(active_next);
+    lens.swap(lens_next);
+    dec.reorder(at::from_blob(order.data(), {m * beam}, at::TensorOptions().dtype(at::kLong)));
+  }
+  return out;
+}
+
+py::object search_py(Decoder& dec, std::vector<int64_t> max_lens, int64_t beam, int64_t bos, int64_t eos,
+                     int64_t pad, int64_t unk, int64_t min_len, double len_penalty, bool normalize,
+                     double unk_penalty, double temperature, int64_t ngram) {
+  const SearchSettings cfg{beam, bos, eos, pad, unk, min_len, ngram, len_penalty, unk_penalty, temperature, normalize};
+  bool ok = true;
+  std::vector<std::vector<Hyp>> found;
+  {
+    py::gil_scoped_release release;
+    found = search(dec, max_lens, cfg, ok);
+  }
+  if (!ok) return py::none();
+  py::list out;
+  for (const auto& hyps : found) {
+    py::list sentence;
+    for (const Hyp& h : hyps) sentence.append(py::make_tuple(h.score, h.tokens, h.positional));
+    out.append(sentence);
+  }
+  return out;
 }
 
 Linear make_linear(int64_t kind, c10::optional<Tensor> weight, c10::optional<Tensor> bias, py::object packed,
@@ -653,9 +1095,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("begin", &Decoder::begin)
       .def("step", &Decoder::step, py::call_guard<py::gil_scoped_release>())
       .def("reorder", &Decoder::reorder)
+      .def("set_profiling", &Decoder::set_profiling)
+      .def("profile", &Decoder::profile)
       .def_property_readonly("rows", &Decoder::rows)
       .def_property_readonly("steps", &Decoder::steps);
   m.def("beam_candidates", &beam_candidates);
+  m.def("search", &search_py);
   m.def("linear", [](const Linear& l, const Tensor& x, int64_t act, c10::optional<Tensor> residual) {
     return run_linear(l, x, act, residual.has_value() ? &*residual : nullptr);
   });

@@ -33,8 +33,8 @@ def _write(path, lines):
     return str(path)
 
 
-@pytest.fixture
-def files(tmp_path):
+def example_files(tmp_path) -> dict:
+    """The four made examples' files in `tmp_path` (also tests/e2e/test_eval_inputs.py's)."""
     return {
         "hyps": _write(tmp_path / "hyp.txt", HYPOTHESES),
         "other": _write(tmp_path / "other.txt", OTHER),
@@ -42,6 +42,11 @@ def files(tmp_path):
         "reference": _write(tmp_path / "valid.target", REFERENCES),
         "train": _write(tmp_path / "train.source", TRAIN),
     }
+
+
+@pytest.fixture
+def files(tmp_path):
+    return example_files(tmp_path)
 
 
 def _args(files, *extra):
@@ -136,10 +141,11 @@ def test_validation_curves_from_both_log_formats(tmp_path):
         '2026-12-01 10:01:00 | INFO | valid | {"valid_loss": 6.5, "valid_num_updates": 200}\n'
     )
     curves = analyses.validation_curves(str(log))
-    assert curves == {
-        "valid": {"loss": [[100.0, 7.5], [200.0, 6.5]], "nll_loss": [[100.0, 7.0]]},
-        "valid1": {"loss": [[200.0, 6.25]], "rougeLsum": [[200.0, 31.5]]},
+    assert curves["subsets"] == {
+        "valid": {"loss": [[100, 7.5], [200, 6.5]], "nll_loss": [[100, 7.0]]},
+        "valid1": {"loss": [[200, 6.25]], "rougeLsum": [[200, 31.5]]},
     }
+    assert curves["skipped"] == 0
     (tmp_path / "empty.log").write_text("no json here\n")
     with pytest.raises(SeqtrainError, match=r"--train-log .*empty.log: no validation records"):
         analyses.validation_curves(str(tmp_path / "empty.log"))

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from seqtrain.generation import cpu_step
 from seqtrain.generation.decode_step import DecodeStep
 from seqtrain.generation.sequence_generator import SequenceGenerator, encode
+from seqtrain.models.bart import BartConfig, BARTModel
 from seqtrain.models.cpu_products import LinearSpec, gemm_backend, run_linear
 from seqtrain.models.int8 import quantize_int8
 from tests.unit.generation.test_sequence_generator import (
@@ -34,6 +35,7 @@ from tests.unit.generation.test_sequence_generator import (
     Dict4,
     V,
     left_pad,
+    peaked_init_,
     sources,
     tiny_model,
 )
@@ -208,6 +210,48 @@ def test_decoder_step_matches_the_incremental_decoder(name):
         assert steps.decoder.steps == 9 and steps.decoder.rows == 3 * beam
 
 
+def test_decoder_step_with_64_wide_heads_over_many_steps():
+    """Heads of 64 (bart_small's and bart_base's width, which the vector kernels take 16 keys at a time) over 40
+    steps: the logits are the eager decoder's."""
+    torch.manual_seed(9)
+    model = BARTModel(
+        BartConfig(
+            vocab_size=V,
+            encoder_layers=1,
+            decoder_layers=2,
+            encoder_embed_dim=128,
+            decoder_embed_dim=128,
+            encoder_ffn_embed_dim=256,
+            decoder_ffn_embed_dim=256,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            max_source_positions=64,
+            max_target_positions=64,
+            dropout=0.0,
+        ),
+        padding_idx=PAD,
+    ).eval()
+    peaked_init_(model.named_parameters())
+    beam, srcs = 2, left_pad(sources(3, seed=1, lo=20, hi=40))
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        enc = model.encoder(srcs)
+        packed = cpu_step.PackedModel.get(model)
+        steps = cpu_step.CompiledSteps(packed, packed.native_decoder(), enc, 3 * beam, 3 * beam)
+        state, tokens = {}, torch.full((3 * beam, 1), EOS)
+        for _ in range(40):
+            want, _ = model.decoder(tokens, enc, incremental_state=state)
+            torch.testing.assert_close(steps.logits(tokens), want, **FP32)
+            order = torch.arange(3).repeat_interleave(beam) * beam + torch.randint(
+                0, beam, (3 * beam,), generator=g
+            )
+            model.decoder.reorder_incremental_state(state, order)
+            steps.reorder(order, None)
+            tokens = torch.cat(
+                [tokens.index_select(0, order), torch.randint(4, V, (3 * beam, 1), generator=g)], 1
+            )
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_encoder_pass_matches_the_model(name):
     """The encoder on the real tokens with the prepared products: the model's output at every real position,
@@ -257,6 +301,48 @@ def test_compiled_search_gives_the_eager_hypotheses(name, pre):
     compiled = SequenceGenerator(model, Dict4(), **SEARCHES[name])
     assert isinstance(compiled._decoder(encode(model, srcs, None, None), 9), cpu_step.CompiledSteps)
     assert_same_hypotheses(compiled.generate(srcs), eager.generate(srcs))
+
+
+@pytest.mark.parametrize("name", sorted(SEARCHES))
+def test_the_compiled_loop_is_the_python_loop_bit_for_bit(name, monkeypatch):
+    """Plain beam search on the compiled step runs its whole loop in C++ (cpu_step.CompiledSteps.search); the
+    Python loop over the same compiled decoder and fused candidate step (what runs when that search declines)
+    gives the same hypotheses, scores and positional scores, bit for bit."""
+    model = tiny_model(seed=8)
+    srcs = left_pad(sources(11, seed=3 + sorted(SEARCHES).index(name)))
+    calls = []
+    search = cpu_step.CompiledSteps.search
+    monkeypatch.setattr(cpu_step.CompiledSteps, "search", lambda *a: calls.append(1) or search(*a))
+    in_cpp = SequenceGenerator(model, Dict4(), **SEARCHES[name]).generate(srcs)
+    assert calls
+    monkeypatch.setattr(cpu_step.CompiledSteps, "search", lambda *a: None)
+    in_python = SequenceGenerator(model, Dict4(), **SEARCHES[name]).generate(srcs)
+    assert len(in_cpp) == len(in_python)
+    for a, b in zip(in_cpp, in_python):
+        assert [h["tokens"].tolist() for h in a] == [h["tokens"].tolist() for h in b]
+        for x, y in zip(a, b):
+            assert torch.equal(x["score"], y["score"]) and torch.equal(
+                x["positional_scores"], y["positional_scores"]
+            )
+
+
+def test_a_nan_logit_takes_the_python_loop():
+    """A NaN logit (a broken checkpoint): the C++ loop declines the batch and the Python loop's masks decide, as
+    on the eager step."""
+    model = tiny_model(seed=10)
+    with torch.no_grad():
+        model.decoder.embed_tokens.weight[7, 0] = float("nan")  # (tied: token 7's logit, and its embedding)
+    srcs = left_pad(sources(5, seed=4))
+    found = []
+    search = cpu_step.CompiledSteps.search
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cpu_step.CompiledSteps, "search", lambda *a: found.append(search(*a)) or found[-1])
+        got = SequenceGenerator(model, Dict4(), beam_size=3, max_len_b=8).generate(srcs)
+    assert found == [None]
+    want = SequenceGenerator(model, Dict4(), beam_size=3, max_len_b=8, cpu_step=False).generate(srcs)
+    assert [[h["tokens"].tolist() for h in s] for s in got] == [
+        [h["tokens"].tolist() for h in s] for s in want
+    ]
 
 
 def test_int8_compiled_search_gives_the_eager_int8_hypotheses():

@@ -255,7 +255,11 @@ def test_packed_and_padded_paths_agree(trainer):
 def test_beam_search_syncs_at_most_once_per_step(trainer):
     dataset = trainer.task.dataset("train")
     sample = dataset.collater([dataset[i] for i in range(6)])
-    generator = SequenceGenerator(trainer.model, trainer.task.tgt_dict, beam_size=3, max_len_b=12)
+    # the eager loop, the one CUDA runs (the compiled CPU step, cpu_step.py, never calls the model's decoder and
+    # reads its tensors in C++: there is no device to wait for on the CPU)
+    generator = SequenceGenerator(
+        trainer.model, trainer.task.tgt_dict, beam_size=3, max_len_b=12, cpu_step=False
+    )
     steps = []
     real_forward = trainer.model.decoder.forward
 
