@@ -1,6 +1,6 @@
 """What short seqtrain-train runs leave for a user to see, as JSON: for each case (a command line) the `args` record
 its last checkpoint stores (each value's repr), its config.yaml and its log lines (timestamps dropped, measured
-figures masked: times, speeds, losses; the thread-choice line, which follows the machine's load, left out).
+figures masked: times, speeds, losses; the lines about the machine or the process left out: MACHINE_LINES).
 
 tests/e2e/test_train_record.py runs the same cases and compares them, key by key and line by line, with
 tests/e2e/train_record.json, which this script wrote from the code before training's settings were refactored
@@ -135,10 +135,15 @@ def five_rows_fit() -> Iterator[None]:
         auto_tokens.probe_fits = saved
 
 
+# Lines that report on the machine or the process, not the run: the thread choice (the machine's load), the
+# CPU decoding step (logged once a process, and only where the extension builds), rouge-score's first use.
+MACHINE_LINES = ("intra-op thread", "CPU decoding", "| absl |")
+
+
 def _masked_line(line: str) -> str | None:
-    """A log line without its timestamp, its measured figures masked; None for the thread-choice line."""
+    """A log line without its timestamp, its measured figures masked; None for a line of MACHINE_LINES."""
     text = line.rstrip("\n").split(" | ", 1)[-1]
-    if "intra-op thread" in text:
+    if any(m in text for m in MACHINE_LINES):
         return None
     text = re.sub(r"\b(train_wall|wall|wps|ups|loss|nll_loss|ppl|gnorm)([= ]|\": )[\d.e+-]+", r"\1\2N", text)
     text = re.sub(r"\d+\.\d+(e-?\d+)?", "F", text)
