@@ -256,6 +256,7 @@ def alternate(engines: dict, rounds: int, threads: int) -> dict[str, list[float]
 
 
 def main() -> None:
+    global SOURCES, CLOCK
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="small,base")
     p.add_argument("--precisions", default="fp32,int8")
@@ -299,12 +300,10 @@ def main() -> None:
     )
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     a = p.parse_args()
-    global CLOCK
     CLOCK = time.process_time if a.clock == "process" else time.perf_counter
     if a.memory_probe:
         return memory_probe(a.memory_probe)
     os.makedirs(a.workdir, exist_ok=True)
-    global SOURCES
     SOURCES = a.sources
     SEARCH["no_repeat_ngram_size"] = a.no_repeat_ngram_size
     SEARCH["max_len_b"] = a.max_len_b
@@ -369,12 +368,17 @@ def steps_sweep(a: argparse.Namespace) -> None:
     medians), then a least-squares line through them: the fixed part of a pass and its seconds per decoding
     step. Valid while the outputs are longer than the largest limit (the denoising model rebuilds its source)."""
     limits = [int(x) for x in a.steps_sweep.split(",")]
+    names = engine_names(a)
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}; max-len-b sweep {limits}")
-    print("| size | precision | threads | sentences | max-len-b | seqtrain s/pass | CTranslate2 s/pass |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| size | precision | threads | sentences | max-len-b | "
+        + " | ".join(f"{e} s/pass" for e in names)
+        + " |"
+    )
+    print("|---|---|---|---|---|" + "---|" * len(names))
     fits = []
     for size, paths, n, lines, precision, threads in settings(a):
-        secs: dict[str, list[float]] = {"seqtrain": [], "ctranslate2": []}
+        secs: dict[str, list[float]] = {e: [] for e in names}
         for limit in limits:
             SEARCH["max_len_b"] = limit
             engines = {e: make_engine(e, paths, precision, lines, threads) for e in secs}
@@ -384,8 +388,9 @@ def steps_sweep(a: argparse.Namespace) -> None:
             for e in engines:
                 secs[e].append(statistics.median(times[e]))
             print(
-                f"| {size} | {precision} | {threads} | {n} | {limit} | {secs['seqtrain'][-1]:.3f} | "
-                f"{secs['ctranslate2'][-1]:.3f} |",
+                f"| {size} | {precision} | {threads} | {n} | {limit} | "
+                + " | ".join(f"{secs[e][-1]:.3f}" for e in names)
+                + " |",
                 flush=True,
             )
             del engines

@@ -91,8 +91,40 @@ class LinearSpec:
         return cls(INT8, None, None, packed, out)
 
 
+def bucket_rows(m: int) -> int:
+    """The row count a oneDNN product runs at for m rows. oneDNN keeps a primitive (generated code, buffers) per
+    shape it has seen, up to 1024 of them: a search whose rows fall one by one, batch after batch, grew a
+    process by ~700 MiB. In buckets a process meets a few dozen shapes: powers of two up to 8 rows (a tiny
+    product costs its weight's reading, whatever the rows), multiples of 8 up to 64, of 16 up to 256, then 8
+    buckets an octave (at most 12.5% more rows). csrc/cpu_step.cpp's bucket_rows is the same rule."""
+    if m <= 8:
+        return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
+    if m <= 64:
+        return -(-m // 8) * 8
+    if m <= 256:
+        return -(-m // 16) * 16
+    octave = 256
+    while octave * 2 < m:
+        octave *= 2
+    step = octave // 8
+    return -(-m // step) * step
+
+
 def run_linear(spec: LinearSpec, x: Tensor, act: str = "none", residual: Tensor | None = None) -> Tensor:
-    """act(x W^T + b) (+ residual) for 2-D x; `act` one of ACTS. residual + y is the eager layers' own order."""
+    """act(x W^T + b) (+ residual) for 2-D x; `act` one of ACTS. residual + y is the eager layers' own order.
+    oneDNN's products run at bucket_rows(rows): the last row repeated (a dynamic int8 product's quantization
+    range stays the rows' own), the extra outputs dropped."""
+    m = x.size(0)
+    mb = bucket_rows(m)
+    if spec.kind == DENSE or mb == m or m == 0:
+        return _run_linear(spec, x, act, residual)
+    x = torch.cat([x, x[-1:].expand(mb - m, -1)])
+    if residual is not None:
+        residual = torch.cat([residual, residual.new_zeros(mb - m, residual.size(1))])
+    return _run_linear(spec, x, act, residual)[:m]
+
+
+def _run_linear(spec: LinearSpec, x: Tensor, act: str, residual: Tensor | None) -> Tensor:
     if spec.kind == ONEDNN:
         if residual is not None and act == "none":
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, spec.weight, spec.bias, "add")

@@ -19,7 +19,16 @@ LAYERS = (
         "entry points",
         ("seqtrain_cli", "seqtrain"),
     ),  # `seqtrain` itself: the public face (Summarizer, load_model)
-    ("programs", ("seqtrain.train", "seqtrain.generation", "seqtrain.preprocess", "seqtrain.evaluation")),
+    (
+        "programs",
+        (
+            "seqtrain.train",
+            "seqtrain.generation",
+            "seqtrain.preprocess",
+            "seqtrain.evaluation",
+            "seqtrain.serve",
+        ),
+    ),
     ("flags", ("seqtrain.flags",)),
     ("checkpoint, tasks, distributed", ("seqtrain.checkpoint", "seqtrain.tasks", "seqtrain.distributed")),
     (
@@ -311,6 +320,8 @@ NAMESPACE_EDGE = {
     "seqtrain.generation.generate": "seqtrain-generate's front end",
     "seqtrain.generation.interactive": "seqtrain-interactive's front end",
     "seqtrain.generation.tune": "seqtrain-tune's front end",
+    "seqtrain.serve.options": "seqtrain-serve's parser",
+    "seqtrain.serve.server": "seqtrain-serve's front end",
     "seqtrain.evaluation.report": "seqtrain-eval's front end",
     "seqtrain.preprocess.databin": "seqtrain-preprocess's front end",
 }

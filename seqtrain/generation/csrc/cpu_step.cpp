@@ -269,10 +269,45 @@ const c10::OperatorHandle& int8_linear() {
   return op;
 }
 
-// act(x W^T + b) (+ residual): 2-D x (rows x in) -> rows x out. oneDNN applies the activation or the residual
-// add as a post-op of the product; the other backends as a pass after it (the same values as the eager step's
-// separate ops: x + f(x) and f(x) + x are one float addition).
+// The row count a product runs at (cpu_products.bucket_rows, the same rule): oneDNN keeps a primitive, with its
+// generated code and buffers, per shape it has seen (its cache holds 1024), so a search whose row count falls
+// one by one, batch after batch, grew a process by ~700 MiB (seqtrain-serve's soak); in buckets a process meets
+// a few dozen shapes. Powers of two up to 8 rows (tiny products cost their weight's reading, whatever the rows),
+// multiples of 8 up to 64, of 16 up to 256, then 8 buckets an octave (at most 12.5% more rows).
+int64_t bucket_rows(int64_t m) {
+  if (m <= 8) return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8;
+  if (m <= 64) return (m + 7) / 8 * 8;
+  if (m <= 256) return (m + 15) / 16 * 16;
+  int64_t octave = 256;
+  while (octave * 2 < m) octave *= 2;
+  const int64_t step = octave / 8;
+  return (m + step - 1) / step * step;
+}
+
+Tensor run_linear_rows(const Linear& lin, const Tensor& x, int64_t act, const Tensor* residual);
+
+// act(x W^T + b) (+ residual): 2-D x (rows x in) -> rows x out. The rows run padded to their bucket for oneDNN
+// (the last row repeated: a dynamic int8 product's quantization range stays the rows' own), the extra outputs
+// dropped.
 Tensor run_linear(const Linear& lin, const Tensor& x, int64_t act, const Tensor* residual) {
+  const int64_t m = x.size(0), mb = bucket_rows(m);
+  if (lin.kind == kDense || mb == m || m == 0) return run_linear_rows(lin, x, act, residual);
+  Tensor xp = at::empty({mb, x.size(1)}, x.options());
+  xp.narrow(0, 0, m).copy_(x);
+  xp.narrow(0, m, mb - m).copy_(x.narrow(0, m - 1, 1).expand({mb - m, x.size(1)}));
+  Tensor rp;
+  if (residual != nullptr) {
+    rp = at::empty({mb, residual->size(1)}, residual->options());
+    rp.narrow(0, 0, m).copy_(*residual);
+    rp.narrow(0, m, mb - m).zero_();
+  }
+  return run_linear_rows(lin, xp, act, residual != nullptr ? &rp : nullptr).narrow(0, 0, m);
+}
+
+// run_linear on the rows as given. oneDNN applies the activation or the residual add as a post-op of the
+// product; the other backends as a pass after it (the same values as the eager step's separate ops: x + f(x) and
+// f(x) + x are one float addition).
+Tensor run_linear_rows(const Linear& lin, const Tensor& x, int64_t act, const Tensor* residual) {
   torch::jit::Stack s;
   if (lin.kind == kOneDnn) {
     if (residual != nullptr && act == kNone) {
@@ -1104,6 +1139,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", [](const Linear& l, const Tensor& x, int64_t act, c10::optional<Tensor> residual) {
     return run_linear(l, x, act, residual.has_value() ? &*residual : nullptr);
   });
+  m.def("bucket_rows", &bucket_rows);
   m.def("fast_exp", [](const Tensor& x) {
     Tensor c = x.to(at::kFloat).contiguous();
     Tensor y = at::empty_like(c);
