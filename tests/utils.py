@@ -167,21 +167,6 @@ def scheduler_of(args: Any, optimizer: Any) -> Any:
     return build_lr_scheduler(train_config(args).lr_scheduler, optimizer)
 
 
-def trainer_of(args: Any) -> Any:
-    """The Trainer of parsed seqtrain-train flags, with its task, model and criterion, as seqtrain-train builds
-    them (the record its checkpoints store given as the run gives it)."""
-    from seqtrain.models import as_built
-    from seqtrain.tasks import setup_task
-    from seqtrain.train.loop import build_trainer
-    from seqtrain.train.program import run_record, train_config
-
-    cfg = train_config(args)
-    task = setup_task(cfg.task)
-    trainer = build_trainer(cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion))
-    trainer.run_args = run_record(cfg, as_built(cfg.model))
-    return trainer
-
-
 def completed(args: Any) -> Any:
     """A hand-made checkpoint record (`argparse.Namespace(arch="bart_tiny", ...)`) completed as a loaded one is
     (seqtrain.checkpoint.fairseq.complete_model_fields: the arch preset's sizes filled in): the record tests
