@@ -209,6 +209,21 @@ def test_imports_inside_functions_say_why():
     assert not bare, "imports inside functions without a reason:\n" + "\n".join(bare)
 
 
+def test_generation_imports_no_training_component():
+    """Generation decodes; it takes nothing from training's components: its parser leaves the fp16 loss-scaling
+    flags out through the flag layer (seqtrain.flags.training.add_loss_scaling_args), not by importing the
+    optimizer package, and the static step's aligned vocabulary product comes from seqtrain.cuda, not from a loss
+    (issue 51)."""
+    bad = [
+        f"{name} -> {target} (line {line})"
+        for name, edges in _graph().items()
+        if name.startswith("seqtrain.generation")
+        for target, _, line in edges
+        if target.startswith(("seqtrain.optim", "seqtrain.criterions"))
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_few_flat_modules_and_a_folder_per_program():
     flat = sorted(p.name for p in (REPO / "seqtrain").glob("*.py"))
     assert len(flat) <= MAX_FLAT_MODULES, flat
