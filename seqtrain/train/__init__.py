@@ -10,5 +10,4 @@ rouge_validation.py  --eval-rouge: generate for the validation batches and score
 savedir_lock.py      one run per --save-dir
 stop_signals.py      SIGTERM / SIGINT: finish the update, save, exit 143 / 130
 flops.py             FLOPs of a step and known peaks, for the MFU figure
-host_cpu.py          bf16 instructions (the --bf16 warning) and intra-op threads fitted to the machine
 """

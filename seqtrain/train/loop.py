@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqtrain import distributed
+from seqtrain import distributed, host_cpu
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.cuda import set_deterministic
 from seqtrain.data.batching import resolve_max_positions
@@ -50,7 +50,6 @@ from seqtrain.logging.eta import Eta
 from seqtrain.logging.trackers import Tracker, make_trackers
 from seqtrain.models import as_built
 from seqtrain.tasks import setup_task
-from seqtrain.train import host_cpu
 from seqtrain.train.auto_tokens import resolve_max_tokens
 from seqtrain.train.checkpoints import CheckpointManager
 from seqtrain.train.program import TrainConfig, run_record

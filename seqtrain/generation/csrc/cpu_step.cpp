@@ -64,6 +64,10 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
+// The hand-vectorized kernels (AVX-512 builds) or the plain loops every build has; set_vector_kernels(false) lets
+// the tests check the plain loops on a machine that would take the vector ones (an AVX2-only CPU runs them).
+bool g_vector = true;
+
 inline float dot(const float* a, const float* b, int64_t n) {
   float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -194,17 +198,16 @@ inline void scores_transposed_v(float* sc, int64_t S, const float* q, int64_t d,
 template <typename Row>
 void attend_values(float* y, int64_t d, int64_t n, const float* p, Row&& row) {
 #if defined(__AVX512F__)
-  if (weighted_rows_fast(y, d, n, p, row)) return;
+  if (g_vector && weighted_rows_fast(y, d, n, p, row)) return;
 #endif
   weighted_rows(y, d, n, p, row);
 }
 
 inline void attend_keys_transposed(float* sc, int64_t S, const float* q, int64_t d, const float* kt, float scale) {
 #if defined(__AVX512F__)
-  scores_transposed_v(sc, S, q, d, kt, scale);
-#else
-  scores_transposed(sc, S, q, d, kt, scale);
+  if (g_vector) return scores_transposed_v(sc, S, q, d, kt, scale);
 #endif
+  scores_transposed(sc, S, q, d, kt, scale);
 }
 
 // softmax of scores[0..n) in place, entries at -inf left out; returns nothing (the weights sum to 1)
@@ -604,7 +607,7 @@ class Decoder {
         auto key = [&](int64_t s) { return cache + ((s * rcap + idx[s * rcap + r]) * 2) * C + h * d; };
         int64_t s = 0;
 #if defined(__AVX512F__)
-        if (d % 16 == 0) {
+        if (g_vector && d % 16 == 0) {
           const float* keys[16];
           for (; s + 16 <= t + 1; s += 16) {
             for (int i = 0; i < 16; ++i) keys[i] = key(s + i);
@@ -713,7 +716,7 @@ void ngram_banned(const int64_t* h, int64_t t, int64_t n, std::vector<int64_t>& 
 // The max of each block of v (bmax) and of all of v; `finite` false where some v is a NaN or an infinity
 // (x * 0 is 0 for every finite x).
 template <typename T>
-T block_maxima(const T* v, int64_t V, int64_t block, T* bmax, bool& finite) {
+T block_maxima_plain(const T* v, int64_t V, int64_t block, T* bmax, bool& finite) {
   T zero = 0, m = -std::numeric_limits<T>::infinity();
   for (int64_t lo = 0, b = 0; lo < V; lo += block, ++b) {
     const int64_t hi = std::min(V, lo + block);
@@ -731,15 +734,14 @@ T block_maxima(const T* v, int64_t V, int64_t block, T* bmax, bool& finite) {
 
 // offer(j) for every j in [lo, hi) whose v[j] >= threshold (the others cannot enter the top k)
 template <typename T, typename F>
-void scan_block(const T* v, int64_t lo, int64_t hi, T threshold, F&& offer) {
+void scan_block_plain(const T* v, int64_t lo, int64_t hi, T threshold, F&& offer) {
   for (int64_t j = lo; j < hi; ++j) {
     if (v[j] >= threshold) offer(j);
   }
 }
 
 #if defined(__AVX512F__)
-template <>
-float block_maxima<float>(const float* v, int64_t V, int64_t block, float* bmax, bool& finite) {
+inline float block_maxima_v(const float* v, int64_t V, int64_t block, float* bmax, bool& finite) {
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 nil = _mm512_setzero_ps();
   __m512 zero = nil, m = neg_inf;
@@ -766,7 +768,7 @@ float block_maxima<float>(const float* v, int64_t V, int64_t block, float* bmax,
 }
 
 template <typename F>
-void scan_block(const float* v, int64_t lo, int64_t hi, float threshold, F&& offer) {
+void scan_block_v(const float* v, int64_t lo, int64_t hi, float threshold, F&& offer) {
   const __m512 thr = _mm512_set1_ps(threshold);
   for (int64_t j = lo; j < hi; j += 16) {
     const __mmask16 in = j + 16 <= hi ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (hi - j)) - 1u);
@@ -778,7 +780,28 @@ void scan_block(const float* v, int64_t lo, int64_t hi, float threshold, F&& off
     }
   }
 }
+
 #endif
+
+template <typename T>
+T block_maxima(const T* v, int64_t V, int64_t block, T* bmax, bool& finite) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (g_vector) return block_maxima_v(v, V, block, bmax, finite);
+  }
+#endif
+  return block_maxima_plain(v, V, block, bmax, finite);
+}
+
+template <typename T, typename F>
+void scan_block(const T* v, int64_t lo, int64_t hi, T threshold, F&& offer) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (g_vector) return scan_block_v(v, lo, hi, threshold, offer);
+  }
+#endif
+  scan_block_plain(v, lo, hi, threshold, offer);
+}
 
 template <typename T>
 void row_candidates(const T* x, int64_t V, T temperature, T prev, int64_t k, int64_t row_in_sent, int64_t pad,
@@ -1140,6 +1163,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return run_linear(l, x, act, residual.has_value() ? &*residual : nullptr);
   });
   m.def("bucket_rows", &bucket_rows);
+  m.def("set_vector_kernels", [](bool on) {
+    const bool before = g_vector;
+    g_vector = on;
+    return before;
+  });
   m.def("fast_exp", [](const Tensor& x) {
     Tensor c = x.to(at::kFloat).contiguous();
     Tensor y = at::empty_like(c);

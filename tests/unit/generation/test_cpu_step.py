@@ -48,6 +48,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(params=["vector", "plain"])
+def kernels(request):
+    """The hand-vectorized kernels (an AVX-512 build's) and the plain loops every build has (an AVX2-only CPU
+    runs those): both checked on this machine."""
+    before = cpu_step.extension().set_vector_kernels(request.param == "vector")
+    yield request.param
+    cpu_step.extension().set_vector_kernels(before)
+
+
 # ------------------------------------------------------------------ (a) the candidate step
 
 
@@ -94,7 +103,7 @@ CASES = {
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_beam_candidates_match_the_reference(case, dtype):
+def test_beam_candidates_match_the_reference(case, dtype, kernels):
     c = CASES[case]
     n, beam, t = 5, 1 if c.get("step0") else 3, 9
     g = torch.Generator().manual_seed(sorted(CASES).index(case))
@@ -210,7 +219,7 @@ def test_decoder_step_matches_the_incremental_decoder(name):
         assert steps.decoder.steps == 9 and steps.decoder.rows == 3 * beam
 
 
-def test_decoder_step_with_64_wide_heads_over_many_steps():
+def test_decoder_step_with_64_wide_heads_over_many_steps(kernels):
     """Heads of 64 (bart_small's and bart_base's width, which the vector kernels take 16 keys at a time) over 40
     steps: the logits are the eager decoder's."""
     torch.manual_seed(9)
@@ -293,7 +302,7 @@ def assert_same_hypotheses(a, b, tol=1e-5):
 
 @pytest.mark.parametrize("pre", [False, True])
 @pytest.mark.parametrize("name", sorted(SEARCHES))
-def test_compiled_search_gives_the_eager_hypotheses(name, pre):
+def test_compiled_search_gives_the_eager_hypotheses(name, pre, kernels):
     kw = dict(encoder_normalize_before=pre, decoder_normalize_before=pre)
     model = tiny_model(seed=3, **kw)
     srcs = left_pad(sources(9, seed=sorted(SEARCHES).index(name)))

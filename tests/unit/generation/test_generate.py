@@ -33,3 +33,40 @@ def test_ranks_must_share_settings_and_input():
         SeqtrainError, match="different inputs: rank 0 has 9 examples from in.txt, rank 1 7 from"
     ):
         same_run([("in.txt", 9, "d", base), ("in.txt", 7, "e", dict(base))])
+
+
+def test_generation_fits_its_threads_to_a_busy_machine(fairseq_tiny, monkeypatch, caplog, tmp_path):
+    """seqtrain-generate, -interactive, -tune and -serve load their model through load_generation_model, which
+    picks the intra-op threads as training does (seqtrain.host_cpu: torch's one per core made the quickstart's
+    300 test summaries 13x slower on a 2-core machine other work kept busy) and says so; OMP_NUM_THREADS wins."""
+    import io
+    import logging
+
+    import torch
+
+    from seqtrain import host_cpu
+    from seqtrain_cli.generate import generate_main
+
+    (tmp_path / "in.txt").write_text("w1 w2 w3\n", encoding="utf-8")
+    argv = ["--path", str(fairseq_tiny / "checkpoint_last.pt"), "--input", str(tmp_path / "in.txt"), "--cpu"]
+    argv += ["--source-lang", "src", "--target-lang", "tgt", str(fairseq_tiny / "data-bin")]
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(host_cpu, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(host_cpu, "load_average", lambda: 1.3)
+    try:
+        torch.set_num_threads(2)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        with caplog.at_level(logging.INFO, logger="seqtrain.generate"):
+            generate_main(argv, out=io.StringIO())
+        assert torch.get_num_threads() == 1
+        assert (
+            "the machine is busy (2 usable CPUs, load 1.3): generation uses 1 intra-op thread" in caplog.text
+        )
+        torch.set_num_threads(2)
+        caplog.clear()
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        with caplog.at_level(logging.INFO, logger="seqtrain.generate"):
+            generate_main(argv, out=io.StringIO())
+        assert torch.get_num_threads() == 2 and "intra-op thread" not in caplog.text
+    finally:
+        torch.set_num_threads(threads)

@@ -1,4 +1,4 @@
-"""seqtrain.train.host_cpu: the bf16 warning and the thread choice, with the machine's answers patched in, so
+"""seqtrain.host_cpu: the bf16 warning and the thread choice, with the machine's answers patched in, so
 each test gives the same result on any CPU (with or without AVX-512-BF16 / AMX, idle or loaded)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from seqtrain.train import host_cpu
+from seqtrain import host_cpu
 
 
 @pytest.mark.parametrize(
@@ -142,13 +142,13 @@ def test_an_omp_num_threads_that_sets_no_threads_is_said_and_seqtrain_chooses(mo
 
 
 def test_the_module_prints_the_choice_for_scripts():
-    """scripts/quickstart.sh exports `python -m seqtrain.train.host_cpu`'s number as OMP_NUM_THREADS."""
+    """scripts/quickstart.sh exports `python -m seqtrain.host_cpu`'s number as OMP_NUM_THREADS."""
     import os
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "seqtrain.train.host_cpu"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "seqtrain.host_cpu"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     assert 1 <= int(out.stdout) <= len(os.sched_getaffinity(0))

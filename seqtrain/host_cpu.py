@@ -172,9 +172,10 @@ def omp_threads() -> tuple[int | None, str]:
     return (int(text) if text.isdigit() and int(text) > 0 else None), value
 
 
-def fit_threads(device_type: str, ranks: int = 1) -> str | None:
-    """Set torch's intra-op threads for a CPU run (see the module docstring) and return the line to log; None
-    on a GPU or when OMP_NUM_THREADS (a positive whole number) chose already."""
+def fit_threads(device_type: str, ranks: int = 1, program: str = "training") -> str | None:
+    """Set torch's intra-op threads for a CPU run (see the module docstring) and return the line to log (naming
+    `program`: training, generation); None on a GPU or when OMP_NUM_THREADS (a positive whole number) chose
+    already."""
     given, value = omp_threads()
     if device_type != "cpu" or given is not None:
         return None
@@ -186,19 +187,19 @@ def fit_threads(device_type: str, ranks: int = 1) -> str | None:
     where = where or f"{usable} usable CPU{'s' if usable > 1 else ''}"
     if value.strip():  # set, but to no thread count
         return (
-            f"OMP_NUM_THREADS={value!r} is no positive number of threads (OpenMP ignores it): training uses {n} "
+            f"OMP_NUM_THREADS={value!r} is no positive number of threads (OpenMP ignores it): {program} uses {n} "
             f"intra-op thread{'s' if n > 1 else ''} ({where}); set it to 1 or more to choose yourself"
         )
     if n < before:
         return (
-            f"the machine is busy ({where}): training uses {n} intra-op thread{'s' if n > 1 else ''} instead of "
+            f"the machine is busy ({where}): {program} uses {n} intra-op thread{'s' if n > 1 else ''} instead of "
             f"torch's {before}; set OMP_NUM_THREADS to choose yourself"
         )
     return f"intra-op threads: {n} ({where}; OMP_NUM_THREADS overrides)"
 
 
 if __name__ == "__main__":
-    # `python -m seqtrain.train.host_cpu`: the thread count a CPU run would choose now, for scripts that export
+    # `python -m seqtrain.host_cpu`: the thread count a CPU run would choose now, for scripts that export
     # OMP_NUM_THREADS for every stage (scripts/quickstart.sh); the reason goes to stderr
     import sys
 
