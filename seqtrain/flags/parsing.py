@@ -171,9 +171,8 @@ def parse_args_and_arch(
     if stage == "train":
         if not args.arch:
             raise SeqtrainError(f"--arch is required; choose from: {', '.join(registry.ARCHS.names())}")
-        registry.ARCHS.get(args.arch)(
-            args
-        )  # fills only fields still None: explicit flags and config values win
+        # the preset fills only the fields still None: explicit flags and config values win
+        registry.ARCHS.get(args.arch)(args)
     # fairseq: the memory-efficient variants imply the plain ones (seqtrain keeps fp32 master weights for both)
     if getattr(args, "memory_efficient_fp16", False):
         args.fp16 = True

@@ -116,9 +116,8 @@ def check_settings(cfg: TrainConfig) -> None:
                 "score checkpoints with seqtrain-generate"
             )
 
-        generation_args(
-            cfg.rouge.eval_rouge_args
-        )  # a bad --eval-rouge-args fails now, not after the first epoch
+        # a bad --eval-rouge-args fails now, not after the first epoch
+        generation_args(cfg.rouge.eval_rouge_args)
 
 
 def model_summary(model: torch.nn.Module, task: Any) -> str:
@@ -229,10 +228,9 @@ def _main(cfg: TrainConfig) -> int:
 
 def _train(cfg: TrainConfig) -> int:
     # the full flags go to SAVE_DIR/config.yaml (and --print-config), not into the log: fairseq's one-line
-    # Namespace (3.5 KB) buried the lines a user reads first
-    config = resolved_train_config(
-        run_record(cfg)
-    )  # the flags as given, before the task fills in what it infers
+    # Namespace (3.5 KB) buried the lines a user reads first. The record before the task and the model exist:
+    # the flags as given (with the launcher's and the batching's settled values), not what the task infers
+    config = resolved_train_config(run_record(cfg))
     data, ckpt, seed = cfg.data, cfg.checkpoint, cfg.device.seed
     where = "not saved (--no-save)" if ckpt.no_save else f"{os.path.join(ckpt.save_dir, 'config.yaml')}"
     logger.info(

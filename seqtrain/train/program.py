@@ -61,9 +61,7 @@ class TrainConfig:
     optimizer: Any = field(default_factory=LrConfig)
     lr_scheduler: Any = field(default_factory=SchedulerConfig)
     # the groups
-    data: TrainDatasetConfig = field(
-        default_factory=TrainDatasetConfig
-    )  # batching, the splits (the task's too)
+    data: TrainDatasetConfig = field(default_factory=TrainDatasetConfig)  # batching, splits; the task's too
     loop: LoopConfig = field(default_factory=LoopConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
