@@ -10,17 +10,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
 from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.data import iterators
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import batch_layout
 from seqtrain.flags import parsing, training
+from seqtrain.models import as_built
 from seqtrain.tasks.translation import TranslationTask
 from seqtrain.train import loop as train_loop
+from seqtrain.train.program import run_record, train_config
 from seqtrain.train.trainer import Trainer
 
 PAD, EOS = 1, 2
@@ -62,13 +61,15 @@ def make_trainer(
         argv.append("--cpu")
     if precision:
         argv.append(f"--{precision}")
-    targs = parsing.parse_args_and_arch(training.get_training_parser(), argv)
-    task = TranslationTask(targs, d, d)
+    cfg = train_config(parsing.parse_args_and_arch(training.get_training_parser(), argv))
+    task = TranslationTask(cfg.task, d, d)
     torch.manual_seed(1)
-    model = task.build_model(model_config(targs))
-    return train_loop.build_trainer(
-        targs, task, model, task.build_criterion(from_args(DistillationConfig, targs))
-    ), task
+    model = task.build_model(cfg.model)
+    trainer = train_loop.build_trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.run_args = run_record(
+        cfg, as_built(cfg.model)
+    )  # the record its checkpoints store, as a run gives it
+    return trainer, task
 
 
 def make_pairs(

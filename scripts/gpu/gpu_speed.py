@@ -449,7 +449,8 @@ def stage_align(check: SpeedCheck) -> dict[str, Any]:
     against the unpadded one's; one beam step's logits (256 rows: 64 sentences x beam 4) against the padded
     weight, the extra columns sliced off, as the static decoding step runs them (aligned_output_weight), in
     microseconds. The best multiple of each, and each against 8 (the default)."""
-    from seqtrain.criterions.projected_loss import padded_weight, projected_nll_loss
+    from seqtrain.criterions.projected_loss import projected_nll_loss
+    from seqtrain.cuda import padded_weight
 
     out = check.stage_figures
     dev, bf16 = check.device, torch.bfloat16

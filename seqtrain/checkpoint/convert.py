@@ -138,7 +138,8 @@ def convert(cfg: ConvertConfig, generation: HfGenerationConfig | None = None) ->
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
     # checks the weights fit the architecture before anything is written
     model = build_from_contents(ck, resize_vocab=cfg.resize_vocab)
-    if merge_lora(model, ck.args):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
+    if merge_lora(model):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
+        ck.args.lora_rank = 0
         logger.info(f"{source}: LoRA adapters merged into their weights")
     if cfg.dtype:  # after the merge, so adapters fold in at full precision
         model.to(getattr(torch, cfg.dtype))

@@ -108,7 +108,7 @@ def _check_positions(teacher: tuple[int, int], student: tuple[int, int], teacher
     )
 
 
-@CRITERIONS.register(NAME)
+@CRITERIONS.register(NAME, config=DistillationConfig)
 class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(
         self,
@@ -138,8 +138,7 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         self.temperature = float(distill_temperature)
         self.alpha = float(distill_alpha)
 
-    config: type = DistillationConfig
-    needs_task = True
+    needs_task = True  # from_config takes the task (it loads the teacher and checks its dictionaries)
 
     @classmethod
     def from_config(

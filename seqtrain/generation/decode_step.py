@@ -38,7 +38,7 @@ from torch import Tensor
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation.cpu_step import beam_candidates
 from seqtrain.generation.ngram import NGramRepeatBlocker
-from seqtrain.generation.search import BeamSearch, Sampling, continue_beams
+from seqtrain.generation.search import BeamSearch, GenerationConfig, Sampling, continue_beams, make_search
 
 LogProbs = Callable[[Tensor, float], Tensor]
 
@@ -97,50 +97,40 @@ class Candidates:
 
 
 class DecodeStep:
-    """The per-step rules of one generator's search (see the module docstring); SequenceGenerator's settings.
+    """The per-step rules of one generator's search (see the module docstring), built from its settings: the
+    search settings (search.GenerationConfig; beam, lengths, penalties, temperature, n-gram blocking), checked
+    where they came from (check_generation_args), and the model's and dictionary's facts.
 
-    `max_len` caps every sentence's output length (tokens before the final EOS: max_len - 1 at most);
+    `max_len` caps every sentence's output length (tokens before the final EOS: max_len - 1 at most; the model's
+    positions); `search` is the strategy (default: the one `config` names, search.make_search, on the CPU);
     `log_probs(logits, temperature)` turns the decoder's output into the next token's log-probabilities
     (default: `last_log_probs`)."""
 
     def __init__(
         self,
+        config: GenerationConfig,
         pad: int,
         unk: int,
         eos: int,
-        beam: int,
         *,
         max_len: int,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
-        min_len: int = 1,
-        match_source_len: bool = False,
-        normalize_scores: bool = True,
-        len_penalty: float = 1.0,
-        unk_penalty: float = 0.0,
-        temperature: float = 1.0,
-        no_repeat_ngram_size: int = 0,
         search: Any = None,
         log_probs: LogProbs | None = None,
     ):
-        if beam < 1:
-            raise SeqtrainError(f"--beam must be >= 1, got {beam}")
-        if temperature <= 0:
-            raise SeqtrainError(f"--temperature must be > 0, got {temperature}")
-        if max_len_a == 0 and not match_source_len and min_len > min(max_len_b, max_len - 1):
-            raise SeqtrainError(
-                f"--min-len {min_len} is larger than the max length {min(max_len_b, max_len - 1)}"
-            )
-        self.pad, self.unk, self.eos, self.beam = pad, unk, eos, beam
-        self.max_len, self.max_len_a, self.max_len_b = max_len, max_len_a, max_len_b
-        self.min_len = min_len
-        self.match_source_len = match_source_len
-        self.normalize_scores = normalize_scores
-        self.len_penalty = len_penalty
-        self.unk_penalty = unk_penalty
-        self.temperature = temperature
-        self.ngram_blocker = NGramRepeatBlocker(no_repeat_ngram_size) if no_repeat_ngram_size > 0 else None
-        self.search = search if search is not None else BeamSearch()
+        if config.max_len_a == 0 and not config.match_source_len and config.min_len > max_len - 1:
+            # (--min-len against --max-len-b is the settings' own check; this one is against the model)
+            raise SeqtrainError(f"--min-len {config.min_len} is larger than the max length {max_len - 1}")
+        self.pad, self.unk, self.eos, self.beam = pad, unk, eos, config.beam
+        self.max_len, self.max_len_a, self.max_len_b = max_len, config.max_len_a, config.max_len_b
+        self.min_len = config.min_len
+        self.match_source_len = config.match_source_len
+        self.normalize_scores = not config.unnormalized
+        self.len_penalty = config.lenpen
+        self.unk_penalty = config.unkpen
+        self.temperature = config.temperature
+        n = config.no_repeat_ngram_size
+        self.ngram_blocker = NGramRepeatBlocker(n) if n > 0 else None
+        self.search = search if search is not None else make_search(config, torch.device("cpu"))
         self._log_probs = log_probs or last_log_probs
 
     @property

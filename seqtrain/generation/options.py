@@ -31,7 +31,6 @@ from seqtrain.generation.rerank import RerankConfig
 from seqtrain.generation.runner import CheckpointLoadConfig
 from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.tune_flags import add_tune_args
-from seqtrain.optim import loss_scaler
 
 
 def _leave_out_group(
@@ -58,7 +57,7 @@ def get_generation_parser(
     parsers.add_common_args(parser, program)
     common = next(g for g in parser._action_groups if g.title == "Common")
     common.add_argument("--task", default=default_task, metavar="TASK", help="task (default: %(default)s)")
-    _leave_out_group(parser, loss_scaler.add_args)
+    _leave_out_group(parser, training.add_loss_scaling_args)
     parsers.add_logging_args(parser, program)
     dataset = data_options.add_dataset_args(parser, train=False, gen=True, program=program)
     parsers._retitle(dataset, "Dataset and batching")

@@ -44,7 +44,7 @@ from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import cpu_step
 from seqtrain.generation.decode_step import Beams, Candidates, DecodeStep, positional_scores
-from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, GenerationConfig, Sampling
+from seqtrain.generation.search import GenerationConfig, keyword_config, make_search
 from seqtrain.generation.static_search import StaticSteps, static_generate
 
 Hypothesis = dict[str, Any]
@@ -55,61 +55,58 @@ class SequenceGenerator:
         self,
         model: torch.nn.Module,
         tgt_dict: Any,
-        beam_size: int = 5,
+        config: GenerationConfig | None = None,
+        *,
         nbest: int | None = None,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
         max_len: int = 0,
-        min_len: int = 1,
-        normalize_scores: bool = True,
-        len_penalty: float = 1.0,
-        unk_penalty: float = 0.0,
-        temperature: float = 1.0,
-        match_source_len: bool = False,
-        no_repeat_ngram_size: int = 0,
         search_strategy: Any = None,
         bos: int | None = None,
         eos: int | None = None,
         static_decoding: bool = False,
         packed_encoder: bool | None = None,
         cpu_step: bool | None = None,
+        **keywords: Any,
     ):
-        """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
-        max_positions()[1] - 1, as fairseq). `eos` is the token that ends a hypothesis (default: the dictionary's
-        </s>; mBART's translation task: the target's `[lang]`, as fairseq's `eos=`), `bos` the decoder start token
+        """`config`: the search settings (search.GenerationConfig, as build_generator passes them, checked by the
+        front end that read them); or fairseq's SequenceGenerator keywords for them (beam_size=5,
+        max_len_a=0.0, max_len_b=200, min_len=1, normalize_scores=True, len_penalty=1.0, unk_penalty=0.0,
+        temperature=1.0, match_source_len=False, no_repeat_ngram_size=0: search.keyword_config, checked as the
+        flags are). Either way they build the step body both loops run (decode_step.DecodeStep), in one place.
+        `tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
+        max_positions()[1] - 1, as fairseq). `search_strategy`: the strategy (default: the one the settings
+        name, search.make_search). `eos` is the token that ends a hypothesis (default: the dictionary's </s>;
+        mBART's translation task: the target's `[lang]`, as fairseq's `eos=`), `bos` the decoder start token
         (default: `eos`, fairseq's convention). `nbest` hypotheses are returned per sentence (default: all
-        `beam_size` finalized ones, as fairseq's generate() does). `static_decoding`: decode with
+        `beam` finalized ones, as fairseq's generate() does). `static_decoding`: decode with
         seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA, finished on the device); the
         same hypotheses. `packed_encoder`: the encoder pass on the sources' real tokens only (True), padded
         (False), or the encoder's choice (None: on CUDA in fp16/bf16, on the CPU from 20% pads; see `encode`);
         the same encoder output, so the same hypotheses. `cpu_step`: on the CPU, decode with the compiled step
         (cpu_step.py: the same hypotheses, scores to rounding) where it applies (None: unless
-        SEQTRAIN_CPU_STEP=eager), or never (False). The search settings go to `decode_step`, the step body both
-        loops run (decode_step.py)."""
+        SEQTRAIN_CPU_STEP=eager), or never (False)."""
+        if config is None:
+            config = keyword_config(**keywords)
+        elif keywords:
+            raise TypeError(
+                f"SequenceGenerator: give the search settings as config or keywords, not both: {keywords}"
+            )
         self.model = model
         target_positions = model.max_positions()[1] if hasattr(model, "max_positions") else 1024
         eos = tgt_dict.eos() if eos is None else eos
+        if search_strategy is None:
+            search_strategy = make_search(config, next(model.parameters()).device)
         self.decode_step = DecodeStep(
+            config,
             tgt_dict.pad(),
             tgt_dict.unk(),
             eos,
-            beam_size,
             max_len=max_len or target_positions,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            min_len=min_len,
-            match_source_len=match_source_len,
-            normalize_scores=normalize_scores,
-            len_penalty=len_penalty,
-            unk_penalty=unk_penalty,
-            temperature=temperature,
-            no_repeat_ngram_size=no_repeat_ngram_size,
             search=search_strategy,
             # a model may bring its own next-token distribution: an ensemble (ensemble.py) averages its members'
             log_probs=getattr(model, "next_token_log_probs", None),
         )
         self.bos = eos if bos is None else bos
-        self.nbest = beam_size if nbest is None else nbest
+        self.nbest = config.beam if nbest is None else nbest
         self.static_decoding = static_decoding
         self.packed_encoder = packed_encoder
         self.cpu_step = cpu_step
@@ -402,15 +399,6 @@ def build_generator(
             f"build_generator takes a GenerationConfig (search.generation_config(args) converts parsed flags), "
             f"got {type(config).__name__}"
         )
-    if config.sampling:
-        device = next(model.parameters()).device
-        gen = torch.Generator(device=device)
-        gen.manual_seed(1 if config.seed is None else config.seed)
-        search: Any = Sampling(config.sampling_topk, config.sampling_topp, gen)
-    elif config.diverse_beam_groups > 0:
-        search = DiverseBeamSearch(config.diverse_beam_groups, config.diverse_beam_strength)
-    else:
-        search = BeamSearch()
     static = config.static_decoding
     ensemble = hasattr(model, "next_token_log_probs")  # the static step is one model's decoder (ensemble.py)
     if static and ensemble:
@@ -422,18 +410,8 @@ def build_generator(
     return SequenceGenerator(
         model,
         tgt_dict,
-        beam_size=config.beam,
+        config,
         nbest=config.nbest,
-        max_len_a=config.max_len_a,
-        max_len_b=config.max_len_b,
-        min_len=config.min_len,
-        normalize_scores=not config.unnormalized,
-        len_penalty=config.lenpen,
-        unk_penalty=config.unkpen,
-        temperature=config.temperature,
-        match_source_len=config.match_source_len,
-        no_repeat_ngram_size=config.no_repeat_ngram_size,
-        search_strategy=search,
         static_decoding=static,
         packed_encoder=config.packed_encoder,
         bos=bos,

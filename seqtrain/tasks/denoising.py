@@ -106,11 +106,9 @@ class DenoisingConfig(TranslationConfig):
     seed: int = 1  # --seed (the noise draws from it)
 
 
-@TASKS.register("denoising")
+@TASKS.register("denoising", config=DenoisingConfig)
 class DenoisingTask(TranslationTask):
     """Rebuild token blocks of monolingual text from noised copies (BART's pretraining objective)."""
-
-    config: type = DenoisingConfig
 
     def __init__(self, cfg: DenoisingConfig, dictionary: Dictionary, tokenizer_spec: dict | None = None):
         super().__init__(cfg, dictionary, dictionary, tokenizer_spec)

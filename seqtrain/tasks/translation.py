@@ -8,7 +8,6 @@ defines one training / validation step. The data-bin layout is fairseq's: dict.{
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -18,8 +17,8 @@ from typing import Any
 import torch
 
 from seqtrain.checkpoint.load import load_model
-from seqtrain.config import add_settings, setting, settings
-from seqtrain.criterions import DistillationConfig, build_criterion
+from seqtrain.config import setting, settings
+from seqtrain.criterions import CriterionConfig, build_criterion
 from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
@@ -79,15 +78,12 @@ class TranslationConfig:
     langs: str | None = None  # --langs (translation_from_pretrained_bart's)
 
 
-@TASKS.register("translation", "summarization")
+TASKS.common = TranslationConfig  # what a --user-dir task registered without settings of its own reads
+
+
+@TASKS.register("translation", "summarization", config=TranslationConfig)
 class TranslationTask:
     """Translate a source sequence into a target sequence (summarization is the same task)."""
-
-    config: type = TranslationConfig  # its settings (fairseq registers a dataclass with each task likewise)
-
-    @classmethod
-    def add_args(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-        return add_settings(parser, cls.config)
 
     def __init__(
         self,
@@ -300,8 +296,8 @@ class TranslationTask:
         """The model of `cfg` (the arch preset applied) for this task's dictionaries."""
         return build_model(cfg, self.src_dict, self.tgt_dict)
 
-    def build_criterion(self, cfg: DistillationConfig) -> Any:
-        """The criterion `cfg.criterion` of its settings (every criterion flag: DistillationConfig)."""
+    def build_criterion(self, cfg: CriterionConfig) -> Any:
+        """The criterion `cfg.criterion` of its settings (CRITERIONS.config(cfg.criterion))."""
         return build_criterion(cfg, self)
 
     def dictionary_file(self, side: str) -> str:

@@ -15,7 +15,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
 from seqtrain.generation import options
 from seqtrain.scoring.settings import EvalRougeConfig
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
 from tests.utils import base_args, parse_log
@@ -86,7 +86,7 @@ def test_rouge_validator_scores_what_it_generates(databin, monkeypatch):
     args = parsing.parse_args_and_arch(
         parser, base_args(databin, "unused", "--eval-rouge-args", "--beam 3 --max-len-b 5")
     )
-    task = setup_task(task_config(args))
+    task = setup_task(train_config(args).task)
     task.load_dataset("valid")
     torch.manual_seed(0)
     model = task.build_model(model_config(args))
@@ -133,7 +133,7 @@ def test_eval_rouge_bootstrap_interval_is_seqtrain_scores(databin, tmp_path, cap
     parser = training.get_training_parser()
     flags = ("--eval-rouge-args", "--beam 2 --max-len-b 5", "--eval-rouge-bootstrap", "300", "--seed", "7")
     args = parsing.parse_args_and_arch(parser, base_args(databin, "unused", *flags))
-    task = setup_task(task_config(args))
+    task = setup_task(train_config(args).task)
     task.load_dataset("valid")
     torch.manual_seed(0)
     model = task.build_model(model_config(args))

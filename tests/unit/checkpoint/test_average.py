@@ -19,6 +19,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
 from seqtrain_cli.average_checkpoints import cli_main
+from tests.utils import completed
 
 
 def make_dict(n_words: int = 20) -> Dictionary:
@@ -37,7 +38,7 @@ def tiny_states(
     states = []
     for seed in range(n):
         torch.manual_seed(seed)
-        model = build_model(model_config(args), d, d).to(dtype)
+        model = build_model(model_config(completed(args)), d, d).to(dtype)
         states.append({k: v.clone() for k, v in model.state_dict().items()})
     return args, d, states
 

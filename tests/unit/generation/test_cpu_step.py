@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from seqtrain.generation import cpu_step
 from seqtrain.generation.decode_step import DecodeStep
+from seqtrain.generation.search import GenerationConfig
 from seqtrain.generation.sequence_generator import SequenceGenerator, encode
 from seqtrain.models.bart import BartConfig, BARTModel
 from seqtrain.models.cpu_products import LinearSpec, gemm_backend, run_linear
@@ -150,9 +151,8 @@ def test_beam_candidates_refuse_non_finite_logits():
 def test_fused_candidates_are_the_two_step_paths(step):
     """Inside the generator's step body at fp32: the same candidates (rows, tokens, which end), scores to 1e-5."""
     beam, n = 4, 6
-    body = DecodeStep(
-        PAD, UNK, EOS, beam, max_len=64, max_len_b=8, min_len=3, no_repeat_ngram_size=2, unk_penalty=-0.5
-    )
+    settings = GenerationConfig(beam=beam, max_len_b=8, min_len=3, no_repeat_ngram_size=2, unkpen=-0.5)
+    body = DecodeStep(settings, PAD, UNK, EOS, max_len=64)
     srcs = left_pad(sources(n, seed=step))
     beams = body.begin(srcs, None, EOS)
     g = torch.Generator().manual_seed(step)
