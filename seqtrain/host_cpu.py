@@ -1,5 +1,5 @@
-"""What the CPU a run trains on can do, and how many threads it should use: two start-up decisions that made a
-busy or older machine many times slower without a word (issue 41).
+"""What the CPU a run trains on can do, how many threads it should use, and how generation keeps its freed
+memory: start-up decisions that made a busy or older machine many times slower without a word (issue 41).
 
 - bf16 on a CPU: autocast's bf16 matrix products are fast only with native bf16 instructions (x86 AVX-512-BF16
   or AMX, Arm's BF16 extension); without them oneDNN and ATen convert every operand to fp32 and back, and a run
@@ -196,6 +196,39 @@ def fit_threads(device_type: str, ranks: int = 1, program: str = "training") -> 
             f"torch's {before}; set OMP_NUM_THREADS to choose yourself"
         )
     return f"intra-op threads: {n} ({where}; OMP_NUM_THREADS overrides)"
+
+
+# ------------------------------------------------------------------------------------------------ memory
+# glibc's mallopt parameters; MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_ in the environment set the same
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+KEEP_MMAP_THRESHOLD = 32 << 20  # glibc's largest
+KEEP_TRIM_THRESHOLD = 512 << 20
+_kept = False
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep the memory a process frees for its next allocations, as inference engines'
+    allocators do: buffers under 32 MiB come from the heap and up to 512 MiB of freed heap stay mapped. With
+    glibc's adaptive defaults, a CPU beam search's per-step buffers (products' outputs, logits) were mapped and
+    unmapped again and again: on the quickstart's model 110k page faults and 0.19 s of system time a pass of 300
+    summaries, against 0.8 s of work (docs/benchmarks.md). For programs that generate (runner.load_for_generation:
+    seqtrain-generate, -interactive, -tune, -serve, Summarizer), not training, whose peak memory grows with it
+    (docs/training.md). A MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ the user set wins; elsewhere than
+    glibc, nothing. Returns whether it set them (once a process)."""
+    global _kept
+    if _kept or any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    import ctypes  # (glibc's mallopt, looked up only here)
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    _kept = bool(mallopt(M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD)) and bool(
+        mallopt(M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD)
+    )
+    return _kept
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ model included).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -69,7 +70,8 @@ def make_models(workdir: str, size: str, finetuned: str = FINETUNED) -> dict[str
     tag = size
     if size == "finetuned":  # a new checkpoint at that path is a new model
         st = os.stat(finetuned)
-        tag = f"finetuned-{abs(hash((os.path.abspath(finetuned), st.st_mtime_ns, st.st_size))) % 10**8}"
+        key = f"{os.path.abspath(finetuned)}:{st.st_mtime_ns}:{st.st_size}".encode()
+        tag = f"finetuned-{hashlib.sha256(key).hexdigest()[:10]}"
     paths = {k: os.path.join(workdir, f"{tag}-{k}") for k in ("hf", "ct2-float32", "ct2-int8")}
     paths["ckpt"] = os.path.join(workdir, f"{tag}.pt")
     if os.path.isdir(paths["ct2-int8"]):

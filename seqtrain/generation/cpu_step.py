@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from seqtrain.models.bart import BARTModel
-from seqtrain.models.cpu_products import ACTS, LinearSpec, gemm_backend, run_linear
+from seqtrain.models.cpu_products import ACTS, LinearSpec, bucket_rows, gemm_backend, run_linear
 from seqtrain.models.int8 import Int8Linear
 from seqtrain.models.lora import LoRALinear
 from seqtrain.models.transformer import ACTIVATIONS, make_positions
@@ -144,6 +144,17 @@ def extension() -> Any:
 def unavailable_reason() -> str | None:
     """Why `extension()` returned None (None while it has not been tried or where it was built)."""
     return _ext_error
+
+
+def _padded(x: Tensor, rows: int) -> Tensor:
+    """x (n x C) with rows - n copies of its row 0 after it."""
+    n = x.size(0)
+    if rows == n:
+        return x
+    out = x.new_empty(rows, x.size(1))
+    out[:n] = x
+    out[n:] = x[:1]
+    return out
 
 
 def _weight(m: nn.Module) -> Tensor:
@@ -293,18 +304,22 @@ class PackedModel:
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
         longest = max(lengths, default=0)
         n = x.size(0)
+        # the layers run on the tokens' row bucket (bucket_rows: the products' shapes), the rows past n copies of
+        # row 0 all the way (attention's outputs padded with row 0's): no product copies its input to pad it, and
+        # a dynamic int8 product quantizes the range of the n rows
+        x = _padded(x, bucket_rows(n))
         for qkv, out, fc1, fc2, n1, n2, pre, heads in self.encoder_layers:
             h = n1(x) if pre else x
-            q, k, v = run_linear(qkv, h).view(n, 3, heads, -1).unbind(1)
+            q, k, v = run_linear(qkv, h)[:n].view(n, 3, heads, -1).unbind(1)
             o = varlen_attention(q, k, v, cu, cu, longest, longest, False, 0.0, cu, cu).reshape(n, -1)
-            x = run_linear(out, o, residual=x)
+            x = run_linear(out, _padded(o, x.size(0)), residual=x)
             x = x if pre else n1(x)
             h = n2(x) if pre else x
             x = run_linear(fc2, run_linear(fc1, h, self.enc_act), residual=x)
             x = x if pre else n2(x)
         if self.enc_final is not None:
             x = self.enc_final(x)
-        out_ = x.new_zeros(b * s, x.size(-1)).index_copy_(0, rows, x).view(b, s, -1)
+        out_ = x.new_zeros(b * s, x.size(-1)).index_copy_(0, rows, x[:n]).view(b, s, -1)
         return {"encoder_out": out_, "encoder_padding_mask": padding_mask}
 
     # -------------------------------------------------------------- decoder

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seqtrain import host_cpu
 from seqtrain.checkpoint.fairseq import find_dictionaries, set_conventions, stored_conventions
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.checkpoint.hf import generation_key, read_generation_config
@@ -108,6 +109,7 @@ def load_for_generation(
     to it) or a Hugging Face folder (with its generation_config.json) on the CPU, in eval mode. `path` may be a
     hub name (`org/name[@revision]`, seqtrain.checkpoint.hub). `task` / `langs` (--task, --langs) turn on
     mBART's language tokens (language_tokens) when the checkpoint does not already say so."""
+    host_cpu.keep_freed_memory()  # an inference process: freed buffers reused, not unmapped and faulted in again
     path = resolve_model_path(path, "--path")
     if not os.path.exists(path):
         raise SeqtrainError(f"--path {path}: no such file or folder")

@@ -95,18 +95,17 @@ def bucket_rows(m: int) -> int:
     """The row count a oneDNN product runs at for m rows. oneDNN keeps a primitive (generated code, buffers) per
     shape it has seen, up to 1024 of them: a search whose rows fall one by one, batch after batch, grew a
     process by ~700 MiB. In buckets a process meets a few dozen shapes: powers of two up to 8 rows (a tiny
-    product costs its weight's reading, whatever the rows), multiples of 8 up to 64, of 16 up to 256, then 8
-    buckets an octave (at most 12.5% more rows). csrc/cpu_step.cpp's bucket_rows is the same rule."""
+    product costs its weight's reading, whatever the rows), multiples of 8 up to 256 (beam search's rows are
+    multiples of the beam), then 16 buckets an octave (at most 6.25% more rows). csrc/cpu_step.cpp's
+    bucket_rows is the same rule."""
     if m <= 8:
         return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
-    if m <= 64:
-        return -(-m // 8) * 8
     if m <= 256:
-        return -(-m // 16) * 16
+        return -(-m // 8) * 8
     octave = 256
     while octave * 2 < m:
         octave *= 2
-    step = octave // 8
+    step = octave // 16
     return -(-m // step) * step
 
 

@@ -1,9 +1,13 @@
-"""seqtrain.host_cpu: the bf16 warning and the thread choice, with the machine's answers patched in, so
-each test gives the same result on any CPU (with or without AVX-512-BF16 / AMX, idle or loaded)."""
+"""seqtrain.host_cpu: the bf16 warning, the thread choice (with the machine's answers patched in, so each test
+gives the same result on any CPU, with or without AVX-512-BF16 / AMX, idle or loaded) and generation's malloc
+settings."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -199,3 +203,31 @@ def test_load_is_the_lower_of_the_average_and_now(monkeypatch, average, now, wan
     assert host_cpu.load_average() == pytest.approx(want)
     # and what a 2-core machine trains with then
     assert host_cpu.choose_threads(2, host_cpu.load_average()) == (2 if want < 0.5 else 1)
+
+
+def test_generation_keeps_freed_memory_unless_told(tmp_path):
+    """Programs that generate have glibc keep the memory they free (keep_freed_memory, run by
+    runner.load_for_generation), once a process; a MALLOC_*_THRESHOLD_ the user set wins. In fresh processes:
+    mallopt is process-wide."""
+    code = (
+        "import sys; from seqtrain import host_cpu\n"
+        "first = host_cpu.keep_freed_memory(); again = host_cpu.keep_freed_memory()\n"
+        "print(first, again)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    run = lambda extra: subprocess.run(  # noqa: E731
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**env, **extra}
+    ).stdout.split()
+    assert run({}) == ["True", "False"]  # set once
+    assert run({"MALLOC_TRIM_THRESHOLD_": "131072"}) == ["False", "False"]
+
+
+def test_loading_for_generation_keeps_freed_memory(monkeypatch, tmp_path):
+    from seqtrain.errors import SeqtrainError
+    from seqtrain.generation import runner
+
+    calls = []
+    monkeypatch.setattr(host_cpu, "keep_freed_memory", lambda: calls.append(1) or True)
+    with pytest.raises(SeqtrainError):
+        runner.load_for_generation(str(tmp_path / "missing.pt"))
+    assert calls == [1]

@@ -276,14 +276,14 @@ const c10::OperatorHandle& int8_linear() {
 // generated code and buffers, per shape it has seen (its cache holds 1024), so a search whose row count falls
 // one by one, batch after batch, grew a process by ~700 MiB (seqtrain-serve's soak); in buckets a process meets
 // a few dozen shapes. Powers of two up to 8 rows (tiny products cost their weight's reading, whatever the rows),
-// multiples of 8 up to 64, of 16 up to 256, then 8 buckets an octave (at most 12.5% more rows).
+// multiples of 8 up to 256 (beam search's rows are multiples of the beam: at most 4 rows more at beam 4), then
+// 16 buckets an octave (at most 6.25% more rows).
 int64_t bucket_rows(int64_t m) {
   if (m <= 8) return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8;
-  if (m <= 64) return (m + 7) / 8 * 8;
-  if (m <= 256) return (m + 15) / 16 * 16;
+  if (m <= 256) return (m + 7) / 8 * 8;
   int64_t octave = 256;
   while (octave * 2 < m) octave *= 2;
-  const int64_t step = octave / 8;
+  const int64_t step = octave / 16;
   return (m + step - 1) / step * step;
 }
 
@@ -462,10 +462,13 @@ class Decoder {
     int32_t* slot = idx_.data() + steps_ * rcap_;
     for (int64_t r = 0; r < R; ++r) slot[r] = static_cast<int32_t>(r);
 
+    // The layers run on the rows' bucket (bucket_rows): the rows past R are copies of row 0 from the embedding on
+    // (the attention kernels copy row 0's output to them), so a product needs no padded copy of its input, and a
+    // dynamic int8 product quantizes the same range as on the R rows alone.
     Tensor x;
     {
       Timer tm(timers(), kEmbed);
-      x = embed(tokens.to(at::kLong).contiguous(), position);
+      x = embed(tokens.to(at::kLong).contiguous(), position, bucket_rows(R));
     }
     for (size_t i = 0; i < layers_.size(); ++i) x = layer(i, x);
     if (has_final_norm_) {
@@ -474,7 +477,7 @@ class Decoder {
     }
     steps_ += 1;
     Timer tm(timers(), kOutput);
-    return run_linear(output_, x, kNone, nullptr);
+    return run_linear(output_, x, kNone, nullptr).narrow(0, 0, R);
   }
 
   void set_profiling(bool on) {
@@ -512,9 +515,9 @@ class Decoder {
   int64_t steps() const { return steps_; }
 
  private:
-  Tensor embed(const Tensor& tokens, int64_t position) {
+  Tensor embed(const Tensor& tokens, int64_t position, int64_t rows) {
     const int64_t R = tokens.size(0), C = dim_;
-    Tensor x = at::empty({R, C}, embed_.options());
+    Tensor x = at::empty({rows, C}, embed_.options());
     const float* E = embed_.data_ptr<float>();
     const float* P = positions_.data_ptr<float>() + position * C;
     const int64_t* tok = tokens.data_ptr<int64_t>();
@@ -527,8 +530,16 @@ class Decoder {
 #pragma omp simd
       for (int64_t i = 0; i < C; ++i) xr[i] = embed_scale_ * e[i] + P[i];
     }
+    pad_rows(x, R);
     emb_norm_.apply(x, x);
     return x;
+  }
+
+  // rows R.. of x (its bucket's padding) set to row 0
+  static void pad_rows(Tensor& x, int64_t R) {
+    const int64_t rows = x.size(0), C = x.size(1);
+    float* p = x.data_ptr<float>();
+    for (int64_t r = R; r < rows; ++r) std::memcpy(p + r * C, p, sizeof(float) * C);
   }
 
   std::array<double, kSections>* timers() { return profiling_ ? &prof_ : nullptr; }
@@ -594,7 +605,7 @@ class Decoder {
       float* dst = cache + ((t * rcap_ + r) * 2) * C;
       std::memcpy(dst, in + r * 3 * C + C, sizeof(float) * 2 * C);
     }
-    Tensor o = at::empty({R, C}, qkv.options());
+    Tensor o = at::empty({qkv.size(0), C}, qkv.options());
     float* out = o.data_ptr<float>();
     const float scale = 1.f / std::sqrt(static_cast<float>(d));
     const int32_t* idx = idx_.data();
@@ -626,6 +637,7 @@ class Decoder {
         attend_values(out + r * C + h * d, d, t + 1, scores.data(), [&](int64_t s) { return key(s) + C; });
       }
     });
+    pad_rows(o, R);
     return o;
   }
 
@@ -635,7 +647,7 @@ class Decoder {
     const float* values = memory_values_[layer].data_ptr<float>();
     const bool* valid = valid_.data_ptr<bool>();
     const float* qp = q.data_ptr<float>();
-    Tensor o = at::empty({R, C}, q.options());
+    Tensor o = at::empty({q.size(0), C}, q.options());
     float* out = o.data_ptr<float>();
     const float scale = 1.f / std::sqrt(static_cast<float>(d));
     const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -657,6 +669,7 @@ class Decoder {
         attend_values(out + r * C + h * d, d, S, sc, [&](int64_t s) { return vs + s * d; });
       }
     });
+    pad_rows(o, R);
     return o;
   }
 
