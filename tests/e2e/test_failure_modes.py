@@ -447,13 +447,14 @@ def test_non_finite_weights_are_never_saved(databin, tmp_path):
 
     from seqtrain.flags.training import parse_train_args
     from seqtrain.train.loop import train
+    from seqtrain.train.program import train_config
 
     save = str(tmp_path / "save")
     argv = base_args(
         databin, save, "--encoder-layers", "1", "--decoder-layers", "1", "--no-epoch-checkpoints"
     )
     argv += ["--save-interval-updates", "1", "--optimizer", "sgd"]
-    assert train(parse_train_args(argv + ["--max-update", "2"])) == 0
+    assert train(train_config(parse_train_args(argv + ["--max-update", "2"]))) == 0
     last = os.path.join(save, "checkpoint_last.pt")
     before = hashlib.sha256(open(last, "rb").read()).hexdigest()
     args = parse_train_args(argv + ["--max-update", "4"])
@@ -462,7 +463,7 @@ def test_non_finite_weights_are_never_saved(databin, tmp_path):
         SeqtrainError,
         match=r"not finite .* at update 3: not saving .*; the last good update is 2 .*checkpoint_last.pt \(update 2\)",
     ):
-        train(args)
+        train(train_config(args))
     assert hashlib.sha256(open(last, "rb").read()).hexdigest() == before
     assert sorted(n for n in os.listdir(save) if n.startswith(".")) == []
 
