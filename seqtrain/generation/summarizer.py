@@ -76,7 +76,8 @@ class Summarizer:
 
     @property
     def generation_defaults(self) -> dict[str, Any]:
-        """The generation flags the model ships (from a Hugging Face generation_config.json), by flag dest."""
+        """The generation flags the model ships, by flag dest: the settings a seqtrain checkpoint remembers (its
+        training preset's, seqtrain-tune's), a Hugging Face folder's generation_config.json; {} for none."""
         return dict(self._loaded.defaults)
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Summarizer:
@@ -103,8 +104,8 @@ class Summarizer:
     ) -> list[str]:
         """One summary per text, in input order. `generation_flags` are seqtrain-generate's generation flags
         with `_` for `-` (beam=4, lenpen=2.0, min_len=10, max_len_b=60, no_repeat_ngram_size=3, sampling=True,
-        ...); flags not given take the model's defaults (a Hugging Face generation_config.json), then
-        seqtrain-generate's. Batches hold at most `max_tokens` padded source tokens (and `batch_size` texts).
+        ...); flags not given take the model's defaults (`generation_defaults`: what a seqtrain checkpoint
+        remembers, a Hugging Face generation_config.json), then seqtrain-generate's. Batches hold at most `max_tokens` padded source tokens (and `batch_size` texts).
         Every value is checked as the command line checks its flag, before anything is generated: a wrong
         kind or a value out of range is a SeqtrainError naming it (`Summarizer.summarize(beam=...) must be
         between 1 and 10000, got 1000000`)."""

@@ -36,12 +36,13 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
+from seqtrain.checkpoint.generation_settings import make_stored, not_seqtrain, store_in_file
 from seqtrain.checkpoint.hf_files import GENERATION_DEFAULTS, hf_generation_config
 from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.generation import generate as gen_mod
 from seqtrain.generation import runner
-from seqtrain.generation.output import check_folder_writable, fairseq_lines, write_files
+from seqtrain.generation.output import check_file_writable, check_folder_writable, fairseq_lines, write_files
 from seqtrain.generation.program import GenerateConfig
 from seqtrain.generation.rerank import rerank
 from seqtrain.generation.search import GenerationConfig, check_generation_args
@@ -277,14 +278,15 @@ def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
         raise SeqtrainError(
             "--input: give --reference FILE too, the summaries each setting is scored against"
         )
-    space(
-        tcfg, cfg.search
-    )  # --tune-grid against --tune, before the model loads (again after: a model's defaults)
+    # --tune-grid against --tune, before the model loads (again after: a model's defaults)
+    space(tcfg, cfg.search)
     cfg.inputs.scoring, cfg.outputs.output, cfg.load.results_path = "none", None, None
     cfg.outputs.output_format = "text"
     gen_mod.check_settings(cfg)
     os.makedirs(tcfg.tune_output, exist_ok=True)
     check_folder_writable(tcfg.tune_output, "--tune-output")
+    if tcfg.tune_checkpoint:  # before the search's minutes, not after
+        check_file_writable(tcfg.tune_checkpoint, "--tune-checkpoint")
     handler = setup_logging(sys.stderr, log_file=cfg.log.log_file)
     try:
         return _tune(cfg, tcfg, out)
@@ -295,9 +297,11 @@ def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
 
 
 def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
-    loaded = gen_mod.load_generation_model(
-        cfg
-    )  # takes a Hugging Face folder's defaults for settings not given
+    # takes the defaults a Hugging Face folder ships, or a seqtrain checkpoint stores, for settings not given
+    loaded = gen_mod.load_generation_model(cfg)
+    one = loaded.lm.format == "seqtrain" and len(runner.split_paths(cfg.load.path)) == 1  # not an ensemble
+    if tcfg.tune_checkpoint and not one:
+        raise SeqtrainError(f"--tune-checkpoint: --path {not_seqtrain(cfg.load.path)}")
     search_cfg, seed = cfg.search, cfg.device.seed
     check_generation_args(search_cfg, rerank=bool(cfg.rerank.rerank))
     candidates = space(tcfg, search_cfg)
@@ -398,6 +402,8 @@ def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
         "encoder_passes": {"subset": sub_calls, "full": decoder.encoder_calls - sub_calls},
         "files": {},
     }
+    if tcfg.tune_checkpoint:  # first: tune.json names it
+        result["files"]["checkpoint"] = store_choice(cfg, tcfg, loaded, best, result)
     result["files"] = write_outputs(cfg, tcfg.tune_output, loaded, best, result)
     out.write(table(result, n_sub))
     out.flush()
@@ -443,6 +449,7 @@ def write_outputs(
             "max_length comes from max_len_b alone"
         )
     gen = hf_generation_config(loaded.lm.args, loaded.lm.src_dict, settings)
+    paths = {**paths, **result["files"]}  # and the --tune-checkpoint written before
     result["files"] = paths
     write_files(  # all or none, as seqtrain-generate's result files
         {
@@ -452,6 +459,22 @@ def write_outputs(
         }
     )
     return paths
+
+
+def store_choice(
+    cfg: GenerateConfig, tcfg: TuneConfig, loaded: Any, best: dict[str, Any], result: dict[str, Any]
+) -> str:
+    """--tune-checkpoint: the --path checkpoint with the settings of the choice stored in it, over its own (a
+    setting not searched keeps the origin the checkpoint gave it); returns the path written."""
+    json_path = os.path.join(tcfg.tune_output, "tune.json")
+    chosen = f"seqtrain-tune ({LABELS[result['metric']]} on {result['subset']['n']} of {result['split']}; {json_path})"
+    searched = {TUNABLE[n][0] for n in tcfg.tune}
+    kept = {d: src for d, src in loaded.default_sources.items() if loaded.defaults.get(d) == best.get(d)}
+    sources = {d: chosen if d in searched else kept.get(d, "the seqtrain-tune command") for d in best}
+    stored = make_stored(best, sources, f"--tune-checkpoint {tcfg.tune_checkpoint}")
+    store_in_file(cfg.load.path, tcfg.tune_checkpoint, stored, unsafe=cfg.load.unsafe_load)
+    logger.info(f"{tcfg.tune_checkpoint}: the chosen settings stored in it: {stored.describe()}")
+    return tcfg.tune_checkpoint
 
 
 def _json_default(x: Any) -> Any:

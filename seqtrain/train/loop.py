@@ -46,6 +46,7 @@ from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.fairseq_compat import import_user_dir
 from seqtrain.flags.training import resolved_train_config
+from seqtrain.generation.options import preset_generation
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
@@ -178,8 +179,12 @@ def trainer_config(args: argparse.Namespace) -> TrainerConfig:
 
 def build_trainer(args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any) -> Trainer:
     """The Trainer of the parsed flags; the checkpoints it writes store them as their `args` (vars(args): the
-    same record, so what the loop settles later, --max-tokens auto's budget, is stored too)."""
-    return Trainer(trainer_config(args), task, model, criterion, vars(args))
+    same record, so what the loop settles later, --max-tokens auto's budget, is stored too), and the generation
+    settings of the --config preset under a key of their own (seqtrain.checkpoint.generation_settings)."""
+    generation = preset_generation(getattr(args, "config", None))
+    if generation is not None:
+        logger.info(f"the checkpoints remember the preset's generation settings: {generation.describe()}")
+    return Trainer(trainer_config(args), task, model, criterion, vars(args), generation=generation)
 
 
 def batch_budget(args: argparse.Namespace, trainer: Trainer, dataset: Any, limits: Any) -> None:

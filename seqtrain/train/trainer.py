@@ -147,11 +147,14 @@ class Trainer:
         model: torch.nn.Module,
         criterion: Any,
         run_args: dict[str, Any] | None = None,
+        generation: Any = None,
     ):
         """`cfg`: the Trainer's settings (filled once, by the training loop). `run_args`: the run's flags as the
         checkpoints store them (fairseq's `args` record, made by the training loop): the Trainer only hands it
-        to the checkpoint writer, unread."""
+        to the checkpoint writer, unread; so with `generation`, the generation settings the checkpoints
+        remember (seqtrain.checkpoint.generation_settings.StoredGeneration: the --config preset's)."""
         self.run_args = run_args if run_args is not None else {}
+        self.generation = generation
         self.cfg = cfg
         self.task = task
         self.criterion = criterion
@@ -658,6 +661,7 @@ class Trainer:
             self.task.tgt_dict,
             getattr(self.task, "tokenizer_spec", None),
             training=self.train_state(position or TrainState(), with_optimizer),
+            generation=self.generation,
         )
 
     def train_state(self, position: TrainState, with_optimizer: bool) -> TrainState:
