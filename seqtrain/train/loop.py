@@ -375,6 +375,8 @@ class TrainLoop:
             )
         self.eta = Eta(trainer.get_num_updates())
         self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
+        self.validations = 0  # this launch's, for the end summary
+        self.stopped_by = ""  # the rule that ended training, for the end summary (checkpoint_rule)
 
     def run(self, epoch_itr: Any, get_train_iterator: Any) -> None:
         args, trainer = self.args, self.trainer
@@ -409,6 +411,8 @@ class TrainLoop:
                     break
                 lr = trainer.get_lr()
                 epoch_itr = get_train_iterator(epoch_itr.next_epoch_idx)
+            else:
+                self.stopped_by = f"--max-epoch {args.max_epoch}"
 
     def check_has_batches(self, epoch_itr: Any) -> None:
         """An epoch without a batch would repeat forever: refuse it (the count is the same on every rank)."""
@@ -538,11 +542,13 @@ class TrainLoop:
         should_stop = False
         if stops["max_update"]:
             should_stop = True
+            self.stopped_by = f"--max-update {args.max_update}"
             logger.info(
                 f"Stopping training due to num_updates: {num_updates} >= max_update: {args.max_update}"
             )
         if stops["time"]:
             should_stop = True
+            self.stopped_by = f"--stop-time-hours {args.stop_time_hours}"
             hours = trainer.cumulative_training_time() / 3600
             logger.info(
                 f"Stopping training due to cumulative_training_time: {hours} > "
@@ -578,8 +584,14 @@ class TrainLoop:
             # resumed run continues with the same schedule (matters for reduce_lr_on_plateau).
             trainer.lr_step(epoch, valid_loss)
         if do_validate:  # every rank validates at the same updates, so they all take part
+            self.validations += 1
             patience = self.manager.should_stop_early(valid_loss)
-            should_stop |= distributed.agree({"patience": patience}, trainer.device)["patience"]
+            if distributed.agree({"patience": patience}, trainer.device)["patience"]:
+                should_stop = True
+                runs = f"{args.patience} validation{'s' if args.patience > 1 else ''}"
+                self.stopped_by = (
+                    f"--patience {args.patience} ({runs} without a better {args.best_checkpoint_metric})"
+                )
         if do_save or should_stop:
             paths = self.manager.save(trainer, epoch_itr, valid_loss)
             if any(os.path.basename(p) == "checkpoint_best.pt" for p in paths or ()):
@@ -615,25 +627,43 @@ class TrainLoop:
             where = f"update {self.best_at[0]}, epoch {self.best_at[1]}"
         else:
             where = "saved by an earlier launch"
-        lines = [f"best checkpoint: {path} ({score}, {where})"]
+        lines = [f"best checkpoint: {path} ({score}, {where})", self.checkpoint_rule()]
         data = str(args.data).split(":")[0]
         config = getattr(args, "config", None)
-        # the preset's generation settings (beam, lengths) come with --config
+        # the preset's generation settings (beam, lengths) come with --config, unless the checkpoint stores them
         preset = (
             f"--config {config if os.path.relpath(config).startswith('..') else os.path.relpath(config)} "
-            if config
+            if config and self.trainer.generation is None
             else ""
         )
         subset = "test" if has_split(data, "test") else args.valid_subset.split(",")[0]
         results = os.path.join(args.save_dir, "gen")
         lines.append(
             f"summarize the {subset} split with it: seqtrain-generate {data} {preset}--path {path} "
-            f"--gen-subset {subset} --scoring rouge --results-path {results}"
+            f"--gen-subset {subset} --quiet --scoring rouge --results-path {results}"
         )
         lines.append(
             f"or your own text, one document per line: seqtrain-generate {preset}--path {path} --input FILE"
         )
         return lines
+
+    def checkpoint_rule(self) -> str:
+        """The rule that chose checkpoint_best.pt, and what ended training, in one line."""
+        args = self.args
+        metric = args.best_checkpoint_metric
+        best = "highest" if args.maximize_best_checkpoint_metric else "lowest"
+        flags = f"--best-checkpoint-metric {metric}" + (
+            " --maximize-best-checkpoint-metric" if args.maximize_best_checkpoint_metric else ""
+        )
+        when = [f"every {args.validate_interval} epochs" if args.validate_interval > 1 else "every epoch"]
+        for n in {args.validate_interval_updates, args.save_interval_updates} - {0}:
+            when.append(f"every {n} updates")
+        subset = args.valid_subset.split(",")[0]
+        line = (
+            f"checkpoint_best.pt holds the {best} validation {metric} ({flags}) on '{subset}', validated "
+            f"{' and '.join(sorted(when))} ({self.validations} validations in this launch)"
+        )
+        return line + (f"; training ended at {self.stopped_by}" if self.stopped_by else "")
 
     def valid_iterator(self, subset: str) -> Any:
         """One pass over validation split `subset`, batched as fairseq's Trainer.get_valid_iterator does."""
