@@ -219,9 +219,11 @@ def test_debdesc_finetune_is_debdesc_smalls_model_with_the_adaptive_recipe():
     better one; the same generation settings for seqtrain-generate, which the checkpoints store."""
     args = train_args("bin", "--config", cfg("debdesc_finetune"))
     small = train_args("bin", "--config", cfg("debdesc_small"))
-    same = ("arch", "encoder_layers", "encoder_embed_dim", "share_all_embeddings", "encoder_normalize_before")
-    same += ("decoder_normalize_before", "weight_init", "dropout", "max_source_positions", "max_target_positions")
-    same += ("truncate_source", "max_tokens", "criterion", "label_smoothing", "adam_betas", "clip_norm")
+    same = (
+        "arch encoder_layers encoder_embed_dim share_all_embeddings encoder_normalize_before decoder_normalize_before "
+        "weight_init dropout max_source_positions max_target_positions truncate_source max_tokens criterion "
+        "label_smoothing adam_betas clip_norm"
+    ).split()
     assert_values(args, {k: getattr(small, k) for k in same})
     assert_values(
         args,
