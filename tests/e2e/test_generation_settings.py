@@ -59,6 +59,7 @@ def test_the_checkpoint_stores_the_preset_settings_under_its_own_key(ckpts):
     assert set(torch.load(old, weights_only=True)) == set(obj) - {KEY}
 
 
+@pytest.mark.slow
 def test_generate_uses_them_the_flags_given_win_and_the_log_says_where_each_came_from(
     ckpts, tmp_path, caplog
 ):
@@ -95,6 +96,7 @@ def test_an_older_checkpoint_decodes_with_the_defaults_as_before(ckpts, tmp_path
     assert got == _generate(old, lines, tmp_path, *defaults)
 
 
+@pytest.mark.slow
 def test_interactive_and_summarizer_use_them_too(ckpts, tmp_path):
     _, stored, old, lines = ckpts
     want = _generate(old, lines, tmp_path, *AS_FLAGS)
@@ -159,3 +161,13 @@ def test_a_malformed_entry_is_refused_naming_the_file(ckpts, tmp_path):
     save_checkpoint_file(obj, str(tmp_path / "bad.pt"))
     with pytest.raises(SeqtrainError, match="'sampling' is not a stored generation setting"):
         _generate(tmp_path / "bad.pt", lines, tmp_path)
+
+
+def test_averaging_keeps_them(ckpts):
+    from seqtrain.checkpoint.average import average_checkpoints
+
+    _, stored, old, _ = ckpts
+    assert average_checkpoints([str(stored), str(old)])[KEY] == torch.load(stored, weights_only=True)[KEY]
+    assert KEY not in average_checkpoints(
+        [str(old), str(stored)]
+    )  # the first input's, as every other setting
