@@ -64,7 +64,12 @@ TRAIN_FLAGS = {
         "--max-update",
         "800",
     ],
-    "recipe": ["--config", "configs/debdesc_finetune.yaml"],
+    "recipe": [
+        "--config",
+        "configs/debdesc_finetune.yaml",
+        "--finetune-from-model",
+        "models/debdesc-small-denoising",
+    ],
 }
 # every system's summaries: the preset's generation settings, given explicitly so that all four decode alike
 GENERATE_FLAGS = ["--config", "configs/debdesc_small.yaml", "--batch-size", "64"]
