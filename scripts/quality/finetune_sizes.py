@@ -274,7 +274,8 @@ def load_results(work: str) -> dict[tuple[int, str], dict]:
 def test_text(t: dict | None) -> str:
     if not t:
         return ""
-    return f"{t['delta']:+.2f} (p {t['p_value']:.3f})"
+    p = "p < 0.001" if t["p_value"] == 0 else f"p {t['p_value']:.3f}"  # 1,000 resamples: 0 is below 1/1000
+    return f"{t['delta']:+.2f} ({p})"
 
 
 def table(results: dict[tuple[int, str], dict]) -> str:
