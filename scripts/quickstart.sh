@@ -35,10 +35,10 @@ fi
 grep "^\[setup\]" "$work/setup.log" || echo "[setup] reusing the environment"
 # shellcheck disable=SC1091
 . "${SEQTRAIN_VENV:-$root/.venv}/bin/activate"
-# threads that fit the machine for every stage (seqtrain/train/host_cpu.py: one per idle usable CPU; on a busy
+# threads that fit the machine for every stage (seqtrain/host_cpu.py: one per idle usable CPU; on a busy
 # 2-core machine torch's default of 2 made each update 3-5x slower); an OMP_NUM_THREADS you set wins
 if [ -z "${OMP_NUM_THREADS:-}" ]; then
-  OMP_NUM_THREADS="$(python -m seqtrain.train.host_cpu 2> "$work/threads.txt")"
+  OMP_NUM_THREADS="$(python -m seqtrain.host_cpu 2> "$work/threads.txt")"
   export OMP_NUM_THREADS
   echo "OMP_NUM_THREADS=$OMP_NUM_THREADS ($(cat "$work/threads.txt"); set it yourself to override)"
 fi

@@ -25,3 +25,6 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   python -m pip install -q -e "$spec"
   touch "$stamp"
 fi
+# the compiled CPU decoding step, built once into torch's extension cache (a no-op when built; where no C++
+# compiler or ninja exists it says so and CPU generation takes the eager step)
+python -m seqtrain.generation.cpu_step | sed 's/^/[setup] /'

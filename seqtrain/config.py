@@ -133,6 +133,26 @@ def add_settings(
     return group
 
 
+def add_choice_settings(
+    parser: argparse.ArgumentParser, classes: list[type], title: str, group: Any = None
+) -> Any:
+    """Add the flags of the settings `classes` of a kind's components (a chosen one's, or every registered
+    one's: seqtrain.registry's config / configs) to one group, titled `title` (or to `group`), skipping flags
+    the parser already has. A flag the classes give different defaults defaults to None: the chosen
+    component's settings then keep their own (from_args leaves a None flag at the field's default)."""
+    defaults: dict[str, set] = {}
+    for cls in classes:
+        for f in fields(cls):
+            defaults.setdefault(f.name, set()).add(repr(field_default(f)))
+    group = group if group is not None else parser.add_argument_group(title)
+    for cls in classes:
+        add_settings(parser, cls, group=group)
+    for action in group._group_actions:
+        if len(defaults.get(action.dest, ())) > 1:
+            action.default = None
+    return group
+
+
 def int_list(value: Any) -> list[int]:
     """fairseq's list-valued int flags (--update-freq): "2", "1,2,4", "[1, 2]" or an int/list."""
     if isinstance(value, int):

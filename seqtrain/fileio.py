@@ -17,6 +17,13 @@
 - a folder: a one-line SeqtrainError naming it.
 seqtrain-preprocess builds its data-bin in a hidden work folder and moves the files out of it one by one through
 `publish`; a Hugging Face export writes each file of its folder through `atomic_write`.
+
+Two rules every program follows before it writes or reads anything (`check_outputs_apart`, `bounded_lines`):
+- an output is never one of the run's inputs, nor another output of the run: files are compared by what they are
+  (device and inode), so a relative path, `..`, a symbolic link or a hard link to an input counts as the input;
+- a line of a text input is at most MAX_LINE_BYTES long: a file or device without line ends (`/dev/zero`, a
+  3 GB file of one line) is refused at its first MAX_LINE_BYTES bytes, naming the file and line, instead of being
+  read whole into memory.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
 from seqtrain.errors import SeqtrainError
@@ -136,13 +143,15 @@ def _named(e: OSError, path: str) -> OSError:
 
 
 def _temp_next_to(where: str, suffix: str) -> tuple[int, str]:
-    """A new temporary file `.NAME.XXXX<suffix>` in the folder of `where` (created when missing)."""
+    """A new temporary file `.NAME.XXXX<suffix>` in the folder of `where` (created when missing). An OSError
+    names `where`: the temporary name means nothing to whoever reads the error (a read-only folder)."""
     folder = os.path.dirname(where)
     try:
         os.makedirs(folder, exist_ok=True)
         return tempfile.mkstemp(prefix="." + os.path.basename(where) + ".", suffix=suffix, dir=folder)
     except OSError as e:
-        raise _named(e, where) from None
+        e.filename = where
+        raise
 
 
 def _open_in_place(target: OutputTarget) -> int:
@@ -272,6 +281,36 @@ def link_or_copy(src: str, dst: str | os.PathLike) -> None:
         shutil.copyfileobj(fin, fout, 1 << 24)
 
 
+def write_files(files: dict[str, str]) -> None:
+    """Write every {path: text} (UTF-8) by this module's rule, all or none (seqtrain-generate's result files,
+    seqtrain-tune's, seqtrain-eval's --json and --html): the text of each regular output goes to
+    a temporary file next to its target first, then streams (devices, FIFOs) are written, then the temporary
+    files are renamed into place. When a write fails (full disk...), no file is replaced and the temporaries
+    are removed."""
+    targets = {path: output_target(path) for path in files}
+    done: list[Output] = []
+    try:
+        for streams in (False, True):
+            for path, text in files.items():
+                if targets[path].in_place != streams:
+                    continue
+                try:
+                    out = Output(path, "w", encoding="utf-8")
+                    done.append(out)
+                    out.file.write(text)
+                    out.finish()
+                except OSError as e:
+                    raise SeqtrainError(
+                        f"{path}: cannot write ({e.strerror}); no result file was written"
+                    ) from None
+    except BaseException:
+        for out in done:
+            out.discard()
+        raise
+    for out in done:
+        out.place()
+
+
 # ---- reading small JSON inputs (config files, JSON lines, Hugging Face settings) within bounds
 
 MAX_NESTING = 100  # levels of [ and { in one JSON value; flag values and examples need a handful
@@ -322,3 +361,118 @@ def loads_bounded(text: str, unique_keys: bool = False) -> Any:
     if json_nesting(text) > MAX_NESTING:
         raise JSONBoundsError(f"nested more than {MAX_NESTING} levels deep")
     return json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_pairs if unique_keys else None)
+
+
+# ---- outputs apart from inputs
+
+
+def _identity(path: str) -> tuple | None:
+    """What `path` is, for comparing an output with an input: an existing file or folder by (kind, device,
+    inode), so every spelling of it (relative, `..`, symbolic links, hard links) compares equal; a missing file
+    by the path its links lead to; None for what is never replaced (a device, FIFO or socket)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return ("missing", os.path.realpath(path))
+    except OSError:
+        return None  # a loop of links, a file where a folder should be: the write itself says so
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return ("file" if stat.S_ISREG(st.st_mode) else "folder", st.st_dev, st.st_ino)
+    return None
+
+
+def folder_files(path: str | None) -> list[str]:
+    """The regular files directly inside the folder `path` (a data-bin, a Hugging Face model folder), or
+    [`path`] when it is no folder: the files an input folder stands for in `check_outputs_apart`."""
+    if not path or not os.path.isdir(path):
+        return [path] if path else []
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    return [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n))]
+
+
+def check_outputs_apart(
+    outputs: Sequence[tuple[str, str | None]], inputs: Sequence[tuple[str, str | None]]
+) -> None:
+    """The one rule for every program's outputs: none of `outputs` ((flag, path) pairs; None: not asked) is one
+    of the run's `inputs` (the same pairs; "-" is stdin; an input folder counts as itself, so an output folder
+    that is it is refused; callers list the files of an input folder with `folder_files`) or another of the
+    outputs. A one-line SeqtrainError names both flags and paths; checked before anything is read or written,
+    so an input is never replaced (nor appended to, for a log file)."""
+    seen: list[tuple[tuple, str, str]] = []
+    for flag, path in inputs:
+        if path and path != "-":
+            key = _identity(path)
+            if key is not None and key[0] != "missing":
+                seen.append((key, flag, path))
+    outs: list[tuple[tuple, str, str]] = []
+    for flag, path in outputs:
+        key = _identity(path) if path else None
+        if key is None:
+            continue
+        kind = "folder" if key[0] == "folder" else "file"
+        clash = next((s for s in seen if s[0] == key), None)
+        if clash is not None:
+            raise SeqtrainError(
+                f"{flag} {path} is {clash[1]} {clash[2]} (the same {kind}): writing it would replace that input; "
+                f"give {flag} another {kind}"
+            )
+        twin = next((o for o in outs if o[0] == key), None)
+        if twin is not None:
+            raise SeqtrainError(
+                f"{twin[1]} {twin[2]} and {flag} {path} are the same {kind}: one output would replace the other; "
+                f"give each its own {kind}"
+            )
+        outs.append((key, flag, path))
+
+
+# ---- reading lines within a bound
+
+MAX_LINE_BYTES = 16 << 20  # one line of text; a book-length document is about 1 MiB
+
+
+def line_too_long(name: str, lineno: int, limit: int | None = None) -> SeqtrainError:
+    """The one line for a text input whose line `lineno` runs past the bound (no line end within it)."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    return SeqtrainError(
+        f"{name}:{lineno}: no line end within {limit >> 20} MiB ({limit:,} bytes); a text input holds one "
+        "example per line (is this a text file?)"
+    )
+
+
+def bounded_lines(
+    f: IO[bytes], name: str, first_lineno: int = 1, limit: int | None = None
+) -> Iterator[bytes]:
+    """The lines of the binary file `f`, each with its b"\\n" (the last maybe without), read one at a time with
+    the bound MAX_LINE_BYTES (`limit`): a line longer than that is `line_too_long(name, ...)` after reading
+    only that much, never the whole line."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    lineno = first_lineno
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            raise line_too_long(name, lineno, limit)
+        yield raw
+        lineno += 1
+
+
+def decode_line(raw: bytes, name: str, lineno: int) -> str:
+    """`raw` as strict UTF-8, or the one line naming file, line and byte (the column counts from 1)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SeqtrainError(
+            f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)"
+        ) from None
+
+
+def text_lines(f: IO[bytes], name: str, first_lineno: int = 1) -> Iterator[str]:
+    """The lines of the binary file `f` as text, without their "\\n": bounded (`bounded_lines`) and strict UTF-8
+    (`decode_line`); lines are split on "\\n" only, so a stray "\\r" or U+2028 inside a line never shifts lines."""
+    for lineno, raw in enumerate(bounded_lines(f, name, first_lineno), first_lineno):
+        line = decode_line(raw, name, lineno)
+        yield line[:-1] if line.endswith("\n") else line

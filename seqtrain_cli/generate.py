@@ -16,7 +16,7 @@ def generate_main(argv: list[str] | None = None, out: TextIO | None = None) -> d
 
 
 def cli_main(argv: list[str] | None = None) -> None:
-    run_cli("seqtrain-generate", lambda a: generate_main(a) and 0, argv)
+    run_cli("seqtrain-generate", lambda a: generate_main(a) and 0, argv, stop_early=True)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def interactive_main(
 
 
 def cli_main(argv: list[str] | None = None) -> None:
-    run_cli("seqtrain-interactive", lambda a: interactive_main(a) and 0, argv)
+    run_cli("seqtrain-interactive", lambda a: interactive_main(a) and 0, argv, stop_early=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""seqtrain-train: parse the flags, then seqtrain.train.loop.train."""
+"""seqtrain-train: parse the flags, read them once into a TrainConfig (seqtrain.train.program), then
+seqtrain.train.loop.train."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from seqtrain_cli._main import run_cli
 
 def train_main(argv: list[str] | None = None) -> int:
     """Parse `argv` and train (raises SeqtrainError on user errors); returns the exit code."""
-    from seqtrain.train.loop import train  # after parsing: --help and flag errors answer first
+    # after parsing: --help and flag errors answer first
+    from seqtrain.train.loop import train
+    from seqtrain.train.program import train_config
 
-    return train(parse_train_args(argv, generation_flags))  # a preset's generation keys are skipped
+    return train(
+        train_config(parse_train_args(argv, generation_flags))
+    )  # a preset's generation keys are skipped
 
 
 def cli_main(argv: list[str] | None = None) -> None:

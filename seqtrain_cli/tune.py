@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> dict[str, 
 
 
 def cli_main(argv: list[str] | None = None) -> None:
-    run_cli("seqtrain-tune", lambda a: main(a) and 0, argv)
+    run_cli("seqtrain-tune", lambda a: main(a) and 0, argv, stop_early=True)
 
 
 if __name__ == "__main__":

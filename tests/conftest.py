@@ -63,7 +63,7 @@ def _one_torch_thread():
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    # an explicit choice, so seqtrain-train's own (seqtrain.train.host_cpu.fit_threads) keeps the tests' one
+    # an explicit choice, so seqtrain-train's own (seqtrain.host_cpu.fit_threads) keeps the tests' one
     # thread, in this process and in the commands the tests start
     env = os.environ.get("OMP_NUM_THREADS")
     os.environ.setdefault("OMP_NUM_THREADS", "1")

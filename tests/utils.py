@@ -152,16 +152,26 @@ def assert_same_state(a: dict, b: dict) -> None:
 
 
 def optimizer_of(args: Any, params: Any) -> Any:
-    """The optimizer of parsed flags, as the training loop builds it: its settings read once, then the builder."""
+    """The optimizer of parsed flags, as seqtrain-train builds it: its settings read once, then the builder."""
     from seqtrain.optim import build_optimizer
-    from seqtrain.train.loop import trainer_config
+    from seqtrain.train.program import train_config
 
-    return build_optimizer(trainer_config(args).optim, params)
+    return build_optimizer(train_config(args).optimizer, params)
 
 
 def scheduler_of(args: Any, optimizer: Any) -> Any:
-    """The lr scheduler of parsed flags, as the training loop builds it."""
+    """The lr scheduler of parsed flags, as seqtrain-train builds it."""
     from seqtrain.optim import build_lr_scheduler
-    from seqtrain.train.loop import trainer_config
+    from seqtrain.train.program import train_config
 
-    return build_lr_scheduler(trainer_config(args).schedule, optimizer)
+    return build_lr_scheduler(train_config(args).lr_scheduler, optimizer)
+
+
+def completed(args: Any) -> Any:
+    """A hand-made checkpoint record (`argparse.Namespace(arch="bart_tiny", ...)`) completed as a loaded one is
+    (seqtrain.checkpoint.fairseq.complete_model_fields: the arch preset's sizes filled in): the record tests
+    save or export beside a model built from it. Returns it."""
+    from seqtrain.checkpoint.fairseq import complete_model_fields
+
+    complete_model_fields(args)
+    return args

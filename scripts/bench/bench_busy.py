@@ -6,7 +6,7 @@ models/debdesc-small-denoising on the quickstart's data-bin; no validation, no c
 seqtrain-train process while k busy-looping processes run, and reads the run's own "done training in S seconds".
 The load a real run sees is steady, so its 1-minute load average has caught up before it starts; here the
 burners start seconds before each run, so the chosen row sets OMP_NUM_THREADS to what
-seqtrain.train.host_cpu.choose_threads picks at load k (the probe itself is tested in tests/unit/train).
+seqtrain.host_cpu.choose_threads picks at load k (the probe itself is tested in tests/unit/train).
 
     scripts/quickstart.sh    # makes .quickstart/data-bin
     PYTHONPATH=. python scripts/bench/bench_busy.py --busy 0,1,2,4 --updates 40
@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from seqtrain.train.host_cpu import choose_threads, usable_cpus
+from seqtrain.host_cpu import choose_threads, usable_cpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DONE = re.compile(r"done training in ([0-9.]+) seconds")

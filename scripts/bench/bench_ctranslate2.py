@@ -56,17 +56,27 @@ MAX_SOURCE = 48
 BATCH = 32
 
 
-def make_models(workdir: str, size: str) -> dict[str, str]:
-    """{"ckpt", "hf", "ct2-float32", "ct2-int8"} paths for a size, made once in `workdir`."""
+FINETUNED = os.path.join(REPO, ".quickstart", "checkpoints", "checkpoint_best.pt")
+
+
+def make_models(workdir: str, size: str, finetuned: str = FINETUNED) -> dict[str, str]:
+    """{"ckpt", "hf", "ct2-float32", "ct2-int8"} paths for a size, made once in `workdir`. `finetuned`: the
+    checkpoint the `finetuned` size converts (the quickstart's model, what issue 47 measured)."""
     import ctranslate2
 
     from seqtrain_cli.convert import main as convert
 
-    paths = {k: os.path.join(workdir, f"{size}-{k}") for k in ("hf", "ct2-float32", "ct2-int8")}
-    paths["ckpt"] = os.path.join(workdir, f"{size}.pt")
+    tag = size
+    if size == "finetuned":  # a new checkpoint at that path is a new model
+        st = os.stat(finetuned)
+        tag = f"finetuned-{abs(hash((os.path.abspath(finetuned), st.st_mtime_ns, st.st_size))) % 10**8}"
+    paths = {k: os.path.join(workdir, f"{tag}-{k}") for k in ("hf", "ct2-float32", "ct2-int8")}
+    paths["ckpt"] = os.path.join(workdir, f"{tag}.pt")
     if os.path.isdir(paths["ct2-int8"]):
         return paths
-    lm = load_model(PRETRAINED, arch_overrides={"max_source_positions": MAX_SOURCE})
+    lm = load_model(
+        finetuned if size == "finetuned" else PRETRAINED, arch_overrides={"max_source_positions": MAX_SOURCE}
+    )
     args, state = lm.args, {k: v.float() for k, v in lm.model.state_dict().items()}
     if size == "base":
         args = argparse.Namespace(
@@ -85,8 +95,19 @@ def make_models(workdir: str, size: str) -> dict[str, str]:
     return paths
 
 
+# seqtrain's levers, each one engine: the eager step (MKL products, Python per layer, the two-step candidate
+# step), then the compiled step with torch's MKL products and the two-step candidate step, then with the fused
+# candidate step, then (the default) with oneDNN products; `seqtrain` is the default path
+VARIANTS = {
+    "eager": dict(cpu_step=False),
+    "compiled-mkl-unfused": dict(gemm="mkl", fused=False),
+    "compiled-mkl": dict(gemm="mkl"),
+    "compiled": dict(),
+}
+
+
 class Seqtrain:
-    def __init__(self, paths: dict[str, str], precision: str, lines: list[str]):
+    def __init__(self, paths: dict[str, str], precision: str, lines: list[str], variant: str = "compiled"):
         from seqtrain.generation import runner
         from seqtrain.generation.search import GenerationConfig
         from seqtrain.generation.sequence_generator import build_generator
@@ -104,8 +125,17 @@ class Seqtrain:
         self.ds = runner.text_dataset(self.loaded, runner.encode(self.loaded, lines))
         self.batches = runner.plan_batches(self.ds, runner.order_examples(self.ds), None, BATCH)
         self.n = len(lines)
+        lever = VARIANTS[variant]
+        self.gemm = lever.get("gemm", "")
+        if lever.get("cpu_step") is False:
+            self.gen.cpu_step = False
+        if lever.get("fused") is False:
+            self.gen.decode_step.fusable = lambda beams: False
 
     def __call__(self) -> list[list[int]]:
+        os.environ["SEQTRAIN_CPU_GEMM"] = (
+            self.gemm
+        )  # (each engine holds its own model: its own packed weights)
         out: list[list[int]] = [[] for _ in range(self.n)]
         for sid, _, _, hypos in self.runner.run_batches(self.loaded, self.gen, self.ds, self.batches):
             out[sid] = hypos[0]["tokens"].tolist()[:-1]
@@ -145,10 +175,21 @@ class CTranslate2:
 
 
 def make_engine(engine: str, paths: dict[str, str], precision: str, lines: list[str], threads: int):
+    """`seqtrain` (its default path), `seqtrain[VARIANT]` (a lever of VARIANTS) or `ctranslate2`."""
     torch.set_num_threads(threads)
     if engine == "seqtrain":
         return Seqtrain(paths, precision, lines)
+    if engine.startswith("seqtrain["):
+        return Seqtrain(paths, precision, lines, engine[len("seqtrain[") : -1])
     return CTranslate2(paths, precision, lines, threads)
+
+
+def engine_names(a: argparse.Namespace) -> list[str]:
+    extra = [f"seqtrain[{v}]" for v in a.variants.split(",") if v] if a.variants else []
+    for e in extra:
+        if e[len("seqtrain[") : -1] not in VARIANTS:
+            raise SystemExit(f"--variants: {e} is not one of {', '.join(VARIANTS)}")
+    return ["seqtrain", "ctranslate2", *extra]
 
 
 def memory_probe(spec: str) -> None:
@@ -156,7 +197,9 @@ def memory_probe(spec: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from benchlib import MIB, _status_bytes
 
-    engine, paths_json, precision, threads, n = json.loads(spec)
+    global SOURCES
+    engine, paths_json, precision, threads, n, SOURCES, search = json.loads(spec)
+    SEARCH.update(search)
     lines = read_lines(n)
     make_engine(engine, json.loads(paths_json), precision, lines, threads)()
     print(json.dumps({"peak_rss_mib": _status_bytes("VmHWM") / MIB}))
@@ -167,8 +210,12 @@ def read_lines(n: int) -> list[str]:
         return f.read().split("\n")[:n]
 
 
+def sentences_for(a: argparse.Namespace, size: str) -> int:
+    return {"small": a.sentences, "base": a.sentences_base, "finetuned": a.sentences_finetuned}[size]
+
+
 def peak_rss(engine: str, paths: dict[str, str], precision: str, threads: int, n: int) -> float:
-    spec = json.dumps([engine, json.dumps(paths), precision, threads, n])
+    spec = json.dumps([engine, json.dumps(paths), precision, threads, n, SOURCES, SEARCH])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     out = subprocess.run(
         [sys.executable, __file__, "--memory-probe", spec],
@@ -183,27 +230,33 @@ def peak_rss(engine: str, paths: dict[str, str], precision: str, threads: int, n
 def settings(a: argparse.Namespace):
     """(size, paths, sentences, lines, precision, threads) for every row the flags ask for, models made once."""
     for size in a.sizes.split(","):
-        paths = make_models(a.workdir, size)
-        n = a.sentences if size == "small" else a.sentences_base
+        paths = make_models(a.workdir, size, a.finetuned)
+        n = sentences_for(a, size)
         lines = read_lines(n)
         for precision in a.precisions.split(","):
             for threads in map(int, a.threads.split(",")):
                 yield size, paths, n, lines, precision, threads
 
 
+CLOCK = time.perf_counter
+
+
 def alternate(engines: dict, rounds: int, threads: int) -> dict[str, list[float]]:
-    """Seconds of each engine's pass in each round; the engines alternate, the first one swapping per round."""
+    """Seconds of each engine's pass in each round; the engines alternate, the order reversed every other round.
+    The clock is the wall's, or with --clock process this process's CPU time (on a machine other work loads, a
+    one-thread pass's CPU seconds are what it costs, its wall seconds what it waited for too)."""
     times: dict[str, list[float]] = {e: [] for e in engines}
     for r in range(rounds):
         for e in list(engines) if r % 2 == 0 else list(engines)[::-1]:
             torch.set_num_threads(threads)
-            t = time.perf_counter()
+            t = CLOCK()
             engines[e]()
-            times[e].append(time.perf_counter() - t)
+            times[e].append(CLOCK() - t)
     return times
 
 
 def main() -> None:
+    global SOURCES, CLOCK
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="small,base")
     p.add_argument("--precisions", default="fp32,int8")
@@ -212,6 +265,18 @@ def main() -> None:
     p.add_argument(
         "--sentences-base", type=int, default=16, help="the same for base (random weights: slower)"
     )
+    p.add_argument(
+        "--sentences-finetuned", type=int, default=300, help="the same for finetuned (the test split's 300)"
+    )
+    p.add_argument(
+        "--finetuned",
+        default=FINETUNED,
+        help="the checkpoint --sizes finetuned converts (default: the quickstart's checkpoint_best.pt)",
+    )
+    p.add_argument(
+        "--sources", default=SOURCES, help="the sources decoded (default: the sample's valid split)"
+    )
+    p.add_argument("--max-len-b", type=int, default=SEARCH["max_len_b"])
     p.add_argument("--no-repeat-ngram-size", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "seqtrain-bench-ct2"))
@@ -222,30 +287,56 @@ def main() -> None:
         "the limit while it is shorter than the outputs), then split a pass into its fixed part (encoder, "
         "set-up) and its cost per decoding step",
     )
+    p.add_argument(
+        "--variants",
+        default="",
+        help=f"also time seqtrain's levers one by one, comma-separated from {', '.join(VARIANTS)}",
+    )
+    p.add_argument(
+        "--clock",
+        choices=["wall", "process"],
+        default="wall",
+        help="wall seconds (an idle machine), or this process's CPU seconds (one thread on a busy machine)",
+    )
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     a = p.parse_args()
+    CLOCK = time.process_time if a.clock == "process" else time.perf_counter
     if a.memory_probe:
         return memory_probe(a.memory_probe)
     os.makedirs(a.workdir, exist_ok=True)
+    SOURCES = a.sources
     SEARCH["no_repeat_ngram_size"] = a.no_repeat_ngram_size
+    SEARCH["max_len_b"] = a.max_len_b
     if a.steps_sweep:
         return steps_sweep(a)
-    print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}")
-    rows = []
+    print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}; clock {a.clock}")
+    rows, lever_rows = [], []
+    names = engine_names(a)
     for size, paths, n, lines, precision, threads in settings(a):
-        engines = {e: make_engine(e, paths, precision, lines, threads) for e in ("seqtrain", "ctranslate2")}
+        engines = {e: make_engine(e, paths, precision, lines, threads) for e in names}
         hyps = {e: engines[e]() for e in engines}  # warm-up pass, and the hypotheses compared
         times = alternate(engines, a.rounds, threads)
         same = sum(x == y for x, y in zip(hyps["seqtrain"], hyps["ctranslate2"])) / len(lines)
-        mem = {e: float("nan") for e in engines}
+        # where CTranslate2 ended with </s> before the max length (there it returns its best unfinished
+        # hypothesis, seqtrain and fairseq force </s>): the sentences both engines search by the same rules
+        ended = [
+            (x, y) for x, y in zip(hyps["seqtrain"], hyps["ctranslate2"]) if len(y) <= SEARCH["max_len_b"]
+        ]
+        same_ended = sum(x == y for x, y in ended) / max(len(ended), 1)
+        mem = {e: float("nan") for e in ("seqtrain", "ctranslate2")}
         if not a.no_memory:
-            mem = {e: peak_rss(e, paths, precision, threads, n) for e in engines}
+            mem = {e: peak_rss(e, paths, precision, threads, n) for e in mem}
         sps = {e: len(lines) / statistics.median(times[e]) for e in engines}
-        rows.append((size, precision, threads, n, sps, same, mem))
+        rows.append((size, precision, threads, n, sps, f"{same:.0%} ({same_ended:.0%} of {len(ended)})", mem))
+        for e in names[2:]:
+            as_default = sum(x == y for x, y in zip(hyps[e], hyps["seqtrain"])) / len(lines)
+            lever_rows.append((size, precision, threads, e, sps[e], sps[e] / sps["ctranslate2"], as_default))
         print(
             f"{size:5} {precision:4} {threads}t  seqtrain {sps['seqtrain']:6.1f}/s  "
             f"ctranslate2 {sps['ctranslate2']:6.1f}/s  ratio {sps['seqtrain'] / sps['ctranslate2']:.2f}  "
-            f"identical {same:.0%}  RSS {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} MiB",
+            f"identical {same:.0%} ({same_ended:.0%} of the {len(ended)} CTranslate2 ended)  "
+            f"RSS {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} MiB"
+            + "".join(f"  {e} {sps[e]:.1f}/s" for e in names[2:]),
             flush=True,
         )
         del engines
@@ -253,15 +344,23 @@ def main() -> None:
     print()
     print(
         "| size | precision | threads | sentences | seqtrain sent/s | CTranslate2 sent/s | seqtrain / CT2 "
-        "| identical | peak RSS seqtrain / CT2 (MiB) |"
+        "| identical (of those CT2 ended with </s>) | peak RSS seqtrain / CT2 (MiB) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for size, precision, threads, n, sps, same, mem in rows:
         ratio = sps["seqtrain"] / sps["ctranslate2"]
         print(
             f"| {size} | {precision} | {threads} | {n} | {sps['seqtrain']:.1f} | {sps['ctranslate2']:.1f} | "
-            f"{ratio:.2f}x | {same:.0%} | {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} |"
+            f"{ratio:.2f}x | {same} | {mem['seqtrain']:.0f} / {mem['ctranslate2']:.0f} |"
         )
+    if lever_rows:
+        print()
+        print(
+            "| size | precision | threads | seqtrain lever | sent/s | / CT2 | hypotheses as the default path's |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        for size, precision, threads, e, v, ratio, as_default in lever_rows:
+            print(f"| {size} | {precision} | {threads} | {e} | {v:.1f} | {ratio:.2f}x | {as_default:.0%} |")
 
 
 def steps_sweep(a: argparse.Namespace) -> None:
@@ -269,12 +368,17 @@ def steps_sweep(a: argparse.Namespace) -> None:
     medians), then a least-squares line through them: the fixed part of a pass and its seconds per decoding
     step. Valid while the outputs are longer than the largest limit (the denoising model rebuilds its source)."""
     limits = [int(x) for x in a.steps_sweep.split(",")]
+    names = engine_names(a)
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; search {SEARCH}; max-len-b sweep {limits}")
-    print("| size | precision | threads | sentences | max-len-b | seqtrain s/pass | CTranslate2 s/pass |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| size | precision | threads | sentences | max-len-b | "
+        + " | ".join(f"{e} s/pass" for e in names)
+        + " |"
+    )
+    print("|---|---|---|---|---|" + "---|" * len(names))
     fits = []
     for size, paths, n, lines, precision, threads in settings(a):
-        secs: dict[str, list[float]] = {"seqtrain": [], "ctranslate2": []}
+        secs: dict[str, list[float]] = {e: [] for e in names}
         for limit in limits:
             SEARCH["max_len_b"] = limit
             engines = {e: make_engine(e, paths, precision, lines, threads) for e in secs}
@@ -284,8 +388,9 @@ def steps_sweep(a: argparse.Namespace) -> None:
             for e in engines:
                 secs[e].append(statistics.median(times[e]))
             print(
-                f"| {size} | {precision} | {threads} | {n} | {limit} | {secs['seqtrain'][-1]:.3f} | "
-                f"{secs['ctranslate2'][-1]:.3f} |",
+                f"| {size} | {precision} | {threads} | {n} | {limit} | "
+                + " | ".join(f"{secs[e][-1]:.3f}" for e in names)
+                + " |",
                 flush=True,
             )
             del engines

@@ -50,15 +50,12 @@ sys.path.insert(0, REPO)
 
 from benchlib import PeakRSS, follow_tensors_with_rss  # noqa: E402  (scripts/bench/benchlib.py)
 
-from seqtrain.checkpoint.fairseq import model_config  # noqa: E402
 from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf  # noqa: E402
-from seqtrain.config import from_args  # noqa: E402
-from seqtrain.criterions import DistillationConfig  # noqa: E402
 from seqtrain.data.batching import batch_by_size  # noqa: E402
 from seqtrain.flags import parsing, training  # noqa: E402
 from seqtrain.tasks import setup_task  # noqa: E402
 from seqtrain.train import loop as train_loop  # noqa: E402
-from seqtrain.train.loop import task_config  # noqa: E402
+from seqtrain.train.program import train_config  # noqa: E402
 from seqtrain.train.trainer import Trainer  # noqa: E402
 
 PAD, EOS = 1, 2
@@ -288,12 +285,11 @@ def build(
         "1024",
     ]
     targs = parsing.parse_args_and_arch(training.get_training_parser(), argv)
-    task = setup_task(task_config(targs))
+    cfg = train_config(targs)
+    task = setup_task(cfg.task)
     torch.manual_seed(1)
-    model = task.build_model(model_config(targs))
-    trainer = train_loop.build_trainer(
-        targs, task, model, task.build_criterion(from_args(DistillationConfig, targs))
-    )
+    model = task.build_model(cfg.model)
+    trainer = train_loop.build_trainer(cfg, task, model, task.build_criterion(cfg.criterion))
     config = args_to_hf_config(targs, len(task.tgt_dict))
     config.pop("architectures", None)
     config.pop("model_type", None)

@@ -20,6 +20,7 @@ from seqtrain.flags import parsers, parsing, tools, training
 from seqtrain.generation import options
 from seqtrain.optim import lr_scheduler, optimizers
 from seqtrain.preprocess import options as preprocess_options
+from seqtrain.serve import options as serve_options
 
 CHOICE_FLAGS = {"--optimizer", "--lr", "--lr-scheduler"}
 INTRO = """# Flag reference
@@ -33,7 +34,7 @@ Contents: [seqtrain-preprocess](#seqtrain-preprocess) · [seqtrain-train](#seqtr
 [seqtrain-generate](#seqtrain-generate) · [seqtrain-interactive](#seqtrain-interactive) ·
 [seqtrain-convert](#seqtrain-convert) ·
 [seqtrain-average-checkpoints](#seqtrain-average-checkpoints) · [seqtrain-score](#seqtrain-score) ·
-[seqtrain-eval](#seqtrain-eval) · [seqtrain-tune](#seqtrain-tune)
+[seqtrain-eval](#seqtrain-eval) · [seqtrain-tune](#seqtrain-tune) · [seqtrain-serve](#seqtrain-serve)
 
 Precedence, highest first: the command line, then `--config FILE`, then the `--arch` preset, then the defaults
 below. A config file holds `key: value` lines whose keys are these flag names (see
@@ -65,6 +66,23 @@ TUNE = """## seqtrain-tune
 sample ([generate.md](generate.md#tuning-the-settings-on-validation-seqtrain-tune)). It takes seqtrain-generate's
 flags above (the given settings are the search's starting point and its baseline), except for these:
 """
+
+SERVE = """## seqtrain-serve
+
+`seqtrain-serve --path CHECKPOINT [flags]` answers `POST /v1/summarize` ([serve.md](serve.md)). It takes
+seqtrain-generate's flags above (the generation flags are every request's defaults), except for these:
+"""
+
+
+def serve_tables(out: list[str]) -> None:
+    """seqtrain-serve's own flags and the generate flags it refuses."""
+    parser = serve_options.get_serve_parser()
+    group = next(g for g in parser._action_groups if g.title == "Server")
+    table("Its own flags", group._group_actions, out)
+    out_flags = left_out(parser)
+    generate = options.get_generation_parser()._actions
+    refused = ", ".join(f"`{s}`" for a in generate for s in a.option_strings if s in out_flags)
+    out.append(f"Refused (they name files, splits or line formats that a server has none of): {refused}.\n")
 
 
 def tune_tables(out: list[str]) -> None:
@@ -199,6 +217,8 @@ def main() -> None:
     parser_tables(get_eval_parser(), out)
     out.append(TUNE)
     tune_tables(out)
+    out.append(SERVE)
+    serve_tables(out)
     sys.stdout.write("\n".join(out).rstrip() + "\n")
 
 

@@ -64,6 +64,7 @@ from seqtrain.data.dictionary import Dictionary  # noqa: E402
 from seqtrain.train.flops import Seq2SeqFlops, device_peak_flops, measured_matmul_peak  # noqa: E402
 from seqtrain.train.trainer import Trainer  # noqa: E402
 
+DEFAULT_CUDNN_SDP = torch.backends.cuda.cudnn_sdp_enabled()  # torch's default, before any Trainer sets it
 TARGETS = {"mfu_bart_large": 0.40, "train_speedup_bart_large": 1.5, "generate_speedup": 2.0}
 
 
@@ -480,14 +481,21 @@ def _ours_decoder(
     return decode, gen
 
 
-def _hf_decoder(check: Check, hf: Any, s: Any) -> Callable[[list[list[int]]], list[list[int]]]:
-    """The same search with transformers' generate (fairseq's forced EOS at the max length)."""
+def _hf_decoder(
+    check: Check, hf: Any, s: Any, width: int | None = None, **generate_kwargs: Any
+) -> Callable[[list[list[int]]], list[list[int]]]:
+    """The same search with transformers' generate (fairseq's forced EOS at the max length); `width`: the
+    sources padded on the right to that many tokens (one shape for a compiled forward); `generate_kwargs`:
+    more of generate's arguments (cache_implementation="static", ...)."""
     import bench_generate as bg
 
     def decode(batch: list[list[int]]) -> list[list[int]]:
         import transformers
 
-        src = bg.pad_batch(batch, left=False).to(check.device)
+        src = bg.pad_batch(batch, left=False)
+        if width is not None:
+            src = torch.nn.functional.pad(src, (0, width - src.size(1)), value=lib.PAD)
+        src = src.to(check.device)
         max_length = s.max_len_b + 2
         gen = hf.generate(
             input_ids=src,
@@ -505,6 +513,7 @@ def _hf_decoder(check: Check, hf: Any, s: Any) -> Callable[[list[list[int]]], li
             logits_processor=transformers.LogitsProcessorList([bg.fairseq_forced_eos(max_length)]),
             do_sample=False,
             num_return_sequences=1,
+            **generate_kwargs,
         )
         rows = [r[1:] for r in gen.tolist()]
         return [r[: r.index(lib.EOS) + 1] if lib.EOS in r else r for r in rows]

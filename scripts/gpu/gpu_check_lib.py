@@ -10,17 +10,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.hf import args_to_hf_config, seqtrain_state_to_hf
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
 from seqtrain.criterions.projected_loss import projected_nll_loss
 from seqtrain.data import iterators
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.pair_dataset import batch_layout
 from seqtrain.flags import parsing, training
+from seqtrain.models import as_built
 from seqtrain.tasks.translation import TranslationTask
 from seqtrain.train import loop as train_loop
+from seqtrain.train.program import run_record, train_config
 from seqtrain.train.trainer import Trainer
 
 PAD, EOS = 1, 2
@@ -62,13 +61,15 @@ def make_trainer(
         argv.append("--cpu")
     if precision:
         argv.append(f"--{precision}")
-    targs = parsing.parse_args_and_arch(training.get_training_parser(), argv)
-    task = TranslationTask(targs, d, d)
+    cfg = train_config(parsing.parse_args_and_arch(training.get_training_parser(), argv))
+    task = TranslationTask(cfg.task, d, d)
     torch.manual_seed(1)
-    model = task.build_model(model_config(targs))
-    return train_loop.build_trainer(
-        targs, task, model, task.build_criterion(from_args(DistillationConfig, targs))
-    ), task
+    model = task.build_model(cfg.model)
+    trainer = train_loop.build_trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer.run_args = run_record(
+        cfg, as_built(cfg.model)
+    )  # the record its checkpoints store, as a run gives it
+    return trainer, task
 
 
 def make_pairs(
@@ -139,21 +140,27 @@ def hf_batch(pairs: list[tuple[torch.Tensor, torch.Tensor]], device: torch.devic
     return {k: v.to(device) for k, v in batch.items()}
 
 
-def hf_model(targs: argparse.Namespace, state: dict[str, torch.Tensor], vocab: int):
-    """transformers' BartForConditionalGeneration holding seqtrain's weights `state`."""
+def hf_model(targs: argparse.Namespace, state: dict[str, torch.Tensor], vocab: int, attn: str = "sdpa"):
+    """transformers' BartForConditionalGeneration holding seqtrain's weights `state`, its attention
+    implementation `attn` ("sdpa", "flex_attention", ...)."""
     import transformers
 
     config = args_to_hf_config(targs, vocab)
     config.pop("architectures", None)
     config.pop("model_type", None)
     hf = transformers.BartForConditionalGeneration(
-        transformers.BartConfig(**config, attn_implementation="sdpa")
+        transformers.BartConfig(**config, attn_implementation=attn)
     )
     missing, unexpected = hf.load_state_dict(seqtrain_state_to_hf(state), strict=False)
     if unexpected or any(not k.endswith(("embed_tokens.weight", "lm_head.weight")) for k in missing):
         raise RuntimeError(f"weights do not map: missing {missing}, unexpected {unexpected}")
     hf.tie_weights()
     return hf
+
+
+def real_tokens(batches: list[dict[str, Any]]) -> int:
+    """Non-padding source and target tokens of collated batches (host tensors: no sync)."""
+    return sum(int(b["net_input"]["src_lengths"].sum()) + b["ntokens"] for b in batches)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

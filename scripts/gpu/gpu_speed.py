@@ -1,18 +1,30 @@
 #!/usr/bin/env python
-"""The prepared GPU run that decides the speed work (issue 26 item 7, issue 27 item 6), run by
-scripts/gpu/gpu_speed.sh: one command under 10 minutes on one GPU, with only what the GPU image has. Writes
-$OUT/gpu_speed.json and $OUT/gpu_speed.md (a table, targets beside the figures) after every stage, so a stop
-keeps what ran. Each stage has a seconds budget: a stage whose budget no longer fits the time left is skipped
-("skipped: budget"), and a watchdog saves the results and stops the process at the run's own deadline. Every
-stage's batches are built on the CPU (pinned on CUDA) by a background thread while the first stages run.
+"""The prepared GPU run that decides the speed work (issues 26, 27, 39 and 49), run by scripts/gpu/gpu_speed.sh:
+commands of at most 10 minutes on one GPU, with only what the GPU image has. Writes $OUT/gpu_speed.json and
+$OUT/gpu_speed.md (a table, targets beside the figures) after every stage, so a stop keeps what ran. Each stage
+has a seconds budget: a stage whose budget no longer fits the time left is skipped ("skipped: budget"), and a
+watchdog saves the results and stops the process at the run's own deadline. `--plan` prints the chosen stages'
+budgets against the run's and says whether they fit, without running anything. The wanted stages' batches are
+built on the CPU (pinned on CUDA) by a background thread while `env` runs; the later stages start when they are
+built, so none is timed beside it. Every stage's record says whether cuDNN attention was on when it started
+(`cudnn_sdp_at_start`).
 
-  env               device, torch, CUDA, the peak FLOP/s MFU is taken against, varlen_attn's signature
+  env               device, torch, CUDA, cuDNN, transformers; the peak FLOP/s MFU is taken against;
+                    varlen_attn's signature; whether transformers offers flex attention for BART and which
+                    FlashAttention implementations torch registers (FA3, FA4) and their modules are installed
   ceilings          bf16 GEMM TFLOP/s at bart_large's layer shapes (d 1,024, FFN 4,096, the 50,265-word output
                     projection; 16k and 64k tokens), device copy and pinned host-to-device bandwidth
+  align             the vocabulary's products against the output weight padded to a multiple of 1, 8, 64, 128
+                    rows (Megatron pads to 128): the three GEMMs of the loss, the projected loss's forward and
+                    backward, one beam step's logits (the static decoding step's aligned_output_weight)
   attention         fwd+bwd at 64 pairs of 900-1,024 source and 50-110 target tokens, 16 heads of 64, bf16:
                     masked SDPA on the padded layout, varlen attention by seqtrain's dispatcher, flash on equal
                     lengths, cuDNN at one fixed shape (encoder self, decoder causal self, cross): ms, TFLOP/s of
                     the real tokens, error against fp32, bitwise-deterministic backward
+  attention_lever   the encoder's self-attention at several shape buckets (65,536 token slots each): cuDNN
+                    (masked, and equal lengths) against varlen and flash, the first call (which builds cuDNN's
+                    plan for the shape) timed apart; FA3 / FA4 through torch.nn.attention's
+                    activate_flash_attention_impl when the image has them
   packed_vs_padded  bart_large, bf16: one 16k batch packed (the collater's layout) and padded (without it):
                     loss within 1e-2, ms
   merged_update     one update of configs/bart_large_cnndm.yaml's batches (4 x 16k) as one pass
@@ -22,13 +34,17 @@ stage's batches are built on the CPU (pinned on CUDA) by a background thread whi
                     wall ms and top kernels, compile seconds, recompiles on a second batch shape; bart_large, then
                     bart_base
   determinism       scripts/gpu/stage_determinism.py's stage_determinism(check) when the file is there
-  transformers      BartForConditionalGeneration on the same updates and weights: as shipped, cuDNN attention
-                    off, torch.compile; tokens/s, step-0 loss against seqtrain's, seqtrain's speedup
-  generate          gpu_check.py's stage_generate_static (static CUDA-graph decoding, eager, transformers)
+  train_fair_large  seqtrain against transformers at its best in the same one-pass layout, alternated rounds of
+  train_fair_base   >= 10 updates (scripts/gpu/stage_fair.py); bart_large, bart_base
+  generate_fair     beam search: seqtrain's static decoding against transformers' default, static-cache and
+                    compiled static-cache generate, fp32 and bf16, alternated passes (stage_fair.py)
+  serve             scripts/bench/bench_serve.py on the GPU when the file is there (seqtrain-serve, issue 52)
 
---dry-run runs every stage on the CPU with tiny shapes (what needs CUDA is skipped with its reason);
-tests/repo/test_gpu_speed.py checks its JSON. Targets (one H100/H200, bf16): bart_large >= 1.8x the fastest
-transformers setting, bart_base >= 1.5x, bart_large MFU >= 45%, generation >= 2x transformers.
+--dry-run runs every stage on the CPU with tiny shapes (what needs CUDA is skipped with its reason; --dry-compile
+also compiles transformers' model there); tests/repo/test_gpu_speed.py checks its JSON. Targets (one H100/H200):
+bart_large bf16 training >= 1.8x transformers' best one-pass setting and >= 45% MFU, bart_base >= 1.5x; beam
+search bf16 >= 2x transformers' best generate, fp32 >= 2x with identical hypotheses; 0 recompiles at a second
+shape.
 """
 
 from __future__ import annotations
@@ -46,7 +62,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import nullcontext
 from typing import Any
 
@@ -59,26 +75,30 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gpu_check  # noqa: E402  (also puts the repository, scripts/gpu and scripts/bench on sys.path)
 import gpu_check_lib as lib  # noqa: E402
+import stage_fair  # noqa: E402
 
 from seqtrain.data.dictionary import Dictionary  # noqa: E402
 from seqtrain.data.pair_dataset import LanguagePairDataset, bucketed, padded_shape  # noqa: E402
 from seqtrain.train.flops import Seq2SeqFlops  # noqa: E402
 
-DEFAULT_CUDNN_SDP = torch.backends.cuda.cudnn_sdp_enabled()  # torch's default, before any trainer sets it
 CONFIG = os.path.join(gpu_check.REPO, "configs", "bart_large_cnndm.yaml")
 # (stage, figure, comparison, target): the figures the targets judge, in the summary table
 JUDGED = [
+    ("train_fair_large", "bart_large_speedup", ">=", 1.8),
+    ("train_fair_large", "bart_large_best_mfu", ">=", 0.45),
+    ("train_fair_large", "bart_large_recompiles_second_shape", "<=", 0),
+    ("train_fair_large", "bart_large_step0_loss_rel_diff", "<=", 1e-2),
+    ("train_fair_base", "bart_base_speedup", ">=", 1.5),
+    ("train_fair_base", "bart_base_recompiles_second_shape", "<=", 0),
+    ("train_fair_base", "bart_base_step0_loss_rel_diff", "<=", 1e-2),
+    ("generate_fair", "bf16_speedup", ">=", 2.0),
+    ("generate_fair", "fp32_speedup", ">=", 2.0),
+    ("generate_fair", "fp32_identical_share", ">=", 1.0),
     ("packed_vs_padded", "loss_rel_diff", "<=", 1e-2),
     ("merged_update", "loss_rel_diff", "<=", 1e-2),
     ("merged_update", "grad_rel_err", "<=", 5e-2),
     ("train_ab", "bart_large_best_mfu", ">=", 0.45),
     ("train_ab", "bart_large_compiled_recompiles_second_shape", "<=", 0),
-    ("transformers", "bart_large_speedup", ">=", 1.8),
-    ("transformers", "bart_base_speedup", ">=", 1.5),
-    ("transformers", "bart_large_step0_loss_rel_diff", "<=", 1e-2),
-    ("transformers", "bart_base_step0_loss_rel_diff", "<=", 1e-2),
-    ("generate", "bf16_static_vs_transformers", ">=", 2.0),
-    ("generate", "fp32_static_vs_transformers", ">=", 2.0),
 ]
 
 
@@ -117,6 +137,12 @@ class Shapes:
         self.heads, self.head_dim = (4, 16) if dry else (16, 64)
         # updates of each train_ab variant: warm-up (the first one compiles), timed, profiled
         self.warmup, self.timed, self.profiled = (1, 1, 1) if dry else (2, 3, 3)
+        # the fair stages (stage_fair.py): warm-up updates, alternated rounds (on a GPU >= 10 samples an
+        # engine; a dry run's 4: each of its 4 engines leads one round), profiled updates; generation:
+        # sentences, batch size, warm-up passes, alternated timed passes
+        self.fair_warmup, self.fair_rounds, self.fair_profiled = (1, 4, 1) if dry else (2, 10, 2)
+        self.gen_sentences, self.gen_batch = (4, 2) if dry else (128, 32)
+        self.gen_warmup, self.gen_rounds = (1, 3) if dry else (2, 5)
 
 
 class SpeedCheck(gpu_check.Check):
@@ -132,9 +158,11 @@ class SpeedCheck(gpu_check.Check):
         self.stage_start, self.stage_budget = self.start, 0.0
         self.stage_figures: dict[str, Any] = {}
         self.shapes = Shapes(self.dry)
+        self.dry_compile = getattr(args, "dry_compile", False)
+        self.serve_args = getattr(args, "serve_args", None)
         self.cache: dict[str, Any] = {}
         self.results["budget_s"] = args.budget
-        self.batches = Batches(self)
+        self.batches = Batches(self, getattr(args, "stages", "").split(","))
 
     def left(self) -> float:
         """Seconds until the current stage's deadline (its budget from its start, within the run's)."""
@@ -216,42 +244,59 @@ def _build_train(check: SpeedCheck) -> dict[str, Any]:
     return {"ds": ds, "updates": updates, "idx": idx, "second": second[0]}
 
 
-def _build_hf(check: SpeedCheck) -> dict[str, Any]:
-    """transformers' micro-batches of the train updates, each with its share of the update's target tokens
-    (its loss's weight), padded per batch and (for torch.compile) to one fixed shape."""
-    train = check.batches.get("train")  # (built before: one worker, in order)
-    ds, s = train["ds"], check.shapes
-    cpu = torch.device("cpu")
-    src_width, tgt_width = bucketed(s.src[1]), bucketed(s.tgt[1])
-    dynamic, fixed = [], []
-    for update in train["idx"]:
-        tokens = sum(len(ds.tgt[i]) for b in update for i in b)
-        dyn, fix = [], []
-        for b in update:
-            batch = lib.hf_batch([(ds.src[i], ds.tgt[i]) for i in b], cpu)
-            weight = sum(len(ds.tgt[i]) for i in b) / tokens
-            dyn.append((lib.pinned(batch, check.device), weight))
-            fix.append((lib.pinned(_hf_fixed(batch, src_width, tgt_width), check.device), weight))
-        dynamic.append(dyn)
-        fixed.append(fix)
-    return {"dynamic": dynamic, "fixed": fixed}
+def _build_fair(check: SpeedCheck) -> dict[str, Any]:
+    """The fair stages' updates (warm-up, rounds, profiled) and second shape, and for each update transformers'
+    one-pass batch: the update's pairs in one batch, padded on the right to its widest ("dynamic") and to the
+    fixed widths of the longest lengths bucketed ("fixed": one shape for torch.compile and cuDNN's plans)."""
+    s = check.shapes
+    ds, updates, idx = _updates(check, s.fair_warmup + s.fair_rounds + s.fair_profiled, s.src, s.tgt, seed=35)
+    _, second, _ = _updates(check, 1, s.src2, s.tgt2, seed=36)
+    cpu, widths = torch.device("cpu"), (bucketed(s.src[1]), bucketed(s.tgt[1]))
+    hf = []
+    for update in idx:
+        batch = lib.hf_batch([(ds.src[i], ds.tgt[i]) for b in update for i in b], cpu)
+        hf.append(
+            {
+                "dynamic": lib.pinned(batch, check.device),
+                "fixed": lib.pinned(_hf_fixed(batch, *widths), check.device),
+            }
+        )
+    return {"ds": ds, "updates": updates, "second": second[0], "hf": hf, "hf_widths": widths}
 
 
 class Batches:
-    """Every stage's batches, built in one background thread in stage order (the first stages need none)."""
+    """The wanted stages' batches, built in one background thread in stage order while `env` runs; every later
+    stage starts when they are built (settle), so no stage is timed while the builder holds the GIL and a
+    core (transformers' generate and eager steps are host-bound: they would pay for it, seqtrain's CUDA graphs
+    would not). A builder no wanted stage named runs when first asked for."""
 
     BUILDERS = (
-        ("attention", _build_attention),
-        ("update", _build_update),
-        ("train", _build_train),
-        ("hf", _build_hf),
+        ("attention", _build_attention, ("attention",)),
+        ("update", _build_update, ("packed_vs_padded", "merged_update")),
+        ("train", _build_train, ("train_ab",)),
+        ("fair", _build_fair, ("train_fair_large", "train_fair_base")),
     )
 
-    def __init__(self, check: SpeedCheck):
+    def __init__(self, check: SpeedCheck, stages: list[str]):
+        self._check = check
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="batches")
-        self._futures = {name: self._pool.submit(fn, check) for name, fn in self.BUILDERS}
+        self._futures = {
+            name: self._pool.submit(fn, check)
+            for name, fn, users in self.BUILDERS
+            if set(users) & set(stages)
+        }
+
+    def settle(self) -> float:
+        """Wait until every builder submitted so far has finished (or failed: its stage reports it); the
+        seconds waited."""
+        start = time.monotonic()
+        wait(list(self._futures.values()))
+        return time.monotonic() - start
 
     def get(self, name: str) -> Any:
+        if name not in self._futures:
+            fn = next(f for n, f, _ in self.BUILDERS if n == name)
+            self._futures[name] = self._pool.submit(fn, self._check)
         return self._futures[name].result()
 
     def close(self) -> None:
@@ -285,11 +330,6 @@ def _grad_rel_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
     return float(diff / ref.clamp_min(1e-30))
 
 
-def _tokens(batches: list[dict[str, Any]]) -> int:
-    """Non-padding source and target tokens of collated batches (host tensors: no sync)."""
-    return sum(int(b["net_input"]["src_lengths"].sum()) + b["ntokens"] for b in batches)
-
-
 # ------------------------------------------------------------------------------------------------ stages
 def stage_env(check: SpeedCheck) -> dict[str, Any]:
     import inspect
@@ -307,13 +347,54 @@ def stage_env(check: SpeedCheck) -> dict[str, Any]:
     out["varlen_kernel_adapted"] = varlen.varlen_kernel() is not None
     s = check.shapes
     out.update(max_tokens=s.max_tokens, update_freq=s.update_freq, merge_max_tokens=s.merge_tokens)
+    out.update(_software())
+    return out
+
+
+def _software() -> dict[str, Any]:
+    """What the image holds for the fair comparisons: cuDNN's version and torch's default for cuDNN
+    attention, transformers' and peft's versions, whether transformers offers flex attention for BART, the
+    FlashAttention implementations torch registers and whether their modules are installed (no network on the
+    GPU machine: only what is there counts)."""
+    import importlib.metadata
+    import importlib.util
+
+    import transformers
+    from transformers.models.bart import modeling_bart
+
+    out: dict[str, Any] = {
+        "cudnn_version": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "cudnn_sdp_default": gpu_check.DEFAULT_CUDNN_SDP,
+        "transformers": transformers.__version__,
+        "bart_supports_flex_attn": bool(
+            getattr(modeling_bart.BartPreTrainedModel, "_supports_flex_attn", False)
+        ),
+    }
+    flex = getattr(transformers.utils, "is_torch_flex_attn_available", None)
+    out["transformers_flex_available"] = bool(flex()) if flex is not None else False
+    for dist in ("peft", "flash-attn", "flash-attn-3"):
+        try:
+            out[f"{dist}_version"] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[f"{dist}_version"] = None
+    for module in ("flash_attn_interface", "flash_attn", "flash_attn.cute"):
+        try:
+            out[f"module_{module}"] = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # (a parent package missing)
+            out[f"module_{module}"] = False
+    try:
+        from torch.nn.attention import list_flash_attention_impls
+
+        out["flash_attention_impls"] = list_flash_attention_impls()
+    except ImportError:
+        out["flash_attention_impls"] = f"absent: torch {torch.__version__} has no list_flash_attention_impls"
     return out
 
 
 def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
-    """bf16 GEMMs (F.linear: x @ W^T, and fc1's weight gradient dY^T @ X) at bart_large's layer shapes; the
-    odd vocabulary's products against the weight as it is and padded to 8 rows (the GEMM, the projected loss's
-    forward and backward, a beam step's logits); and bandwidth: a device-to-device copy (bytes read +
+    """bf16 GEMMs (F.linear: x @ W^T, and fc1's weight gradient dY^T @ X) at bart_large's layer shapes, the
+    odd vocabulary's against the weight as it is and padded to 8 rows (more multiples: stage_align); and
+    bandwidth: a device-to-device copy (bytes read +
     written) and pinned host-to-device."""
     out = check.stage_figures
     dev, bf16 = check.device, torch.bfloat16
@@ -344,8 +425,6 @@ def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
         x = h = dy = cases = None  # (freed before the next M)
     out["gemm_best_tflops"] = best
     out["gemm_best_fraction_of_peak"] = best * 1e12 / check.peak
-    out.update(_projected_loss_alignment(check, d, v, reps))
-    out.update(_decode_logits_alignment(check, d, v, 5 * reps))
     n = 2**23 if check.dry else 2**30
     a = torch.empty(n, dtype=torch.uint8, device=dev)
     b = torch.empty_like(a)
@@ -359,47 +438,76 @@ def stage_ceilings(check: SpeedCheck) -> dict[str, Any]:
     return out
 
 
-def _projected_loss_alignment(check: SpeedCheck, d: int, v: int, reps: int) -> dict[str, float]:
-    """The projected loss's forward and backward (bf16 autocast, label smoothing 0.1) over 8,192 target rows
-    (256 in a dry run) at vocabulary `v`, its products against the weight as it is (align 1) and padded to 8
-    rows (the CUDA default): ms each and the speedup, and the loss's relative difference between the two."""
+ALIGNS = (1, 8, 64, 128)  # none, the CUDA default (CUDA_ALIGN_ROWS), and Megatron's multiples
+
+
+def stage_align(check: SpeedCheck) -> dict[str, Any]:
+    """The vocabulary's products against the output weight zero-padded to a multiple of 1, 8, 64 and 128 rows
+    (at V = 50,265: 50,265, 50,272, 50,304, 50,304; each width measured once), bf16: the loss's three GEMMs
+    over 8,192 target rows (logits = h W^T, the input gradient g W, the weight gradient g^T h) in TFLOP/s;
+    the projected loss's forward and backward (autocast, label smoothing 0.1, `align=`) in ms, its loss
+    against the unpadded one's; one beam step's logits (256 rows: 64 sentences x beam 4) against the padded
+    weight, the extra columns sliced off, as the static decoding step runs them (aligned_output_weight), in
+    microseconds. The best multiple of each, and each against 8 (the default)."""
     from seqtrain.criterions.projected_loss import projected_nll_loss
+    from seqtrain.cuda import padded_weight
 
-    dev, rows = check.device, 256 if check.dry else 8192
+    out = check.stage_figures
+    dev, bf16 = check.device, torch.bfloat16
+    d, v = (64, 1001) if check.dry else (1024, lib.BART_VOCAB)  # (dry: odd, so that 1 and 8 differ)
+    rows, reps = (256, 2) if check.dry else (8192, 20)
     g = torch.Generator(device=dev).manual_seed(5)
-    hidden = torch.randn(rows, d, device=dev, generator=g).requires_grad_()
     weight = (0.02 * torch.randn(v, d, device=dev, generator=g)).requires_grad_()
+    hidden = torch.randn(rows, d, device=dev, generator=g).requires_grad_()
     target = torch.randint(0, v, (rows,), device=dev, generator=g)
-    out: dict[str, float] = {}
-    losses = {}
-    for align in (1, 8):
+    h16 = hidden.detach().to(bf16)
+    step_x = torch.randn(256, d, device=dev, generator=g).to(bf16)
+    out.update(vocab=v, rows=rows, dim=d)
+    measured: dict[int, dict[str, float]] = {}
+    for align in ALIGNS:
+        width = v + (-v % align)
+        out[f"align{align}_width"] = width
+        if width not in measured:
+            w = padded_weight(weight.detach(), align, bf16)
+            dz = torch.randn(rows, width, device=dev, generator=g).to(bf16)
+            fig: dict[str, float] = {}
+            for name, fn in (
+                ("fwd", lambda w=w: F.linear(h16, w)),
+                ("dgrad", lambda w=w, dz=dz: dz @ w),
+                ("wgrad", lambda dz=dz: dz.t() @ h16),
+            ):
+                fn()
+                fig[f"gemm_{name}_tflops"] = 2 * rows * d * width / _sync_ms(check, fn, reps) / 1e9
 
-        def step(align: int = align) -> torch.Tensor:
-            hidden.grad = weight.grad = None
-            with torch.autocast(dev.type, dtype=torch.bfloat16):
-                loss = projected_nll_loss(hidden, weight, target, 0.1, align=align)[0]
-            loss.backward()
-            return loss
+            def loss_step(align: int = align) -> torch.Tensor:
+                hidden.grad = weight.grad = None
+                with torch.autocast(dev.type, dtype=bf16):
+                    loss = projected_nll_loss(hidden, weight, target, 0.1, align=align)[0]
+                loss.backward()
+                return loss
 
-        losses[align] = float(step())
-        out[f"projected_loss_align{align}_ms"] = _sync_ms(check, step, reps)
-    out["projected_loss_aligned_speedup"] = out["projected_loss_align1_ms"] / out["projected_loss_align8_ms"]
-    out["projected_loss_aligned_loss_rel_diff"] = abs(losses[8] - losses[1]) / abs(losses[1])
-    return out
-
-
-def _decode_logits_alignment(check: SpeedCheck, d: int, v: int, reps: int) -> dict[str, float]:
-    """A beam step's logits (bf16, 256 rows: 64 sentences x beam 4) against the output weight as it is and
-    padded to 8 rows, the extra columns sliced off (the static decoding step on CUDA: aligned_output_weight):
-    microseconds each."""
-    dev, rows = check.device, 256
-    x = torch.randn(rows, d, device=dev, dtype=torch.bfloat16)
-    out: dict[str, float] = {}
-    for align in (1, 8):
-        w = torch.randn(v + (-v % align), d, device=dev, dtype=torch.bfloat16)
-        fn = lambda w=w: F.linear(x, w)[:, :v]  # noqa: E731
-        fn()
-        out[f"decode_logits_M{rows}_align{align}_us"] = 1000 * _sync_ms(check, fn, reps)
+            fig["loss"] = float(loss_step())
+            fig["projected_loss_ms"] = _sync_ms(check, loss_step, reps)
+            logits = lambda w=w: F.linear(step_x, w)[:, :v]  # noqa: E731
+            logits()
+            fig["decode_logits_us"] = 1000 * _sync_ms(check, logits, 5 * reps)
+            measured[width] = fig
+            del w, dz
+        out.update({f"align{align}_{k}": val for k, val in measured[width].items() if k != "loss"})
+    base = measured[v]["loss"]
+    for align in ALIGNS:
+        out[f"align{align}_loss_rel_diff"] = abs(measured[out[f"align{align}_width"]]["loss"] - base) / abs(
+            base
+        )
+    for fig, name in (("projected_loss_ms", "projected_loss"), ("decode_logits_us", "decode_logits")):
+        out[f"{name}_best_align"] = min(ALIGNS, key=lambda a: (out[f"align{a}_{fig}"], a))
+        for align in ALIGNS:  # > 1: faster than the default
+            out[f"align{align}_{name}_vs_align8"] = out[f"align8_{fig}"] / out[f"align{align}_{fig}"]
+    bad = [a for a in ALIGNS if out[f"align{a}_loss_rel_diff"] > 1e-2]
+    if bad:
+        out["errors"] = [
+            f"the projected loss at align {bad} differs from the unpadded one's by more than 1e-2"
+        ]
     return out
 
 
@@ -480,12 +588,46 @@ def _fp32_reference(
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+def _kernels(check: SpeedCheck, *backends: Any) -> Callable[[], Any]:
+    """A context that limits SDPA to `backends` on CUDA (nothing to choose on a CPU)."""
+    from torch.nn.attention import sdpa_kernel
+
+    return (lambda: sdpa_kernel(list(backends))) if check.device.type == "cuda" else nullcontext
+
+
+def _equal_cases(check: SpeedCheck, b: int, tq: int, tk: int, causal: bool) -> dict[str, tuple]:
+    """Equal lengths, every row at the longest, no mask (flash's ceiling; cuDNN at this one shape): flash's
+    case and, on CUDA with a torch that has it, cuDNN's, as _attention_case takes them."""
+    from torch.nn.attention import SDPBackend
+
+    s, dev = check.shapes, check.device
+    eq = [torch.randn(b, s.heads, n, s.head_dim, device=dev).to(torch.bfloat16) for n in (tq, tk, tk)]
+    eq_g = torch.randn(b, s.heads, tq, s.head_dim, device=dev).to(torch.bfloat16)
+
+    def equal_fn(q_, k_, v_):
+        return F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
+
+    case = (
+        equal_fn,
+        eq,
+        eq_g,
+        lambda r: r,
+        _fp32_reference(equal_fn, eq, eq_g),
+        12 * b * tq * tk * s.heads * s.head_dim,
+    )
+    cases = {"flash_equal": (*case, _kernels(check, SDPBackend.FLASH_ATTENTION))}
+    cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
+    if dev.type == "cuda" and cudnn is not None:
+        cases["cudnn_equal"] = (*case, _kernels(check, cudnn))
+    return cases
+
+
 def stage_attention(check: SpeedCheck) -> dict[str, Any]:
     """Attention alone, fwd+bwd, bf16, at the train batches' lengths. FLOPs: 3 x the forward's 4 Sq Sk H d
     over the real tokens (flops.py's convention: the whole square, causal too), so the variants compare at
     one count. Padded SDPA runs as seqtrain's padded path does (cuDNN attention off: flash, memory-efficient
     or math as torch picks); flash and cuDNN run on equal lengths (every row at the batch's longest)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
     from seqtrain.models import varlen
 
@@ -497,11 +639,7 @@ def stage_attention(check: SpeedCheck) -> dict[str, Any]:
     out["varlen_backend"] = "varlen_attn" if cuda and varlen.varlen_kernel() is not None else "reference"
     errors = []
 
-    def kernels(*backends: Any) -> Callable[[], Any]:
-        return (lambda: sdpa_kernel(list(backends))) if cuda else nullcontext
-
-    cudnn = getattr(SDPBackend, "CUDNN_ATTENTION", None)
-    no_cudnn = kernels(SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    no_cudnn = _kernels(check, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
     for kind, qs, ks, causal in (
         ("encoder_self", "src", "src", False),
         ("decoder_self", "tgt", "tgt", True),
@@ -554,27 +692,8 @@ def stage_attention(check: SpeedCheck) -> dict[str, Any]:
             real_flops,
             no_cudnn,
         )
-        # equal lengths: every row at the longest, no mask (flash's ceiling; cuDNN at this one shape)
-        eq = [torch.randn(b, heads, t, dh, device=dev).to(torch.bfloat16) for t in (tq, tk, tk)]
-        eq_g = torch.randn(b, heads, tq, dh, device=dev).to(torch.bfloat16)
-
-        def equal_fn(q_, k_, v_, causal=causal):
-            return F.scaled_dot_product_attention(q_, k_, v_, is_causal=causal)
-
-        eq_ref = _fp32_reference(equal_fn, eq, eq_g)
-        eq_flops = 3 * 4 * b * tq * tk * heads * dh
-        cases["flash_equal"] = (
-            equal_fn,
-            eq,
-            eq_g,
-            lambda r: r,
-            eq_ref,
-            eq_flops,
-            kernels(SDPBackend.FLASH_ATTENTION),
-        )
-        if cuda and cudnn is not None:
-            cases["cudnn_equal"] = (equal_fn, eq, eq_g, lambda r: r, eq_ref, eq_flops, kernels(cudnn))
-        else:
+        cases.update(_equal_cases(check, b, tq, tk, causal))
+        if "cudnn_equal" not in cases:
             out[f"cudnn_equal_{kind}_skipped"] = (
                 "needs CUDA" if not cuda else "this torch has no cuDNN attention"
             )
@@ -592,10 +711,155 @@ def stage_attention(check: SpeedCheck) -> dict[str, Any]:
                     errors.append(f"{name} {kind}: {type(e).__name__}: {str(e)[:300]}")
         if f"varlen_{kind}_ms" in out and f"sdpa_padded_{kind}_ms" in out:
             out[f"varlen_vs_padded_{kind}"] = out[f"sdpa_padded_{kind}_ms"] / out[f"varlen_{kind}_ms"]
-        del q, k, v, g, padded, eq, eq_g, ref, eq_ref, cases
+        del q, k, v, g, padded, ref, cases
         _free(check)
     if errors:
         out["errors"] = errors
+    return out
+
+
+def _lever_cases(
+    check: SpeedCheck, lens: list[int], seed: int
+) -> tuple[dict[str, tuple], list[torch.Tensor], tuple]:
+    """The encoder self-attention cases at one shape bucket (rows of `lens` tokens): varlen by seqtrain's
+    dispatcher; the padded layout with a key-padding mask, off cuDNN and on it; equal lengths (every row at the
+    bucket's width), flash and cuDNN. Each case as _attention_case takes it, and the packed inputs."""
+    from torch.nn.attention import SDPBackend
+
+    from seqtrain.models import varlen
+
+    s, dev = check.shapes, check.device
+    q, k, v, g = _attention_inputs(lens, lens, s.heads, s.head_dim, dev, seed=seed)
+    b, flops = len(lens), 3 * 4 * sum(x * x for x in lens) * s.heads * s.head_dim
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32)
+    cu_dev, max_len = cu.to(dev), bucketed(max(lens))
+
+    def packed_ref(q_, k_, v_):
+        return varlen.reference_attention(q_, k_, v_, cu, cu, False)
+
+    def varlen_fn(q_, k_, v_):
+        return varlen.varlen_attention(
+            q_, k_, v_, cu_dev, cu_dev, max_len, max_len, False, bounds_q=cu, bounds_k=cu
+        )
+
+    ref = _fp32_reference(packed_ref, [q, k, v], g)
+    rows, t = _rows(lens)
+    mask = (torch.arange(t)[None, :] < torch.tensor(lens)[:, None]).view(b, 1, 1, t).to(dev)
+    padded = [_padded(x, rows, b, t) for x in (q, k, v)]
+
+    def padded_fn(q_, k_, v_):
+        return F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask)
+
+    def padded_cmp(r):
+        return tuple(_unpadded(x, rows) for x in r)
+
+    no_cudnn = _kernels(check, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+    cases = {
+        "varlen": (varlen_fn, [q, k, v], g, lambda r: r, ref, flops, nullcontext),
+        "sdpa_padded": (padded_fn, padded, _padded(g, rows, b, t), padded_cmp, ref, flops, no_cudnn),
+        **_equal_cases(check, b, t, t, False),
+    }
+    if "cudnn_equal" in cases:  # (CUDA, and a torch with cuDNN attention)
+        cases["cudnn_padded"] = (*cases["sdpa_padded"][:6], _kernels(check, SDPBackend.CUDNN_ATTENTION))
+    return cases, [q, k, v], ref
+
+
+def _first_call_ms(check: SpeedCheck, case: tuple) -> float:
+    """ms of the first fwd+bwd at a new shape (cuDNN builds its plan for the shape there)."""
+    fn, inputs, grad_out, *_, ctx = case
+    with ctx():
+        return _sync_ms(check, lambda: _fwd_bwd(fn, inputs, grad_out), 1)
+
+
+def stage_attention_lever(check: SpeedCheck) -> dict[str, Any]:
+    """The attention lever (issue 49): the encoder's self-attention, fwd+bwd, bf16, at shape buckets of 65,536
+    token slots (rows of lengths within the bucket's last 64): varlen (seqtrain's packed path), masked SDPA off
+    and on cuDNN, flash and cuDNN on equal lengths; the first call at each shape (cuDNN's plan is built there)
+    apart from the steady ms. Per bucket cuDNN against varlen, the plan's cost and the calls that repay it; the
+    sum of the plans over the buckets (what keeping a plan per bucket costs once). Then FA3 and FA4 through
+    torch.nn.attention.activate_flash_attention_impl where the image has them: flash and varlen at the widest
+    bucket with each active."""
+    out = check.stage_figures
+    dry = check.dry
+    slots, widths = (512, (32, 64)) if dry else (65536, (256, 512, 768, 1024))
+    out.update(
+        token_slots=slots, widths=list(widths), heads=check.shapes.heads, head_dim=check.shapes.head_dim
+    )
+    errors, plan_ms = [], 0.0
+    for width in widths:
+        gen = torch.Generator().manual_seed(width)
+        lens = [
+            int(x) for x in torch.randint(max(1, width - 63), width + 1, (slots // width,), generator=gen)
+        ]
+        cases, packed, _ = _lever_cases(check, lens, seed=width)
+        for name, (fn, inputs, *rest) in cases.items():
+            key = f"{name}_w{width}"
+            case = (fn, [x.detach().requires_grad_() for x in inputs], *rest)
+            try:
+                first = _first_call_ms(check, case)
+                res = _attention_case(check, *case)
+                out.update({f"{key}_{k}": v for k, v in res.items()})
+                out[f"{key}_first_ms"] = first
+            except Exception as e:
+                if any(m in str(e) for m in ("No available kernel", "No viable backend")):
+                    out[f"{key}_skipped"] = f"kernel refused: {str(e)[:200]}"
+                else:
+                    errors.append(f"{key}: {type(e).__name__}: {str(e)[:300]}")
+        for cudnn_case in ("cudnn_padded", "cudnn_equal"):
+            key = f"{cudnn_case}_w{width}"
+            if f"{key}_ms" in out and f"varlen_w{width}_ms" in out:
+                gain = out[f"varlen_w{width}_ms"] - out[f"{key}_ms"]
+                build = max(0.0, out[f"{key}_first_ms"] - out[f"{key}_ms"])
+                out[f"{key}_vs_varlen"] = out[f"varlen_w{width}_ms"] / out[f"{key}_ms"]
+                out[f"{key}_plan_ms"] = build
+                out[f"{key}_calls_to_repay_plan"] = build / gain if gain > 0 else math.inf
+                plan_ms += build if cudnn_case == "cudnn_padded" else 0.0
+        del cases, packed
+        _free(check)
+    if check.device.type == "cuda":
+        out["cudnn_padded_plans_s_all_buckets"] = plan_ms / 1000
+    else:
+        out["cudnn_skipped"] = "needs CUDA"
+    out.update(_flash_impls(check, widths[-1]))
+    if errors:
+        out["errors"] = errors
+    return out
+
+
+def _flash_impls(check: SpeedCheck, width: int) -> dict[str, Any]:
+    """FA3 / FA4 activated in turn (torch.nn.attention.activate_flash_attention_impl; each needs its module:
+    flash_attn_interface, flash_attn.cute) and, where that worked on CUDA, flash on equal lengths and varlen at
+    `width`; the default (FA2) restored after each."""
+    try:
+        from torch.nn.attention import (
+            activate_flash_attention_impl,
+            list_flash_attention_impls,
+            restore_flash_attention_impl,
+        )
+    except ImportError:
+        return {"flash_impls": f"absent: torch {torch.__version__} has no activate_flash_attention_impl"}
+    out: dict[str, Any] = {"flash_impls": list_flash_attention_impls()}
+    slots = 512 if check.dry else 65536
+    lens = [width] * (slots // width)
+    for impl in out["flash_impls"]:
+        try:
+            activate_flash_attention_impl(impl)
+        except Exception as e:  # (ImportError of its module, or the device refused)
+            out[f"{impl}_activation"] = f"{type(e).__name__}: {str(e)[:200]}"
+            continue
+        try:
+            out[f"{impl}_activation"] = "ok"
+            if check.device.type != "cuda":
+                continue
+            cases, _, _ = _lever_cases(check, lens, seed=7)
+            for name in ("flash_equal", "varlen"):
+                fn, inputs, *rest = cases[name]
+                res = _attention_case(check, fn, [x.detach().requires_grad_() for x in inputs], *rest)
+                out.update({f"{impl}_{name}_w{width}_{k}": v for k, v in res.items()})
+        except Exception as e:
+            out[f"{impl}_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        finally:
+            restore_flash_attention_impl()
     return out
 
 
@@ -639,7 +903,7 @@ def stage_packed_vs_padded(check: SpeedCheck) -> dict[str, Any]:
         results[name] = (loss, _grads(trainer.model))
         out[f"{name}_ms"] = _sync_ms(check, lambda d=dev_sample: _pass(trainer, d), reps)
         out[f"{name}_loss"] = loss
-    out["tokens"] = _tokens([sample])
+    out["tokens"] = lib.real_tokens([sample])
     out["loss_rel_diff"] = abs(results["packed"][0] - results["padded"][0]) / abs(results["padded"][0])
     out["grad_rel_err"] = _grad_rel_err(results["packed"][1], results["padded"][1])
     out["packed_vs_padded_speedup"] = out["padded_ms"] / out["packed_ms"]
@@ -659,7 +923,9 @@ def stage_merged_update(check: SpeedCheck) -> dict[str, Any]:
     built = check.batches.get("update")
     ds, update, limit = built["ds"], built["update"], check.shapes.merge_tokens
     merged = ds.merge_update(update, limit)
-    out.update(batches=len(update), passes=len(merged), merge_max_tokens=limit, tokens=_tokens(update))
+    out.update(
+        batches=len(update), passes=len(merged), merge_max_tokens=limit, tokens=lib.real_tokens(update)
+    )
     out["padded_slots_separate"] = sum(r * w for r, w in map(padded_shape, update))
     out["padded_slots_merged"] = sum(r * w for r, w in map(padded_shape, merged))
     acc_loss = float(_passes(trainer, update))
@@ -723,8 +989,8 @@ def _train_variant(check: SpeedCheck, label: str, arch: str, variant: str) -> di
     times = [gpu_check.timed(check, lambda u=u: step(u))[0] for u in timed]
     res["peak_gib"] = gpu_check.peak_memory(check)
     total = sum(times)
-    res["tokens_per_update"] = sum(_tokens(u) for u in timed) / len(timed)
-    res["tokens_per_s"] = sum(_tokens(u) for u in timed) / total
+    res["tokens_per_update"] = sum(lib.real_tokens(u) for u in timed) / len(timed)
+    res["tokens_per_s"] = sum(lib.real_tokens(u) for u in timed) / total
     res["ms_per_update"] = 1000 * statistics.median(times)
     flops = sum(counter.sample_train_flops(b, lib.PAD) for u in timed for b in u)
     res["mfu"] = flops / total / check.peak
@@ -756,6 +1022,9 @@ def stage_train_ab(check: SpeedCheck) -> dict[str, Any]:
     # seconds a variant needs on the GPU before it starts: model build, 8 updates, profile; compiles on top
     needs = {"accum": 20, "merged": 15, "compiled": 75}
     for label, arch in (("bart_large", s.large), ("bart_base", s.base)):
+        if check.dry and label == "bart_base":  # (both bart_tiny in a dry run: seconds of CI for nothing new)
+            out["bart_base_skipped"] = "dry run: bart_large's code at the same tiny model"
+            continue
         out[f"{label}_arch"] = arch
         for variant in ("accum", "merged", "compiled"):
             need = needs[variant] * (0.6 if label == "bart_base" else 1.0)
@@ -803,156 +1072,98 @@ def stage_determinism(check: SpeedCheck) -> dict[str, Any]:
     return run(check)
 
 
-def _hf_step(
-    check: SpeedCheck, model: Any, opt: torch.optim.Optimizer, dynamic_rows: bool = False
-) -> Callable[[list], torch.Tensor]:
-    """transformers' update over micro-batches (each loss weighted by its share of the update's target tokens,
-    as transformers' Trainer normalizes accumulated losses), bf16 autocast; returns the update's mean loss
-    per target token (a device tensor). `dynamic_rows`: the batch dimension marked dynamic (for
-    torch.compile: batches of 16 and 17 rows share one graph)."""
-
-    def step(update: list[tuple[dict[str, torch.Tensor], float]]) -> torch.Tensor:
-        losses = []
-        for batch, weight in update:
-            batch = {k: v.to(check.device, non_blocking=True) for k, v in batch.items()}
-            if dynamic_rows:
-                for v in batch.values():
-                    torch._dynamo.maybe_mark_dynamic(v, 0)
-            with torch.autocast(check.device.type, dtype=torch.bfloat16):
-                loss = model(**batch).loss * weight
-            loss.backward()
-            losses.append(loss.detach())
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return torch.stack(losses).sum()
-
-    return step
+SERVE_BENCH = os.path.join(gpu_check.REPO, "scripts", "bench", "bench_serve.py")
 
 
-def _hf_twin(check: SpeedCheck, label: str, arch: str) -> tuple[Any, torch.optim.Optimizer]:
-    """transformers' model with train_ab's initial weights of `label` (made again if train_ab did not run it)
-    and its fused AdamW."""
-    s = check.shapes
-    state, targs = check.cache.pop(f"state:{label}", None), check.cache.pop(f"targs:{label}", None)
-    if state is None:
-        trainer, _ = lib.make_trainer(check.dry, arch, s.vocab, "bf16")
-        state = {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
-        targs = argparse.Namespace(**trainer.run_args)
-    hf = lib.hf_model(targs, state, s.vocab).to(check.device).train()
-    opt = torch.optim.AdamW(
-        hf.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-8, weight_decay=0.0, fused=True
-    )
-    return hf, opt
+def stage_serve(check: SpeedCheck) -> dict[str, Any]:
+    """seqtrain-serve's throughput on the GPU (issue 52's benchmark, the same as on the CPU), when
+    scripts/bench/bench_serve.py is in the tree: run with --serve-args if given, else with `--device cuda` and
+    `--quick` where its --help offers them, within what is left of the stage's budget, $OUT/serve its OUT;
+    its exit status, seconds and the last lines of its output (its table). A dry run asks only for its --help
+    and records the arguments the GPU run would pass."""
+    import shlex
+    import subprocess
 
-
-def _hf_setting(check: SpeedCheck, label: str, setting: str, hf: Any, opt: Any) -> dict[str, Any]:
-    """tokens/s of transformers' updates in one setting: shipped (torch's default: cuDNN attention first),
-    nocudnn, compiled (torch.compile of the model, cuDNN attention off, batches padded to one width)."""
-    s = check.shapes
-    train, hf_sets = check.batches.get("train"), check.batches.get("hf")
-    timed = slice(s.warmup, s.warmup + s.timed)
-    torch.backends.cuda.enable_cudnn_sdp(DEFAULT_CUDNN_SDP if setting == "shipped" else False)
-    if setting == "compiled":
-        torch._dynamo.reset()
-        model = torch.compile(hf, backend="eager" if check.dry else "inductor")
-    else:
-        model = hf
-    updates = hf_sets["fixed" if setting == "compiled" else "dynamic"]
-    step = _hf_step(check, model, opt, dynamic_rows=setting == "compiled")
-    _free(check)
-    res: dict[str, Any] = {}
-    res["first_update_s"], res["loss0"] = gpu_check.timed(check, lambda: float(step(updates[0])))
-    for u in updates[1 : s.warmup]:
-        step(u)
-    times = [gpu_check.timed(check, lambda u=u: step(u))[0] for u in updates[timed]]
-    res["tokens_per_s"] = sum(_tokens(u) for u in train["updates"][timed]) / sum(times)
-    res["ms_per_update"] = 1000 * statistics.median(times)
-    res["peak_gib"] = gpu_check.peak_memory(check)
-    if setting == "compiled":
-        from torch._dynamo.utils import counters
-
-        res["compile_s"] = res["first_update_s"] - statistics.median(times)
-        res["frames_compiled"] = counters["frames"].get("ok", 0)
-    return res
-
-
-def stage_transformers(check: SpeedCheck) -> dict[str, Any]:
-    """BartForConditionalGeneration with seqtrain's initial weights on the train updates (the same micro-
-    batches, padded on the right): cuDNN attention off (seqtrain's kernels) and as shipped (torch's default,
-    cuDNN attention first on Hopper), for bart_large then bart_base; then, as the budget allows, compiled
-    (torch.compile of the model, what TrainingArguments(torch_compile=True) does; cuDNN attention off; the
-    batches padded to 1,024 source and 128 target tokens and the batch dimension dynamic, so it compiles
-    once). The step-0 loss (the first setting's, on the initial weights) against seqtrain's; seqtrain's speedup:
-    its best train_ab variant against the fastest setting."""
+    if not os.path.exists(SERVE_BENCH):
+        return {
+            "skip": "not present",
+            "skip_reason": "scripts/bench/bench_serve.py is not in this tree (issue 52)",
+        }
     out = check.stage_figures
-    s = check.shapes
-    seq = check.results["stages"].get("train_ab", {})
-    errors = []
-    labels = (("bart_large", s.large), ("bart_base", s.base))
-    twins: dict[str, tuple[Any, Any]] = {}
-    # (label, setting, GPU seconds it needs before it starts); the compiled ones last: they cost the most
-    plan = [(label, setting, 12) for label, _ in labels for setting in ("nocudnn", "shipped")]
-    plan += [("bart_large", "compiled", 75), ("bart_base", "compiled", 45)]
-    for label, setting, need in plan:
-        key = f"{label}_{setting}"
-        if setting == "compiled" and check.dry:  # (dynamo traces transformers' BART ~10 s a shape on a CPU)
-            out[f"{key}_skipped"] = "dry run: the GPU run compiles transformers' model"
-            continue
-        if check.left() < check.need(need + (0 if label in twins else 10)):
-            out[f"{key}_skipped"] = f"budget: {check.left():.0f} s left of the stage's"
-            continue
-        try:
-            if label not in twins:
-                twins[label] = _hf_twin(check, label, dict(labels)[label])
-            res = _hf_setting(check, label, setting, *twins[label])
-            if setting == "nocudnn":  # the first update on the initial weights
-                out[f"{label}_step0_loss"] = res["loss0"]
-            out.update({f"{key}_{k}": v for k, v in res.items() if k != "loss0"})
-        except Exception as e:
-            errors.append(f"{key}: {type(e).__name__}: {str(e)[:400]}")
-            out[f"{key}_traceback"] = traceback.format_exc()[-1500:]
-        torch.backends.cuda.enable_cudnn_sdp(DEFAULT_CUDNN_SDP)
-        _free(check)
-    twins.clear()
-    torch._dynamo.reset()
-    for label, _ in labels:
-        ran = [k for k in ("nocudnn", "shipped", "compiled") if f"{label}_{k}_tokens_per_s" in out]
-        if ran:
-            fastest = max(ran, key=lambda k: out[f"{label}_{k}_tokens_per_s"])
-            out[f"{label}_fastest_setting"] = fastest
-            if f"{label}_best_tokens_per_s" in seq:
-                out[f"{label}_seqtrain_variant"] = seq[f"{label}_best_variant"]
-                out[f"{label}_speedup"] = (
-                    seq[f"{label}_best_tokens_per_s"] / out[f"{label}_{fastest}_tokens_per_s"]
-                )
-        if f"{label}_step0_loss" in out and f"{label}_accum_loss0" in seq:
-            ours = seq[f"{label}_accum_loss0"]
-            out[f"{label}_step0_loss_rel_diff"] = abs(out[f"{label}_step0_loss"] - ours) / ours
-            if out[f"{label}_step0_loss_rel_diff"] > 1e-2:
-                errors.append(
-                    f"{label}: step-0 losses differ: {ours} (seqtrain) vs {out[f'{label}_step0_loss']}"
-                )
-    if errors:
-        out["errors"] = errors
+    cmd = [sys.executable, SERVE_BENCH]
+    helped = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60, cwd=gpu_check.REPO)
+    offered = set(re.findall(r"--[a-z][a-z0-9-]*", helped.stdout))
+    out["help_rc"] = helped.returncode
+    if check.serve_args is not None:
+        args = shlex.split(check.serve_args)
+    else:
+        args = [
+            *(["--device", "cuda"] if "--device" in offered else []),
+            *(["--quick"] if "--quick" in offered else []),
+        ]
+    out["args"] = " ".join(args)
+    if helped.returncode != 0:
+        raise RuntimeError(f"bench_serve.py --help exited {helped.returncode}: {helped.stderr[-500:]}")
+    if check.dry:
+        return {"skip": "dry run", "skip_reason": "dry run: --help only (the GPU run runs the benchmark)"}
+    env = {**os.environ, "OUT": os.path.join(check.out, "serve")}
+    start = time.monotonic()
+    proc = subprocess.run(
+        [*cmd, *args],
+        capture_output=True,
+        text=True,
+        timeout=max(10.0, check.left() - 5),
+        cwd=gpu_check.REPO,
+        env=env,
+    )
+    out.update(rc=proc.returncode, seconds_run=time.monotonic() - start, output_tail=proc.stdout[-4000:])
+    if proc.returncode != 0:
+        out["errors"] = [f"bench_serve.py exited {proc.returncode}: {proc.stderr[-600:]}"]
     return out
 
 
-def stage_generate(check: SpeedCheck) -> dict[str, Any]:
-    return gpu_check.stage_generate_static(check)
-
-
-# (name, function, budget seconds on a GPU, in a dry run)
+# (name, function, budget seconds on a GPU, in a dry run), in the order they run
 STAGES: list[tuple[str, Callable[[SpeedCheck], dict[str, Any]], float, float]] = [
-    ("env", stage_env, 3, 0),
+    ("env", stage_env, 5, 0),
     ("ceilings", stage_ceilings, 15, 2),
+    ("align", stage_align, 12, 3),
     ("attention", stage_attention, 25, 3),
     ("packed_vs_padded", stage_packed_vs_padded, 25, 3),
     ("merged_update", stage_merged_update, 20, 3),
     ("train_ab", stage_train_ab, 180, 20),
     ("determinism", stage_determinism, 60, 5),
-    ("transformers", stage_transformers, 150, 20),
-    ("generate", stage_generate, 90, 15),
+    ("train_fair_large", stage_fair.stage_train_fair_large, 220, 20),
+    ("generate_fair", stage_fair.stage_generate_fair, 140, 15),
+    ("train_fair_base", stage_fair.stage_train_fair_base, 125, 20),
+    ("attention_lever", stage_attention_lever, 20, 5),
+    ("serve", stage_serve, 25, 10),
 ]
+# seconds a GPU run spends before its first stage (interpreter, torch, transformers and seqtrain imports, the
+# device's context): what --plan adds to the stages' budgets
+STARTUP_S = 15
+
+
+def plan(stages: list[str], budget: float) -> tuple[str, bool]:
+    """The wanted stages in the order they run, their GPU budgets and the running total (startup included),
+    against the run's `budget`: (the table, whether the whole plan fits). A stage that no longer fits when its
+    turn comes is skipped, so the run never overruns; the plan says whether every stage gets its full budget."""
+    total, lines = (
+        float(STARTUP_S),
+        ["| stage | budget s | total s |", "|---|---|---|", f"| (startup) | {STARTUP_S} | {STARTUP_S} |"],
+    )
+    for name, _, gpu_budget, _ in STAGES:
+        if name in stages:
+            total += gpu_budget
+            lines.append(f"| {name} | {gpu_budget:g} | {total:g} |")
+    fits = total <= budget
+    lines += [
+        "",
+        f"{total:g} s of the run's budget {budget:.0f} s: "
+        f"{'fits' if fits else 'DOES NOT FIT (the last stages would be skipped)'}; "
+        f"gpu_speed.sh's TIMEOUT >= {math.ceil(total) + 15} (the device probe, ~5 s, and 10 s of margin), "
+        f"the device call's timeout_s >= TIMEOUT + 15",
+    ]
+    return "\n".join(lines) + "\n", fits
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -998,7 +1209,57 @@ def report(results: dict[str, Any]) -> str:
         lines += ["", "## Top kernels per training step (train_ab, profiled)"]
         for key, top in tops:
             lines += ["", f"{key.removesuffix('_profile_top')}:", *[f"- {t}" for t in top]]
+    lines += _fair_tables(stages)
     return "\n".join(lines) + "\n"
+
+
+# (stage, prefixes, the samples' unit, the rate figure) of the fair comparisons' tables
+FAIR_TABLES = (
+    ("train_fair_large", ("bart_large_",), "ms", "tokens_per_s"),
+    ("train_fair_base", ("bart_base_",), "ms", "tokens_per_s"),
+    ("generate_fair", ("bf16_", "fp32_"), "s", "sentences_per_s"),
+)
+
+
+def _fair_tables(stages: dict[str, Any]) -> list[str]:
+    """One table per fair comparison: each engine's median, quartiles and range, rate, MFU (training), cuDNN
+    switch and preparation seconds; the toolkits' best and the speedup with its per-round range; the engines
+    left out and why. What docs/benchmarks.md takes."""
+    lines = []
+    for stage, prefixes, unit, rate in FAIR_TABLES:
+        res = stages.get(stage, {})
+        for p in prefixes:
+            engines = res.get(f"{p}engines")
+            if not engines:
+                continue
+            head = f"## {stage}, {p.rstrip('_')}: {res.get(f'{p}rounds')} rounds"
+            if f"{p}speedup" in res:
+                head += (
+                    f"; seqtrain's best {res[f'{p}seqtrain_best']} against transformers' best "
+                    f"{res[f'{p}transformers_best']}: {res[f'{p}speedup']:.3g}x (rounds "
+                    f"{res.get(f'{p}speedup_rounds_min', 0):.3g}-{res.get(f'{p}speedup_rounds_max', 0):.3g})"
+                )
+            lines += [
+                "",
+                head,
+                "",
+                f"| engine | median {unit} | q1-q3 | min-max | {rate} | MFU | cuDNN | prepare s |",
+            ]
+            lines.append("|---|---|---|---|---|---|---|---|")
+            for e in engines:
+                k = f"{p}{e}"
+                if f"{k}_{unit}_median" not in res:
+                    lines.append(f"| {e} | failed: {res.get(f'{k}_failed', '?')} | | | | | | |")
+                    continue
+                lines.append(
+                    f"| {e} | {_fmt(res[f'{k}_{unit}_median'])} | {_fmt(res[f'{k}_{unit}_q1'])}-"
+                    f"{_fmt(res[f'{k}_{unit}_q3'])} | {_fmt(res[f'{k}_{unit}_min'])}-{_fmt(res[f'{k}_{unit}_max'])} | "
+                    f"{_fmt(res.get(f'{k}_{rate}', '-'))} | {_fmt(res.get(f'{k}_mfu', '-'))} | "
+                    f"{res.get(f'{k}_cudnn_sdp', '-')} | {_fmt(res.get(f'{k}_prepare_s', '-'))} |"
+                )
+            lines += [f"- left out: {key.removeprefix(p).removesuffix('_skipped')}: {why}"
+                      for key, why in res.items() if key.startswith(p) and key.endswith("_skipped")]  # fmt: skip
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------ runner
@@ -1071,10 +1332,12 @@ def run_stage(
             "budget_s": budget,
             "skip_reason": f"needs ~{budget:g} s, {max(left, 0):.0f} s of the run left",
         }
+    waited = check.batches.settle() if name != "env" else 0.0  # (its time counts in the stage's)
     check.current, check.stage_figures, check.stage_budget = name, {}, budget
-    check.stage_start = time.monotonic()
+    check.stage_start = time.monotonic() - waited
     check.stage_deadline = min(check.deadline, check.stage_start + budget)
     flags = _flags()
+    cudnn_at_start = torch.backends.cuda.cudnn_sdp_enabled()
     if name != "merged_update":  # (the bart_large trainer packed_vs_padded leaves it)
         check.cache.pop("trainer", None)
     try:
@@ -1097,7 +1360,13 @@ def run_stage(
         if name != "packed_vs_padded":  # (the bart_large trainer it shares with merged_update)
             check.cache.pop("trainer", None)
         _free(check)
-    head = {"status": status, "seconds": time.monotonic() - check.stage_start, "budget_s": budget}
+    head = {
+        "status": status,
+        "seconds": time.monotonic() - check.stage_start,
+        "budget_s": budget,
+        "cudnn_sdp_at_start": cudnn_at_start,
+        "batches_wait_s": waited,
+    }
     return {**head, **{k: v for k, v in res.items() if k not in head}}  # (a stage cannot set its own status)
 
 
@@ -1109,18 +1378,29 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     p.add_argument("--stages", default=",".join(n for n, *_ in STAGES), help="comma list of stages to run")
     p.add_argument("--peak-flops", type=float, default=None, help="the device's peak FLOP/s for MFU")
     p.add_argument("--budget", type=float, default=545.0, help="seconds for the whole run (default 545)")
+    p.add_argument(
+        "--plan", action="store_true", help="print the stages' budgets against --budget; run nothing"
+    )
+    p.add_argument(
+        "--dry-compile", action="store_true", help="in a dry run, also compile transformers' model (slow)"
+    )
+    p.add_argument("--serve-args", default=None, help="arguments for scripts/bench/bench_serve.py (serve)")
     args = p.parse_args(argv)
+    wanted = args.stages.split(",")
+    unknown = [w for w in wanted if w not in {n for n, *_ in STAGES}]
+    if unknown:
+        print(f"gpu_speed.py: error: --stages: unknown {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    if args.plan:
+        text, fits = plan(wanted, args.budget)
+        print(text, end="")
+        return 0 if fits else 1
     if not args.dry_run and not torch.cuda.is_available():
         print(
             "gpu_speed.py: error: no CUDA device; pass --dry-run to check the plumbing on the CPU",
             file=sys.stderr,
         )
         return 1
-    wanted = args.stages.split(",")
-    unknown = [w for w in wanted if w not in {n for n, *_ in STAGES}]
-    if unknown:
-        print(f"gpu_speed.py: error: --stages: unknown {', '.join(unknown)}", file=sys.stderr)
-        return 2
     args.started = started
     check = SpeedCheck(args)
     watchdog = _watchdog(check, grace=5.0)

@@ -28,7 +28,7 @@ out="${OUT:-logs/distill}"
 [ "${FRESH:-0}" = 1 ] && rm -rf "$out"
 mkdir -p "$out"
 stage() { echo; echo "==== [$(date +%H:%M:%S)] $*"; }
-threads="$("$bin/python" -m seqtrain.train.host_cpu 2>/dev/null || echo 1)"
+threads="$("$bin/python" -m seqtrain.host_cpu 2>/dev/null || echo 1)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}"
 
 valid_rouge() {  # $1 checkpoint, $2 name: beam search on valid, ROUGE json in $out/gen-$2

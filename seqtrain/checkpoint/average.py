@@ -30,6 +30,7 @@ from seqtrain.checkpoint.files import load_checkpoint_file, save_checkpoint_file
 from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import check_outputs_apart
 from seqtrain.logging import setup_logging
 
 logger = logging.getLogger("seqtrain.average_checkpoints")
@@ -240,9 +241,7 @@ def main(cfg: AverageConfig) -> list[str]:
         inputs = last_n_checkpoints(
             inputs[0], n, cfg.num_update_checkpoints is not None, cfg.checkpoint_upper_bound
         )
-    out_real = os.path.realpath(cfg.output)
-    if any(os.path.realpath(p) == out_real for p in inputs):
-        raise SeqtrainError(f"--output {cfg.output} is one of the inputs; write the average to a new file")
+    check_outputs_apart([("--output", cfg.output)], [("--inputs", p) for p in inputs])
     logger.info(f"averaging {len(inputs)} checkpoints: {', '.join(inputs)}")
     save_checkpoint_file(average_checkpoints(inputs, unsafe=cfg.unsafe_load), cfg.output)
     logger.info(f"wrote {cfg.output}")

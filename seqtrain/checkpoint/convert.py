@@ -28,6 +28,7 @@ from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.config import setting, settings
 from seqtrain.data.dictionary import placeholder_dictionary
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import check_outputs_apart, folder_files
 from seqtrain.flag_bounds import Bounds, check_value
 from seqtrain.logging import setup_logging
 from seqtrain.models.lora import merge_lora
@@ -112,9 +113,11 @@ def convert(cfg: ConvertConfig, generation: HfGenerationConfig | None = None) ->
     from seqtrain.flags.tools.get_convert_parser's parse by the program's front end (seqtrain_cli.convert)."""
     setup_logging()
     source = resolve_model_path(cfg.input, "input")  # a hub name: its cached snapshot
-    # (an output that is a link to the input would be written through the link, over the input)
-    if os.path.realpath(source) == os.path.realpath(cfg.output):
-        raise SeqtrainError("output must differ from input")
+    # seqtrain.fileio's rule: the output (a file, or --to hf's folder) is none of the files read, by any spelling
+    inputs = [("INPUT", source), ("--dict", cfg.dict_path), ("--lora-base", cfg.lora_base)]
+    check_outputs_apart(
+        [("OUTPUT", cfg.output)], inputs + [(flag, f) for flag, p in inputs for f in folder_files(p)]
+    )
     # An HF export needs no dictionary (only the vocabulary size), so a fairseq input converts without one.
     ck = read_checkpoint(
         source,
@@ -137,7 +140,8 @@ def convert(cfg: ConvertConfig, generation: HfGenerationConfig | None = None) ->
         ck.src_dict = ck.tgt_dict = placeholder_dictionary(rows)
     # checks the weights fit the architecture before anything is written
     model = build_from_contents(ck, resize_vocab=cfg.resize_vocab)
-    if merge_lora(model, ck.args):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
+    if merge_lora(model):  # fairseq and Hugging Face know no adapters: export W + (alpha / R) B A
+        ck.args.lora_rank = 0
         logger.info(f"{source}: LoRA adapters merged into their weights")
     if cfg.dtype:  # after the merge, so adapters fold in at full precision
         model.to(getattr(torch, cfg.dtype))

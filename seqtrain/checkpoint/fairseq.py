@@ -20,8 +20,7 @@ from seqtrain.checkpoint.files import (
 from seqtrain.checkpoint.train_state import EXTRA_STATE, TrainState
 from seqtrain.data.dictionary import Dictionary, add_language_symbols
 from seqtrain.errors import SeqtrainError
-from seqtrain.models.bart import BartConfig, arch_config
-from seqtrain.models.resize import parse_layers_to_keep
+from seqtrain.models.bart import BartConfig, arch_config, as_built
 from seqtrain.registry import ARCHS
 
 # Model fields copied from a fairseq checkpoint's args; the arch preset's own fields are added to these at
@@ -147,17 +146,24 @@ def fairseq_args(path: str, obj: dict) -> argparse.Namespace:
 
 
 def model_config(args: Any) -> BartConfig:
-    """The BartConfig that fairseq-style `args` (a checkpoint's, or a run's parsed flags) describe: the one
-    reading of them into the model's settings. As fairseq's arch functions do, the arch preset fills the fields
-    `args` leaves unset in `args` too, and the layer counts follow --*-layers-to-keep there: a loaded model's
-    args, and a run's checkpoints, name the model that was built."""
-    cfg = arch_config(getattr(args, "arch", None) or "bart_base", **vars(args))  # (an unknown arch: one line)
+    """The BartConfig that a stored `args` record (a checkpoint's, with fairseq's names) describes: the one
+    reading of a record into the model's settings, the arch preset filling what the record leaves unset. It
+    reads only: a run's record is written by seqtrain.train.program.run_record, a loaded one completed by
+    complete_model_fields."""
+    return arch_config(
+        getattr(args, "arch", None) or "bart_base", **vars(args)
+    )  # (an unknown arch: one line)
+
+
+def complete_model_fields(args: Any) -> None:
+    """Complete a loaded checkpoint's record as fairseq's arch functions complete the args they load: the arch
+    preset fills the model fields it leaves unset, and the layer counts follow --*-layers-to-keep, so the
+    record names the model built from it (the exporters and converters read it)."""
     ARCHS.get(getattr(args, "arch", None) or "bart_base")(args)
+    built = as_built(model_config(args))
     for side in ("encoder", "decoder"):
-        keep = parse_layers_to_keep(getattr(args, f"{side}_layers_to_keep", None), f"--{side}-layers-to-keep")
-        if keep is not None:
-            setattr(args, f"{side}_layers", len(keep))
-    return cfg
+        if getattr(args, f"{side}_layers_to_keep", None) is not None:
+            setattr(args, f"{side}_layers", getattr(built, f"{side}_layers"))
 
 
 def fairseq_state_dict(

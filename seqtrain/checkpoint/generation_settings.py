@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,13 +117,27 @@ def not_seqtrain(path: str) -> str:
     )
 
 
-def store_in_file(path: str, output: str, stored: StoredGeneration, unsafe: bool = False) -> None:
+def store_settings(
+    path: str,
+    output: str,
+    settings: dict[str, Any],
+    chosen: Any,
+    source: str,
+    other: str,
+    unsafe: bool = False,
+) -> StoredGeneration:
     """Write `output` (may be `path` itself: replaced atomically, a hard link to the old file keeps the old
-    content): the seqtrain checkpoint `path` whole (weights, training state), with `stored`'s settings over
-    the ones it carried."""
+    content): the seqtrain checkpoint `path` whole (weights, training state), with `settings` stored over the
+    ones it carried; those whose dest is in `chosen` come from `source`, the others keep the origin the file gave
+    them when it stored the same value, else `other`. Returns the settings stored."""
     obj = load_checkpoint_file(path, unsafe=unsafe)
     if not isinstance(obj, dict) or obj.get("format") != "seqtrain":
         raise SeqtrainError(not_seqtrain(path))
     old = read_stored(obj, path) or StoredGeneration()
-    merged = StoredGeneration({**old.settings, **stored.settings}, {**old.sources, **stored.sources})
+    kept = {d: src for d, src in old.sources.items() if old.settings.get(d) == settings.get(d)}
+    sources = {d: source if d in chosen else kept.get(d, other) for d in settings}
+    new = make_stored(settings, sources, output)
+    merged = StoredGeneration({**old.settings, **new.settings}, {**old.sources, **new.sources})
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     save_checkpoint_file(with_stored(obj, merged), output)
+    return new

@@ -24,7 +24,7 @@ import torch
 import torch.nn.init
 
 from seqtrain.checkpoint.checks import check_arch_overrides, check_model_args
-from seqtrain.checkpoint.fairseq import model_config
+from seqtrain.checkpoint.fairseq import complete_model_fields, model_config
 from seqtrain.checkpoint.files import CheckpointContents, check_still_mapped
 from seqtrain.checkpoint.formats import read_checkpoint
 from seqtrain.data.tokenizer import build_tokenizer
@@ -106,8 +106,10 @@ def build_from_contents(
         for k, v in arch_overrides.items():
             setattr(ck.args, k, v)
         check_model_args(ck.args, ck.model, "--model-overrides")  # dimensions that fit the stored weights
+    cfg = model_config(ck.args)  # (an unknown arch: one line, before the record is completed)
+    complete_model_fields(ck.args)
     with _weights_left_uninitialized():
-        model = build_model(model_config(ck.args), ck.src_dict, ck.tgt_dict)
+        model = build_model(cfg, ck.src_dict, ck.tgt_dict)
     state = resize_embeddings(
         keep_layers(ck.model, ck.args, ck.path),
         len(ck.src_dict),
@@ -165,7 +167,8 @@ def model_from_contents(
         logger.info(f"{ck.path}: {note}")
     model = build_from_contents(ck, arch_overrides, resize_vocab=resize_vocab)
     # generation and inference: adapters folded into their weights, one matrix each
-    merge_lora(model, ck.args)
+    if merge_lora(model):
+        ck.args.lora_rank = 0  # the record exports save: the model has no adapters left
     model = model.to(device).eval()
     tokenizer = None
     if ck.tokenizer:

@@ -31,8 +31,8 @@ from seqtrain.registry import CRITERIONS
 
 @settings
 class CriterionConfig:
-    """criterion: the settings every criterion reads (fairseq's names); a criterion class names its settings
-    class in its `config` attribute, and builds from it (`from_config`)"""
+    """criterion: the settings every criterion reads (fairseq's names); a criterion registers its settings
+    class with it (`CRITERIONS.register(name, config=...)`) and builds from it (`from_config`)"""
 
     criterion: str = setting(
         "cross_entropy", "training criterion", choices=CRITERIONS.names
@@ -58,6 +58,11 @@ class CriterionConfig:
         metavar="MB",
         bounds=Bounds(0, 1 << 20, lo_open=True),
     )
+
+
+CRITERIONS.common = (
+    CriterionConfig  # what a --user-dir criterion registered without settings of its own reads
+)
 
 
 class _SmoothedNLL(torch.autograd.Function):
@@ -209,7 +214,7 @@ def step_logging_output(
     return sample_size, logging_output
 
 
-@CRITERIONS.register("cross_entropy")
+@CRITERIONS.register("cross_entropy", config=CriterionConfig)
 class CrossEntropyCriterion:
     """Summed token NLL (natural log) over non-pad targets; sample_size = ntokens (nsentences with
     --sentence-avg)."""
@@ -233,7 +238,6 @@ class CrossEntropyCriterion:
         # the projected loss makes its gradients in the forward pass and applies it before their fp16 casts.
         self.loss_scale = 1.0
 
-    config: type = CriterionConfig  # the settings it is built from (fairseq registers a dataclass likewise)
     needs_task = False  # from_config takes the padding index (True: the task)
 
     @classmethod

@@ -48,6 +48,9 @@ from seqtrain.flag_bounds import PROBABILITY, Bounds
 from seqtrain.registry import CRITERIONS
 
 NAME = "label_smoothed_cross_entropy_with_distillation"
+MIN_TEMPERATURE = (
+    0.01  # T^2 * KL's gradient scales with T: far below this the KD term vanishes (1e-30: exactly 0)
+)
 
 
 @settings
@@ -57,10 +60,11 @@ class DistillationConfig(CriterionConfig):
     teacher_path: str | None = setting(None, f"the teacher checkpoint of --criterion {NAME}", metavar="CKPT")
     distill_temperature: float = setting(
         2.0,
-        "softmax temperature of teacher and student in the KD term (DistilBART: 2)",
+        "softmax temperature of teacher and student in the KD term (DistilBART: 2; at least 0.01: the term's "
+        "gradient scales with T)",
         type=float,
         metavar="T",
-        bounds=Bounds(0, 1000, lo_open=True),
+        bounds=Bounds(MIN_TEMPERATURE, 1000),
     )
     distill_alpha: float = setting(
         0.8,
@@ -89,7 +93,22 @@ def _check_dictionary(teacher_dict: Any, data_dict: Any, teacher_path: str, data
         )
 
 
-@CRITERIONS.register(NAME)
+def _check_positions(teacher: tuple[int, int], student: tuple[int, int], teacher_path: str) -> None:
+    """Every example the student trains on must fit the teacher: the run's limits (--max-source-positions,
+    --max-target-positions) at most the teacher's. Before, a longer example ended the first update with the
+    teacher's own error naming the student's flag (`source of 10 tokens exceeds --max-source-positions 8`)."""
+    if teacher[0] >= student[0] and teacher[1] >= student[1]:
+        return
+    raise SeqtrainError(
+        f"--teacher-path {teacher_path}: the teacher reads at most {teacher[0]} source and {teacher[1]} target "
+        f"tokens (its max_source_positions / max_target_positions), fewer than this run's --max-source-positions "
+        f"{student[0]} / --max-target-positions {student[1]}; give the student at most the teacher's "
+        f"(--max-source-positions {min(teacher[0], student[0])} --max-target-positions "
+        f"{min(teacher[1], student[1])}), so every example fits both"
+    )
+
+
+@CRITERIONS.register(NAME, config=DistillationConfig)
 class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(
         self,
@@ -102,8 +121,10 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         report_accuracy: bool = False,
         ignore_prefix_size: int = 0,
     ):
-        if not (math.isfinite(distill_temperature) and distill_temperature > 0):
-            raise SeqtrainError(f"--distill-temperature must be above 0, got {distill_temperature}")
+        if not (math.isfinite(distill_temperature) and MIN_TEMPERATURE <= distill_temperature <= 1000):
+            raise SeqtrainError(
+                f"--distill-temperature must be between {MIN_TEMPERATURE} and 1000, got {distill_temperature}"
+            )
         if not 0.0 <= distill_alpha <= 1.0:
             raise SeqtrainError(f"--distill-alpha must be between 0 and 1, got {distill_alpha}")
         super().__init__(
@@ -117,8 +138,7 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         self.temperature = float(distill_temperature)
         self.alpha = float(distill_alpha)
 
-    config: type = DistillationConfig
-    needs_task = True
+    needs_task = True  # from_config takes the task (it loads the teacher and checks its dictionaries)
 
     @classmethod
     def from_config(
@@ -133,14 +153,13 @@ class LabelSmoothedCrossEntropyWithDistillationCriterion(LabelSmoothedCrossEntro
         if not hasattr(task, "load_teacher"):  # criteria sit below the checkpoint readers: the task loads it
             raise SeqtrainError(f"--criterion {NAME}: build it from a task (task.build_criterion(cfg))")
         teacher = task.load_teacher(path)
+        _check_positions(teacher.model.max_positions(), task.max_positions(), path)
         pad = task.target_dictionary.pad() if hasattr(task, "target_dictionary") else task.tgt_dict.pad()
-        data, langs = task.data_files()
         for side, ours, theirs in (
             ("source", getattr(task, "src_dict", None), teacher.src_dict),
             ("target", getattr(task, "tgt_dict", None), teacher.tgt_dict),
         ):
-            lang = langs[side]
-            _check_dictionary(theirs, ours, path, os.path.join(data, f"dict.{lang}.txt"))
+            _check_dictionary(theirs, ours, path, task.dictionary_file(side))
         return cls(
             pad,
             teacher.model,

@@ -14,7 +14,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.registry import CRITERIONS
 
 
-@CRITERIONS.register("label_smoothed_cross_entropy")
+@CRITERIONS.register("label_smoothed_cross_entropy", config=CriterionConfig)
 class LabelSmoothedCrossEntropyCriterion(CrossEntropyCriterion):
     def __init__(
         self,

@@ -27,8 +27,9 @@ Precision, matching what autograd does for the model's own F.linear under autoca
 On the CPU, an fp16 product that overflows under the scale gives inf, which the trainer's overflow check sees,
 as it would for plain autograd under the same scale.
 
-Aligned vocabulary (`align`; default 8 rows on CUDA, none elsewhere): the products run against the weight
-cast to the compute dtype and zero-padded to a multiple of `align` rows (once per call, not per chunk), the
+Aligned vocabulary (`align`; default 8 rows on CUDA, none elsewhere: seqtrain.cuda.align_rows, shared with
+the static decoding step's output projection): the products run against the weight cast to the compute dtype
+and zero-padded to a multiple of `align` rows (once per call, not per chunk: seqtrain.cuda.padded_weight), the
 logits' extra columns left out of the softmax and the loss, the gradient's extra columns zero, the weight
 gradient's extra rows dropped. The same function, only faster: at BART's odd V = 50,265 no row of the logits
 or of the weight gradient is 16-byte aligned, and cuBLAS ran all three products in `cutlass_75 ... align1`
@@ -49,29 +50,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from seqtrain.cuda import align_rows, padded_weight
+
 CPU_BUDGET_BYTES = 256 << 20
 CUDA_BUDGET_BYTES = 1 << 30
-CUDA_ALIGN_ROWS = 8  # 8 fp16/bf16 elements: the 16 bytes cuBLAS's fast kernels want for every row
-
-
-def align_rows(device: torch.device, align: int | None = None) -> int:
-    """The multiple the weight's rows are padded to on `device`: `align` when given, else CUDA_ALIGN_ROWS on
-    CUDA and 1 (no padding) elsewhere (the CPU's products keep their arithmetic, which the fairseq parity tests
-    pin)."""
-    if align is not None:
-        return max(1, int(align))
-    return CUDA_ALIGN_ROWS if device.type == "cuda" else 1
-
-
-def padded_weight(weight: Tensor, align: int, dtype: torch.dtype) -> Tensor:
-    """`weight` (V x C) in `dtype`, zero-padded to a multiple of `align` rows: one new tensor, one cast. In the
-    compute dtype, so that neither F.linear under autocast nor the gradient products cast it again per chunk
-    (a padded copy is no leaf, and autocast caches the casts of leaves only)."""
-    vocab = weight.size(0)
-    out = weight.new_empty((vocab + (-vocab % align), weight.size(1)), dtype=dtype)
-    out[:vocab] = weight.detach()
-    out[vocab:] = 0
-    return out
 
 
 def bytes_per_logit(compute_dtype: torch.dtype) -> int:

@@ -11,6 +11,7 @@ chunk and the merged counts are identical to a single pass.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -19,7 +20,14 @@ from typing import IO
 import torch
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import atomic_write
+from seqtrain.fileio import (
+    MAX_LINE_BYTES,
+    atomic_write,
+    bounded_lines,
+    decode_line,
+    line_too_long,
+    text_lines,
+)
 from seqtrain.workers import child_pool
 
 OVERWRITE_FLAG = "#fairseq:overwrite"
@@ -200,19 +208,31 @@ class Dictionary:
         return d
 
     def add_from_file(self, f: str | os.PathLike | IO[str]) -> None:
+        """Add the symbols of a dict.txt (a path, or a text file object as fairseq takes), read with
+        seqtrain.fileio's bound on a line's length and, from a path, strict UTF-8 naming file and line."""
         if isinstance(f, (str, os.PathLike)):
             try:
-                with open(f, encoding="utf-8") as fd:
-                    self.add_from_file(fd)
+                fd = open(f, "rb")
             except FileNotFoundError:
                 raise SeqtrainError(f"{f}: dictionary file not found") from None
-            except UnicodeDecodeError as e:
-                raise SeqtrainError(
-                    f"{f}: dictionary is not valid UTF-8 ({e.reason} at byte {e.start})"
-                ) from None
+            with fd:
+                self._add_lines(text_lines(fd, os.fspath(f)), os.fspath(f))
             return
         name = getattr(f, "name", "<dictionary>")
-        for lineno, raw in enumerate(f.readlines(), start=1):
+
+        def stream_lines() -> Iterator[str]:
+            for lineno in itertools.count(1):
+                line = f.readline(MAX_LINE_BYTES + 1)
+                if len(line) > MAX_LINE_BYTES and not line.endswith("\n"):
+                    raise line_too_long(name, lineno)
+                if not line:
+                    return
+                yield line
+
+        self._add_lines(stream_lines(), name)
+
+    def _add_lines(self, lines: Iterable[str], name: str) -> None:
+        for lineno, raw in enumerate(lines, start=1):
             line = raw.rstrip()
             word, sep, field = line.rpartition(" ")
             overwrite = field == OVERWRITE_FLAG
@@ -337,30 +357,26 @@ def find_offsets(path: str, num_chunks: int) -> list[int]:
                 offsets[i] = offsets[i - 1]
                 continue
             f.seek(pos - 1)
-            f.readline()  # finish the line that `pos - 1` is in; a line starting exactly at pos is kept
+            f.readline(MAX_LINE_BYTES + 1)  # finish the line `pos - 1` is in (bounded: iter_lines refuses it)
             offsets[i] = min(f.tell(), size)
     offsets[num_chunks] = size
     return offsets
 
 
 def iter_lines(path: str, start: int = 0, end: int = -1, first_lineno: int = 1) -> Iterator[str]:
-    """Decoded lines (trailing newline removed) of the byte range [start, end) (`end` < 0: to the end).
-    Lines are split on '\\n' only, so a stray '\\r' or U+2028 inside a line never shifts source/target pairs."""
+    """Decoded lines (trailing newline removed) of the byte range [start, end) (`end` < 0: to the end), read
+    with seqtrain.fileio's bound on a line's length and strict UTF-8 (errors name the file and line; in a range
+    that starts past byte 0, the line counted from the range's start). Lines are split on '\\n' only, so a
+    stray '\\r' or U+2028 inside a line never shifts source/target pairs."""
+    name = path if start == 0 else f"{path} (the range from byte {start})"
     with open(path, "rb") as f:
         f.seek(start)
         pos = start
-        lineno = first_lineno
-        while end < 0 or pos < end:
-            raw = f.readline()
-            if not raw:
+        for lineno, raw in enumerate(bounded_lines(f, name, first_lineno), first_lineno):
+            if 0 <= end <= pos:
                 break
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                where = f"line {lineno}" if start == 0 else f"byte {pos + e.start}"
-                raise SeqtrainError(f"{path}: invalid UTF-8 at {where}") from None
             pos += len(raw)
-            lineno += 1
+            line = decode_line(raw, name, lineno)
             yield line[:-1] if line.endswith("\n") else line
 
 

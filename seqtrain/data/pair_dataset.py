@@ -268,6 +268,11 @@ class LanguagePairDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.src)
 
+    @property
+    def source_limit(self) -> int:
+        """The longest source (tokens with its </s>) kept whole with truncate_source; longer ones are cut."""
+        return self._src_limit
+
     def __getitem__(self, index: int) -> dict[str, Any]:
         src = _as_long(self.src[index])
         if self.truncate_source and len(src) > self._src_limit:

@@ -12,16 +12,17 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
-import json
+import math
 import re
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.scoring.rouge import split_sentences
+from seqtrain.fileio import bounded_lines, loads_bounded
+from seqtrain.scoring.rouge import rouge_scorer, split_sentences
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -55,6 +56,7 @@ def ngram_f1(target: collections.Counter, prediction: collections.Counter) -> fl
 @functools.cache
 def _stemmed() -> Any:
     """rouge-score's stemming tokenizer, loaded on first use (it loads nltk: not at every program's start)."""
+    rouge_scorer()  # rouge-score imported as seqtrain.scoring.rouge does (its absl logger quiet)
     from rouge_score import tokenizers  # here, not at the top: it loads nltk (the GPU image has none)
 
     return tokenizers.DefaultTokenizer(use_stemmer=True)
@@ -194,6 +196,23 @@ def past_limit(source: str, reference: str, limit: int) -> float:
     return sum(1 for w in ref if w in cut and w not in kept) / len(ref)
 
 
+def kept_words(source: str, fits: Callable[[str], bool]) -> int:
+    """How many of the source's words (rouge-score's tokens, as past_limit counts them) a model that reads only a
+    prefix keeps: the words of the longest whitespace-separated prefix that `fits` (the model's tokenizer within
+    its position limit). Binary search: a few tokenizer calls per source, none for a source that fits whole."""
+    if fits(source):
+        return len(words(source))
+    parts = source.split()
+    lo, hi = 0, len(parts)  # fits(first lo parts); not fits(first hi parts)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(" ".join(parts[:mid])):
+            lo = mid
+        else:
+            hi = mid
+    return len(words(" ".join(parts[:lo])))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # near-duplicates between train and the evaluated split
 
@@ -264,51 +283,92 @@ def duplicates(train: Sequence[str], sources: Sequence[str], threshold: float) -
 # validation curves
 
 
-def validation_curves(path: str) -> dict[str, dict[str, list[list[float]]]]:
-    """{subset: {metric: [[num_updates, value], ...]}} from a training log: seqtrain-train's / fairseq-train's
-    `--log-format json` lines (`... | valid | {"valid_loss": ..., "valid_num_updates": ...}`) or --jsonl-log
-    lines ({"tag": "valid", "step": N, "loss": ...}). A resumed run's later lines win."""
-    out: dict[str, dict[str, dict[float, float]]] = {}
+MAX_STEP = 10**12  # a step (update number) beyond this is no run's: a malformed record
+
+
+def _step(value: Any) -> int | None:
+    """A record's step as an integer (fairseq's json log writes numbers as strings: "100"), or None when it is
+    no update number: not a number, not whole, negative or beyond MAX_STEP."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
     try:
-        f = open(path, encoding="utf-8")
+        number = float(value)
+    except (ValueError, OverflowError):
+        return None
+    if not math.isfinite(number) or number != int(number) or not 0 <= number <= MAX_STEP:
+        return None
+    return int(number)
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """The JSON object a log line holds after its first "{", or None: no "{" (not a record) or not one that
+    parses (not UTF-8, not JSON, nested past seqtrain.fileio.MAX_NESTING), which the caller counts."""
+    brace = line.find(b"{")
+    if brace < 0:
+        return None
+    try:
+        stats = loads_bounded(line[brace:].decode("utf-8"))
+    except ValueError:  # also UnicodeDecodeError, JSONBoundsError
+        return {}
+    return stats if isinstance(stats, dict) else {}
+
+
+def _validation_record(stats: dict[str, Any]) -> tuple[str, Any, dict[str, Any]] | None:
+    """(subset, step as written, metrics) of a validation record (seqtrain's / fairseq's json log line, or a
+    --jsonl-log line), or None for any other record."""
+    tag = stats.get("tag")
+    if isinstance(tag, str) and tag.startswith("valid") and "step" in stats:
+        return tag, stats["step"], {k: v for k, v in stats.items() if k not in ("tag", "step")}
+    subsets = [k[: -len("_num_updates")] for k in stats if k.endswith("_num_updates")]
+    if not subsets or subsets[0] == "train" or not subsets[0].startswith("valid"):
+        return None
+    subset = subsets[0]
+    metrics = {k[len(subset) + 1 :]: v for k, v in stats.items() if k.startswith(subset + "_")}
+    return subset, stats[subset + "_num_updates"], metrics
+
+
+def validation_curves(path: str) -> dict[str, Any]:
+    """{"subsets": {subset: {metric: [[num_updates, value], ...]}}, "skipped": records that could not be read}
+    from a training log: seqtrain-train's / fairseq-train's `--log-format json` lines (`... | valid |
+    {"valid_loss": ..., "valid_num_updates": ...}`) or --jsonl-log lines ({"tag": "valid", "step": N, "loss":
+    ...}). A resumed run's later lines win. A value that is not finite (a diverged run logs "nan") is kept as
+    None, a gap the page marks; a record whose JSON, text or step is malformed (not UTF-8, not JSON, nested too
+    deep; a step that is no whole number from 0 to MAX_STEP) is skipped and counted. Lines are read with
+    seqtrain.fileio's bound on a line's length."""
+    out: dict[str, dict[str, dict[int, float | None]]] = {}
+    skipped = 0
+    try:
+        f = open(path, "rb")
     except OSError as e:
         raise SeqtrainError(f"--train-log {path}: cannot read ({e.strerror})") from None
     with f:
-        for line in f:
-            brace = line.find("{")
-            if brace < 0:
+        for line in bounded_lines(f, f"--train-log {path}"):
+            stats = _record(line)
+            found = _validation_record(stats) if stats else None
+            if stats == {} or found is not None and _step(found[1]) is None:
+                skipped += 1
                 continue
-            try:
-                stats = json.loads(line[brace:])
-            except ValueError:
+            if found is None:
                 continue
-            if not isinstance(stats, dict):
-                continue
-            tag = stats.get("tag")
-            if isinstance(tag, str) and tag.startswith("valid") and "step" in stats:
-                subset, step, metrics = (
-                    tag,
-                    stats["step"],
-                    {k: v for k, v in stats.items() if k not in ("tag", "step")},
-                )
-            else:
-                subsets = [k[: -len("_num_updates")] for k in stats if k.endswith("_num_updates")]
-                if not subsets or subsets[0] == "train" or not subsets[0].startswith("valid"):
-                    continue
-                subset, step = subsets[0], stats[subsets[0] + "_num_updates"]
-                metrics = {k[len(subset) + 1 :]: v for k, v in stats.items() if k.startswith(subset + "_")}
+            subset, step, metrics = found[0], _step(found[1]), found[2]
             for key, value in metrics.items():
                 # throughput and bookkeeping are no curves; best_* repeat the best value so far
                 skip = key in ("num_updates", "wall", "wps", "ups", "bsz", "wpb", "gb_free", "train_wall")
                 if skip or key.startswith("best_") or isinstance(value, bool):
                     continue
-                try:  # fairseq's json log writes some figures as strings ("5.123")
+                try:  # fairseq's json log writes the figures as strings ("5.123")
                     number = float(value)
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     continue
-                out.setdefault(subset, {}).setdefault(key, {})[float(step)] = number
+                out.setdefault(subset, {}).setdefault(key, {})[step] = (
+                    number if math.isfinite(number) else None
+                )
     if not out:
+        more = f"; {skipped} malformed records skipped" if skipped else ""
         raise SeqtrainError(
-            f"--train-log {path}: no validation records (train with --log-format json or --jsonl-log FILE)"
+            f"--train-log {path}: no validation records (train with --log-format json or --jsonl-log FILE){more}"
         )
-    return {s: {k: [[u, v] for u, v in sorted(pts.items())] for k, pts in m.items()} for s, m in out.items()}
+    subsets = {
+        s: {k: [[u, v] for u, v in sorted(pts.items())] for k, pts in m.items()} for s, m in out.items()
+    }
+    return {"subsets": subsets, "skipped": skipped}

@@ -62,7 +62,7 @@ W, H, PAD_L, PAD_B, PAD_T, PAD_R = 480, 260, 46, 34, 14, 12
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    if hi <= lo:
+    if not hi - lo > 0 or not math.isfinite(hi - lo):  # one value (or a span no float holds: not drawn)
         return [lo]
     step = 10 ** math.floor(math.log10((hi - lo) / n))
     for m in (1, 2, 5, 10):
@@ -156,11 +156,15 @@ def bars(groups: Sequence[str], series: dict[str, Sequence[float]], xlabel: str,
     return _svg(parts, list(series))
 
 
-def lines(series: dict[str, Sequence[Sequence[float]]], xlabel: str, ylabel: str) -> str:
-    """Line chart of (x, y) points, one colour per series."""
+DRAWN = 1e15  # values beyond this magnitude (a diverged run's ppl) are marked at the edge, not scaled to
+
+
+def lines(series: dict[str, Sequence[Sequence[float | None]]], xlabel: str, ylabel: str) -> str:
+    """Line chart of (x, y) points, one colour per series. A y that is None (not finite in the log: a diverged
+    run's nan) or beyond DRAWN breaks the line and is marked by a cross at the top edge, titled with its value."""
     xs = [p[0] for s in series.values() for p in s]
-    ys = [p[1] for s in series.values() for p in s]
-    y0, y1 = min(ys), max(ys)
+    ys = [p[1] for s in series.values() for p in s if _drawn(p[1])]
+    y0, y1 = (min(ys), max(ys)) if ys else (0.0, 1.0)
     pad = (y1 - y0) * 0.08 or 1
     sx, sy, parts = _axes(min(xs), max(xs), y0 - pad, y1 + pad, xlabel, ylabel)
     for t in _ticks(min(xs), max(xs)):
@@ -169,10 +173,27 @@ def lines(series: dict[str, Sequence[Sequence[float]]], xlabel: str, ylabel: str
         )
     for i, (_, pts) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.8"/>')
-        parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.2" fill="{color}"/>' for x, y in pts]
+        runs: list[list[tuple[float, float]]] = [[]]
+        for x, y in pts:
+            if _drawn(y):
+                runs[-1].append((x, y))
+                continue
+            runs.append([])
+            shown = "not finite" if y is None else f"{y:g}"
+            parts.append(
+                f'<text x="{sx(x):.1f}" y="{PAD_T + 4}" font-size="11" fill="{color}" text-anchor="middle">'
+                f"&#215;<title>{_e(f'{x:g}')}: {_e(shown)}</title></text>"
+            )
+        for run in runs:
+            if len(run) > 1:
+                path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in run)
+                parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="1.8"/>')
+            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.2" fill="{color}"/>' for x, y in run]
     return _svg(parts, list(series))
+
+
+def _drawn(y: float | None) -> bool:
+    return y is not None and abs(y) <= DRAWN
 
 
 def _figure(svg: str, caption: str) -> str:
@@ -276,10 +297,10 @@ def _lengths_section(r: dict[str, Any]) -> str:
 def _checks_section(r: dict[str, Any]) -> str:
     f, t = r["faithfulness"], r["truncation"]
     rows = [_head("", "numbers/names checked", "absent from source", "share", "examples with one absent")]
-    for name in ("hypothesis", "reference"):
+    for name, label in (("hypothesis", "hypotheses"), ("reference", "references")):
         s = f[name]
         rows.append(
-            f'<tr><td class="l">{name}s</td><td>{s["items"]}</td><td>{s["absent"]}</td>'
+            f'<tr><td class="l">{label}</td><td>{s["items"]}</td><td>{s["absent"]}</td>'
             f"<td>{100 * s['absent_share']:.1f}%</td><td>{s['examples_with_absent']} "
             f"({100 * s['examples_with_absent_share']:.1f}%)</td></tr>"
         )
@@ -287,7 +308,7 @@ def _checks_section(r: dict[str, Any]) -> str:
         f"<h2>Faithfulness proxy</h2><table>{''.join(rows)}</table><p class='note'>Numbers and capitalised "
         "words (not sentence-initial) of each summary that its source does not contain; the references' share is "
         "the base rate of such content in the data. A proxy to read examples by, not a verdict.</p>"
-        f"<h2>Source truncation</h2><p>At {t['limit_words']} words: {t['sources_over_limit']} of {r['n']} "
+        f"<h2>Source truncation</h2><p>At {_e(_limit(t))}: {t['sources_over_limit']} of {r['n']} "
         f"sources are longer; on average {100 * t['reference_past_limit_mean']:.2f}% of a reference's words occur "
         f"in its source only past the limit ({t['references_with_words_past_limit']} references have some).</p>"
     )
@@ -305,8 +326,21 @@ def _checks_section(r: dict[str, Any]) -> str:
         for m in metrics[:4]:
             series = {s: pts[m] for s, pts in subsets.items() if m in pts}
             figs.append(_figure(lines(series, "updates", m), f"validation {m}"))
-        out += f"<h2>Validation curves</h2><div class='plots'>{''.join(figs)}</div>"
+        skipped = r["validation_curves"].get("skipped", 0)
+        note = (
+            f"<p class='note'>{skipped} malformed records of the log skipped (not UTF-8, not JSON, or a step that "
+            "is no update number).</p>"
+            if skipped
+            else ""
+        )
+        out += f"<h2>Validation curves</h2><div class='plots'>{''.join(figs)}</div>{note}"
     return out
+
+
+def _limit(t: dict[str, Any]) -> str:
+    if t.get("unit", "words") == "words":
+        return f"{t['limit_words']} words"
+    return f"{t['limit']} pieces of {t['model']}'s tokenizer (its max_source_positions)"
 
 
 def _examples_section(r: dict[str, Any], which: str) -> str:

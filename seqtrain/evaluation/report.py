@@ -11,24 +11,29 @@ checked before anything is scored; the outputs are written whole or not at all.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from seqtrain.config import add_settings, int_list, setting, settings
-from seqtrain.errors import SeqtrainError
+from seqtrain.checkpoint.fairseq import stored_conventions
+from seqtrain.config import add_settings, flag_names, from_args, int_list, setting, settings
+from seqtrain.errors import SeqtrainError, stop_on_sigterm
 from seqtrain.evaluation import analyses, page
-from seqtrain.fileio import atomic_write
-from seqtrain.flag_bounds import Bounds
+from seqtrain.fileio import check_outputs_apart, write_files
+from seqtrain.flag_bounds import POSITIVE_INT, Bounds
 from seqtrain.flags.parsers import ArgumentParser, add_negations
+from seqtrain.generation import runner
 from seqtrain.scoring.rouge import (
     ROUGE_TYPES,
     _read_lines,
     bootstrap_intervals,
     check_lengths,
+    check_some_text,
     example_scores,
     format_comparison,
     format_intervals,
@@ -73,6 +78,13 @@ class EvalInputs:
         "a second system's hypotheses (file or folder): the paired bootstrap test and per-bucket differences",
         metavar="OTHER",
     )
+    path: str | None = setting(
+        None,
+        "the model that made the hypotheses (any checkpoint seqtrain-generate --path reads): the truncation "
+        "section then counts each source in its tokenizer's pieces against its max_source_positions, instead "
+        "of --source-limit words",
+        metavar="CHECKPOINT",
+    )
 
 
 @settings
@@ -91,24 +103,35 @@ class EvalReport:
     )
     seed: int = setting(1, "seed of the resampling (default: 1)", type=int, metavar="N")
     lead: list[int] = setting(
-        [1, 2, 3], "lead-k baselines: first k sentences", type=int_list, metavar="K,..."
+        [1, 2, 3], "lead-k baselines: first k sentences", type=int_list, metavar="K,...", bounds=POSITIVE_INT
     )
-    buckets: int = setting(4, "source-length buckets (quantiles)", type=int, metavar="N")
+    buckets: int = setting(4, "source-length buckets (quantiles)", type=int, metavar="N", bounds=POSITIVE_INT)
     source_limit: int = setting(
         1024,
         "the source truncation limit in words (ROUGE's tokens): how much of each reference lies past it "
         "(a model's --max-source-positions counts subword pieces; 1024 pieces are roughly 750 words)",
         type=int,
         metavar="WORDS",
+        bounds=POSITIVE_INT,
     )
     dup_threshold: float = setting(
         0.8,
         "a source is a high-overlap duplicate when this share of its word 5-grams is in one train source",
         type=float,
         metavar="F",
+        bounds=Bounds(0, 1, lo_open=True),
     )
     examples: int = setting(5, "the N worst and best examples shown", type=int, metavar="N")
     debug: bool = setting(False, "show tracebacks on errors", action="store_true")
+
+
+@dataclass
+class EvalConfig:
+    """What seqtrain-eval reads of its flags: made once from the parsed flags at its front end (evaluate), each
+    group as declared above; the ranges are the fields' own (bounds=), checked as the flags are parsed."""
+
+    inputs: EvalInputs = field(default_factory=EvalInputs)
+    report: EvalReport = field(default_factory=EvalReport)
 
 
 def get_eval_parser() -> argparse.ArgumentParser:
@@ -124,8 +147,8 @@ def get_eval_parser() -> argparse.ArgumentParser:
     return add_negations(p)
 
 
-def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[str]]:
-    """(the file read, its lines): `path` itself, or in a seqtrain-generate --results-path folder its
+def hypotheses_file(path: str, split: str | None, flag: str) -> str:
+    """The hypotheses file `path` names: itself, or in a seqtrain-generate --results-path folder its
     hypotheses-SPLIT.txt (SPLIT from --split, else the only one there)."""
     if os.path.isdir(path):
         if split:
@@ -142,7 +165,23 @@ def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[
         file = path
     else:
         raise SeqtrainError(f"{flag} {path}: no such file or folder")
+    return file
+
+
+def read_hypotheses(path: str, split: str | None, flag: str) -> tuple[str, list[str]]:
+    """(the file read, its lines); `path` as hypotheses_file takes it."""
+    file = hypotheses_file(path, split, flag)
     return file, _read_lines(file)
+
+
+def shown(text: str) -> str:
+    """`text` as valid UTF-8 for the report: a file name or --title whose bytes are not UTF-8 reaches Python as
+    surrogate escapes, which no UTF-8 file can hold (a UnicodeEncodeError at the write); they are shown as
+    U+FFFD."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate no byte escapes to
+        return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _check_count(name: str, lines: list[str], ref_name: str, refs: list[str], what: str) -> None:
@@ -163,42 +202,36 @@ def _subset(per: dict[str, list[float]], ids: list[int]) -> dict[str, float]:
     return {k: float(np.mean([per[k][i] for i in ids])) for k in ROUGE_TYPES}
 
 
-def report(args: argparse.Namespace) -> dict[str, Any]:
-    """The report's figures (what --json holds) from the parsed flags."""
-    if args.bootstrap < 0:
-        raise SeqtrainError(f"--bootstrap {args.bootstrap}: must be 0 (off) or more")
-    if args.buckets < 1 or args.examples < 0 or args.source_limit < 1:
-        bad = [f for f, v in (("--buckets", args.buckets), ("--source-limit", args.source_limit)) if v < 1]
-        raise SeqtrainError(f"{(bad or ['--examples'])[0]}: must be at least {1 if bad else 0}")
-    if not 0.0 < args.dup_threshold <= 1.0:
-        raise SeqtrainError(f"--dup-threshold {args.dup_threshold}: must be in (0, 1]")
-    if any(k < 1 for k in args.lead):
-        raise SeqtrainError(f"--lead {','.join(map(str, args.lead))}: each k must be at least 1")
-    hyp_file, hyps = read_hypotheses(args.hyps, args.split, "--hyps")
-    sources, refs = _read_lines(args.source), _read_lines(args.reference)
+def report(cfg: EvalConfig) -> dict[str, Any]:
+    """The report's figures (what --json holds) from seqtrain-eval's settings."""
+    inputs, opts = cfg.inputs, cfg.report
+    hyp_file, hyps = read_hypotheses(inputs.hyps, inputs.split, "--hyps")
+    sources, refs = _read_lines(inputs.source), _read_lines(inputs.reference)
     if not refs:
-        raise SeqtrainError(f"{args.reference}: no references (the file is empty)")
-    _check_count(args.source, sources, args.reference, refs, "sources")
-    _check_count(hyp_file, hyps, args.reference, refs, "hypotheses")
+        raise SeqtrainError(f"{inputs.reference}: no references (the file is empty)")
+    check_some_text(refs, inputs.reference, "references")
+    check_some_text(sources, inputs.source, "sources")
+    _check_count(inputs.source, sources, inputs.reference, refs, "sources")
+    _check_count(hyp_file, hyps, inputs.reference, refs, "hypotheses")
     check_lengths(hyps, hyp_file)
-    check_lengths(refs, args.reference)
+    check_lengths(refs, inputs.reference)
     other = None
-    if args.compare:
-        other_file, other_hyps = read_hypotheses(args.compare, args.split, "--compare")
-        _check_count(other_file, other_hyps, args.reference, refs, "hypotheses")
+    if inputs.compare:
+        other_file, other_hyps = read_hypotheses(inputs.compare, inputs.split, "--compare")
+        _check_count(other_file, other_hyps, inputs.reference, refs, "hypotheses")
         check_lengths(other_hyps, other_file)
         other = (other_file, other_hyps)
-    train = _read_lines(args.train_source) if args.train_source else None
-    curves = analyses.validation_curves(args.train_log) if args.train_log else None
+    train = _read_lines(inputs.train_source) if inputs.train_source else None
+    curves = analyses.validation_curves(inputs.train_log) if inputs.train_log else None
 
-    n, n_boot, seed = len(refs), args.bootstrap, args.seed
+    n, n_boot, seed = len(refs), opts.bootstrap, opts.seed
     per = example_scores(hyps, refs)
     out: dict[str, Any] = {
         "format": "seqtrain-eval",
         "version": 1,
-        "hypotheses": hyp_file,
-        "source": args.source,
-        "reference": args.reference,
+        "hypotheses": shown(hyp_file),
+        "source": shown(inputs.source),
+        "reference": shown(inputs.reference),
         "n": n,
         "bootstrap": n_boot,
         "seed": seed,
@@ -206,7 +239,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     }
 
     baselines: dict[str, Any] = {}
-    for k in args.lead:
+    for k in opts.lead:
         lead_per = example_scores([analyses.lead(s, k) for s in sources], refs)
         baselines[f"lead-{k}"] = mean_scores(lead_per)
     picks = [analyses.oracle(s, r) for s, r in zip(sources, refs)]
@@ -228,7 +261,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         "hypothesis_over_reference": float(np.mean(hyp_len) / max(np.mean(ref_len), 1e-9)),
     }
 
-    edges = analyses.bucket_edges(src_len, args.buckets)
+    edges = analyses.bucket_edges(src_len, opts.buckets)
     labels = analyses.bucket_labels(edges, src_len)
     members: list[list[int]] = [[] for _ in labels]
     for i, length in enumerate(src_len):
@@ -246,21 +279,15 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         "reference": analyses.faithfulness_summary(ref_faith),
     }
 
-    past = [analyses.past_limit(s, r, args.source_limit) for s, r in zip(sources, refs)]
-    out["truncation"] = {
-        "limit_words": args.source_limit,
-        "sources_over_limit": sum(1 for x in src_len if x > args.source_limit),
-        "reference_past_limit_mean": float(np.mean(past)),
-        "references_with_words_past_limit": sum(1 for x in past if x > 0),
-    }
+    out["truncation"], past = truncation(cfg, sources, refs, src_len)
 
     if train is not None:
         out["duplicates"] = {
-            "train_source": args.train_source,
-            **analyses.duplicates(train, sources, args.dup_threshold),
+            "train_source": shown(inputs.train_source),
+            **analyses.duplicates(train, sources, opts.dup_threshold),
         }
     if curves is not None:
-        out["validation_curves"] = {"train_log": args.train_log, "subsets": curves}
+        out["validation_curves"] = {"train_log": shown(inputs.train_log), **curves}
 
     examples = [
         {
@@ -278,7 +305,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
         }
         for i in range(n)
     ]
-    k = min(args.examples, n)
+    k = min(opts.examples, n)
     out["worst"] = sorted(range(n), key=lambda i: (per[SORT_KEY][i], i))[:k]
     out["best"] = sorted(range(n), key=lambda i: (-per[SORT_KEY][i], i))[:k]
     out["sorted_by"] = SORT_KEY
@@ -286,7 +313,7 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     if other is not None:
         other_per = example_scores(other[1], refs)
         out["compare"] = {
-            "hypotheses": other[0],
+            "hypotheses": shown(other[0]),
             "rouge": _means_ci(other_per, n_boot, seed),
             "test": paired_bootstrap(per, other_per, n_boot or 1000, seed),
             "buckets": [
@@ -309,6 +336,44 @@ def report(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def limit_text(t: dict[str, Any]) -> str:
+    """The truncation limit in words: "1024 words", or "48 pieces of CHECKPOINT's tokenizer"."""
+    if t["unit"] == "words":
+        return f"{t['limit']} words"
+    return f"{t['limit']} pieces of {t['model']}'s tokenizer (its max_source_positions)"
+
+
+def truncation(
+    cfg: EvalConfig, sources: list[str], refs: list[str], src_len: list[int]
+) -> tuple[dict[str, Any], list[float]]:
+    """The truncation section and each reference's share of words past the limit: --source-limit words, or with
+    --path the model's own limit (its max_source_positions, in its tokenizer's pieces), each source cut where
+    the model cuts it (analyses.kept_words)."""
+    path, limit_words = cfg.inputs.path, cfg.report.source_limit
+    if not path:
+        kept = [limit_words] * len(sources)
+        over = sum(1 for x in src_len if x > limit_words)
+        section: dict[str, Any] = {"limit": limit_words, "unit": "words", "limit_words": limit_words}
+    else:
+        loaded = runner.load_for_generation(path)
+        limit = loaded.model.max_positions()[0]
+        extra = 1 if stored_conventions(loaded.lm.args).prepend_bos else 0  # <s>, which encode leaves out
+
+        def fits(text: str) -> bool:
+            return len(runner.encode(loaded, [text])[0]) + extra <= limit
+
+        kept = [analyses.kept_words(s, fits) for s in sources]
+        over = sum(1 for s, k, n in zip(sources, kept, src_len) if k < n or not fits(s))
+        section = {"limit": limit, "unit": "pieces", "model": shown(path)}
+    past = [analyses.past_limit(s, r, k) for s, r, k in zip(sources, refs, kept)]
+    section.update(
+        sources_over_limit=over,
+        reference_past_limit_mean=float(np.mean(past)),
+        references_with_words_past_limit=sum(1 for x in past if x > 0),
+    )
+    return section, past
+
+
 def _lines(r: dict[str, Any]) -> list[str]:
     """The console summary."""
     lines = [f"{r['hypotheses']}: {format_summary(r['rouge'])}"]
@@ -326,7 +391,7 @@ def _lines(r: dict[str, Any]) -> list[str]:
     )
     t = r["truncation"]
     lines.append(
-        f"truncation at {t['limit_words']} words: {t['sources_over_limit']} sources longer; "
+        f"truncation at {limit_text(t)}: {t['sources_over_limit']} sources longer; "
         f"{100 * t['reference_past_limit_mean']:.2f}% of reference words lie only past it"
     )
     if "duplicates" in r:
@@ -334,6 +399,11 @@ def _lines(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"train duplicates: {d['exact']} exact, {d['high_overlap']} with >= {100 * d['threshold']:.0f}% "
             f"5-gram overlap, of {r['n']} sources"
+        )
+    skipped = r.get("validation_curves", {}).get("skipped")
+    if skipped:
+        lines.append(
+            f"--train-log {r['validation_curves']['train_log']}: {skipped} malformed records skipped"
         )
     if "compare" in r:
         c = r["compare"]
@@ -343,25 +413,40 @@ def _lines(r: dict[str, Any]) -> list[str]:
 
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    """seqtrain-eval: compute the report, print its summary, write --json and --html (each whole or not at all)."""
-    for flag, path in (("--json", args.json), ("--html", args.html)):
+    """seqtrain-eval: read the parsed flags once (EvalConfig), compute the report, print its summary, write
+    --json and --html (both or neither, each whole). The outputs are checked first: none is one of the inputs
+    (seqtrain.fileio's rule), nor a folder."""
+    cfg = from_args(EvalConfig, args)  # the program's one read of its flags
+    out = cfg.report
+    check_outputs_apart([("--json", out.json), ("--html", out.html)], _inputs(cfg.inputs))
+    for flag, path in (("--json", out.json), ("--html", out.html)):
         if path and os.path.isdir(path):
             raise SeqtrainError(f"{flag} {path}: is a folder; give a file name")
         if path and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise SeqtrainError(
                 f"{flag} {path}: folder {os.path.dirname(path)} does not exist; create it first"
             )
-    r = report(args)
-    texts = {}
-    if args.json:
-        texts[args.json] = json.dumps(r, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-    if args.html:
-        texts[args.html] = page.render(r, args.title or r["hypotheses"])
-    for path, text in texts.items():
-        with atomic_write(path, "w", encoding="utf-8") as f:
-            f.write(text)
+    with stop_on_sigterm():  # the outputs are written at the end: until then, nothing was
+        r = report(cfg)
+        texts = {}
+        if out.json:
+            texts[out.json] = json.dumps(r, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+        if out.html:
+            texts[out.html] = page.render(r, shown(out.title or r["hypotheses"]))
+        write_files(texts)
     for line in _lines(r):
         print(line)
     for path in texts:
-        print(f"wrote {path}")
+        print(f"wrote {shown(path)}")
     return r
+
+
+def _inputs(inputs: EvalInputs) -> list[tuple[str, str | None]]:
+    """The files seqtrain-eval reads, as (flag, path): every EvalInputs path (--split names no file), a --hyps or
+    --compare folder standing for the file in it."""
+    found = [(flag_names(f)[0], getattr(inputs, f.name)) for f in fields(inputs) if f.name != "split"]
+    for flag, path in (("--hyps", inputs.hyps), ("--compare", inputs.compare)):
+        if path and os.path.isdir(path):
+            with contextlib.suppress(SeqtrainError):  # an ambiguous folder is refused when it is read
+                found.append((flag, hypotheses_file(path, inputs.split, flag)))
+    return found

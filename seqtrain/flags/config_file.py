@@ -27,12 +27,18 @@ def _json_valued(key: str) -> bool:
 
 
 def _flatten(
-    path: str, values: dict[str, Any], lines: dict[str, int], out: dict[str, Any], out_lines: dict[str, int]
+    path: str,
+    values: dict[str, Any],
+    lines: dict[str, int],
+    out: dict[str, Any],
+    out_lines: dict[str, int],
+    sections: dict[str, int],
 ) -> None:
     for key, value in values.items():
         key = str(key)
         if isinstance(value, dict) and not _json_valued(key):
-            _flatten(path, value, lines.get(f"{key}.", {}), out, out_lines)  # type: ignore[arg-type]
+            sections.setdefault(key, lines.get(key, 0))  # type: ignore[arg-type]
+            _flatten(path, value, lines.get(f"{key}.", {}), out, out_lines, sections)  # type: ignore[arg-type]
             continue
         if key in out:
             where = f" line {lines[key]}" if lines.get(key) else ""
@@ -134,11 +140,12 @@ def _read_text(path: str) -> str:
         raise SeqtrainError(f"--config {path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
 
 
-def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
+def load_config(path: str) -> tuple[dict[str, Any], dict[str, int], dict[str, int]]:
     """Read a config file: a JSON object, or YAML (PyYAML's safe_load). Sections (nested mappings) are
-    flattened: {optimization: {lr: 0.1}} is lr: 0.1. Returns (values by flag name, line number of each key;
-    0 where unknown). Sizes are bounded before anything is built: the file (MAX_CONFIG_BYTES), its nesting
-    (MAX_NESTING), integers (MAX_INT_DIGITS); YAML aliases and keys given twice are refused."""
+    flattened: {optimization: {lr: 0.1}} is lr: 0.1. Returns (values by flag name, line number of each key
+    (0 where unknown), the section names with their lines: apply_config refuses one named like a flag). Sizes
+    are bounded before anything is built: the file (MAX_CONFIG_BYTES), its nesting (MAX_NESTING), integers
+    (MAX_INT_DIGITS); YAML aliases and keys given twice are refused."""
     import yaml  # PyYAML loads only when a --config file is given
 
     text = _read_text(path)
@@ -169,8 +176,9 @@ def load_config(path: str) -> tuple[dict[str, Any], dict[str, int]]:
         raise SeqtrainError(f"--config {path}: expected a mapping of flag names to values")
     flat: dict[str, Any] = {}
     flat_lines: dict[str, int] = {}
-    _flatten(path, values, lines, flat, flat_lines)
-    return flat, flat_lines
+    sections: dict[str, int] = {}
+    _flatten(path, values, lines, flat, flat_lines, sections)
+    return flat, flat_lines, sections
 
 
 def _convert(action: argparse.Action, value: Any, where: str) -> Any:
@@ -227,7 +235,7 @@ def actions_by_key(parser: argparse.ArgumentParser) -> dict[str, argparse.Action
 def config_values(parser: argparse.ArgumentParser, path: str, dests: Any) -> dict[str, Any]:
     """The values the config file `path` gives the flags of `parser` whose dest is in `dests`, converted and
     checked as apply_config converts them (by dest; a flag the file does not set is absent)."""
-    values, lines = load_config(path)
+    values, lines, _ = load_config(path)
     by_key = actions_by_key(parser)
     out: dict[str, Any] = {}
     for key, value in values.items():
@@ -238,6 +246,20 @@ def config_values(parser: argparse.ArgumentParser, path: str, dests: Any) -> dic
     return out
 
 
+def check_sections(path: str, sections: dict[str, int], *flags: dict[str, argparse.Action]) -> None:
+    """Refuse a section (a mapping in the file, load_config's `sections`) named like one of `flags` (config
+    keys, as actions_by_key makes them): `beam: {a: 1}` was read as `a: 1`, the beam lost."""
+    for name, line in sections.items():
+        key = name.lstrip("-")
+        # long names only: a section may well be called `a` or `s` (fairseq's -a for --arch, -s for --source-lang)
+        if len(key) > 1 and any(key in keys or key.replace("-", "_") in keys for keys in flags):
+            where = f"--config {path}" + (f" line {line}" if line else "") + f" ({name})"
+            raise SeqtrainError(
+                f"{where}: {name!r} is a flag, and its value is a mapping; give the flag a value (a mapping is a "
+                "section only under a name that is no flag)"
+            )
+
+
 def apply_config(
     parser: argparse.ArgumentParser,
     path: str,
@@ -245,10 +267,13 @@ def apply_config(
     lines: dict[str, int],
     strict: bool = True,
     ignore: dict[str, argparse.Action] | None = None,
+    sections: dict[str, int] | None = None,
 ) -> None:
     """Set config values as parser defaults. With strict, a key that is no flag of this parser is an error,
-    unless it is a key of `ignore` (the flags of the other CLI: one config serves training and generation)."""
+    unless it is a key of `ignore` (the flags of the other CLI: one config serves training and generation).
+    A section (`sections`, load_config's) named like a flag of either is an error (check_sections)."""
     by_key = actions_by_key(parser)
+    check_sections(path, sections or {}, by_key, ignore or {})
     defaults: dict[str, Any] = {}
     given: dict[str, str] = {}  # dest -> the key that set it
     for key, value in values.items():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from seqtrain.config import add_settings
@@ -26,7 +26,7 @@ from seqtrain.flags.parsers import (
     add_distributed_args,
     add_logging_args,
 )
-from seqtrain.flags.parsing import CONFIG_HEADER, add_choice_args, parse_args_and_arch
+from seqtrain.flags.parsing import CONFIG_HEADER, PER_CHOICE, add_choice_args, parse_args_and_arch
 from seqtrain.logging.trackers import TrackingConfig
 from seqtrain.optim import OptimizationConfig
 from seqtrain.optim.ema import EmaConfig
@@ -68,14 +68,22 @@ def add_checkpoint_args(parser: argparse.ArgumentParser) -> None:
     add_settings(parser, CheckpointConfig, "Checkpoint")
 
 
-def get_parser(desc: str, default_task: str = "translation") -> argparse.ArgumentParser:
+def add_loss_scaling_args(parser: argparse.ArgumentParser) -> Any:
+    """fairseq's fp16 loss-scaling flags (seqtrain.optim.loss_scaler): seqtrain-train's, which the generation
+    programs leave out (fairseq-generate accepts them). Returns the group."""
     from seqtrain.optim import loss_scaler  # imports torch: parsing stays free of it until a parser needs it
 
+    group = loss_scaler.add_args(parser)
+    _retitle(group, "fp16 loss scaling")
+    return group
+
+
+def get_parser(desc: str, default_task: str = "translation") -> argparse.ArgumentParser:
     parser = ArgumentParser(description=desc, allow_abbrev=False, formatter_class=HelpFormatter)
     add_common_args(parser)
     g = next(g for g in parser._action_groups if g.title == "Common")
     g.add_argument("--task", default=default_task, metavar="TASK", help="task (default: %(default)s)")
-    _retitle(loss_scaler.add_args(parser), "fp16 loss scaling")
+    add_loss_scaling_args(parser)
     add_logging_args(parser)
     return parser
 
@@ -102,7 +110,7 @@ def get_training_parser(default_task: str = "translation") -> argparse.ArgumentP
         metavar="ARCH",
         help=f"model architecture preset, required: {', '.join(ARCHS.names())}",
     )
-    _retitle(criterions.add_args(parser), "Criterion")
+    _retitle(criterions.add_args(parser), "Criterion")  # every criterion's flags: --help lists them all
     add_optimization_args(parser)
     add_settings(parser, EvalRougeConfig, group=dataset)
     add_freeze_args(parser)
@@ -121,7 +129,7 @@ def training_flags(choices: argparse.Namespace) -> dict[str, argparse.Action]:
     as config keys: the keys a generation program skips in a preset (one config serves both)."""
     try:
         other = get_training_parser()
-        for dest in ("task", "optimizer", "lr_scheduler"):
+        for dest in PER_CHOICE["train"]:
             add_choice_args(other, dest, getattr(choices, dest))
     except SeqtrainError:  # an unknown component is reported by the parser that owns it
         return {}
@@ -139,11 +147,12 @@ def parse_train_args(
     return parse_args_and_arch(get_training_parser(), argv, other_flags)
 
 
-def resolved_train_config(args: argparse.Namespace) -> str:
-    """The flags of a parsed seqtrain-train run as a YAML config file (see config_file.config_text)."""
+def resolved_train_config(flags: Mapping[str, Any]) -> str:
+    """A seqtrain-train run's flags (plain values by dest: its record, seqtrain.train.program.run_record) as a
+    YAML config file (see config_file.config_text)."""
+    args = argparse.Namespace(**flags)
     parser = get_training_parser()
-    add_choice_args(parser, "task", args.task)
-    add_choice_args(parser, "optimizer", args.optimizer)
-    add_choice_args(parser, "lr_scheduler", args.lr_scheduler)
+    for dest in PER_CHOICE["train"]:
+        add_choice_args(parser, dest, getattr(args, dest))
     _order_groups(parser)
     return config_text(parser, args, CONFIG_HEADER)

@@ -36,8 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from seqtrain.errors import SeqtrainError
+from seqtrain.generation.cpu_step import beam_candidates
 from seqtrain.generation.ngram import NGramRepeatBlocker
-from seqtrain.generation.search import BeamSearch, Sampling, continue_beams
+from seqtrain.generation.search import BeamSearch, GenerationConfig, Sampling, continue_beams, make_search
 
 LogProbs = Callable[[Tensor, float], Tensor]
 
@@ -96,50 +97,40 @@ class Candidates:
 
 
 class DecodeStep:
-    """The per-step rules of one generator's search (see the module docstring); SequenceGenerator's settings.
+    """The per-step rules of one generator's search (see the module docstring), built from its settings: the
+    search settings (search.GenerationConfig; beam, lengths, penalties, temperature, n-gram blocking), checked
+    where they came from (check_generation_args), and the model's and dictionary's facts.
 
-    `max_len` caps every sentence's output length (tokens before the final EOS: max_len - 1 at most);
+    `max_len` caps every sentence's output length (tokens before the final EOS: max_len - 1 at most; the model's
+    positions); `search` is the strategy (default: the one `config` names, search.make_search, on the CPU);
     `log_probs(logits, temperature)` turns the decoder's output into the next token's log-probabilities
     (default: `last_log_probs`)."""
 
     def __init__(
         self,
+        config: GenerationConfig,
         pad: int,
         unk: int,
         eos: int,
-        beam: int,
         *,
         max_len: int,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
-        min_len: int = 1,
-        match_source_len: bool = False,
-        normalize_scores: bool = True,
-        len_penalty: float = 1.0,
-        unk_penalty: float = 0.0,
-        temperature: float = 1.0,
-        no_repeat_ngram_size: int = 0,
         search: Any = None,
         log_probs: LogProbs | None = None,
     ):
-        if beam < 1:
-            raise SeqtrainError(f"--beam must be >= 1, got {beam}")
-        if temperature <= 0:
-            raise SeqtrainError(f"--temperature must be > 0, got {temperature}")
-        if max_len_a == 0 and not match_source_len and min_len > min(max_len_b, max_len - 1):
-            raise SeqtrainError(
-                f"--min-len {min_len} is larger than the max length {min(max_len_b, max_len - 1)}"
-            )
-        self.pad, self.unk, self.eos, self.beam = pad, unk, eos, beam
-        self.max_len, self.max_len_a, self.max_len_b = max_len, max_len_a, max_len_b
-        self.min_len = min_len
-        self.match_source_len = match_source_len
-        self.normalize_scores = normalize_scores
-        self.len_penalty = len_penalty
-        self.unk_penalty = unk_penalty
-        self.temperature = temperature
-        self.ngram_blocker = NGramRepeatBlocker(no_repeat_ngram_size) if no_repeat_ngram_size > 0 else None
-        self.search = search if search is not None else BeamSearch()
+        if config.max_len_a == 0 and not config.match_source_len and config.min_len > max_len - 1:
+            # (--min-len against --max-len-b is the settings' own check; this one is against the model)
+            raise SeqtrainError(f"--min-len {config.min_len} is larger than the max length {max_len - 1}")
+        self.pad, self.unk, self.eos, self.beam = pad, unk, eos, config.beam
+        self.max_len, self.max_len_a, self.max_len_b = max_len, config.max_len_a, config.max_len_b
+        self.min_len = config.min_len
+        self.match_source_len = config.match_source_len
+        self.normalize_scores = not config.unnormalized
+        self.len_penalty = config.lenpen
+        self.unk_penalty = config.unkpen
+        self.temperature = config.temperature
+        n = config.no_repeat_ngram_size
+        self.ngram_blocker = NGramRepeatBlocker(n) if n > 0 else None
+        self.search = search if search is not None else make_search(config, torch.device("cpu"))
         self._log_probs = log_probs or last_log_probs
 
     @property
@@ -191,10 +182,58 @@ class DecodeStep:
         n, beam = beams.cands_to_ignore.size(0), self.beam
         prev = beams.scores.view(n, beam, -1)[:, :, step - 1] if step > 0 else None
         cand_scores, cand_tokens, cand_beams = self.search.step(step, lprobs.view(n, beam, -1), prev)
-        cand_rows = cand_beams + torch.arange(n, device=lprobs.device).unsqueeze(1) * beam
-        eos = cand_tokens.eq(self.eos) & cand_scores.ne(-math.inf)
+        return self._as_candidates(cand_scores, cand_tokens, cand_beams, beams)
+
+    def _as_candidates(self, scores: Tensor, tokens: Tensor, hyps: Tensor, beams: Beams) -> Candidates:
+        n, beam = beams.cands_to_ignore.size(0), self.beam
+        rows = hyps + torch.arange(n, device=tokens.device).unsqueeze(1) * beam
+        eos = tokens.eq(self.eos) & scores.ne(-math.inf)
         eos[:, :beam] &= ~beams.cands_to_ignore
-        return Candidates(cand_scores, cand_tokens, cand_rows, eos)
+        return Candidates(scores, tokens, rows, eos)
+
+    def fusable(self, beams: Beams) -> bool:
+        """Whether `fused_candidates` can take this batch's steps: plain beam search of one model's logits, no
+        forced prefix."""
+        return (
+            type(self.search) is BeamSearch
+            and self._log_probs is last_log_probs
+            and beams.prefix is None
+            and not beams.eos_forced
+        )
+
+    def fused_candidates(
+        self, step: int, logits: Tensor, beams: Beams, unexpanded: bool
+    ) -> Candidates | None:
+        """`log_probs` then `candidates` in one pass per row (cpu_step.beam_candidates; the same candidates, the
+        scores to rounding), from the decoder's last-position logits (rows x V; one row per sentence when
+        `unexpanded`, step 0). None where the compiled step is unavailable or a logit is not finite: the caller
+        takes the two-step path."""
+        beam = self.beam
+        tokens = beams.tokens
+        if step == 0 and not unexpanded:  # beam search extends only the first of a sentence's identical rows
+            logits, tokens, unexpanded = logits[::beam], tokens[::beam], True
+        elif unexpanded:
+            tokens = tokens[::beam]
+        vocab = logits.size(-1)
+        k = min(2 * beam, (vocab if step == 0 else beam * vocab) - 1)
+        prev = None if step == 0 else beams.scores[:, step - 1]
+        out = beam_candidates(
+            logits,
+            prev,
+            k,
+            self.temperature,
+            self.pad,
+            self.unk,
+            self.unk_penalty,
+            self.eos,
+            step < self.min_len,
+            beams.max_lens.le(step),
+            tokens[:, : step + 1],
+            0 if self.ngram_blocker is None else self.ngram_blocker.n,
+        )
+        if out is None:
+            return None
+        return self._as_candidates(*out, beams)
 
     def advance(self, step: int, cands: Candidates, beams: Beams) -> Tensor:
         """Continue the first `beam` candidates per sentence that did not end; returns the rows (of the batch

@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -28,29 +29,29 @@ import torch.distributed as dist
 
 from seqtrain.config import from_args
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, stop_on_sigterm
+from seqtrain.fileio import check_outputs_apart, text_lines, write_files
 from seqtrain.generation import runner
 from seqtrain.generation.output import (
     Progress,
     check_file_writable,
     check_folder_writable,
     fairseq_lines,
-    write_files,
     write_out,
 )
-from seqtrain.generation.program import GenerateConfig, load_generation_model
-from seqtrain.generation.rerank import rerank
+from seqtrain.generation.program import GenerateConfig, load_generation_model, run_inputs
+from seqtrain.generation.rerank import check_rerank, rerank
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import check_generation_args
-from seqtrain.generation.sequence_generator import build_generator
+from seqtrain.generation.search import check_generation_args, flag_name
 from seqtrain.logging import setup_logging
-from seqtrain.scoring.rouge import format_summary, score_pairs
+from seqtrain.scoring.rouge import check_some_text, format_summary, score_pairs
 
 logger = logging.getLogger("seqtrain.generate")
 
 
 def read_text(path: str) -> list[str]:
-    """The lines of a text file ('-': stdin), without their newlines; errors name the file and line."""
+    """The lines of a text file ('-': stdin), without their line ends ("\\n" or "\\r\\n"), read with
+    seqtrain.fileio's bound on a line's length and strict UTF-8; errors name the file (or stdin) and line."""
     try:
         if path == "-":
             if sys.stdin is None:  # started with stdin closed (0<&-)
@@ -63,36 +64,34 @@ def read_text(path: str) -> list[str]:
             if raw is None:  # a text stream put in its place (tests, notebooks)
                 text = sys.stdin.read()
                 runner.check_utf8(text, "stdin", 1)
-            else:  # bytes, decoded strictly here: the C locale's 'surrogateescape' would let invalid ones through
-                data = raw.read()
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    start, line = data.rfind(b"\n", 0, e.start) + 1, data.count(b"\n", 0, e.start) + 1
-                    raise SeqtrainError(
-                        f"stdin:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start - start} of the "
-                        "line)"
-                    ) from None
-            return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+                return text.split("\n")[:-1] if text.endswith("\n") or not text else text.split("\n")
+            # bytes, decoded strictly: the C locale's 'surrogateescape' would let invalid ones through
+            return [line.removesuffix("\r") for line in text_lines(raw, "stdin")]
+        with open(path, "rb") as f:
+            return [line.removesuffix("\r") for line in text_lines(f, path)]
     except FileNotFoundError:
         raise SeqtrainError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise SeqtrainError(f"{path}: is a folder; give a text file, one document per line") from None
-    except UnicodeDecodeError as e:
-        with open(path, "rb") as f:
-            line = f.read(e.start).count(b"\n") + 1
-        raise SeqtrainError(f"{path}:{line}: invalid UTF-8") from None
     except OSError as e:
         raise SeqtrainError(f"{path}: cannot read ({e.strerror})") from None
-    lines = text.split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def check_settings(cfg: GenerateConfig) -> None:
+def results_file(cfg: GenerateConfig, name: str) -> str:
+    """--results-path's file `name` (generate.txt, hypotheses.txt, references.txt, rouge.json) for the split
+    generated: NAME-SPLIT.EXT, SPLIT being --gen-subset or "input" for --input."""
+    split = "input" if cfg.inputs.input is not None else cfg.dataset.gen_subset
+    stem, ext = os.path.splitext(name)
+    return os.path.join(cfg.load.results_path, f"{stem}-{split}{ext}")
+
+
+RESULT_FILES = ("generate.txt", "hypotheses.txt", "references.txt", "rouge.json")
+
+
+def check_settings(cfg: GenerateConfig, extra: Sequence[tuple[str, str]] = ()) -> None:
     """seqtrain-generate's checks across its settings, before anything loads; fills the defaults that depend
-    on others (--batch-size 32 without --max-tokens, --output-format by --input)."""
+    on others (--batch-size 32 without --max-tokens, --output-format by --input). Its outputs (and a calling
+    program's, `extra`) are checked against its inputs by seqtrain.fileio's rule."""
     ds, search, inputs, outputs = cfg.dataset, cfg.search, cfg.inputs, cfg.outputs
     if ds.batch_size is None and ds.max_tokens is None:
         ds.batch_size = 32
@@ -117,6 +116,10 @@ def check_settings(cfg: GenerateConfig) -> None:
         )
     if outputs.output_format is None:
         outputs.output_format = "text" if inputs.input is not None else "fairseq"
+    written = [("--output", outputs.output), ("--log-file", cfg.log.log_file), *extra]
+    if cfg.load.results_path:
+        written += [("--results-path", results_file(cfg, name)) for name in RESULT_FILES]
+    check_outputs_apart(written, run_inputs(cfg))
     if cfg.load.results_path:
         check_folder_writable(cfg.load.results_path, "--results-path")
     if outputs.output:
@@ -137,6 +140,8 @@ def open_dataset(cfg: GenerateConfig, loaded: runner.GenerationModel):
             raise SeqtrainError(
                 f"--reference {inputs.reference}: {len(refs)} lines for {len(lines)} inputs in {inputs.input}"
             )
+        if refs is not None:
+            check_some_text(refs, f"--reference {inputs.reference}", "references")
         src = runner.encode(loaded, lines)
         digest = hashlib.sha256("\n".join(lines).encode("utf-8", "surrogatepass")).hexdigest()
         return runner.text_dataset(loaded, src, truncate), np.array([len(s) for s in src]), refs, digest
@@ -169,23 +174,60 @@ def open_dataset(cfg: GenerateConfig, loaded: runner.GenerationModel):
     return runner.text_dataset(loaded, src, truncate, tgt), np.asarray(src.sizes), None, ""
 
 
-def _same_input_on_every_rank(cfg: GenerateConfig, raw_sizes: np.ndarray, content: str, world: int) -> None:
-    """Ranks split one input between them: refuse (on every rank, with the same line) inputs that differ, e.g.
-    another --input per rank, which used to end rank 0 with a KeyError while it merged the results."""
-    digest = hashlib.sha256(np.ascontiguousarray(raw_sizes, dtype=np.int64).tobytes())
-    digest.update(content.encode())
-    inp = cfg.inputs.input
-    name = inp if inp is not None else f"{cfg.data} --gen-subset {cfg.dataset.gen_subset}"
-    every: list[Any] = [None] * world
-    dist.all_gather_object(every, (name, len(raw_sizes), digest.hexdigest()))
-    other = next((r for r, x in enumerate(every) if x[1:] != every[0][1:]), None)
+def run_settings(cfg: GenerateConfig) -> dict[str, Any]:
+    """The settings that decide what a run generates, by flag: the search's, --rerank's, the output format and
+    the input settings (not the batching, which only the ranks' shares differ in)."""
+    inputs = cfg.inputs
+    settings = {flag_name(k): v for k, v in dataclasses.asdict(cfg.search).items()}
+    settings.update({flag_name(k): v for k, v in dataclasses.asdict(cfg.rerank).items()})
+    for dest in (
+        "post_process",
+        "compute_type",
+        "max_source_positions",
+        "max_target_positions",
+        "score_reference",
+    ):
+        settings[flag_name(dest)] = getattr(inputs, dest)
+    settings["--model-overrides"] = inputs.model_overrides
+    settings["--output-format"] = cfg.outputs.output_format
+    settings["--truncate-source"] = cfg.dataset.truncate_source
+    return settings
+
+
+def same_run(every: list[tuple[str, int, str, dict[str, Any]]]) -> None:
+    """Refuse (on every rank, with the same line) ranks that would not make one run: each rank's (input name,
+    example count, digest of the input, run_settings) as all_gather_object collected them. Other settings
+    (rank 0 --beam 5, rank 1 --beam 1) gave mixed output and exit 0; another --input per rank ended rank 0 with
+    a KeyError while it merged the results."""
+    first = every[0]
+    for rank, (*_, settings) in enumerate(every):
+        diff = [k for k in first[3] if settings.get(k) != first[3][k]]
+        if diff:
+            ours = ", ".join(f"{k} {first[3][k]}" for k in diff[:3])
+            theirs = ", ".join(f"{k} {settings.get(k)}" for k in diff[:3])
+            raise SeqtrainError(
+                f"the ranks have different generation settings: rank 0 {ours}, rank {rank} {theirs}; every rank "
+                "must generate with the same settings (the ranks split one run)"
+            )
+    other = next((r for r, x in enumerate(every) if x[1:3] != first[1:3]), None)
     if other is not None:
-        (name0, n0, _), (name1, n1, _) = every[0], every[other]
+        (name0, n0), (name1, n1) = first[:2], every[other][:2]
         same = " (the same name, other content)" if name0 == name1 else ""
         raise SeqtrainError(
             f"the ranks have different inputs: rank 0 has {n0} examples from {name0}, rank {other} {n1} from "
             f"{name1}{same}; every rank must generate for the same input (the ranks split it)"
         )
+
+
+def _same_run_on_every_rank(cfg: GenerateConfig, raw_sizes: np.ndarray, content: str, world: int) -> None:
+    """Ranks split one input between them, generating with the same settings: same_run on what every rank has."""
+    digest = hashlib.sha256(np.ascontiguousarray(raw_sizes, dtype=np.int64).tobytes())
+    digest.update(content.encode())
+    inp = cfg.inputs.input
+    name = inp if inp is not None else f"{cfg.data} --gen-subset {cfg.dataset.gen_subset}"
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, (name, len(raw_sizes), digest.hexdigest(), run_settings(cfg)))
+    same_run(every)
 
 
 def _world() -> tuple[int, int]:
@@ -206,22 +248,28 @@ def generate(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, A
         raise SeqtrainError(f"--log-file {cfg.log.log_file}: cannot write ({e.strerror})") from None
     rank, world = _world()
     try:
-        if world > 1:
-            if rank != 0:
-                logging.getLogger().setLevel(logging.WARNING)
-            use_cuda = torch.cuda.is_available() and not cfg.device.cpu
-            if use_cuda:
-                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-            dist.init_process_group("nccl" if use_cuda else "gloo")
-            try:
-                return _generate(cfg, out or sys.stdout, rank, world)
-            finally:
-                dist.destroy_process_group()
-        return _generate(cfg, out or sys.stdout, 0, 1)
+        with stop_on_sigterm():  # the outputs are written at the end: until then, nothing was
+            return _generate_on_ranks(cfg, out or sys.stdout, rank, world)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
+
+
+def _generate_on_ranks(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[str, Any]:
+    """One process's part: the whole run, or under torchrun this rank's share in a process group."""
+    if world == 1:
+        return _generate(cfg, out, 0, 1)
+    if rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    use_cuda = torch.cuda.is_available() and not cfg.device.cpu
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    try:
+        return _generate(cfg, out, rank, world)
+    finally:
+        dist.destroy_process_group()
 
 
 def _generate(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[str, Any]:
@@ -241,16 +289,15 @@ def _generate(cfg: GenerateConfig, out: TextIO, rank: int, world: int) -> dict[s
         generator: Any = SequenceScorer(loaded.model, loaded.lm.tgt_dict, search.packed_encoder)
     else:
         check_generation_args(search, rerank=bool(rr.rerank))
+        check_rerank(rr.rerank, search.beam)
         config = search
         if rr.rerank:  # it chooses among all --beam finished hypotheses: the search returns them all
             config = dataclasses.replace(config, nbest=config.beam)
-        generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
-        )
+        generator = runner.make_generator(loaded, config)
     ds, raw_sizes, refs, content = open_dataset(cfg, loaded)
     n = len(ds)
     if world > 1:
-        _same_input_on_every_rank(cfg, raw_sizes, content, world)
+        _same_run_on_every_rank(cfg, raw_sizes, content, world)
     shards, shard = cfg.outputs.num_shards, cfg.outputs.shard_id
     lo, hi = shard * n // shards, (shard + 1) * n // shards
     mine = np.arange(lo, hi)
@@ -346,19 +393,17 @@ def _write(
     if output:
         files[output] = "".join(x + "\n" for x in body)
     if results_path:
-
-        def path(name: str) -> str:
-            return os.path.join(results_path, f"{name}-{split}")
-
-        files[path("generate") + ".txt"] = "".join(x + "\n" for x in lines + [summary])
-        files[path("hypotheses") + ".txt"] = "".join(x + "\n" for x in hyps)
+        files[results_file(cfg, "generate.txt")] = "".join(x + "\n" for x in lines + [summary])
+        files[results_file(cfg, "hypotheses.txt")] = "".join(x + "\n" for x in hyps)
         if refs is not None:
-            files[path("references") + ".txt"] = "".join(x + "\n" for x in refs)
+            files[results_file(cfg, "references.txt")] = "".join(x + "\n" for x in refs)
         if rouge is not None:
             meta = dict(
                 checkpoint=cfg.load.path, split=split, beam=search.beam, lenpen=search.lenpen, n=len(hyps)
             )
-            files[path("rouge") + ".json"] = json.dumps({**meta, **rouge}, indent=2, sort_keys=True) + "\n"
+            files[results_file(cfg, "rouge.json")] = (
+                json.dumps({**meta, **rouge}, indent=2, sort_keys=True) + "\n"
+            )
     write_files(files)
     if not output:
         write_out(out, body)

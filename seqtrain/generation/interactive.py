@@ -13,16 +13,17 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import TextIO
 
 from seqtrain.config import from_args, setting, settings
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, stop_on_sigterm
+from seqtrain.fileio import MAX_LINE_BYTES, bounded_lines, check_outputs_apart, decode_line, line_too_long
 from seqtrain.flag_bounds import POSITIVE_INT
 from seqtrain.generation import runner
 from seqtrain.generation.output import fairseq_lines, write_out
-from seqtrain.generation.program import GenerateConfig, load_generation_model
+from seqtrain.generation.program import GenerateConfig, load_generation_model, run_inputs
 from seqtrain.generation.search import check_generation_args
-from seqtrain.generation.sequence_generator import build_generator
 from seqtrain.logging import setup_logging
 
 
@@ -56,6 +57,7 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
         raise SeqtrainError("--batch-size and --max-tokens must be positive")
     if not cfg.load.path:
         raise SeqtrainError("--path: give the checkpoint to generate with")
+    check_outputs_apart([("--log-file", cfg.log.log_file)], run_inputs(cfg))
     try:
         handler = setup_logging(sys.stderr, log_file=cfg.log.log_file)
     except OSError as e:
@@ -74,12 +76,11 @@ def interactive(args: argparse.Namespace, inp: TextIO | None = None, out: TextIO
     try:
         loaded = load_generation_model(cfg)
         check_generation_args(cfg.search)
-        generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, cfg.search, bos=loaded.start, eos=loaded.end
-        )
+        generator = runner.make_generator(loaded, cfg.search)
         if inp.isatty():
             logger.info(f"type a text and press Enter; answers come every {buffer_size} line(s); Ctrl-D ends")
-        return _loop(cfg, buffer_size, loaded, generator, inp, out, where)
+        with stop_on_sigterm(""):  # the answers printed so far stay
+            return _loop(cfg, buffer_size, loaded, generator, inp, out, where)
     finally:
         if close:
             inp.close()
@@ -97,21 +98,23 @@ def _loop(
     out: TextIO,
     where: str,
 ) -> int:
-    start, n_tok, t0 = 0, 0, time.perf_counter()
+    start, n_tok, n_truncated, t0 = 0, 0, 0, time.perf_counter()
     buffer: list[str] = []
-    lineno = 0
 
     max_src = min(loaded.model.max_positions()[0], cfg.inputs.max_source_positions)
 
     def answer() -> None:
-        nonlocal start, n_tok
+        nonlocal start, n_tok, n_truncated
         sources = runner.encode(loaded, buffer)
         too_long = [start + i for i, s in enumerate(sources) if len(s) > max_src]
-        if too_long:  # seqtrain-generate's warning, with the ids the fairseq output format numbers lines by
+        if too_long and not n_truncated:
+            # seqtrain-generate's warning, with the ids the fairseq output format numbers lines by; said once
+            # a session (not for every line typed), the last line counts them all
             logger.warning(
                 f"truncated {len(too_long)} of {len(sources)} sources longer than {max_src} tokens to fit; "
                 f"first ids: {too_long[:10]}"
             )
+        n_truncated += len(too_long)
         ds = runner.text_dataset(loaded, sources)
         order = runner.order_examples(ds, None, cfg.device.seed)
         batches = runner.plan_batches(ds, order, cfg.dataset.max_tokens, cfg.dataset.batch_size)
@@ -129,33 +132,39 @@ def _loop(
         start += len(buffer)
         buffer.clear()
 
-    # a file opened in text mode reads "\r\n" as "\n" (universal newlines); stdin never did
-    universal = inp is not sys.stdin
-    raw = getattr(inp, "buffer", None)  # a real file or stdin: read bytes and decode each line strictly here,
-    # whatever error handler the locale gave the text layer (the C locale's 'surrogateescape' let invalid bytes
-    # through as surrogates, to the tokenizer)
-    while True:
-        if raw is not None:
-            data = raw.readline()
-            try:
-                line = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise SeqtrainError(
-                    f"{where}:{lineno + 1}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte {e.start} of the line)"
-                ) from None
-            if universal and line.endswith("\r\n"):
-                line = line[:-2] + "\n"
-        else:
-            line = inp.readline()
-        if not line:
-            break
-        lineno += 1
-        runner.check_utf8(line, where, lineno)
-        buffer.append(line[:-1] if line.endswith("\n") else line)
+    for _, line in _lines(inp, where):
+        buffer.append(line)
         if len(buffer) >= buffer_size:
             answer()
     if buffer:
         answer()
     elapsed = time.perf_counter() - t0
-    logger.info(f"Generated {start} sentences ({n_tok} tokens) in {elapsed:.1f}s")
+    cut = f"; {n_truncated} sources truncated to {max_src} tokens" if n_truncated else ""
+    logger.info(f"Generated {start} sentences ({n_tok} tokens) in {elapsed:.1f}s{cut}")
     return start
+
+
+def _lines(inp: TextIO, where: str) -> Iterator[tuple[int, str]]:
+    """(line number, line without its line end) of `inp`, each read as it arrives, within seqtrain.fileio's
+    bound on a line's length. A real file or stdin is read as bytes, each line decoded strictly here, whatever
+    error handler the locale gave the text layer (the C locale's 'surrogateescape' let invalid bytes through as
+    surrogates, to the tokenizer); a file's "\\r\\n" ends a line as its "\\n" does (stdin's keeps the
+    "\\r", as it always did)."""
+    raw = getattr(inp, "buffer", None)
+    universal = inp is not sys.stdin
+    lineno = 0
+    while True:
+        if raw is not None:
+            data = next(bounded_lines(raw, where, lineno + 1), b"")
+            line = decode_line(data, where, lineno + 1)
+            if universal and line.endswith("\r\n"):
+                line = line[:-2] + "\n"
+        else:  # a text stream put in place of stdin (tests, notebooks)
+            line = inp.readline(MAX_LINE_BYTES + 1)
+            if len(line) > MAX_LINE_BYTES and not line.endswith("\n"):
+                raise line_too_long(where, lineno + 1)
+        if not line:
+            return
+        lineno += 1
+        runner.check_utf8(line, where, lineno)
+        yield lineno, line[:-1] if line.endswith("\n") else line

@@ -33,7 +33,6 @@ from seqtrain.generation.rerank import RerankConfig
 from seqtrain.generation.runner import CheckpointLoadConfig
 from seqtrain.generation.search import GenerationConfig, check_generation_args
 from seqtrain.generation.tune_flags import add_tune_args
-from seqtrain.optim import loss_scaler
 
 
 def _leave_out_group(
@@ -60,7 +59,7 @@ def get_generation_parser(
     parsers.add_common_args(parser, program)
     common = next(g for g in parser._action_groups if g.title == "Common")
     common.add_argument("--task", default=default_task, metavar="TASK", help="task (default: %(default)s)")
-    _leave_out_group(parser, loss_scaler.add_args)
+    _leave_out_group(parser, training.add_loss_scaling_args)
     parsers.add_logging_args(parser, program)
     dataset = data_options.add_dataset_args(parser, train=False, gen=True, program=program)
     parsers._retitle(dataset, "Dataset and batching")
@@ -134,7 +133,7 @@ def parse_generation_args(
     args = parsing.parse_args_and_arch(parser, argv, other_flags=_other_programs_flags(interactive))
     given = {a.dest for a in parser._actions if set(a.option_strings) & {x.split("=", 1)[0] for x in argv}}
     if args.config:
-        config, _ = load_config(args.config)
+        config, _, _ = load_config(args.config)
         given |= {str(k).lstrip("-").replace("-", "_") for k in config}
     args.given_flags = sorted(given)
     return args

@@ -1,5 +1,5 @@
-"""Where generation writes: output paths checked before any work, result files published together (whole or not
-at all), fairseq's S-/T-/H-/D-/P- lines, and the progress display."""
+"""Where generation writes: output paths checked before any work (the result files are published together, whole
+or not at all, by seqtrain.fileio.write_files), fairseq's S-/T-/H-/D-/P- lines, and the progress display."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import Output, output_target
+from seqtrain.fileio import output_target
 from seqtrain.flag_bounds import Bounds
 from seqtrain.generation.runner import decode
 
@@ -59,22 +59,33 @@ logger = logging.getLogger("seqtrain.generate")
 
 
 def check_folder_writable(folder: str, flag: str) -> None:
-    """Create `folder` if needed and prove a file can be written in it, or raise one line naming `flag`."""
+    """Prove a file can be written in `folder`, or, when it is missing, that it can be made (its nearest existing
+    parent is a writable folder), or raise one line naming `flag`. Nothing is left behind: a refused or
+    interrupted run leaves no empty folder (the writes at the end make it)."""
+    parent = os.path.abspath(folder)
+    while not os.path.lexists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise SeqtrainError(
+            f"{flag} {folder}: cannot write there ({parent} is not a folder); give a writable folder"
+        )
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".seqtrain-write-check.", dir=folder)
-        os.close(fd)
-        os.unlink(tmp)
+        if parent == os.path.abspath(folder):
+            fd, tmp = tempfile.mkstemp(prefix=".seqtrain-write-check.", dir=folder)
+            os.close(fd)
+            os.unlink(tmp)
+        else:
+            os.rmdir(tempfile.mkdtemp(prefix=".seqtrain-write-check.", dir=parent))
     except OSError as e:
         raise SeqtrainError(
             f"{flag} {folder}: cannot write there ({e.strerror}); give a writable folder"
         ) from None
 
 
-def check_file_writable(path: str, flag: str) -> None:
+def check_file_writable(path: str, flag: str, missing_ok: bool = False) -> None:
     """`path` can be written by seqtrain.fileio's rule: not a folder; a regular or missing file's folder (a
-    link's target's) exists and is writable; a device or FIFO is writable (not opened now: a FIFO's reader
-    would see the end of its input)."""
+    link's target's) exists (or, with `missing_ok`, can be made) and is writable; a device or FIFO is writable
+    (not opened now: a FIFO's reader would see the end of its input)."""
     try:
         target = output_target(path)
     except SeqtrainError as e:
@@ -86,38 +97,9 @@ def check_file_writable(path: str, flag: str) -> None:
             raise SeqtrainError(f"{flag} {path}: cannot write there (Permission denied)")
         return
     folder = os.path.dirname(target.where)
-    if not os.path.isdir(folder):
+    if not os.path.isdir(folder) and not missing_ok:
         raise SeqtrainError(f"{flag} {path}: folder {folder} does not exist; create it first")
     check_folder_writable(folder, flag)
-
-
-def write_files(files: dict[str, str]) -> None:
-    """Write every {path: text} by seqtrain.fileio's rule, all or none: the text of each regular output goes to
-    a temporary file next to its target first, then streams (devices, FIFOs) are written, then the temporary
-    files are renamed into place. When a write fails (full disk...), no file is replaced and the temporaries
-    are removed."""
-    targets = {path: output_target(path) for path in files}
-    done: list[Output] = []
-    try:
-        for streams in (False, True):
-            for path, text in files.items():
-                if targets[path].in_place != streams:
-                    continue
-                try:
-                    out = Output(path, "w", encoding="utf-8")
-                    done.append(out)
-                    out.file.write(text)
-                    out.finish()
-                except OSError as e:
-                    raise SeqtrainError(
-                        f"{path}: cannot write ({e.strerror}); no result file was written"
-                    ) from None
-    except BaseException:
-        for out in done:
-            out.discard()
-        raise
-    for out in done:
-        out.place()
 
 
 def fairseq_lines(

@@ -24,6 +24,7 @@ from typing import Any
 
 from seqtrain.config import setting, settings
 from seqtrain.errors import SeqtrainError
+from seqtrain.scoring.rouge import rouge_scorer
 
 
 @settings
@@ -46,6 +47,16 @@ class RerankConfig:
     )
 
 
+def check_rerank(method: str | None, beam: int) -> None:
+    """--rerank reorders the finished beam: with --beam 1 there is one hypothesis, nothing to choose among (a
+    silent no-op before)."""
+    if method and beam < 2:
+        raise SeqtrainError(
+            f"--rerank {method} chooses among the beam's finished hypotheses, and --beam {beam} leaves one: nothing "
+            "to rerank; give --beam 2 or more (or drop --rerank)"
+        )
+
+
 METHODS = ("length", "mbr")
 MBR_UTILITY = ("rouge1", "rouge2", "rougeL")  # F1 is symmetric in its two texts for these three
 
@@ -61,9 +72,7 @@ _SCORER: list[Any] = []
 def rouge_utility(a: str, b: str) -> float:
     """The MBR utility of two texts: the mean of ROUGE-1, ROUGE-2 and ROUGE-L F1 x 100 (symmetric in a, b)."""
     if not _SCORER:  # one scorer for the process: building one loads the stemmer's tables
-        from rouge_score import rouge_scorer  # here, not at the top: it loads nltk (~0.4 s of every start)
-
-        _SCORER.append(rouge_scorer.RougeScorer(list(MBR_UTILITY), use_stemmer=True))
+        _SCORER.append(rouge_scorer().RougeScorer(list(MBR_UTILITY), use_stemmer=True))
     scores = _SCORER[0].score(a, b)
     return 100.0 * sum(scores[k].fmeasure for k in MBR_UTILITY) / len(MBR_UTILITY)
 

@@ -35,9 +35,9 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
 from seqtrain.generation.ensemble import EnsembleModel
 from seqtrain.generation.scorer import SequenceScorer
-from seqtrain.generation.search import GenerationConfig, check_generation_args
-from seqtrain.generation.sequence_generator import generate_batch
-from seqtrain.models.int8 import COMPUTE_TYPES, int8_supported, quantize_int8
+from seqtrain.generation.search import GenerationConfig, check_generation_args, flag_name
+from seqtrain.generation.sequence_generator import build_generator, generate_batch
+from seqtrain.models.int8 import COMPUTE_TYPES, Int8Linear, int8_supported, quantize_int8
 from seqtrain.tasks.translation import infer_language_pair
 
 logger = logging.getLogger("seqtrain.generate")
@@ -220,15 +220,61 @@ def check_model_defaults(
         )
 
 
+def check_beam_width(config: GenerationConfig, vocab: int, name: Callable[[str], str] = flag_name) -> None:
+    """A beam the search can fill: each step's candidates are tokens of the target vocabulary less <pad>, which
+    no search picks, so beam search keeps at most `vocab` - 1 hypotheses (diverse beam search that many per
+    group); sampling draws with replacement and has no such limit. fairseq's generator caps --beam there
+    silently; a wider beam ended in a RuntimeError inside the search. `name` names the setting as the caller's
+    source does (check_generation_args's convention); `config` has passed check_generation_args."""
+    if config.sampling:
+        return
+    groups = max(config.diverse_beam_groups, 1)
+    if config.beam // groups > vocab - 1:
+        per = f" per group of {name('diverse_beam_groups')} {groups}" if groups > 1 else ""
+        raise SeqtrainError(
+            f"{name('beam')} {config.beam} is wider than the model's vocabulary allows: beam search keeps at most "
+            f"{vocab - 1} hypotheses{per} (its {vocab} target symbols less <pad>, which no search picks); give "
+            f"{name('beam')} {(vocab - 1) * groups} or less"
+        )
+
+
+def make_generator(
+    loaded: GenerationModel, config: GenerationConfig, name: Callable[[str], str] = flag_name
+) -> Any:
+    """The front ends' one way to a SequenceGenerator (seqtrain-generate, -interactive, -tune, Summarizer): the
+    checked settings held against the model (check_beam_width), then build_generator with its start and end
+    tokens."""
+    check_beam_width(config, len(loaded.lm.tgt_dict), name)
+    if config.static_decoding and is_int8(loaded):
+        raise SeqtrainError(
+            f"{name('static_decoding')}: static decoding runs float weights; not with the model's int8 linear "
+            "layers (compute_type int8)"
+        )
+    return build_generator(loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end)
+
+
+def is_int8(loaded: GenerationModel) -> bool:
+    """Whether the model runs int8 linear layers (set_compute_type's int8)."""
+    return any(isinstance(m, Int8Linear) for m in loaded.model.modules())
+
+
 def cast(
     loaded: GenerationModel,
     device: torch.device | str,
     dtype: torch.dtype | None = None,
     cudnn_attention: bool = False,
+    name: str = "cast",
 ) -> None:
     """Move the model to `device` and, when given, `dtype` (float16 / bfloat16 / float32). On CUDA, attention
     keeps off cuDNN's kernel unless `cudnn_attention` (seqtrain.cuda.set_cuda_kernels: incremental decoding
-    meets a new shape every step)."""
+    meets a new shape every step). A model with int8 linear layers stays an fp32 CPU model: another device or
+    dtype is refused here, naming the call (`name`), not deep inside the first search."""
+    if is_int8(loaded) and (torch.device(device).type != "cpu" or dtype not in (None, torch.float32)):
+        target = f"{torch.device(device).type}" if torch.device(device).type != "cpu" else str(dtype)
+        raise SeqtrainError(
+            f"{name}: the model runs int8 linear layers (compute_type int8), which take fp32 inputs on the CPU, "
+            f"not {target.replace('torch.', '')}; load it again without compute_type='int8' for that"
+        )
     loaded.lm.model = loaded.lm.model.to(device=device, dtype=dtype).eval()
     if torch.device(device).type == "cuda":
         set_cuda_kernels(tf32=None, cudnn_attention=cudnn_attention)
@@ -420,7 +466,7 @@ def check_utf8(text: str, where: str, line: int) -> None:
     except UnicodeEncodeError as e:
         before = text[: e.start]
         lineno = line + before.count("\n")
-        column = len(before[before.rfind("\n") + 1 :].encode("utf-8", "surrogateescape"))
+        column = len(before[before.rfind("\n") + 1 :].encode("utf-8", "surrogateescape")) + 1  # from 1
         char = ord(text[e.start])
         what = f"byte 0x{char - 0xDC00:02x}" if 0xDC80 <= char <= 0xDCFF else f"surrogate U+{char:04X}"
         raise SeqtrainError(

@@ -12,8 +12,9 @@ C = beam: candidate i always extends hypothesis i (the generator keeps finished 
 
 GenerationConfig is the search's settings, with fairseq's flag names and defaults (`fairseq-generate --beam 5
 --lenpen 1 ...`): seqtrain-generate's and -interactive's "Generation" flags, --eval-rouge-args, a Hugging Face
-generation_config.json and Summarizer.summarize(**flags) all describe one; check_generation_args is the one check
-of them, wherever they come from.
+generation_config.json and Summarizer.summarize(**flags) all describe one, and so do fairseq's SequenceGenerator
+keywords (keyword_config); check_generation_args is the one check of them, wherever they come from. The step body
+(decode_step.DecodeStep) is built from one, with the strategy it names (make_search).
 """
 
 from __future__ import annotations
@@ -272,7 +273,8 @@ class GenerationConfig:
     packed_encoder: bool | None = setting(
         None,
         "run the encoder pass on the sources' real tokens only (varlen attention), not padded; the same "
-        "encoder output (default: on CUDA in fp16/bf16; on the CPU for batches of 20%% pads or more)",
+        "encoder output (default: on CUDA in fp16/bf16; the compiled CPU step always packs; the eager CPU step "
+        "from 20%% pads)",
         action=argparse.BooleanOptionalAction,
     )
     temperature: float = setting(
@@ -386,3 +388,48 @@ def check_generation_args(
         )
     if (a.sampling_topk > 0 or a.sampling_topp > 0) and not a.sampling:
         raise SeqtrainError(f"{name('sampling_topk')}/{name('sampling_topp')} need {name('sampling')}")
+
+
+# fairseq's SequenceGenerator keywords for the step's search settings -> GenerationConfig's names (normalize_scores
+# is the opposite of --unnormalized)
+FAIRSEQ_KEYWORDS = {
+    "beam_size": "beam",
+    "max_len_a": "max_len_a",
+    "max_len_b": "max_len_b",
+    "min_len": "min_len",
+    "match_source_len": "match_source_len",
+    "normalize_scores": "unnormalized",
+    "len_penalty": "lenpen",
+    "unk_penalty": "unkpen",
+    "temperature": "temperature",
+    "no_repeat_ngram_size": "no_repeat_ngram_size",
+}
+
+
+def keyword_config(**keywords: Any) -> GenerationConfig:
+    """The search settings fairseq's SequenceGenerator keywords give (beam_size=4, len_penalty=1.5,
+    normalize_scores=False, max_len_b=..., ...; the others keep seqtrain-generate's defaults), checked as the
+    flags are (check_generation_args), each named by its keyword."""
+    values: dict[str, Any] = {}
+    names: dict[str, str] = {}
+    for key, value in keywords.items():
+        if key not in FAIRSEQ_KEYWORDS:
+            raise TypeError(f"SequenceGenerator() got an unexpected keyword argument {key!r}")
+        dest = FAIRSEQ_KEYWORDS[key]
+        values[dest] = (not value) if key == "normalize_scores" else value
+        names[dest] = key
+    config = GenerationConfig(**values)
+    check_generation_args(config, lambda dest: names.get(dest, dest))
+    return config
+
+
+def make_search(config: GenerationConfig, device: torch.device) -> Any:
+    """The search strategy `config` names: sampling (its draws seeded with config.seed, 1 when unset, on
+    `device`), diverse beam search, or beam search."""
+    if config.sampling:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(1 if config.seed is None else config.seed)
+        return Sampling(config.sampling_topk, config.sampling_topp, gen)
+    if config.diverse_beam_groups > 0:
+        return DiverseBeamSearch(config.diverse_beam_groups, config.diverse_beam_strength)
+    return BeamSearch()

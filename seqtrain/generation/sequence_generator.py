@@ -33,6 +33,7 @@ Output, per input sentence: up to nbest hypotheses, best first, each a dict like
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,8 +42,9 @@ from torch import Tensor
 
 from seqtrain.distributed import to_device
 from seqtrain.errors import SeqtrainError
+from seqtrain.generation import cpu_step
 from seqtrain.generation.decode_step import Beams, Candidates, DecodeStep, positional_scores
-from seqtrain.generation.search import BeamSearch, DiverseBeamSearch, GenerationConfig, Sampling
+from seqtrain.generation.search import GenerationConfig, keyword_config, make_search
 from seqtrain.generation.static_search import StaticSteps, static_generate
 
 Hypothesis = dict[str, Any]
@@ -53,60 +55,61 @@ class SequenceGenerator:
         self,
         model: torch.nn.Module,
         tgt_dict: Any,
-        beam_size: int = 5,
+        config: GenerationConfig | None = None,
+        *,
         nbest: int | None = None,
-        max_len_a: float = 0.0,
-        max_len_b: int = 200,
         max_len: int = 0,
-        min_len: int = 1,
-        normalize_scores: bool = True,
-        len_penalty: float = 1.0,
-        unk_penalty: float = 0.0,
-        temperature: float = 1.0,
-        match_source_len: bool = False,
-        no_repeat_ngram_size: int = 0,
         search_strategy: Any = None,
         bos: int | None = None,
         eos: int | None = None,
         static_decoding: bool = False,
         packed_encoder: bool | None = None,
+        cpu_step: bool | None = None,
+        **keywords: Any,
     ):
-        """`tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
-        max_positions()[1] - 1, as fairseq). `eos` is the token that ends a hypothesis (default: the dictionary's
-        </s>; mBART's translation task: the target's `[lang]`, as fairseq's `eos=`), `bos` the decoder start token
+        """`config`: the search settings (search.GenerationConfig, as build_generator passes them, checked by the
+        front end that read them); or fairseq's SequenceGenerator keywords for them (beam_size=5,
+        max_len_a=0.0, max_len_b=200, min_len=1, normalize_scores=True, len_penalty=1.0, unk_penalty=0.0,
+        temperature=1.0, match_source_len=False, no_repeat_ngram_size=0: search.keyword_config, checked as the
+        flags are). Either way they build the step body both loops run (decode_step.DecodeStep), in one place.
+        `tgt_dict` gives pad()/eos()/unk(). `max_len` caps the output length (0: the model's
+        max_positions()[1] - 1, as fairseq). `search_strategy`: the strategy (default: the one the settings
+        name, search.make_search). `eos` is the token that ends a hypothesis (default: the dictionary's </s>;
+        mBART's translation task: the target's `[lang]`, as fairseq's `eos=`), `bos` the decoder start token
         (default: `eos`, fairseq's convention). `nbest` hypotheses are returned per sentence (default: all
-        `beam_size` finalized ones, as fairseq's generate() does). `static_decoding`: decode with
+        `beam` finalized ones, as fairseq's generate() does). `static_decoding`: decode with
         seqtrain.generation.static_search (fixed-shape steps, CUDA graphs on CUDA, finished on the device); the
         same hypotheses. `packed_encoder`: the encoder pass on the sources' real tokens only (True), padded
         (False), or the encoder's choice (None: on CUDA in fp16/bf16, on the CPU from 20% pads; see `encode`);
-        the same encoder output, so the same hypotheses. The search settings go to `decode_step`, the step
-        body both loops run (decode_step.py)."""
+        the same encoder output, so the same hypotheses. `cpu_step`: on the CPU, decode with the compiled step
+        (cpu_step.py: the same hypotheses, scores to rounding) where it applies (None: unless
+        SEQTRAIN_CPU_STEP=eager), or never (False)."""
+        if config is None:
+            config = keyword_config(**keywords)
+        elif keywords:
+            raise TypeError(
+                f"SequenceGenerator: give the search settings as config or keywords, not both: {keywords}"
+            )
         self.model = model
         target_positions = model.max_positions()[1] if hasattr(model, "max_positions") else 1024
         eos = tgt_dict.eos() if eos is None else eos
+        if search_strategy is None:
+            search_strategy = make_search(config, next(model.parameters()).device)
         self.decode_step = DecodeStep(
+            config,
             tgt_dict.pad(),
             tgt_dict.unk(),
             eos,
-            beam_size,
             max_len=max_len or target_positions,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            min_len=min_len,
-            match_source_len=match_source_len,
-            normalize_scores=normalize_scores,
-            len_penalty=len_penalty,
-            unk_penalty=unk_penalty,
-            temperature=temperature,
-            no_repeat_ngram_size=no_repeat_ngram_size,
             search=search_strategy,
             # a model may bring its own next-token distribution: an ensemble (ensemble.py) averages its members'
             log_probs=getattr(model, "next_token_log_probs", None),
         )
         self.bos = eos if bos is None else bos
-        self.nbest = beam_size if nbest is None else nbest
+        self.nbest = config.beam if nbest is None else nbest
         self.static_decoding = static_decoding
         self.packed_encoder = packed_encoder
+        self.cpu_step = cpu_step
         self._static_steps: StaticSteps | None = None  # kept across batches: its buffers and CUDA graphs
 
     @property
@@ -138,6 +141,11 @@ class SequenceGenerator:
         sentence in src_tokens' order, its hypotheses best first."""
         was_training = self.model.training
         self.model.eval()
+        # Python's cycle collector off for the search: the loop allocates a few tensors a step, which trigger
+        # collections that walk every object of torch and the model (~180k: 11% of a CPU search's time on
+        # bart_small, docs/benchmarks.md); the search makes no cycles, and a later collection finds any
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             return self._generate(
                 src_tokens,
@@ -148,6 +156,8 @@ class SequenceGenerator:
             )
         finally:
             self.model.train(was_training)
+            if collecting:
+                gc.enable()
 
     # ------------------------------------------------------------------ the loop
 
@@ -163,30 +173,53 @@ class SequenceGenerator:
             return []
         if src_lengths is None:
             src_lengths = src_tokens.ne(self.decode_step.pad).sum(dim=1)
+        # the compiled CPU step's prepared weights (looked up once a batch: the lookup reads every weight)
+        cpu = None
+        if self.cpu_step is not False and src_tokens.device.type == "cpu":
+            cpu = cpu_step.for_model(self.model)
         if encoder_out is None:  # both loops' one pass
-            encoder_out = encode(self.model, src_tokens, src_lengths, self.packed_encoder)
+            encoder_out = encode(self.model, src_tokens, src_lengths, self.packed_encoder, cpu or False)
         if self.static_decoding:
             if self._static_steps is None:
                 self._static_steps = StaticSteps(self.model, self.beam_size)
             return static_generate(
                 self.decode_step, self._static_steps, encoder_out, src_tokens, prefix_tokens, bos, self.nbest
             )
-        return self._eager(encoder_out, src_tokens, prefix_tokens, bos)
+        return self._eager(encoder_out, src_tokens, prefix_tokens, bos, cpu)
+
+    def _decoder(self, encoder_out: Any, bsz: int, cpu: cpu_step.PackedModel | None) -> Any:
+        """This batch's decoder (`logits`, `reorder`): the compiled CPU step where it applies (`cpu`, the model's
+        prepared weights), else the model's incremental decoder."""
+        native = cpu.native_decoder() if cpu is not None else None
+        if native is None:
+            return ModelSteps(self.model, encoder_out)
+        return cpu_step.CompiledSteps(cpu, native, encoder_out, bsz, bsz * self.beam_size)
 
     def _eager(
-        self, encoder_out: Any, src_tokens: Tensor, prefix_tokens: Tensor | None, bos: int
+        self,
+        encoder_out: Any,
+        src_tokens: Tensor,
+        prefix_tokens: Tensor | None,
+        bos: int,
+        cpu: cpu_step.PackedModel | None = None,
     ) -> list[list[Hypothesis]]:
-        """The eager loop: the model's incremental decoder, finished hypotheses counted on the host (one sync a
-        step), finished sentences leaving the batch at once."""
-        model, body, beam, device = self.model, self.decode_step, self.beam_size, src_tokens.device
+        """The eager loop: the model's incremental decoder (or the compiled CPU step), finished hypotheses
+        counted on the host (one sync a step), finished sentences leaving the batch at once."""
+        body, beam, device = self.decode_step, self.beam_size, src_tokens.device
         bsz = src_tokens.size(0)
         beams = body.begin(src_tokens, prefix_tokens, bos)
+        decoder = self._decoder(encoder_out, bsz, cpu)
+        fused = isinstance(decoder, cpu_step.CompiledSteps) and body.fusable(beams)
+        if fused:  # plain beam search on the compiled step: the whole loop in C++ (this loop's rules)
+            found = decoder.search(body, beams, bos)
+            if found is not None:
+                return self._sorted(found)
+            decoder = self._decoder(encoder_out, bsz, cpu)  # a logit was not finite: this loop's masks decide
 
         # Finished hypotheses stay on the device until the search ends (_collect); the host keeps their counts.
         pending: list[tuple[list[int], Tensor, Tensor, Tensor]] = []
         counts = [0] * bsz
         active: list[int] = list(range(bsz))  # original index of each sentence still in the batch
-        state: dict[str, Any] = {}
         reorder: tuple[Tensor, Tensor | None] | None = None
 
         for step in range(beams.steps + 1):
@@ -194,19 +227,17 @@ class SequenceGenerator:
                 new_order, encoder_order = reorder
                 if step == 1 and beam > 1:
                     new_order = torch.div(new_order, beam, rounding_mode="floor")
-                model.decoder.reorder_incremental_state(state, new_order, encoder_order)
-                if encoder_order is not None:
-                    encoder_out = model.encoder.reorder_encoder_out(encoder_out, encoder_order)
+                decoder.reorder(new_order, encoder_order)
 
-            if step == 0 and beam > 1:
-                # The beams of a sentence are identical until the first choice: decode one row per sentence. Its
-                # cache rows are per sentence, so the first reorder maps beam rows to sentences.
-                logits, _ = model.decoder(beams.tokens[::beam, :1], encoder_out, incremental_state=state)
-                logits = logits.repeat_interleave(beam, dim=0)
-            else:
-                logits, _ = model.decoder(beams.tokens[:, : step + 1], encoder_out, incremental_state=state)
-            lprobs = body.log_probs(step, logits, beams)
-            cands = body.candidates(step, lprobs, beams)
+            # The beams of a sentence are identical until the first choice: step 0 decodes one row per sentence.
+            # Its cache rows are per sentence, so the first reorder maps beam rows to sentences.
+            unexpanded = step == 0 and beam > 1
+            logits = decoder.logits(beams.tokens[::beam, :1] if unexpanded else beams.tokens[:, : step + 1])
+            cands = body.fused_candidates(step, logits[:, -1], beams, unexpanded) if fused else None
+            if cands is None:
+                if unexpanded:
+                    logits = logits.repeat_interleave(beam, dim=0)
+                cands = body.candidates(step, body.log_probs(step, logits, beams), beams)
 
             # The step's one host-device sync: which of the top candidates end here. The first `beam` finished
             # per sentence are kept, as in fairseq.
@@ -251,6 +282,26 @@ class SequenceGenerator:
         final = self.decode_step.final_scores(step, eos_scores)
         return [active[j] for j, _ in picks], hyp_tokens, positional_scores(cum), final
 
+    def _sorted(self, found: list[list[tuple[float, list[int], list[float]]]]) -> list[list[Hypothesis]]:
+        """The compiled loop's finished hypotheses (per sentence, (final score, tokens, positional scores) in
+        the order they finished) as _collect returns its own: best first (a stable sort), nbest kept."""
+        out = []
+        for hyps in found:
+            hyps = sorted(hyps, key=lambda h: h[0], reverse=True)[: self.nbest]
+            out.append(
+                [
+                    {
+                        "tokens": torch.tensor(tokens, dtype=torch.long),
+                        "score": torch.tensor(score, dtype=torch.float32),
+                        "attention": None,
+                        "alignment": None,
+                        "positional_scores": torch.tensor(positional, dtype=torch.float32),
+                    }
+                    for score, tokens, positional in hyps
+                ]
+            )
+        return out
+
     def _collect(
         self, pending: list[tuple[list[int], Tensor, Tensor, Tensor]], bsz: int
     ) -> list[list[Hypothesis]]:
@@ -288,14 +339,41 @@ class SequenceGenerator:
         return out
 
 
+class ModelSteps:
+    """The model's incremental decoder for one batch, as the eager loop drives it (`logits`, `reorder`)."""
+
+    def __init__(self, model: torch.nn.Module, encoder_out: Any):
+        self.model, self.encoder_out = model, encoder_out
+        self.state: dict[str, Any] = {}
+
+    def logits(self, prev_output_tokens: Tensor) -> Tensor:
+        return self.model.decoder(prev_output_tokens, self.encoder_out, incremental_state=self.state)[0]
+
+    def reorder(self, new_order: Tensor, encoder_order: Tensor | None) -> None:
+        self.model.decoder.reorder_incremental_state(self.state, new_order, encoder_order)
+        if encoder_order is not None:
+            self.encoder_out = self.model.encoder.reorder_encoder_out(self.encoder_out, encoder_order)
+
+
 def encode(
-    model: torch.nn.Module, src_tokens: Tensor, src_lengths: Tensor | None, packed: bool | None
+    model: torch.nn.Module,
+    src_tokens: Tensor,
+    src_lengths: Tensor | None,
+    packed: bool | None,
+    compiled: bool | cpu_step.PackedModel = True,
 ) -> Any:
     """The encoder pass of generation (and of --score-reference) on a padded batch: packed (the real tokens only,
     models/varlen.py's attention; BartEncoder.forward_padded_as_packed) when `packed`, padded when False, the
     encoder's own choice when None (BartEncoder.packs_by_default). The output is laid out as the padded pass's
-    (B x S x C and the B x S pad mask), so everything above the encoder is the same either way. An encoder
-    without `supports_packed` (a caller's own model) runs as it always did."""
+    (B x S x C and the B x S pad mask), so everything above the encoder is the same either way. On the CPU, where
+    the compiled step applies (`compiled`: True, or the model's prepared weights when the caller has them;
+    cpu_step.for_model), the packed pass with its prepared products. An encoder without `supports_packed` (a
+    caller's own model) runs as it always did."""
+    cpu = compiled if isinstance(compiled, cpu_step.PackedModel) else None
+    if compiled is True and src_tokens.device.type == "cpu":
+        cpu = cpu_step.for_model(model)
+    if cpu is not None:
+        return cpu.encode(src_tokens, src_lengths)
     if getattr(model.encoder, "supports_packed", False):
         return model.encoder(src_tokens, src_lengths, packed=packed)
     return model.encoder(src_tokens, src_lengths)
@@ -321,15 +399,6 @@ def build_generator(
             f"build_generator takes a GenerationConfig (search.generation_config(args) converts parsed flags), "
             f"got {type(config).__name__}"
         )
-    if config.sampling:
-        device = next(model.parameters()).device
-        gen = torch.Generator(device=device)
-        gen.manual_seed(1 if config.seed is None else config.seed)
-        search: Any = Sampling(config.sampling_topk, config.sampling_topp, gen)
-    elif config.diverse_beam_groups > 0:
-        search = DiverseBeamSearch(config.diverse_beam_groups, config.diverse_beam_strength)
-    else:
-        search = BeamSearch()
     static = config.static_decoding
     ensemble = hasattr(model, "next_token_log_probs")  # the static step is one model's decoder (ensemble.py)
     if static and ensemble:
@@ -341,18 +410,8 @@ def build_generator(
     return SequenceGenerator(
         model,
         tgt_dict,
-        beam_size=config.beam,
+        config,
         nbest=config.nbest,
-        max_len_a=config.max_len_a,
-        max_len_b=config.max_len_b,
-        min_len=config.min_len,
-        normalize_scores=not config.unnormalized,
-        len_penalty=config.lenpen,
-        unk_penalty=config.unkpen,
-        temperature=config.temperature,
-        match_source_len=config.match_source_len,
-        no_repeat_ngram_size=config.no_repeat_ngram_size,
-        search_strategy=search,
         static_decoding=static,
         packed_encoder=config.packed_encoder,
         bos=bos,

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from seqtrain.criterions.projected_loss import align_rows, padded_weight
+from seqtrain.cuda import align_rows, padded_weight
 from seqtrain.models.lora import LoRALinear
 
 MIN_BUCKET = 16  # the smallest source and target capacity: fewer graphs for short inputs
@@ -107,7 +107,7 @@ class StepBuffers:
 
 def aligned_output_weight(decoder: nn.Module, dtype: torch.dtype, align: int | None = None) -> Tensor | None:
     """The decoder's output projection weight in `dtype`, zero-padded to a multiple of `align` rows (default:
-    8 on CUDA, none on the CPU; seqtrain.criterions.projected_loss.align_rows), or None when there is nothing
+    8 on CUDA, none on the CPU; seqtrain.cuda.align_rows), or None when there is nothing
     to pad or the projection is not a plain bias-free nn.Linear. At BART's odd V = 50,265 the logits' rows are
     not 16-byte aligned and cuBLAS runs the step's largest product in align1 kernels (~100 TFLOP/s against
     570-800 aligned, an H200 in bf16, 2026-12-04); the padded weight's extra logits are zero and sliced off."""

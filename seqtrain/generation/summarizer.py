@@ -25,7 +25,6 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
 from seqtrain.generation import runner
 from seqtrain.generation.search import GenerationConfig, check_generation_args
-from seqtrain.generation.sequence_generator import build_generator
 
 logger = logging.getLogger("seqtrain.generate")
 
@@ -90,17 +89,23 @@ class Summarizer:
         return dict(self._loaded.defaults)
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Summarizer:
-        runner.cast(self._loaded, device if device is not None else self.device, dtype)
-        return self
+        """Move the model to `device` and/or `dtype`. An int8 Summarizer (compute_type="int8") stays an fp32
+        CPU model: another device or dtype is refused at the call, in its words."""
+        given = ", ".join(f"{k}={v!r}" for k, v in (("device", device), ("dtype", dtype)) if v is not None)
+        return self._cast(device, dtype, f"Summarizer.to({given})")
 
     def half(self) -> Summarizer:
-        return self.to(dtype=torch.float16)
+        return self._cast(None, torch.float16, "Summarizer.half()")
 
     def bfloat16(self) -> Summarizer:
-        return self.to(dtype=torch.bfloat16)
+        return self._cast(None, torch.bfloat16, "Summarizer.bfloat16()")
 
     def float(self) -> Summarizer:
-        return self.to(dtype=torch.float32)
+        return self._cast(None, torch.float32, "Summarizer.float()")
+
+    def _cast(self, device: str | torch.device | None, dtype: torch.dtype | None, name: str) -> Summarizer:
+        runner.cast(self._loaded, device if device is not None else self.device, dtype, name=name)
+        return self
 
     # ------------------------------------------------------------------------------------------ summarize
     def summarize(
@@ -143,13 +148,11 @@ class Summarizer:
             GenerationConfig(), **{**self._loaded.defaults, **generation_flags, "seed": seed}
         )
         # the command line's check, naming the argument: before, lenpen=nan and beam="4" went into the search
-        check_generation_args(config, lambda dest: f"Summarizer.summarize({dest}=...)")
+        name = lambda dest: f"Summarizer.summarize({dest}=...)"  # noqa: E731
+        check_generation_args(config, name)
+        generator = runner.make_generator(self._loaded, config, name)  # held against the model's vocabulary
         if not texts:
             return []
-        loaded = self._loaded
-        generator = build_generator(
-            loaded.model, loaded.lm.tgt_dict, config, bos=loaded.start, eos=loaded.end
-        )
         ds = runner.text_dataset(self._loaded, runner.encode(self._loaded, texts))
         order = runner.order_examples(ds, None, seed)
         batches = runner.plan_batches(ds, order, max_tokens, batch_size)

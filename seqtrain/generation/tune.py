@@ -36,17 +36,18 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
-from seqtrain.checkpoint.generation_settings import make_stored, not_seqtrain, store_in_file
+from seqtrain.checkpoint.generation_settings import not_seqtrain, store_settings
 from seqtrain.checkpoint.hf_files import GENERATION_DEFAULTS, hf_generation_config
 from seqtrain.config import from_args
-from seqtrain.errors import SeqtrainError
+from seqtrain.errors import SeqtrainError, stop_on_sigterm
+from seqtrain.fileio import write_files
 from seqtrain.generation import generate as gen_mod
 from seqtrain.generation import runner
-from seqtrain.generation.output import check_file_writable, check_folder_writable, fairseq_lines, write_files
+from seqtrain.generation.output import check_file_writable, fairseq_lines
 from seqtrain.generation.program import GenerateConfig
-from seqtrain.generation.rerank import rerank
+from seqtrain.generation.rerank import check_rerank, rerank
 from seqtrain.generation.search import GenerationConfig, check_generation_args
-from seqtrain.generation.sequence_generator import build_generator, encode, generate_batch
+from seqtrain.generation.sequence_generator import encode, generate_batch
 from seqtrain.generation.tune_flags import METRICS, TUNABLE, TuneConfig
 from seqtrain.logging import setup_logging
 from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, mean_scores, paired_bootstrap
@@ -139,12 +140,7 @@ class Decoder:
     ) -> list[tuple[list[str], list[str]]]:
         """(hypotheses, references) in split.ids' order, for each of `all_settings`."""
         loaded, cfg, rr = self.loaded, self.cfg, self.cfg.rerank
-        generators = [
-            build_generator(
-                loaded.model, loaded.lm.tgt_dict, self.settings_config(s), bos=loaded.start, eos=loaded.end
-            )
-            for s in all_settings
-        ]
+        generators = [runner.make_generator(loaded, self.settings_config(s)) for s in all_settings]
         lenpen = 1.0 if rr.rerank_lenpen is None else rr.rerank_lenpen
         hyps: list[dict[int, str]] = [{} for _ in all_settings]
         refs: dict[int, str] = {}
@@ -197,12 +193,14 @@ def _key(settings: dict[str, Any]) -> tuple:
     return tuple(sorted(settings.items()))
 
 
-def valid_combination(cfg: GenerateConfig, settings: dict[str, Any], max_tgt: int) -> str | None:
+def valid_combination(cfg: GenerateConfig, settings: dict[str, Any], max_tgt: int, vocab: int) -> str | None:
     """Why a combination (cfg's search settings with `settings` changed) cannot run (seqtrain-generate would
-    refuse it), or None."""
+    refuse it, also for a beam wider than the model's `vocab` allows), or None."""
     a = dataclasses.replace(cfg.search, **settings)
     try:
         check_generation_args(a, rerank=bool(cfg.rerank.rerank))
+        runner.check_beam_width(a, vocab)
+        check_rerank(cfg.rerank.rerank, a.beam)
     except SeqtrainError as e:
         return str(e)
     if a.min_len > max_tgt - 1:
@@ -282,14 +280,18 @@ def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
     space(tcfg, cfg.search)
     cfg.inputs.scoring, cfg.outputs.output, cfg.load.results_path = "none", None, None
     cfg.outputs.output_format = "text"
-    gen_mod.check_settings(cfg)
-    os.makedirs(tcfg.tune_output, exist_ok=True)
-    check_folder_writable(tcfg.tune_output, "--tune-output")
-    if tcfg.tune_checkpoint:  # before the search's minutes, not after
-        check_file_writable(tcfg.tune_checkpoint, "--tune-checkpoint")
+    files = output_files(tcfg.tune_output)
+    # every output checked now, not after the search: not one of the inputs (seqtrain.fileio's rule), not a
+    # folder, writable; the folder itself is made only when the files are written
+    gen_mod.check_settings(cfg, [("--tune-output", path) for path in files.values()])
+    for path in files.values():
+        check_file_writable(path, "--tune-output", missing_ok=True)
+    if tcfg.tune_checkpoint:  # (it may be --path itself: replaced atomically)
+        check_file_writable(tcfg.tune_checkpoint, "--tune-checkpoint", missing_ok=True)
     handler = setup_logging(sys.stderr, log_file=cfg.log.log_file)
     try:
-        return _tune(cfg, tcfg, out)
+        with stop_on_sigterm(f"nothing was written to --tune-output {tcfg.tune_output}"):
+            return _tune(cfg, tcfg, out)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
@@ -308,8 +310,9 @@ def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
     max_src, max_tgt = loaded.model.max_positions()
     max_src = min(max_src, cfg.inputs.max_source_positions)
     max_tgt = min(max_tgt, cfg.inputs.max_target_positions)
+    vocab = len(loaded.lm.tgt_dict)
     given = {d: getattr(search_cfg, d) for d in (TUNABLE[n][0] for n in TUNABLE)}
-    why = valid_combination(cfg, given, max_tgt)
+    why = valid_combination(cfg, given, max_tgt, vocab)
     if why:
         raise SeqtrainError(why)
     ds, raw_sizes, refs, _ = gen_mod.open_dataset(cfg, loaded)
@@ -345,7 +348,7 @@ def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
         k = _key(settings)
         if k in seen:
             return seen[k]
-        reason = valid_combination(cfg, settings, max_tgt)
+        reason = valid_combination(cfg, settings, max_tgt, vocab)
         if reason:
             skipped_combos.append({"settings": settings, "reason": reason})
             logger.info(f"not tried: {_describe(settings)} ({reason})")
@@ -403,7 +406,7 @@ def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
         "files": {},
     }
     if tcfg.tune_checkpoint:  # first: tune.json names it
-        result["files"]["checkpoint"] = store_choice(cfg, tcfg, loaded, best, result)
+        result["files"]["checkpoint"] = store_choice(cfg, tcfg, best, result)
     result["files"] = write_outputs(cfg, tcfg.tune_output, loaded, best, result)
     out.write(table(result, n_sub))
     out.flush()
@@ -434,14 +437,17 @@ def preset_text(cfg: GenerateConfig, best: dict[str, Any], result: dict[str, Any
     return "\n".join(lines) + "\n"
 
 
+def output_files(folder: str) -> dict[str, str]:
+    """--tune-output's three files: the preset, the Hugging Face generation_config.json and tune.json."""
+    names = (("preset", "generation.yaml"), ("hf", "generation_config.json"), ("json", "tune.json"))
+    return {k: os.path.join(folder, n) for k, n in names}
+
+
 def write_outputs(
     cfg: GenerateConfig, folder: str, loaded: Any, best: dict[str, Any], result: dict[str, Any]
 ) -> dict[str, str]:
     """--tune-output's three files (in `folder`); returns their paths."""
-    paths = {
-        k: os.path.join(folder, n)
-        for k, n in (("preset", "generation.yaml"), ("hf", "generation_config.json"), ("json", "tune.json"))
-    }
+    paths = output_files(folder)
     settings = {**GENERATION_DEFAULTS, "max_len_a": cfg.search.max_len_a, **best}
     if settings["max_len_a"]:
         logger.warning(
@@ -461,20 +467,16 @@ def write_outputs(
     return paths
 
 
-def store_choice(
-    cfg: GenerateConfig, tcfg: TuneConfig, loaded: Any, best: dict[str, Any], result: dict[str, Any]
-) -> str:
-    """--tune-checkpoint: the --path checkpoint with the settings of the choice stored in it, over its own (a
-    setting not searched keeps the origin the checkpoint gave it); returns the path written."""
+def store_choice(cfg: GenerateConfig, tcfg: TuneConfig, best: dict[str, Any], result: dict[str, Any]) -> str:
+    """--tune-checkpoint: the --path checkpoint with the settings of the choice stored in it; returns the path."""
     json_path = os.path.join(tcfg.tune_output, "tune.json")
     chosen = f"seqtrain-tune ({LABELS[result['metric']]} on {result['subset']['n']} of {result['split']}; {json_path})"
-    searched = {TUNABLE[n][0] for n in tcfg.tune}
-    kept = {d: src for d, src in loaded.default_sources.items() if loaded.defaults.get(d) == best.get(d)}
-    sources = {d: chosen if d in searched else kept.get(d, "the seqtrain-tune command") for d in best}
-    stored = make_stored(best, sources, f"--tune-checkpoint {tcfg.tune_checkpoint}")
-    store_in_file(cfg.load.path, tcfg.tune_checkpoint, stored, unsafe=cfg.load.unsafe_load)
-    logger.info(f"{tcfg.tune_checkpoint}: the chosen settings stored in it: {stored.describe()}")
-    return tcfg.tune_checkpoint
+    searched, out = {TUNABLE[n][0] for n in tcfg.tune}, tcfg.tune_checkpoint
+    stored = store_settings(
+        cfg.load.path, out, best, searched, chosen, "the seqtrain-tune command", cfg.load.unsafe_load
+    )
+    logger.info(f"{out}: the chosen settings stored in it: {stored.describe()}")
+    return out
 
 
 def _json_default(x: Any) -> Any:

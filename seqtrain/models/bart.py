@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from seqtrain.config import add_settings, field_default, setting, settings
+from seqtrain.config import add_choice_settings, field_default, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import POSITIVE_FLOAT, PROBABILITY, Bounds
 from seqtrain.models.lora import apply_lora, parse_targets
@@ -586,22 +586,22 @@ def _fill_common(cfg: Any, dim: int, ffn: int, layers: int, heads: int) -> None:
     )
 
 
-@ARCHS.register("bart_large")
+@ARCHS.register("bart_large", config=BartConfig)
 def bart_large(cfg: Any) -> None:
     _fill_common(cfg, 1024, 4096, 12, 16)
 
 
-@ARCHS.register("bart_base")
+@ARCHS.register("bart_base", config=BartConfig)
 def bart_base(cfg: Any) -> None:
     _fill_common(cfg, 768, 3072, 6, 12)
 
 
-@ARCHS.register("bart_small")
+@ARCHS.register("bart_small", config=BartConfig)
 def bart_small(cfg: Any) -> None:
     _fill_common(cfg, 256, 1024, 3, 4)
 
 
-@ARCHS.register("bart_tiny")
+@ARCHS.register("bart_tiny", config=BartConfig)
 def bart_tiny(cfg: Any) -> None:
     _fill_common(cfg, 64, 128, 2, 4)
 
@@ -614,22 +614,26 @@ def _fill_mbart(cfg: Any) -> None:
     _fill(cfg, no_scale_embedding=False, encoder_normalize_before=True, decoder_normalize_before=True)
 
 
-@ARCHS.register("mbart_large")
+@ARCHS.register("mbart_large", config=BartConfig)
 def mbart_large(cfg: Any) -> None:
     _fill_mbart(cfg)
     bart_large(cfg)
 
 
-@ARCHS.register("mbart_base")
+@ARCHS.register("mbart_base", config=BartConfig)
 def mbart_base(cfg: Any) -> None:
     _fill_mbart(cfg)
     bart_base(cfg)
 
 
+ARCHS.common = BartConfig  # a --user-dir arch (a preset over BartConfig's fields) registered without settings
+
+
 def add_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-    """Model flags (fairseq's names): BartConfig's. All default to None so the --arch preset fills what is not
-    given; a flag another component already added (e.g. the task's --max-source-positions) is not added twice."""
-    return add_settings(parser, BartConfig)
+    """Model flags (fairseq's names): the settings the archs register with (BartConfig's; a --user-dir arch's
+    own after them). All default to None so the --arch preset fills what is not given; a flag another component
+    already added (e.g. the task's --max-source-positions) is not added twice."""
+    return add_choice_settings(parser, ARCHS.configs(), "Model configuration")
 
 
 def arch_config(arch: str = "bart_base", /, **given: Any) -> BartConfig:
@@ -648,14 +652,22 @@ def arch_config(arch: str = "bart_base", /, **given: Any) -> BartConfig:
     return cfg
 
 
-def build_model(cfg: BartConfig, src_dict: Any, tgt_dict: Any) -> BARTModel:
-    """A BARTModel of `cfg` (its preset already applied: the parsed flags, or arch_config) for these
-    dictionaries; their sizes set the vocabulary."""
+def as_built(cfg: BartConfig) -> BartConfig:
+    """`cfg` with the layer counts of the model build_model makes of it: fairseq's count follows
+    --encoder/decoder-layers-to-keep (a run's checkpoints record the model that was built)."""
     changes: dict[str, Any] = {}
-    for side in ("encoder", "decoder"):  # fairseq: the layer count follows the layers kept
+    for side in ("encoder", "decoder"):
         keep = parse_layers_to_keep(getattr(cfg, f"{side}_layers_to_keep"), f"--{side}-layers-to-keep")
         if keep is not None:
             changes[f"{side}_layers"] = len(keep)
+    return replace(cfg, **changes)
+
+
+def build_model(cfg: BartConfig, src_dict: Any, tgt_dict: Any) -> BARTModel:
+    """A BARTModel of `cfg` (its preset already applied: the parsed flags, or arch_config) for these
+    dictionaries; their sizes set the vocabulary."""
+    cfg = as_built(cfg)
+    changes: dict[str, Any] = {}
     for flag in ("share_decoder_input_output_embed", "layernorm_embedding"):
         if getattr(cfg, flag) is False:
             raise SeqtrainError(f"--{flag.replace('_', '-')} is always on in BART; it cannot be turned off")

@@ -1,8 +1,10 @@
 """int8 weights for CPU inference (`--compute-type int8`, CTranslate2's name): every projection of the encoder
 and decoder layers and the output projection become dynamically quantized linears, torch's quantized engine
 (fbgemm / x86 on x86 CPUs): weights int8 per output channel, activations quantized per batch at run time,
-int32 accumulation, fp32 out. Measured on the 2-core AVX2 development CPU at bart_small / bart_base shapes, one
-thread: 1.2-2x the fp32 matrix products (torch._weight_int8pack_mm, weight-only, was 50x slower there).
+int32 accumulation, fp32 out, packed for oneDNN's int8 kernels where fp32 goes to oneDNN (cpu_products.int8_engine:
+CPUs other than Intel's), else for torch's default engine. Measured on the 2-core AVX2 development CPU at
+bart_small / bart_base shapes, one thread: 1.2-2x the fp32 matrix products (torch._weight_int8pack_mm,
+weight-only, was 50x slower there); on a Zen 5 AVX-512 EPYC oneDNN's int8 ran 1.1-1.8x fbgemm's.
 
 The fused projections of the attention (q, k and v of self-attention; k and v of cross-attention), which the
 float model concatenates from the separate weights on the fly, are quantized fused once here. The token
@@ -15,6 +17,8 @@ import warnings
 
 import torch
 from torch import Tensor, nn
+
+from seqtrain.models.cpu_products import int8_engine
 
 COMPUTE_TYPES = ("default", "auto", "float32", "int8")
 
@@ -40,7 +44,12 @@ class Int8Linear(nn.Module):
             warnings.filterwarnings("ignore", "torch.quantize_per_tensor, torch.quantize_per_channel")
             q = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         b = None if bias is None else bias.detach().float()
-        self.packed = torch.ops.quantized.linear_prepack(q, b)
+        engine = torch.backends.quantized.engine
+        torch.backends.quantized.engine = int8_engine()  # the params keep the engine they were packed for
+        try:
+            self.packed = torch.ops.quantized.linear_prepack(q, b)
+        finally:
+            torch.backends.quantized.engine = engine
         self.in_features, self.out_features = w.size(1), w.size(0)
 
     @classmethod

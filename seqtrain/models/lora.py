@@ -13,7 +13,6 @@ and exports (fairseq and Hugging Face know nothing of adapters).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,9 +93,9 @@ def is_lora_key(name: str) -> bool:
     return name.endswith((".lora_A", ".lora_B"))
 
 
-def merge_lora(model: nn.Module, args: Any = None) -> int:
-    """Fold every adapter into its Linear (W + (alpha / R) B A), leaving plain Linears; returns how many. When
-    any was merged, `args.lora_rank` (the model's args, saved with exports) becomes 0: the model has none left."""
+def merge_lora(model: nn.Module) -> int:
+    """Fold every adapter into its Linear (W + (alpha / R) B A), leaving plain Linears; returns how many (the
+    caller's record of the model then says lora_rank 0: it has none left)."""
     count = 0
     for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
@@ -110,6 +109,4 @@ def merge_lora(model: nn.Module, args: Any = None) -> int:
                         plain.bias = nn.Parameter(child.bias.detach().clone())
                 setattr(module, child_name, plain)
                 count += 1
-    if count and args is not None:
-        args.lora_rank = 0
     return count

@@ -16,10 +16,10 @@ import math
 from dataclasses import field
 from typing import Any
 
-from seqtrain.config import setting, settings
+from seqtrain.config import add_choice_settings, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import FLOAT_MAX, POSITIVE_FLOAT, POSITIVE_INT, Bounds
-from seqtrain.optim.optimizers import Optimizer, add_component_args, parse_lr_list
+from seqtrain.optim.optimizers import Optimizer, parse_lr_list
 from seqtrain.registry import LR_SCHEDULERS
 
 
@@ -62,7 +62,7 @@ def _force_anneal() -> Any:
 class SchedulerConfig:
     """LR scheduler: what every schedule reads besides its own flags (the optimizer's, training's)"""
 
-    lr_scheduler: str = "fixed"  # the chosen --lr-scheduler (its class: SCHEDULER_CONFIGS)
+    lr_scheduler: str = "fixed"  # the chosen --lr-scheduler (its settings: LR_SCHEDULERS.config(name))
     lr: list[float] = field(default_factory=lambda: [0.25])  # --lr (the optimizer's flag)
     max_update: int = 0  # OptimizationConfig's --max-update
     maximize_best_checkpoint_metric: bool = False  # CheckpointConfig's
@@ -130,25 +130,22 @@ class CosineConfig(SchedulerConfig):
     lr_shrink: float = _lr_shrink()
 
 
-# each schedule's settings (fairseq registers a dataclass with each scheduler likewise)
-SCHEDULER_CONFIGS: dict[str, type] = {
-    "fixed": FixedConfig,
-    "inverse_sqrt": InverseSqrtConfig,
-    "polynomial_decay": PolynomialDecayConfig,
-    "reduce_lr_on_plateau": ReduceLROnPlateauConfig,
-    "cosine": CosineConfig,
-}
+LR_SCHEDULERS.common = (
+    SchedulerConfig  # what a --user-dir schedule registered without settings of its own reads
+)
 
 
 def add_args(parser: argparse.ArgumentParser, name: str | None = None) -> argparse._ArgumentGroup:
-    """Add `--lr-scheduler` and the flags of scheduler `name` (or of all schedulers; see optimizers.py)."""
+    """Add the flags of scheduler `name` (or of every registered one; see optimizers.add_args), then
+    `--lr-scheduler`."""
     existing = parser._option_string_actions
-    group = add_component_args(parser, "lr scheduler", SCHEDULER_CONFIGS, name)
+    configs = [LR_SCHEDULERS.config(name)] if name is not None else LR_SCHEDULERS.configs()
+    group = add_choice_settings(parser, configs, "LR scheduler" if name is None else f"LR scheduler ({name})")
     if "--lr-scheduler" not in existing:
         group.add_argument(
             "--lr-scheduler",
             default=name or "fixed",
-            choices=sorted(SCHEDULER_CONFIGS),
+            choices=list(LR_SCHEDULERS.names()),
             help="learning rate scheduler (fairseq names)",
         )
     return group
@@ -160,7 +157,7 @@ class LRScheduler:
     state_keys: tuple[str, ...] = ()
 
     def __init__(self, cfg: Any, optimizer: Optimizer):
-        self.cfg = cfg  # this schedule's settings (scheduler_config(name), filled once by the training loop)
+        self.cfg = cfg  # this schedule's settings (LR_SCHEDULERS.config(name), read once by seqtrain-train's front end)
         self.optimizer = optimizer
         self.lrs = parse_lr_list(self.cfg.lr)
         self.best: float | None = None
@@ -197,7 +194,7 @@ class LRScheduler:
         return self.optimizer.get_lr()
 
 
-@LR_SCHEDULERS.register("fixed")
+@LR_SCHEDULERS.register("fixed", config=FixedConfig)
 class FixedSchedule(LRScheduler):
     """lr = lrs[epoch - 1] (last one repeated); from --force-anneal on, lrs[-1] * lr_shrink^(epoch + 1 - fa)."""
 
@@ -230,7 +227,7 @@ class FixedSchedule(LRScheduler):
         return self.optimizer.get_lr()
 
 
-@LR_SCHEDULERS.register("inverse_sqrt")
+@LR_SCHEDULERS.register("inverse_sqrt", config=InverseSqrtConfig)
 class InverseSquareRootSchedule(LRScheduler):
     """Linear warmup from --warmup-init-lr to --lr over W updates, then lr * sqrt(W) / sqrt(num_updates)."""
 
@@ -259,7 +256,7 @@ class InverseSquareRootSchedule(LRScheduler):
         return self.lr
 
 
-@LR_SCHEDULERS.register("polynomial_decay")
+@LR_SCHEDULERS.register("polynomial_decay", config=PolynomialDecayConfig)
 class PolynomialDecaySchedule(LRScheduler):
     """Warmup lr * n/W for n <= W, then end + (lr - end) * (1 - (n - W)/(T - W))^power, end after T updates."""
 
@@ -307,7 +304,7 @@ class PolynomialDecaySchedule(LRScheduler):
         return self.optimizer.get_lr()
 
 
-@LR_SCHEDULERS.register("reduce_lr_on_plateau")
+@LR_SCHEDULERS.register("reduce_lr_on_plateau", config=ReduceLROnPlateauConfig)
 class ReduceLROnPlateauSchedule(LRScheduler):
     """Optional linear warmup; afterwards, at each epoch end, lr *= lr_shrink once the validation metric has not
     improved by a relative --lr-threshold for more than --lr-patience epochs (torch's ReduceLROnPlateau rule,
@@ -365,7 +362,7 @@ class ReduceLROnPlateauSchedule(LRScheduler):
         return self.optimizer.get_lr()
 
 
-@LR_SCHEDULERS.register("cosine")
+@LR_SCHEDULERS.register("cosine", config=CosineConfig)
 class CosineSchedule(LRScheduler):
     """SGDR (Loshchilov & Hutter): warmup to max_lr, then per period i of length period * t_mult^i,
     lr = min_i + (max_i - min_i) * (1 + cos(pi * t_curr / t_i)) / 2 with min_i, max_i shrunk by lr_shrink^i."""
@@ -422,13 +419,8 @@ class CosineSchedule(LRScheduler):
         return self.lr
 
 
-def scheduler_config(name: str) -> type:
-    """The settings class of scheduler `name` (a --user-dir schedule without one of its own: the common one)."""
-    return SCHEDULER_CONFIGS.get(name, SchedulerConfig)
-
-
 def build_lr_scheduler(cfg: SchedulerConfig, optimizer: Optimizer) -> LRScheduler:
-    """Build scheduler `cfg.lr_scheduler` (its settings: scheduler_config(name)) driving `optimizer`'s rate;
+    """Build scheduler `cfg.lr_scheduler` (its settings: LR_SCHEDULERS.config(name)) driving `optimizer`'s rate;
     a registered scheduler class, --user-dir ones included, gets `cfg` as fairseq's get their args."""
     name = cfg.lr_scheduler or "fixed"
     if name not in LR_SCHEDULERS:

@@ -4,11 +4,12 @@
 `get_lr / set_lr`, gradient helpers, and a state dict of plain tensors and Python values (so checkpoints load
 with `torch.load(weights_only=True)`).
 
-Flags are declared once per component in tables. `add_args(parser, name)` adds the flags of the chosen optimizer
-with fairseq's defaults (what fairseq does after it knows `--optimizer`); `add_args(parser)` adds the union of all
-optimizers' flags, where a flag whose default differs between optimizers (`--momentum`: nag 0.99, sgd 0.0) gets
-default None and the builder fills in the chosen optimizer's default. Flags already on the parser are skipped,
-so options.py may add shared ones (`--lr`, `--weight-decay`) itself.
+Each optimizer registers with its settings class (`@OPTIMIZERS.register("adam", config=AdamConfig)`, as fairseq
+registers a dataclass with each). `add_args(parser, name)` adds the flags of the chosen optimizer with fairseq's
+defaults (what fairseq does after it knows `--optimizer`); `add_args(parser)` adds the union of all optimizers'
+flags, where a flag whose default differs between optimizers (`--momentum`: nag 0.99, sgd 0.0) gets default None
+and each optimizer's settings keep their own default (seqtrain.config.add_choice_settings). Flags already on the
+parser are skipped, so a program may add shared ones (`--lr`, `--weight-decay`) itself.
 
 Why one module: the flag tables, the builders and the wrapper's gradient helpers (multiply_grads, clip_grad_norm
 and the fp16 divisor folded into fused AdamW's step, divide_grads_in_step) must agree on which torch optimizer
@@ -21,12 +22,11 @@ import argparse
 import ast
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import fields
 from typing import Any
 
 import torch
 
-from seqtrain.config import add_settings, field_default, setting, settings
+from seqtrain.config import add_choice_settings, setting, settings
 from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import POSITIVE_FLOAT, PROBABILITY, Bounds
 from seqtrain.optim.overrides import check_optimizer_overrides
@@ -62,28 +62,6 @@ def _lr_arg(value: str) -> list[float]:
         raise argparse.ArgumentTypeError(str(e).split(": ", 1)[-1]) from None
 
 
-def add_component_args(
-    parser: argparse.ArgumentParser, title: str, configs: dict[str, type], name: str | None
-) -> argparse._ArgumentGroup:
-    """Add the flags of component `name`'s settings class `configs[name]` (or of every component's when name is
-    None), skipping flags the parser already has. In the union case a flag with different defaults per component
-    defaults to None (each component's builder then reads its own default: seqtrain.config.from_args)."""
-    if name is not None and name not in configs:
-        raise SeqtrainError(f"unknown {title} {name!r}; choose from: {', '.join(sorted(configs))}")
-    chosen = [name] if name is not None else list(configs)
-    defaults: dict[str, set] = {}
-    for n in chosen:
-        for f in fields(configs[n]):
-            defaults.setdefault(f.name, set()).add(repr(field_default(f)))
-    group = parser.add_argument_group(title if name is None else f"{title} ({name})")
-    for n in chosen:
-        add_settings(parser, configs[n], group=group)
-    for action in group._group_actions:
-        if len(defaults.get(action.dest, ())) > 1:
-            action.default = None
-    return group
-
-
 def _literal_floats(value: Any, flag: str, n: int) -> tuple[float, ...]:
     """Parse fairseq's tuple-as-string flags ('(0.9, 0.999)') without eval."""
     try:
@@ -112,7 +90,7 @@ def _momentum(default: float) -> Any:
 class LrConfig:
     """Optimizer: the learning rate every optimizer takes"""
 
-    optimizer: str = "adam"  # the chosen --optimizer (its class: OPTIMIZER_CONFIGS; a plugin's: this one)
+    optimizer: str = "adam"  # the chosen --optimizer (its settings: OPTIMIZERS.config(name))
     # 0: weights stay as loaded (checks of loading and resuming)
     lr: list[float] = setting(
         [0.25],
@@ -180,24 +158,19 @@ class AdafactorConfig(LrConfig):
     warmup_init: bool = setting(False, "relative step warm-up: lr = min(1e-6*step, ...)", action="store_true")
 
 
-# each optimizer's settings (fairseq registers a dataclass with each optimizer likewise)
-OPTIMIZER_CONFIGS: dict[str, type] = {
-    "adam": AdamConfig,
-    "nag": NagConfig,
-    "sgd": SgdConfig,
-    "adafactor": AdafactorConfig,
-}
+OPTIMIZERS.common = LrConfig  # what a --user-dir optimizer registered without settings of its own reads
 
 
 def add_args(parser: argparse.ArgumentParser, name: str | None = None) -> argparse._ArgumentGroup:
-    """Add `--optimizer`, `--lr` and the optimizer flags (of `name`, or of all optimizers)."""
+    """Add the flags of optimizer `name` (or of every registered optimizer), then `--optimizer`."""
     existing = parser._option_string_actions
-    group = add_component_args(parser, "optimizer", OPTIMIZER_CONFIGS, name)
+    configs = [OPTIMIZERS.config(name)] if name is not None else OPTIMIZERS.configs()
+    group = add_choice_settings(parser, configs, "Optimizer" if name is None else f"Optimizer ({name})")
     if "--optimizer" not in existing:
         group.add_argument(
             "--optimizer",
             default=name or "adam",
-            choices=sorted(OPTIMIZER_CONFIGS),
+            choices=list(OPTIMIZERS.names()),
             help="optimizer (fairseq names)",
         )
     return group
@@ -484,7 +457,7 @@ def _trainable(params: Iterable) -> list:
     return [p for p in params if p.requires_grad]
 
 
-@OPTIMIZERS.register("adam")
+@OPTIMIZERS.register("adam", config=AdamConfig)
 def build_adam(c: AdamConfig, params: Iterable) -> Optimizer:
     """fairseq's adam (decoupled weight decay, i.e. AdamW). Differs from fairseq's own loop only in where eps
     enters the bias correction (torch: sqrt(v/bc2) + eps; fairseq: (sqrt(v) + eps)/sqrt(bc2)), which matters only
@@ -504,7 +477,7 @@ def build_adam(c: AdamConfig, params: Iterable) -> Optimizer:
         return Optimizer(torch.optim.AdamW(params, foreach=True, **kw), "adam")
 
 
-@OPTIMIZERS.register("nag")
+@OPTIMIZERS.register("nag", config=NagConfig)
 def build_nag(c: NagConfig, params: Iterable) -> Optimizer:
     return Optimizer(
         NAG(
@@ -517,7 +490,7 @@ def build_nag(c: NagConfig, params: Iterable) -> Optimizer:
     )
 
 
-@OPTIMIZERS.register("sgd")
+@OPTIMIZERS.register("sgd", config=SgdConfig)
 def build_sgd(c: SgdConfig, params: Iterable) -> Optimizer:
     return Optimizer(
         torch.optim.SGD(
@@ -531,7 +504,7 @@ def build_sgd(c: SgdConfig, params: Iterable) -> Optimizer:
     )
 
 
-@OPTIMIZERS.register("adafactor")
+@OPTIMIZERS.register("adafactor", config=AdafactorConfig)
 def build_adafactor(c: AdafactorConfig, params: Iterable) -> Optimizer:
     """fairseq's adafactor flags. With --relative-step the step size comes from the step count and --lr is
     ignored (fairseq refuses the combination, but its --lr always has a value, so it could never be used)."""
@@ -550,14 +523,9 @@ def build_adafactor(c: AdafactorConfig, params: Iterable) -> Optimizer:
     return Optimizer(opt, "adafactor")
 
 
-def optimizer_config(name: str) -> type:
-    """The settings class of optimizer `name` (a --user-dir optimizer without one of its own: LrConfig)."""
-    return OPTIMIZER_CONFIGS.get(name, LrConfig)
-
-
 def build_optimizer(cfg: LrConfig, params: Iterable) -> Optimizer:
     """Build optimizer `cfg.optimizer` over `params` (tensors; those without requires_grad are dropped, or param
-    groups). `cfg`: its settings (optimizer_config(name)); a registered builder, --user-dir ones included, gets
+    groups). `cfg`: its settings (OPTIMIZERS.config(name)); a registered builder, --user-dir ones included, gets
     it as fairseq's builders get their args (attribute access works the same)."""
     name = cfg.optimizer or "adam"
     if name not in OPTIMIZERS:

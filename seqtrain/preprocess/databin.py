@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import filecmp
 import functools
 import json
 import math
@@ -48,7 +49,7 @@ from seqtrain.data.tokenizer import (
     save_databin_tokenizer,
 )
 from seqtrain.errors import SeqtrainError, Stopped
-from seqtrain.fileio import atomic_write
+from seqtrain.fileio import MAX_LINE_BYTES, atomic_write, bounded_lines, line_too_long
 from seqtrain.preprocess import jsonl as preprocess_jsonl
 from seqtrain.preprocess import tables as preprocess_tables
 from seqtrain.preprocess.options import PreprocessConfig
@@ -254,6 +255,8 @@ def scan_text_file(path: str, allow_blank: bool = False) -> int:
             carry = buf[cut:]
             if cut:
                 n = _check_lines(path, buf[:cut], n, allow_blank)
+            if len(carry) > MAX_LINE_BYTES:  # seqtrain.fileio's bound: a file without line ends is no text
+                raise line_too_long(path, n + 1)
     if carry:
         n = _check_lines(path, carry + b"\n", n, allow_blank)
     if n == 0:
@@ -293,7 +296,7 @@ def line_chunks(path: str, n_chunks: int) -> list[tuple[int, int]]:
     with open(path, "rb") as f:
         for i in range(1, n_chunks):
             f.seek(size * i // n_chunks)
-            f.readline()  # move to the start of the next line
+            f.readline(MAX_LINE_BYTES + 1)  # move to the start of the next line (validated: within the bound)
             pos = min(f.tell(), size)
             if pos > bounds[-1]:
                 bounds.append(pos)
@@ -308,13 +311,13 @@ def _chunk_count(path: str, workers: int) -> int:
 
 
 def read_chunk(path: str, start: int, end: int) -> Iterator[str]:
-    """The lines (without line ending) in bytes [start, end) of an already validated file."""
+    """The lines (without line ending) in bytes [start, end) of an already validated file (scan_text_file);
+    read with seqtrain.fileio's bound on a line's length all the same."""
     with open(path, "rb") as f:
         f.seek(start)
         pos = start
-        while pos < end:
-            raw = f.readline()
-            if not raw:
+        for raw in bounded_lines(f, path):
+            if pos >= end:
                 break
             pos += len(raw)
             yield raw.decode("utf-8").rstrip("\r\n")
@@ -467,6 +470,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     check_settings(cfg)
     splits = collect_inputs(cfg)
     validate_inputs(cfg, splits)
+    inputs = read_files(cfg, splits)
     train = next((s for s in splits if s.name == "train"), None)
 
     destdir = cfg.data.destdir
@@ -512,7 +516,7 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
             json.dump(summary, f, indent=2)
             f.write("\n")
         with signals_deferred():  # no half data-bin: a SIGTERM / Ctrl-C now acts once every file is in place
-            publish(work, destdir)
+            publish(work, destdir, inputs)
             ok = True
     except Stopped as e:
         kept = f"the data-bin in {destdir} is whole" if ok else f"nothing was written to --destdir {destdir}"
@@ -527,14 +531,30 @@ def preprocess(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def publish(work: str, destdir: str) -> None:
+def read_files(cfg: PreprocessRun, splits: list[SplitInput]) -> list[tuple[str, str | None]]:
+    """The files preprocessing reads, as (flag, path) for seqtrain.fileio.check_outputs_apart."""
+    inputs = [(s.flag, path) for s in splits for path in [*s.paths.values(), s.jsonl_path]]
+    inputs += [("--srcdict", cfg.data.srcdict), ("--tgtdict", cfg.data.tgtdict)]
+    tok = cfg.tokenizer
+    return inputs + [(f"--{k.replace('_', '-')}", getattr(tok, k)) for k in ("spm_model", "gpt2_encoder_json",
+                                                                             "gpt2_vocab_bpe")]  # fmt: skip
+
+
+def publish(work: str, destdir: str, inputs: list[tuple[str, str | None]] = ()) -> None:
     """Move the finished files into destdir, each by seqtrain.fileio's rule for outputs (renamed over a regular
     file, written through a link, into a FIFO...); preprocess.json last, so its presence means the rest is
-    complete."""
+    complete. None replaces one of the `inputs` with other bytes (seqtrain.fileio.check_outputs_apart; the
+    same bytes lose nothing: --srcdict bin/dict.src.txt --destdir bin, adding a split to a data-bin)."""
     names = sorted(
         n for n in os.listdir(work) if os.path.isfile(os.path.join(work, n)) and not n.startswith(".")
     )
     names.sort(key=lambda n: n == "preprocess.json")
+    for name in names:
+        try:
+            fileio.check_outputs_apart([("--destdir", os.path.join(destdir, name))], inputs)
+        except SeqtrainError:
+            if not filecmp.cmp(os.path.join(work, name), os.path.join(destdir, name), shallow=False):
+                raise
     for name in names:
         fileio.output_target(os.path.join(destdir, name))  # a folder in the way: refused before any move
     for name in names:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from seqtrain.errors import SeqtrainError
-from seqtrain.fileio import JSONBoundsError, loads_bounded
+from seqtrain.fileio import JSONBoundsError, bounded_lines, decode_line, loads_bounded
 from seqtrain.preprocess.options import PreprocessConfig
 
 _LINE_BREAKS = re.compile(r"\r\n|[\r\n]")
@@ -63,13 +63,8 @@ def extract(path: str, lang_keys: dict[str, str], out_paths: dict[str, str]) -> 
     n = 0
     try:
         with open(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise SeqtrainError(
-                        f"{path}:{n}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line)"
-                    ) from None
+            for n, raw in enumerate(bounded_lines(f, path), 1):
+                line = decode_line(raw, path, n)
                 if not line.strip():
                     raise SeqtrainError(f"{path}:{n}: empty line (expected one JSON object per line)")
                 try:

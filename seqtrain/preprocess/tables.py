@@ -131,6 +131,27 @@ def _batches(fmt: str, path: str, keys: list[str], pa: Any) -> Iterator[Any]:
             yield batch.select(keys)
 
 
+def _texts(path: str, rows_before: int, key: str, column: Any, pa: Any) -> list[str | None]:
+    """A string column's values; invalid UTF-8 in one (a string column need not hold valid UTF-8: a lone
+    surrogate's bytes, written by another tool) is the line and jsonl readers' one-line error, naming the row
+    and key, where pyarrow's conversion raised a UnicodeDecodeError naming neither."""
+    try:
+        return column.to_pylist()
+    except (UnicodeDecodeError, pa.ArrowException):
+        raw = column.view(pa.large_binary() if pa.types.is_large_string(column.type) else pa.binary())
+        for i, value in enumerate(raw.to_pylist()):
+            if value is None:
+                continue
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SeqtrainError(
+                    f"{path}:{rows_before + i + 1}: {key!r} holds invalid UTF-8 (byte 0x{value[e.start]:02x} at "
+                    f"byte {e.start + 1} of the value), which is no text"
+                ) from None
+        raise
+
+
 def extract(fmt: str, path: str, lang_keys: dict[str, str], out_paths: dict[str, str]) -> int:
     """Write each lang's column values, one per line, to out_paths[lang]; returns the number of rows. Errors
     name PATH:ROW (PATH.parquet or the folder; rows counted from 1 over the whole split)."""
@@ -140,7 +161,7 @@ def extract(fmt: str, path: str, lang_keys: dict[str, str], out_paths: dict[str,
     n = 0
     try:
         for batch in _batches(fmt, path, keys, pa):
-            columns = {key: batch.column(key).to_pylist() for key in keys}
+            columns = {key: _texts(path, n, key, batch.column(key), pa) for key in keys}
             for i in range(batch.num_rows):
                 row = {key: columns[key][i] for key in keys}
                 n += 1

@@ -9,18 +9,16 @@ Newlines do not change ROUGE-1/2/L, whose tokenizer treats them as spaces.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import re
-import signal
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-from seqtrain.errors import SeqtrainError, Stopped
-from seqtrain.fileio import atomic_write
+from seqtrain.errors import SeqtrainError, stop_on_sigterm
+from seqtrain.fileio import atomic_write, check_outputs_apart, text_lines
 from seqtrain.scoring.settings import ScoreConfig
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -69,6 +67,16 @@ def check_lengths(lines: Sequence[str], name: str, line_names: bool = True) -> N
                 )
 
 
+def rouge_scorer() -> Any:
+    """rouge-score's rouge_scorer module, imported here (not at the top: it loads nltk, ~0.4 s of every program's
+    start), with its absl logger held to warnings: every scorer it builds logged `INFO | absl | Using default
+    tokenizer.` into each generate, tune and eval run. Every user of rouge-score imports it through this."""
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    from rouge_score import rouge_scorer as module  # here: it loads nltk, which only scoring needs
+
+    return module
+
+
 def example_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, list[float]]:
     """F1 x 100 of each ROUGE type for each aligned (hypothesis, reference) pair, in order. A line of more than
     MAX_WORDS words is refused before any is scored."""
@@ -78,10 +86,7 @@ def example_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict
         raise SeqtrainError("nothing to score: no hypotheses")
     check_lengths(hypotheses, "hypothesis", line_names=False)
     check_lengths(references, "reference", line_names=False)
-    # here, not at the top: rouge-score loads nltk (~0.4 s of every program's start)
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
+    scorer = rouge_scorer().RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     out: dict[str, list[float]] = {key: [] for key in ROUGE_TYPES}
     for hyp, ref in zip(hypotheses, references):
         scores = scorer.score(_prepare(ref), _prepare(hyp))  # rouge-score's order: (target, prediction)
@@ -105,17 +110,20 @@ def score_pairs(hypotheses: Sequence[str], references: Sequence[str]) -> dict[st
 
 
 def _read_lines(path: str) -> list[str]:
-    """One example per line; a final newline does not start an extra (empty) example."""
+    """One example per line (a final newline does not start an extra one; a "\\r" before it is dropped), read
+    with seqtrain.fileio's bound on a line's length and strict UTF-8, errors naming the file and line."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            return [line.removesuffix("\r") for line in text_lines(f, path)]
     except OSError as e:
         raise SeqtrainError(f"cannot read {path}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise SeqtrainError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if text.endswith("\n"):
-        text = text[:-1]
-    return [line.rstrip("\r") for line in text.split("\n")] if text else []
+
+
+def check_some_text(lines: Sequence[str], path: str, what: str) -> None:
+    """Refuse `lines` that are all empty (or only whitespace): every score against them would be 0, and such
+    a file is another file than meant (a column cut wrong, a failed export); `what`: "references", ..."""
+    if lines and not any(line.strip() for line in lines):
+        raise SeqtrainError(f"{path}: all {len(lines)} {what} are empty lines; nothing to score against")
 
 
 def _read_pair(sys_path: str, ref_path: str) -> tuple[list[str], list[str]]:
@@ -126,6 +134,7 @@ def _read_pair(sys_path: str, ref_path: str) -> tuple[list[str], list[str]]:
         )
     if not hyps:
         raise SeqtrainError(f"nothing to score: {sys_path} is empty")
+    check_some_text(refs, ref_path, "references")
     check_lengths(hyps, sys_path)
     check_lengths(refs, ref_path)
     return hyps, refs
@@ -231,6 +240,8 @@ __all__ = [
     "CONFIDENCE",
     "bootstrap_intervals",
     "check_lengths",
+    "check_some_text",
+    "rouge_scorer",
     "example_scores",
     "format_comparison",
     "format_intervals",
@@ -244,25 +255,6 @@ __all__ = [
 ]
 
 
-def _stop(signum: int, frame: Any) -> None:
-    raise Stopped(signum, f"stopped by {signal.Signals(signum).name}; nothing was written")
-
-
-@contextlib.contextmanager
-def _stoppable() -> Iterator[None]:
-    """SIGTERM ends scoring at once with one line and 143, as Ctrl-C does with `interrupted` and 130 (SIGTERM's
-    default action ended the process without a word, a scheduler's SIGTERM meeting it deep in a long LCS
-    table). Outside the main thread (a library caller's worker) signals cannot be handled: nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def score(cfg: ScoreConfig) -> dict[str, Any]:
     """seqtrain-score: print ROUGE of --sys against --ref (and write --json); with --bootstrap N the 95%
     intervals, with --compare OTHER the paired bootstrap test of --sys against OTHER; returns what --json
@@ -272,7 +264,10 @@ def score(cfg: ScoreConfig) -> dict[str, Any]:
     seed = cfg.seed
     if other and not n_boot:
         n_boot = 1000
-    with _stoppable():
+    check_outputs_apart(
+        [("--json", cfg.json)], [("--sys", cfg.sys), ("--ref", cfg.ref), ("--compare", other)]
+    )
+    with stop_on_sigterm():
         hyps, refs = _read_pair(cfg.sys, cfg.ref)
         per = example_scores(hyps, refs)
         out: dict[str, Any] = mean_scores(per)

@@ -12,7 +12,7 @@ from seqtrain.tasks.translation_from_pretrained_bart import TranslationFromPretr
 
 
 def task_class(name: str | None) -> Any:
-    """The registered task `name` (default translation); its settings class is its `config`."""
+    """The registered task `name` (default translation); its settings class: TASKS.config(name)."""
     name = name or "translation"
     if name not in TASKS:
         raise SeqtrainError(f"--task: unknown task {name!r}; choose from: {', '.join(TASKS.names())}")
@@ -20,7 +20,7 @@ def task_class(name: str | None) -> Any:
 
 
 def setup_task(cfg: Any) -> Any:
-    """Build task `cfg.task` from its settings (an instance of its class's `config`): dictionaries, tokenizer
+    """Build task `cfg.task` from its settings (an instance of TASKS.config(name)): dictionaries, tokenizer
     spec. A --user-dir task gets its config as fairseq's tasks get their args (attribute access works the same)."""
     return task_class(cfg.task).setup_task(cfg)
 

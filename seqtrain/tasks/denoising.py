@@ -106,11 +106,9 @@ class DenoisingConfig(TranslationConfig):
     seed: int = 1  # --seed (the noise draws from it)
 
 
-@TASKS.register("denoising")
+@TASKS.register("denoising", config=DenoisingConfig)
 class DenoisingTask(TranslationTask):
     """Rebuild token blocks of monolingual text from noised copies (BART's pretraining objective)."""
-
-    config: type = DenoisingConfig
 
     def __init__(self, cfg: DenoisingConfig, dictionary: Dictionary, tokenizer_spec: dict | None = None):
         super().__init__(cfg, dictionary, dictionary, tokenizer_spec)
@@ -133,6 +131,10 @@ class DenoisingTask(TranslationTask):
         logger.info(f"dictionary: {len(dictionary)} types")
         # the data-bin's tokenizer, checked against fairseq's --bpe flags where a command gives them
         return cls(cfg, dictionary, bpe_flags.databin_tokenizer(cfg.bpe, paths[0]).spec())
+
+    def dictionary_file(self, side: str) -> str:
+        """The one dict.txt of the monolingual data-bin, for both sides (the messages named dict.None.txt)."""
+        return os.path.join(self._paths(self.cfg)[0], "dict.txt")
 
     # ---------------------------------------------------------------------------------------------- data
     def noise(self) -> Noise:

@@ -8,7 +8,6 @@ defines one training / validation step. The data-bin layout is fairseq's: dict.{
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -18,8 +17,8 @@ from typing import Any
 import torch
 
 from seqtrain.checkpoint.load import load_model
-from seqtrain.config import add_settings, setting, settings
-from seqtrain.criterions import DistillationConfig, build_criterion
+from seqtrain.config import setting, settings
+from seqtrain.criterions import CriterionConfig, build_criterion
 from seqtrain.data.batching import batch_by_size, filter_by_size, resolve_max_positions
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.indexed_dataset import MMapIndexedDataset, check_token_ids
@@ -79,15 +78,12 @@ class TranslationConfig:
     langs: str | None = None  # --langs (translation_from_pretrained_bart's)
 
 
-@TASKS.register("translation", "summarization")
+TASKS.common = TranslationConfig  # what a --user-dir task registered without settings of its own reads
+
+
+@TASKS.register("translation", "summarization", config=TranslationConfig)
 class TranslationTask:
     """Translate a source sequence into a target sequence (summarization is the same task)."""
-
-    config: type = TranslationConfig  # its settings (fairseq registers a dataclass with each task likewise)
-
-    @classmethod
-    def add_args(cls, parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
-        return add_settings(parser, cls.config)
 
     def __init__(
         self,
@@ -300,15 +296,16 @@ class TranslationTask:
         """The model of `cfg` (the arch preset applied) for this task's dictionaries."""
         return build_model(cfg, self.src_dict, self.tgt_dict)
 
-    def build_criterion(self, cfg: DistillationConfig) -> Any:
-        """The criterion `cfg.criterion` of its settings (every criterion flag: DistillationConfig)."""
+    def build_criterion(self, cfg: CriterionConfig) -> Any:
+        """The criterion `cfg.criterion` of its settings (CRITERIONS.config(cfg.criterion))."""
         return build_criterion(cfg, self)
 
-    def data_files(self) -> tuple[str, dict[str, str | None]]:
-        """(the first data-bin folder, {"source": its source language, "target": ...}): where the messages
-        about this task's dictionaries point."""
+    def dictionary_file(self, side: str) -> str:
+        """The file of the `side` ("source", "target") dictionary in the first data-bin: where the messages about
+        this task's dictionaries point (dict.{lang}.txt; the denoising task's one dict.txt)."""
         d = self.cfg.dataset
-        return str(self.cfg.data or "").split(":")[0], {"source": d.source_lang, "target": d.target_lang}
+        lang = d.source_lang if side == "source" else d.target_lang
+        return os.path.join(str(self.cfg.data or "").split(":")[0], f"dict.{lang or side}.txt")
 
     def load_teacher(self, path: str) -> Any:
         """--teacher-path's model for distillation (seqtrain.criterions.distillation): criteria sit below the

@@ -42,7 +42,7 @@ def add_langs_flag(parser: argparse.ArgumentParser) -> None:
     add_settings(parser, LangsConfig)
 
 
-@TASKS.register("translation_from_pretrained_bart")
+@TASKS.register("translation_from_pretrained_bart", config=TranslationConfig)
 class TranslationFromPretrainedBARTTask(TranslationTask):
     """Translation with a model initialized from mBART: language tokens around every pair (module docstring)."""
 

@@ -471,6 +471,7 @@ class CheckpointManager:
             )
             return None, get_train_iterator(1)
         check_same_dictionaries(ck, trainer.task)
+        note_teacher_changes(ck.args, trainer.run_args, path)
         saved = trainer.load_state_dict(
             ck.state,
             path,
@@ -511,6 +512,30 @@ class CheckpointManager:
         return epoch_itr
 
 
+TEACHER_FLAGS = ("criterion", "teacher_path", "distill_temperature", "distill_alpha")
+
+
+def note_teacher_changes(stored: Any, current: dict[str, Any], path: str) -> None:
+    """A resume with another distillation teacher or its settings continues another objective: one warning
+    naming what changed (the teacher is no part of the checkpoint: a resume loads --teacher-path again, and
+    before, another teacher or temperature went unsaid)."""
+    stored = vars(stored) if not isinstance(stored, dict) else stored
+    if "distillation" not in str(current.get("criterion")) and "distillation" not in str(
+        stored.get("criterion")
+    ):
+        return
+    changed = [
+        f"--{k.replace('_', '-')} {stored.get(k)} -> {current.get(k)}"
+        for k in TEACHER_FLAGS
+        if k in stored and stored.get(k) != current.get(k)
+    ]
+    if changed:
+        logger.warning(
+            f"resuming {path} with another distillation objective: {', '.join(changed)}; the run continues "
+            "with the new one (restart from its weights with --finetune-from-model for a clean schedule)"
+        )
+
+
 @dataclass(frozen=True)
 class Resets:
     """The --reset-* flags a load applies (a relaunch resuming its own checkpoint applies none)."""
@@ -537,13 +562,13 @@ class Resets:
 def check_same_dictionaries(ck: CheckpointContents, task: Any) -> None:
     """Token ids only mean the same words under the same dictionary: a seqtrain checkpoint must be resumed with
     the data-bin it was trained on (embedding rows would otherwise be silently resized and misread)."""
-    data, langs = task.data_files() if hasattr(task, "data_files") else ("", {})
     for side, saved, have in (("source", ck.src_dict, task.src_dict), ("target", ck.tgt_dict, task.tgt_dict)):
         if saved is None or have is None:
             continue
         if saved != have:
-            lang = langs.get(side) or side
-            where = os.path.join(data, f"dict.{lang}.txt") if data else f"the {side} dictionary"
+            where = (
+                task.dictionary_file(side) if hasattr(task, "dictionary_file") else f"the {side} dictionary"
+            )
             raise SeqtrainError(
                 f"{ck.path} was trained with another {side} dictionary than {where} ({saved.difference(have)}); "
                 "resume with the data-bin it was trained on, or start from its weights with --finetune-from-model"

@@ -1,6 +1,7 @@
-"""Training: fairseq_cli/train.py's flow with seqtrain's components (`seqtrain-train` parses, then calls `train`).
+"""Training: fairseq_cli/train.py's flow with seqtrain's components (`seqtrain-train` parses, reads the flags once
+into a TrainConfig, seqtrain.train.program, then calls `train`).
 
-train(args) runs main on one process or on each rank (seqtrain.distributed.call_main). main: task -> model,
+train(cfg) runs main on one process or on each rank (seqtrain.distributed.call_main). main: task -> model,
 criterion -> Trainer -> resume (or --finetune-from-model) -> for each epoch: train -> validate and save (per
 --save-interval[-updates]) -> lr step; stops on --max-update, --max-epoch, --patience, --stop-time-hours or
 --stop-min-lr.
@@ -17,8 +18,8 @@ save, stop); its parts only make sense in that order, and the pieces that stand 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import copy
 import functools
 import logging
 import math
@@ -31,96 +32,93 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqtrain import distributed
-from seqtrain.checkpoint.fairseq import model_config
+from seqtrain import distributed, host_cpu
 from seqtrain.checkpoint.formats import read_checkpoint
-from seqtrain.checkpoint.options import CheckpointConfig
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
-from seqtrain.cuda import DeviceConfig, set_deterministic
+from seqtrain.cuda import set_deterministic
 from seqtrain.data.batching import resolve_max_positions
 from seqtrain.data.iterators import GroupedIterator
-from seqtrain.data.options import TrainDatasetConfig, check_dataset_args
+from seqtrain.data.options import check_dataset_args
 from seqtrain.data.pair_dataset import UpdateMerge
 from seqtrain.distributed import call_main, is_master
 from seqtrain.errors import SeqtrainError
+from seqtrain.fileio import check_outputs_apart, folder_files
 from seqtrain.flags.fairseq_compat import import_user_dir
 from seqtrain.flags.training import resolved_train_config
 from seqtrain.generation.options import preset_generation
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
-from seqtrain.logging.progress import LoggingConfig
-from seqtrain.logging.trackers import Tracker, TrackingConfig, make_trackers
-from seqtrain.optim.lr_scheduler import scheduler_config
-from seqtrain.optim.optimizers import optimizer_config
-from seqtrain.scoring.settings import EvalRougeConfig
-from seqtrain.tasks import setup_task, task_class
-from seqtrain.tasks.translation import TranslationConfig
-from seqtrain.train import host_cpu
+from seqtrain.logging.trackers import Tracker, make_trackers
+from seqtrain.models import as_built
+from seqtrain.tasks import setup_task
 from seqtrain.train.auto_tokens import resolve_max_tokens
 from seqtrain.train.checkpoints import CheckpointManager
+from seqtrain.train.program import TrainConfig, run_record
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain.train.savedir_lock import save_dir_lock
 from seqtrain.train.stop_signals import GracefulStop
-from seqtrain.train.trainer import AUTO, Trainer, TrainerConfig, rng_state, set_rng_state
+from seqtrain.train.trainer import AUTO, Trainer, rng_state, set_rng_state
 
 logger = logging.getLogger("seqtrain.train")
 
 
-def _master(args: argparse.Namespace) -> bool:
-    return is_master(from_args(distributed.LaunchConfig, args))
-
-
-def setup_train_logging(args: argparse.Namespace) -> logging.Handler | None:
+def setup_train_logging(cfg: TrainConfig) -> logging.Handler | None:
     """The log on stdout (as fairseq-train); --log-file adds a file handler (returned, so main can remove it).
     fairseq: only rank 0 reports; the others log warnings and errors (with their rank in the message)."""
-    if not _master(args):
+    if not is_master(cfg.launch):
         setup_logging(sys.stdout, logging.WARNING)
-        args.log_format = "none"
         return None
-    return setup_logging(sys.stdout, logging.INFO, args.log_file or None)
+    log_file = cfg.loop.logging.log_file
+    check_outputs_apart([("--log-file", log_file), ("--jsonl-log", cfg.tracking.jsonl_log)], _read_files(cfg))
+    return setup_logging(sys.stdout, logging.INFO, log_file or None)
 
 
-def check_args(args: argparse.Namespace) -> None:
-    data = check_dataset_args(from_args(TrainDatasetConfig, args))
-    args.max_tokens_valid, args.batch_size_valid = data.max_tokens_valid, data.batch_size_valid
-    for flag, value in (
-        ("log-interval", args.log_interval),
-        ("save-interval", args.save_interval),
-        ("validate-interval", args.validate_interval),
-    ):
-        if value < 1:
-            raise SeqtrainError(f"--{flag} must be at least 1")
-    if any(n < 1 for n in args.update_freq):
-        raise SeqtrainError(f"--update-freq values must be at least 1, got {args.update_freq}")
-    if args.profile < 0:
-        raise SeqtrainError("--profile must be 0 (off) or a number of updates")
-    if args.merge_max_tokens and args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
+def _read_files(cfg: TrainConfig) -> list[tuple[str, str | None]]:
+    """The files a training run reads, as (flag, path) for seqtrain.fileio.check_outputs_apart: the data-bins'
+    files, the checkpoints it may start from (also --save-dir's), the teacher and the EMA's seed."""
+    inputs = [("DATA", f) for d in (cfg.data_path or "").split(":") if d for f in folder_files(d)]
+    inputs += [("--save-dir", f) for f in folder_files(cfg.checkpoint.save_dir) if f.endswith(".pt")]
+    inputs += [
+        ("--restore-file", cfg.checkpoint.restore_file),
+        ("--finetune-from-model", cfg.checkpoint.finetune_from_model),
+        ("--teacher-path", getattr(cfg.criterion, "teacher_path", None)),  # the distillation criterion's
+        ("--ema-seed-model", cfg.ema.ema_seed_model),
+    ]
+    return inputs
+
+
+def check_settings(cfg: TrainConfig) -> None:
+    """What no single flag's range says: the batching settings (the validation ones filled from the training
+    ones, into cfg.data, as fairseq does) and the combinations a run refuses. On each rank: the launcher decides
+    the world size."""
+    check_dataset_args(cfg.data)
+    world, fsdp = cfg.launch.distributed_world_size, cfg.parallel.ddp_backend == "fully_sharded"
+    if cfg.loop.update.merge_max_tokens and world > 1 and fsdp:
         # ranks would run different numbers of passes per update; FSDP's forward passes are collectives
         raise SeqtrainError(
             "--merge-max-tokens is not supported with --ddp-backend fully_sharded; use c10d, or drop it"
         )
-    if args.max_tokens == "auto" and args.distributed_world_size > 1:
+    if cfg.data.max_tokens == AUTO and world > 1:
         raise SeqtrainError(
             "--max-tokens auto probes one device; with several ranks run it on one first and give the number "
             "it logs (--max-tokens N)"
         )
-    metric = args.best_checkpoint_metric
-    if metric.startswith("rouge") and not args.eval_rouge and not args.disable_validation:
+    metric = cfg.checkpoint.best_checkpoint_metric
+    if metric.startswith("rouge") and not cfg.rouge.eval_rouge and not cfg.loop.validation.disable_validation:
         raise SeqtrainError(
             f"--best-checkpoint-metric {metric} needs --eval-rouge (validation only reports "
             "ROUGE when it generates)"
         )
-    if args.eval_rouge:
-        if args.distributed_world_size > 1 and args.ddp_backend == "fully_sharded":
+    if cfg.rouge.eval_rouge:
+        if world > 1 and fsdp:
             # beam search runs a different number of forward passes per rank; FSDP's are collectives
             raise SeqtrainError(
                 "--eval-rouge is not supported with --ddp-backend fully_sharded; use c10d, or "
                 "score checkpoints with seqtrain-generate"
             )
 
-        generation_args(args.eval_rouge_args)  # a bad --eval-rouge-args fails now, not after the first epoch
+        # a bad --eval-rouge-args fails now, not after the first epoch
+        generation_args(cfg.rouge.eval_rouge_args)
 
 
 def model_summary(model: torch.nn.Module, task: Any) -> str:
@@ -153,189 +151,166 @@ def has_split(folder: str, split: str) -> bool:
         return False
 
 
-def task_config(args: argparse.Namespace) -> Any:
-    """The chosen task's settings (its class's `config`) from the parsed flags."""
-    return from_args(getattr(task_class(args.task), "config", TranslationConfig), args)
-
-
-def record_languages(args: argparse.Namespace, task: Any) -> None:
-    """Write the languages the task inferred from the data-bin into the flags: the checkpoints store the flags
-    as their `args`, as fairseq's do."""
-    data = getattr(getattr(task, "cfg", None), "dataset", None)
-    if data is not None:
-        args.source_lang, args.target_lang = data.source_lang, data.target_lang
-
-
-def trainer_config(args: argparse.Namespace) -> TrainerConfig:
-    """The Trainer's settings from the parsed flags, read once: its groups, and the chosen optimizer's and
-    schedule's own (a --user-dir one without a settings class of its own gets the common ones)."""
-    return from_args(
-        TrainerConfig,
-        args,
-        optim=from_args(optimizer_config(getattr(args, "optimizer", None) or "adam"), args),
-        schedule=from_args(scheduler_config(getattr(args, "lr_scheduler", None) or "fixed"), args),
-    )
-
-
-def build_trainer(args: argparse.Namespace, task: Any, model: torch.nn.Module, criterion: Any) -> Trainer:
-    """The Trainer of the parsed flags; the checkpoints it writes store them as their `args` (vars(args): the
-    same record, so what the loop settles later, --max-tokens auto's budget, is stored too), and the generation
-    settings of the --config preset under a key of their own (seqtrain.checkpoint.generation_settings)."""
-    generation = preset_generation(getattr(args, "config", None))
+def build_trainer(cfg: TrainConfig, task: Any, model: torch.nn.Module, criterion: Any) -> Trainer:
+    """The Trainer of a run's settings (TrainConfig.trainer's groups; the checkpoints' `args` record is given to
+    it once set-up has settled it: _train), with the generation settings of the --config preset, which the
+    checkpoints store under a key of their own (seqtrain.checkpoint.generation_settings)."""
+    generation = preset_generation(cfg.config)
     if generation is not None:
         logger.info(f"the checkpoints remember the preset's generation settings: {generation.describe()}")
-    return Trainer(trainer_config(args), task, model, criterion, vars(args), generation=generation)
+    return Trainer(cfg.trainer, task, model, criterion, generation=generation)
 
 
-def batch_budget(args: argparse.Namespace, trainer: Trainer, dataset: Any, limits: Any) -> None:
+def batch_budget(cfg: TrainConfig, trainer: Trainer, dataset: Any, limits: Any) -> None:
     """--max-tokens auto: probe the budget once, on the first launch (a resume took the stored one), and batch
-    with it from then on; --max-tokens-valid left unset follows it."""
-    resolve_max_tokens(trainer, dataset, limits, args.batch_size, args.required_batch_size_multiple)
-    if trainer.auto_max_tokens is not None and args.max_tokens == AUTO:
-        args.max_tokens = trainer.auto_max_tokens
-        if args.max_tokens_valid in (None, AUTO):
-            args.max_tokens_valid = trainer.auto_max_tokens
+    with it from then on (into cfg.data, which the record reads); --max-tokens-valid left unset follows it."""
+    data = cfg.data
+    resolve_max_tokens(trainer, dataset, limits, data.batch_size, data.required_batch_size_multiple)
+    if trainer.auto_max_tokens is not None and data.max_tokens == AUTO:
+        data.max_tokens = trainer.auto_max_tokens
+        if data.max_tokens_valid in (None, AUTO):
+            data.max_tokens_valid = trainer.auto_max_tokens
 
 
-def local_ranks(args: argparse.Namespace) -> int:
+def local_ranks(cfg: TrainConfig) -> int:
     """Training processes on this machine (they share its CPUs)."""
     local = os.environ.get("LOCAL_WORLD_SIZE")
-    return int(local) if local and local.isdigit() else max(1, args.distributed_world_size)
+    return int(local) if local and local.isdigit() else max(1, cfg.launch.distributed_world_size)
 
 
 # ---------------------------------------------------------------------------------------------------- main
-def train(args: argparse.Namespace) -> int:
-    """Train with the parsed flags (seqtrain.flags.training.parse_train_args) on one process or one per rank; returns
-    the exit code: 0, or 128 + signal number after a graceful stop (seqtrain.train.stop_signals). User errors raise
-    SeqtrainError."""
-    if from_args(DeviceConfig, args).deterministic:
+def train(cfg: TrainConfig) -> int:
+    """Train with the settings `cfg` (seqtrain.train.program.train_config of the parsed flags) on one process or
+    one per rank; returns the exit code: 0, or 128 + signal number after a graceful stop
+    (seqtrain.train.stop_signals). User errors raise SeqtrainError."""
+    if cfg.device.deterministic:
         # before any rank starts: spawned ranks inherit CUBLAS_WORKSPACE_CONFIG from this process's
         # environment (the Trainer sets torch's own settings again in each rank)
         set_deterministic()
-    return call_main(from_args(distributed.LaunchConfig, args), functools.partial(_rank_main, args)) or 0
+    return call_main(copy.deepcopy(cfg.launch), functools.partial(_rank_main, cfg)) or 0
 
 
-def _rank_main(args: argparse.Namespace, launch: distributed.LaunchConfig) -> int:
-    """main on one rank: the launcher's word on its place in the job goes into the flags it runs with."""
-    args.distributed_world_size, args.distributed_rank = (
-        launch.distributed_world_size,
-        launch.distributed_rank,
-    )
-    args.device_id = launch.device_id
-    return main(args)
+def _rank_main(cfg: TrainConfig, launch: distributed.LaunchConfig) -> int:
+    """main on one rank: its own copy of the settings, with the launcher's word on its place in the job."""
+    cfg = copy.deepcopy(cfg)
+    cfg.launch = launch
+    cfg.checkpoint.distributed_rank = launch.distributed_rank
+    cfg.checkpoint.distributed_world_size = launch.distributed_world_size
+    return main(cfg)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(cfg: TrainConfig) -> int:
     """Train in this process (one rank); returns train's exit code."""
     # a spawned rank is a fresh interpreter: its registries need the --user-dir plugins again
-    if getattr(args, "user_dir", None):
-        import_user_dir(args.user_dir)
-    file_handler = setup_train_logging(args)
+    if cfg.user_dir:
+        import_user_dir(cfg.user_dir)
+    file_handler = setup_train_logging(cfg)
     try:
-        return _main(args)
+        return _main(cfg)
     finally:
         if file_handler is not None:
             logging.getLogger().removeHandler(file_handler)
             file_handler.close()
 
 
-def _main(args: argparse.Namespace) -> int:
-    check_args(args)
-    if args.no_save:
-        return _train(args)
-    created = _master(args) and not os.path.exists(args.save_dir)
+def _main(cfg: TrainConfig) -> int:
+    check_settings(cfg)
+    save_dir = cfg.checkpoint.save_dir
+    if cfg.checkpoint.no_save:
+        return _train(cfg)
+    created = is_master(cfg.launch) and not os.path.exists(save_dir)
     try:
         # one run per --save-dir: the lock is held before anything there is read or deleted
-        with save_dir_lock(args.save_dir, args.distributed_rank, args.distributed_world_size):
-            return _train(args)
+        with save_dir_lock(save_dir, cfg.launch.distributed_rank, cfg.launch.distributed_world_size):
+            return _train(cfg)
     finally:
         if created:
             # a run that failed before writing anything (a wrong DATA path, a bad flag the task finds) leaves no
             # empty --save-dir behind; rmdir removes only an empty folder
             with contextlib.suppress(OSError):
-                os.rmdir(args.save_dir)
+                os.rmdir(save_dir)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _train(cfg: TrainConfig) -> int:
     # the full flags go to SAVE_DIR/config.yaml (and --print-config), not into the log: fairseq's one-line
-    # Namespace (3.5 KB) buried the lines a user reads first
-    config = resolved_train_config(args)  # the flags as given, before the task fills in what it infers
-    where = "not saved (--no-save)" if args.no_save else f"{os.path.join(args.save_dir, 'config.yaml')}"
+    # Namespace (3.5 KB) buried the lines a user reads first. The record before the task and the model exist:
+    # the flags as given (with the launcher's and the batching's settled values), not what the task infers
+    config = resolved_train_config(run_record(cfg))
+    data, ckpt, seed = cfg.data, cfg.checkpoint, cfg.device.seed
+    where = "not saved (--no-save)" if ckpt.no_save else f"{os.path.join(ckpt.save_dir, 'config.yaml')}"
     logger.info(
-        f"training {args.arch or '?'} on {args.data}; all flags: {where} (--print-config prints them)"
+        f"training {cfg.arch or '?'} on {cfg.data_path}; all flags: {where} (--print-config prints them)"
     )
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
-    task = setup_task(task_config(args))
-    record_languages(args, task)
-    for subset in args.valid_subset.split(","):
-        if not args.disable_validation:
+    task = setup_task(cfg.task)
+    for subset in data.valid_subset.split(","):
+        if not cfg.loop.validation.disable_validation:
             task.load_dataset(subset)
-    model = task.build_model(model_config(args))  # (the layer counts kept written into args)
-    criterion = task.build_criterion(from_args(DistillationConfig, args))
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
     logger.info(f"task: {type(task).__name__}")
     logger.info(f"model: {model_summary(model, task)}")  # one line of sizes, not the module tree
     logger.info(f"criterion: {type(criterion).__name__}")
 
-    trainer = build_trainer(args, task, model, criterion)
+    trainer = build_trainer(cfg, task, model, criterion)
     logger.info(f"num. model params: {trainer.num_params:,} (num. trained: {trainer.num_trained_params:,})")
-    threads = host_cpu.fit_threads(trainer.device.type, local_ranks(args))
+    threads = host_cpu.fit_threads(trainer.device.type, local_ranks(cfg))
     if threads:
         logger.info(threads)
     bf16_warning = host_cpu.bf16_cpu_warning(trainer.cfg.device.bf16, trainer.device.type)
     if bf16_warning:
         logger.warning(bf16_warning)
-    world = args.distributed_world_size
+    world, rank = cfg.launch.distributed_world_size, cfg.launch.distributed_rank
     logger.info(
         f"training on {world} device{'s' if world > 1 else ''} ({trainer.device.type}"
-        f"{', ' + args.ddp_backend if world > 1 else ''})"
+        f"{', ' + cfg.parallel.ddp_backend if world > 1 else ''})"
     )
-    logger.info(f"max tokens per device = {args.max_tokens} and max sentences per device = {args.batch_size}")
+    logger.info(f"max tokens per device = {data.max_tokens} and max sentences per device = {data.batch_size}")
 
     def get_train_iterator(epoch: int) -> Any:
-        split = args.train_subset
-        if split not in task.datasets or ":" in str(args.data):
+        split = data.train_subset
+        if split not in task.datasets or ":" in str(cfg.data_path):
             logger.info(f"loading train data for epoch {epoch}")
             task.load_dataset(split, epoch=epoch)
         # --max-tokens auto: probed once, on the first launch (a resume took the stored budget)
         limits = resolve_max_positions(trainer.model.max_positions(), task.max_positions())
-        batch_budget(args, trainer, task.dataset(split), limits)
+        batch_budget(cfg, trainer, task.dataset(split), limits)
         return task.get_batch_iterator(
             task.dataset(split),
-            max_tokens=args.max_tokens,
-            max_sentences=args.batch_size,
+            max_tokens=data.max_tokens,
+            max_sentences=data.batch_size,
             max_positions=trainer.model.max_positions(),
             ignore_invalid_inputs=True,
-            required_batch_size_multiple=args.required_batch_size_multiple,
-            seed=args.seed,
-            num_shards=args.distributed_world_size,
-            shard_id=args.distributed_rank,
-            num_workers=args.num_workers,
+            required_batch_size_multiple=data.required_batch_size_multiple,
+            seed=seed,
+            num_shards=world,
+            shard_id=rank,
+            num_workers=data.num_workers,
             epoch=epoch,
             split=split,
         )
 
-    manager = CheckpointManager(from_args(CheckpointConfig, args), config)
+    manager = CheckpointManager(ckpt, config)
     resumed, epoch_itr = manager.restore(trainer, get_train_iterator)
+    # set-up has settled everything the record holds (the languages, the model, --max-tokens auto's budget)
+    trainer.run_args = record = run_record(cfg, as_built(cfg.model))
     if trainer.save_adapters_only and trainer.lora_base is None:
         raise SeqtrainError(
             "--save-adapters-only: adapters need a base model file to be saved against; start from one with "
             "--finetune-from-model PATH"
         )
-    seed = trainer.cfg.ema.ema_seed_model
-    if seed and resumed is None:  # a first launch: the EMA starts from --ema-seed-model's
-        if not os.path.exists(seed):
-            raise SeqtrainError(f"--ema-seed-model {seed}: file not found")
-        trainer.seed_ema(read_checkpoint(seed, unsafe=args.unsafe_load, require_dict=False), seed)
+    ema_seed = trainer.cfg.ema.ema_seed_model
+    if ema_seed and resumed is None:  # a first launch: the EMA starts from --ema-seed-model's
+        if not os.path.exists(ema_seed):
+            raise SeqtrainError(f"--ema-seed-model {ema_seed}: file not found")
+        trainer.seed_ema(read_checkpoint(ema_seed, unsafe=ckpt.unsafe_load, require_dict=False), ema_seed)
     tracker = None
-    if _master(args):
-        tracking = from_args(TrackingConfig, args)
+    if is_master(cfg.launch):
         run_dir = None if manager.cfg.no_save else manager.cfg.save_dir
-        tracker = make_trackers(
-            tracking, from_args(LoggingConfig, args).tensorboard_logdir, run_dir, vars(args)
-        )
-    loop = TrainLoop(args, trainer, task, manager, tracker)
+        tracker = make_trackers(cfg.tracking, cfg.loop.logging.tensorboard_logdir, run_dir, record)
+    loop = TrainLoop(cfg, trainer, task, manager, tracker)
     try:
         with loop.stop:
             loop.run(epoch_itr, get_train_iterator)
@@ -358,32 +333,35 @@ class TrainLoop:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        cfg: TrainConfig,
         trainer: Trainer,
         task: Any,
         manager: CheckpointManager,
         tracker: Tracker | None,
     ):
-        self.args, self.trainer, self.task, self.manager = args, trainer, task, manager
+        self.cfg, self.trainer, self.task, self.manager = cfg, trainer, task, manager
         self.tracker = tracker
         self.profiler: Any | None = None
         self.stop = GracefulStop()
         self.rouge: Any | None = None
-        if args.eval_rouge:
-            self.rouge = RougeValidator(
-                from_args(EvalRougeConfig, args), task, from_args(DeviceConfig, args).seed, args.prepend_bos
-            )
+        # the settings the loop reads (rank 0 reports; the other ranks' progress bars print nothing)
+        self.update, self.validation, self.data = cfg.loop.update, cfg.loop.validation, cfg.data
+        self.logging = cfg.loop.logging
+        self.log_format = self.logging.log_format if is_master(cfg.launch) else "none"
+        self.world, self.rank = cfg.launch.distributed_world_size, cfg.launch.distributed_rank
+        if cfg.rouge.eval_rouge:
+            self.rouge = RougeValidator(cfg.rouge, task, cfg.device.seed, cfg.data.prepend_bos)
         self.eta = Eta(trainer.get_num_updates())
         self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
         self.validations = 0  # this launch's, for the end summary
         self.stopped_by = ""  # the rule that ended training, for the end summary (checkpoint_rule)
 
     def run(self, epoch_itr: Any, get_train_iterator: Any) -> None:
-        args, trainer = self.args, self.trainer
-        max_epoch = args.max_epoch or math.inf
-        if args.max_update > 0 and trainer.get_num_updates() >= args.max_update:
+        update, trainer = self.update, self.trainer
+        max_epoch = update.max_epoch or math.inf
+        if update.max_update > 0 and trainer.get_num_updates() >= update.max_update:
             logger.info(
-                f"already at --max-update {args.max_update} ({trainer.get_num_updates()} updates): nothing to do"
+                f"already at --max-update {update.max_update} ({trainer.get_num_updates()} updates): nothing to do"
             )
             return
         self.dry_run_validation()
@@ -393,7 +371,7 @@ class TrainLoop:
             while epoch_itr.next_epoch_idx <= max_epoch:
                 self.check_has_batches(epoch_itr)
                 agreed = distributed.agree(
-                    {"stop": self.stop.requested, "min_lr": lr <= args.stop_min_lr}, trainer.device
+                    {"stop": self.stop.requested, "min_lr": lr <= update.stop_min_lr}, trainer.device
                 )
                 # a stop asked for between updates (or in an epoch without one) ends the run here
                 if agreed["stop"]:
@@ -403,7 +381,7 @@ class TrainLoop:
                 if agreed["min_lr"]:
                     logger.info(
                         f"stopping training because current learning rate ({lr}) is smaller than or equal "
-                        f"to minimum learning rate (--stop-min-lr={args.stop_min_lr})"
+                        f"to minimum learning rate (--stop-min-lr={update.stop_min_lr})"
                     )
                     break
                 should_stop = self.train_epoch(epoch_itr)
@@ -412,7 +390,7 @@ class TrainLoop:
                 lr = trainer.get_lr()
                 epoch_itr = get_train_iterator(epoch_itr.next_epoch_idx)
             else:
-                self.stopped_by = f"--max-epoch {args.max_epoch}"
+                self.stopped_by = f"--max-epoch {update.max_epoch}"
 
     def check_has_batches(self, epoch_itr: Any) -> None:
         """An epoch without a batch would repeat forever: refuse it (the count is the same on every rank)."""
@@ -420,33 +398,33 @@ class TrainLoop:
             return
         src, tgt = self.trainer.model.max_positions()
         raise SeqtrainError(
-            f"epoch {epoch_itr.next_epoch_idx}: the training split {self.args.train_subset!r} has no batch: "
-            f"every example is longer than the limits (--max-tokens {self.args.max_tokens}, "
+            f"epoch {epoch_itr.next_epoch_idx}: the training split {self.data.train_subset!r} has no batch: "
+            f"every example is longer than the limits (--max-tokens {self.data.max_tokens}, "
             f"--max-source-positions {src}, --max-target-positions {tgt}); raise them or pass --truncate-source"
         )
 
     # ------------------------------------------------------------------------------------------------ one epoch
     def train_epoch(self, epoch_itr: Any) -> bool:
-        args, trainer = self.args, self.trainer
+        update, trainer = self.update, self.trainer
         itr = epoch_itr.next_epoch_itr(shuffle=True)
         epoch = epoch_itr.epoch
-        update_freq = args.update_freq[min(epoch, len(args.update_freq)) - 1]
+        update_freq = update.update_freq[min(epoch, len(update.update_freq)) - 1]
         merge = self.update_merge(epoch_itr, update_freq)
         grouped = GroupedIterator(itr, update_freq, merge=merge)
         progress = progress_lib.progress_bar(
             grouped,
-            args.log_format,
+            self.log_format,
             epoch=epoch,
             total=len(grouped),
             offset=grouped.n,
             tracker=self.tracker,
-            no_progress_bar=args.no_progress_bar,
+            no_progress_bar=self.logging.no_progress_bar,
         )
         self.eta.set_target(
-            args.max_update, args.max_epoch, epoch, trainer.get_num_updates() - grouped.n, len(grouped)
+            update.max_update, update.max_epoch, epoch, trainer.get_num_updates() - grouped.n, len(grouped)
         )
         trainer.begin_epoch(epoch)
-        if args.distributed_world_size > 1:  # a rank whose shard runs short steps on this, with zero weight
+        if self.world > 1:  # a rank whose shard runs short steps on this, with zero weight
             trainer.set_dummy_batch(epoch_itr.first_batch)
         logger.info("Start iterating over samples")
         should_stop = False
@@ -460,7 +438,7 @@ class TrainLoop:
                 progress.eta = self.eta.text(num_updates)
                 if num_updates == self.eta.start_updates + 1:
                     self.first_update_line(num_updates)
-                if num_updates % args.log_interval == 0:
+                if num_updates % self.logging.log_interval == 0:
                     progress.log(self.training_stats("train_inner"), tag="train_inner", step=num_updates)
                     trainer.meters["train_inner"].reset()
             end_of_epoch = epoch_itr.end_of_epoch()
@@ -491,24 +469,24 @@ class TrainLoop:
 
     def update_merge(self, epoch_itr: Any, update_freq: int) -> UpdateMerge | None:
         """With --merge-max-tokens (and --update-freq > 1), what turns an update's batches into its passes."""
-        if not self.args.merge_max_tokens or update_freq < 2:
+        if not self.update.merge_max_tokens or update_freq < 2:
             return None
         if not hasattr(epoch_itr.dataset, "merge_update"):
             raise SeqtrainError(
                 f"--merge-max-tokens: the task's dataset ({type(epoch_itr.dataset).__name__}) cannot merge "
                 "batches; drop the flag"
             )
-        return UpdateMerge(epoch_itr.dataset, self.args.merge_max_tokens)
+        return UpdateMerge(epoch_itr.dataset, self.update.merge_max_tokens)
 
     def agreed_stops(self) -> dict[str, bool]:
         """After an update: should training stop for a signal, the time budget or --max-update? Decided by all
         ranks together (a rank's own clock may be ahead of the others')."""
-        args, trainer = self.args, self.trainer
+        update, trainer = self.update, self.trainer
         hours = trainer.cumulative_training_time() / 3600
         local = {
             "signal": self.stop.requested,
-            "time": args.stop_time_hours > 0 and hours > args.stop_time_hours,
-            "max_update": args.max_update > 0 and trainer.get_num_updates() >= args.max_update,
+            "time": update.stop_time_hours > 0 and hours > update.stop_time_hours,
+            "max_update": update.max_update > 0 and trainer.get_num_updates() >= update.max_update,
         }
         return distributed.agree(local, trainer.device)
 
@@ -536,47 +514,47 @@ class TrainLoop:
     # ------------------------------------------------------------------------------------------------ checkpoints
     def validate_and_save(self, epoch_itr: Any, end_of_epoch: bool, stops: dict[str, bool]) -> bool:
         """`stops`: agreed_stops()."""
-        args, trainer = self.args, self.trainer
+        update, valid, ckpt, trainer = self.update, self.validation, self.cfg.checkpoint, self.trainer
         num_updates = trainer.get_num_updates()
         epoch = epoch_itr.epoch
         should_stop = False
         if stops["max_update"]:
             should_stop = True
-            self.stopped_by = f"--max-update {args.max_update}"
+            self.stopped_by = f"--max-update {update.max_update}"
             logger.info(
-                f"Stopping training due to num_updates: {num_updates} >= max_update: {args.max_update}"
+                f"Stopping training due to num_updates: {num_updates} >= max_update: {update.max_update}"
             )
         if stops["time"]:
             should_stop = True
-            self.stopped_by = f"--stop-time-hours {args.stop_time_hours}"
+            self.stopped_by = f"--stop-time-hours {update.stop_time_hours}"
             hours = trainer.cumulative_training_time() / 3600
             logger.info(
                 f"Stopping training due to cumulative_training_time: {hours} > "
-                f"stop_time_hours: {args.stop_time_hours} hour(s) (on this rank's clock or another's)"
+                f"stop_time_hours: {update.stop_time_hours} hour(s) (on this rank's clock or another's)"
             )
         do_save = (
-            (end_of_epoch and epoch % args.save_interval == 0)
+            (end_of_epoch and epoch % ckpt.save_interval == 0)
             or should_stop
             or (
-                args.save_interval_updates > 0
+                ckpt.save_interval_updates > 0
                 and num_updates > 0
-                and num_updates % args.save_interval_updates == 0
-                and num_updates >= args.validate_after_updates
+                and num_updates % ckpt.save_interval_updates == 0
+                and num_updates >= valid.validate_after_updates
             )
         )
         do_validate = (
             (
                 (not end_of_epoch and do_save)
-                or (end_of_epoch and epoch % args.validate_interval == 0)
+                or (end_of_epoch and epoch % valid.validate_interval == 0)
                 or should_stop
                 or (
-                    args.validate_interval_updates > 0
+                    valid.validate_interval_updates > 0
                     and num_updates > 0
-                    and num_updates % args.validate_interval_updates == 0
+                    and num_updates % valid.validate_interval_updates == 0
                 )
             )
-            and not args.disable_validation
-            and num_updates >= args.validate_after_updates
+            and not valid.disable_validation
+            and num_updates >= valid.validate_after_updates
         )
         valid_loss = self.validate(epoch) if do_validate else None
         if end_of_epoch:
@@ -588,9 +566,9 @@ class TrainLoop:
             patience = self.manager.should_stop_early(valid_loss)
             if distributed.agree({"patience": patience}, trainer.device)["patience"]:
                 should_stop = True
-                runs = f"{args.patience} validation{'s' if args.patience > 1 else ''}"
+                n, metric = ckpt.patience, ckpt.best_checkpoint_metric
                 self.stopped_by = (
-                    f"--patience {args.patience} ({runs} without a better {args.best_checkpoint_metric})"
+                    f"--patience {n} ({n} validation{'s' if n > 1 else ''} without a better {metric})"
                 )
         if do_save or should_stop:
             paths = self.manager.save(trainer, epoch_itr, valid_loss)
@@ -602,42 +580,42 @@ class TrainLoop:
     def first_update_line(self, num_updates: int) -> None:
         """A line after the launch's first update: without it a log file shows nothing until the first
         --log-interval (100 updates: minutes on a CPU), and nobody knows whether the run works or how long it takes."""
-        args = self.args
+        max_update = self.update.max_update
         elapsed = self.eta.clock() - self.eta.start
         text = f"update {num_updates} done in {elapsed:.1f} s (data loading included)"
         left = self.eta.text(num_updates)
         if left is not None:
-            goal = f"--max-update {args.max_update}" if self.eta.target == args.max_update else "--max-epoch"
+            goal = f"--max-update {max_update}" if self.eta.target == max_update else "--max-epoch"
             text += f"; at this pace {goal} ({self.eta.target} updates) is reached in {left}"
-        text += f"; a progress line every {args.log_interval} updates"
+        text += f"; a progress line every {self.logging.log_interval} updates"
         logger.info(text)
 
     def end_summary(self) -> list[str]:
         """Where the run ended: the best checkpoint (path, metric, update) and the command that summarizes with
         it. Empty on ranks other than 0 and with --no-save."""
-        args = self.args
-        if args.no_save or not _master(args):
+        cfg, ckpt = self.cfg, self.cfg.checkpoint
+        if ckpt.no_save or not is_master(cfg.launch):
             return []
-        path = os.path.join(args.save_dir, "checkpoint_best.pt")
+        path = os.path.join(ckpt.save_dir, "checkpoint_best.pt")
         if not os.path.exists(path):
             return []
-        metric, value = args.best_checkpoint_metric, self.manager.best
+        metric, value = ckpt.best_checkpoint_metric, self.manager.best
         score = f"{metric} {value:g}" if value is not None else "no validation score"
         if self.best_at is not None:
             where = f"update {self.best_at[0]}, epoch {self.best_at[1]}"
         else:
             where = "saved by an earlier launch"
         lines = [f"best checkpoint: {path} ({score}, {where})", self.checkpoint_rule()]
-        data = str(args.data).split(":")[0]
-        config = getattr(args, "config", None)
+        data = str(cfg.data_path).split(":")[0]
+        config = cfg.config
         # the preset's generation settings (beam, lengths) come with --config, unless the checkpoint stores them
         preset = (
             f"--config {config if os.path.relpath(config).startswith('..') else os.path.relpath(config)} "
             if config and self.trainer.generation is None
             else ""
         )
-        subset = "test" if has_split(data, "test") else args.valid_subset.split(",")[0]
-        results = os.path.join(args.save_dir, "gen")
+        subset = "test" if has_split(data, "test") else self.data.valid_subset.split(",")[0]
+        results = os.path.join(ckpt.save_dir, "gen")
         lines.append(
             f"summarize the {subset} split with it: seqtrain-generate {data} {preset}--path {path} "
             f"--gen-subset {subset} --quiet --scoring rouge --results-path {results}"
@@ -649,16 +627,16 @@ class TrainLoop:
 
     def checkpoint_rule(self) -> str:
         """The rule that chose checkpoint_best.pt, and what ended training, in one line."""
-        args = self.args
-        metric = args.best_checkpoint_metric
-        best = "highest" if args.maximize_best_checkpoint_metric else "lowest"
+        ckpt, valid = self.cfg.checkpoint, self.validation
+        metric = ckpt.best_checkpoint_metric
+        best = "highest" if ckpt.maximize_best_checkpoint_metric else "lowest"
         flags = f"--best-checkpoint-metric {metric}" + (
-            " --maximize-best-checkpoint-metric" if args.maximize_best_checkpoint_metric else ""
+            " --maximize-best-checkpoint-metric" if ckpt.maximize_best_checkpoint_metric else ""
         )
-        when = [f"every {args.validate_interval} epochs" if args.validate_interval > 1 else "every epoch"]
-        for n in {args.validate_interval_updates, args.save_interval_updates} - {0}:
+        when = [f"every {valid.validate_interval} epochs" if valid.validate_interval > 1 else "every epoch"]
+        for n in {valid.validate_interval_updates, ckpt.save_interval_updates} - {0}:
             when.append(f"every {n} updates")
-        subset = args.valid_subset.split(",")[0]
+        subset = self.data.valid_subset.split(",")[0]
         line = (
             f"checkpoint_best.pt holds the {best} validation {metric} ({flags}) on '{subset}', validated "
             f"{' and '.join(sorted(when))} ({self.validations} validations in this launch)"
@@ -667,18 +645,18 @@ class TrainLoop:
 
     def valid_iterator(self, subset: str) -> Any:
         """One pass over validation split `subset`, batched as fairseq's Trainer.get_valid_iterator does."""
-        args, task = self.args, self.task
+        data, task = self.data, self.task
         return task.get_batch_iterator(
             task.dataset(subset),
-            max_tokens=args.max_tokens_valid,
-            max_sentences=args.batch_size_valid,
+            max_tokens=data.max_tokens_valid,
+            max_sentences=data.batch_size_valid,
             max_positions=self.trainer.model.max_positions(),
-            ignore_invalid_inputs=args.skip_invalid_size_inputs_valid_test,
-            required_batch_size_multiple=args.required_batch_size_multiple,
-            seed=args.seed,
-            num_shards=args.distributed_world_size,
-            shard_id=args.distributed_rank,
-            num_workers=args.num_workers,
+            ignore_invalid_inputs=data.skip_invalid_size_inputs_valid_test,
+            required_batch_size_multiple=data.required_batch_size_multiple,
+            seed=self.cfg.device.seed,
+            num_shards=self.world,
+            shard_id=self.rank,
+            num_workers=data.num_workers,
             split=subset,
         ).next_epoch_itr(shuffle=False)
 
@@ -686,10 +664,10 @@ class TrainLoop:
         """fairseq's dry run before the first update: batch and load every validation split once, so a split that
         cannot be batched (an example too long without --skip-invalid-size-inputs-valid-test, ...) fails at the
         start with the error validation would give, not after training up to the first validation."""
-        if self.args.disable_validation:
+        if self.validation.disable_validation:
             return
         state = rng_state()  # a DataLoader draws its seed from torch's RNG: keep resumed runs exact
-        for subset in self.args.valid_subset.split(","):
+        for subset in self.data.valid_subset.split(","):
             logger.info(f'begin dry-run validation on "{subset}" subset')
             for _ in self.valid_iterator(subset):
                 pass
@@ -701,24 +679,24 @@ class TrainLoop:
             return self._validate(epoch)
 
     def _validate(self, epoch: int) -> float | None:
-        args, trainer = self.args, self.trainer
+        ckpt, trainer = self.cfg.checkpoint, self.trainer
         first: float | None = None
-        for subset in args.valid_subset.split(","):
+        for subset in self.data.valid_subset.split(","):
             logger.info(f'begin validation on "{subset}" subset')
             itr = self.valid_iterator(subset)
             progress = progress_lib.progress_bar(
                 itr,
-                args.log_format,
+                self.log_format,
                 epoch=epoch,
                 prefix=f"valid on '{subset}' subset",
                 tracker=self.tracker,
-                no_progress_bar=args.no_progress_bar,
+                no_progress_bar=self.logging.no_progress_bar,
             )
             trainer.begin_valid()
             if self.rouge is not None:
                 self.rouge.reset()
             for i, sample in enumerate(progress):
-                if args.max_valid_steps is not None and i >= args.max_valid_steps:
+                if self.validation.max_valid_steps is not None and i >= self.validation.max_valid_steps:
                     break
                 trainer.valid_step(sample)
                 if self.rouge is not None and sample:
@@ -726,7 +704,7 @@ class TrainLoop:
                         trainer.compute_model, trainer.prepare_sample(sample), trainer.autocast
                     )
             if self.rouge is not None:
-                if args.distributed_world_size > 1:  # score every rank's pairs, so all ranks agree on "best"
+                if self.world > 1:  # score every rank's pairs, so all ranks agree on "best"
                     self.rouge.hypotheses, self.rouge.references = distributed.all_gather_lists(
                         self.rouge.hypotheses, self.rouge.references
                     )
@@ -734,7 +712,7 @@ class TrainLoop:
                     trainer.meters["valid"].log_scalar(name, value, round=2)
             stats = trainer.meters["valid"].smoothed_values()
             stats["num_updates"] = trainer.get_num_updates()
-            metric = args.best_checkpoint_metric
+            metric = ckpt.best_checkpoint_metric
             if metric not in stats:
                 raise SeqtrainError(
                     f"--best-checkpoint-metric {metric}: validation reports no such value "
@@ -742,7 +720,7 @@ class TrainLoop:
                 )
             best = self.manager.best
             if best is not None:
-                pick = max if args.maximize_best_checkpoint_metric else min
+                pick = max if ckpt.maximize_best_checkpoint_metric else min
                 stats[f"best_{metric}"] = pick(best, stats[metric])
             progress.print(stats, tag=subset, step=trainer.get_num_updates())
             if first is None:
@@ -753,7 +731,7 @@ class TrainLoop:
     @contextlib.contextmanager
     def _profiling(self):
         """--profile N: a torch.profiler trace of N updates (after one warm-up update), for TensorBoard."""
-        n = self.args.profile
+        n = self.logging.profile
         if n <= 0:
             yield
             return
@@ -764,7 +742,7 @@ class TrainLoop:
             tensorboard_trace_handler,
         )
 
-        folder = os.path.join(self.args.tensorboard_logdir or self.args.save_dir, "profile")
+        folder = os.path.join(self.logging.tensorboard_logdir or self.cfg.checkpoint.save_dir, "profile")
         activities = [ProfilerActivity.CPU] + (
             [ProfilerActivity.CUDA] if self.trainer.device.type == "cuda" else []
         )

@@ -21,6 +21,7 @@ import torch
 
 from seqtrain.data.tokenizer import build_tokenizer
 from seqtrain.generation.options import generation_args
+from seqtrain.generation.runner import check_beam_width
 from seqtrain.generation.sequence_generator import build_generator, generate_batch
 from seqtrain.scoring.rouge import bootstrap_intervals, example_scores, format_intervals, mean_scores
 from seqtrain.scoring.settings import EvalRougeConfig
@@ -42,6 +43,8 @@ class RougeValidator:
         self.bootstrap = int(cfg.eval_rouge_bootstrap or 0)
         self.seed = int(seed)
         self.tgt_dict = task.target_dictionary
+        # held against the model's vocabulary now, not at the first validation (seqtrain-generate's check)
+        check_beam_width(self.gen_args, len(self.tgt_dict), lambda dest: f"--eval-rouge-args {dest}")
         spec = getattr(task, "tokenizer_spec", None)
         self.tokenizer = build_tokenizer(spec if spec else {"kind": "none"})
         self.force_bos = self.tgt_dict.bos() if prepend_bos else None

@@ -111,8 +111,8 @@ class _Accumulated:
 
 @dataclass
 class TrainerConfig:
-    """The Trainer's settings: the flag groups it reads, composed (each declared once, beside its own code) and
-    read from the parsed flags once, by the training loop (seqtrain.train.loop.trainer_config)."""
+    """The Trainer's settings: the flag groups it reads, composed (each declared once, beside its own code); for a
+    seqtrain-train run, TrainConfig.trainer's (seqtrain.train.program: the flags read once)."""
 
     device: DeviceConfig = field(default_factory=DeviceConfig)
     precision: Bf16ModeConfig = field(default_factory=Bf16ModeConfig)
@@ -127,7 +127,7 @@ class TrainerConfig:
     )  # --save-adapters-only, --resize-vocab
     logging: LoggingConfig = field(default_factory=LoggingConfig)  # --peak-flops
     optimizer: str = "adam"  # the chosen --optimizer
-    # the chosen optimizer's and schedule's own settings (seqtrain.optim.optimizer_config / scheduler_config)
+    # the chosen optimizer's and schedule's own settings (OPTIMIZERS.config(name), LR_SCHEDULERS.config(name))
     optim: Any = field(default_factory=LrConfig)
     schedule: Any = field(default_factory=SchedulerConfig)
     lora_rank: int | None = None  # --lora-rank (the task applies the adapters; the Trainer freezes the rest)
@@ -149,10 +149,11 @@ class Trainer:
         run_args: dict[str, Any] | None = None,
         generation: Any = None,
     ):
-        """`cfg`: the Trainer's settings (filled once, by the training loop). `run_args`: the run's flags as the
-        checkpoints store them (fairseq's `args` record, made by the training loop): the Trainer only hands it
-        to the checkpoint writer, unread; so with `generation`, the generation settings the checkpoints
-        remember (seqtrain.checkpoint.generation_settings.StoredGeneration: the --config preset's)."""
+        """`cfg`: the Trainer's settings (a seqtrain-train run's: TrainConfig.trainer). `run_args`: the `args`
+        record its checkpoints store (seqtrain.train.program.run_record; the training loop sets it once set-up
+        has settled it): the Trainer only hands it to the checkpoint writer, unread; so with `generation`, the
+        generation settings the checkpoints remember (seqtrain.checkpoint.generation_settings.StoredGeneration:
+        the --config preset's)."""
         self.run_args = run_args if run_args is not None else {}
         self.generation = generation
         self.cfg = cfg

@@ -144,6 +144,7 @@ def world(tmp_path_factory):
         add_round_two_inputs(w, variant)
         add_round_three_inputs(w)
         add_round_four_inputs(w)
+        add_round_five_inputs(w, str(tmp_path_factory.mktemp("endless")))
         w["home"] = str(
             tmp_path_factory.mktemp("home")
         )  # a HOME without W&B credentials, outside the hashed tree
@@ -330,6 +331,44 @@ def add_round_four_inputs(w: dict) -> None:
     shutil.copytree(w["hf"], w["hf_bad_tokenizer_json"])
     with open(os.path.join(w["hf_bad_tokenizer_json"], "tokenizer.json"), "w") as f:
         f.write('{"model": {"type": "Nope"}}\n')
+
+
+def add_round_five_inputs(w: dict, endless: str) -> None:
+    """Inputs of the fifth round (issue 48): other names for the inputs (links), files without a line end (in
+    `endless`, outside the hashed tree: sparse files of zero bytes), configs and output folders."""
+    root, raw = w["root"], w["raw"]
+    os.symlink(os.path.join(raw, "valid.tgt"), os.path.join(root, "ref_link.txt"))
+    os.link(os.path.join(raw, "valid10.tgt"), os.path.join(root, "hyp_hard.txt"))
+    os.link(w["ck"], os.path.join(root, "ck_hard.pt"))
+    os.makedirs(os.path.join(root, "results"))
+    shutil.copy(os.path.join(raw, "valid.tgt"), os.path.join(root, "results", "references-input.txt"))
+    os.makedirs(os.path.join(root, "tuned"))
+    os.symlink(os.path.join(raw, "valid.tgt"), os.path.join(root, "tuned", "tune.json"))
+    os.makedirs(os.path.join(root, "tuned_folder", "generation.yaml"))
+    for name, text in [
+        ("beam_wide.yaml", "beam: 40\n"),
+        ("beam_section.yaml", "beam: {a: 1}\n"),
+        ("arch_nope.yaml", "lr: 0.1\narch: no_such_arch\n"),
+        ("blank12.txt", "\n" * 6 + " \n" * 6),
+    ]:
+        with open(os.path.join(root, name), "w") as f:
+            f.write(text)
+    from seqtrain.fileio import MAX_LINE_BYTES
+
+    w["endless"] = endless
+    for name in ("endless.txt", "endless.src", "endless.tgt", "endless.jsonl"):
+        with open(os.path.join(endless, name), "wb") as f:
+            f.truncate(MAX_LINE_BYTES + 10)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:  # the parquet case is skipped (NEEDS)
+        return
+    docs = pa.array([b"w1 w2", b"w3 \xed\xa0\x80 w4"], type=pa.binary())  # U+D800's bytes: no UTF-8
+    table = pa.table(
+        {"src": pa.Array.from_buffers(pa.string(), 2, docs.buffers()), "tgt": pa.array(["w5", "w6"])}
+    )
+    pq.write_table(table, os.path.join(raw, "bad_utf8.parquet"))
 
 
 def add_round_four_checkpoints(w: dict, obj: dict) -> None:
@@ -599,7 +638,12 @@ CASES = [
     ("convert-input-missing", "convert", ["{root}/nope.pt", "{out}.pt", "--to", "hf"], "{root}/nope.pt"),
     ("convert-not-a-checkpoint", "convert", ["{text_file}", "{out}.pt", "--to", "hf"], "{text_file}"),
     ("convert-unknown-format", "convert", ["{ck}", "{out}.pt", "--to", "onnx"], "--to"),
-    ("convert-output-is-input", "convert", ["{ck}", "{ck}", "--to", "seqtrain"], "output must differ"),
+    (
+        "convert-output-is-input",
+        "convert",
+        ["{ck}", "{ck}", "--to", "seqtrain"],
+        "OUTPUT {ck} is INPUT {ck} (the same file): writing it would replace that input; give OUTPUT another file",
+    ),
     (
         "convert-wrong-from",
         "convert",
@@ -680,7 +724,7 @@ CASES += [
         "train-distill-temperature-zero",
         "train",
         train("--criterion", KD, "--teacher-path", "{ck}", "--distill-temperature", "0"),
-        "argument --distill-temperature: must be above 0",
+        "argument --distill-temperature: must be between 0.01 and 1000, got 0",
     ),
     (
         "train-distill-no-teacher",
@@ -1199,6 +1243,118 @@ CASES += [
     ),
 ]
 
+
+def tune(*extra: str, out: str = "{out}", inp: str = "{raw}/valid.src") -> list:
+    return ["{bin}", "--path", "{ck}", "--cpu", "--input", inp, "--reference", "{raw}/valid.tgt",
+            "--tune-output", out, "--tune-subset", "4", *extra]  # fmt: skip
+
+
+def interactive(*extra: str) -> list:
+    return ["{bin}", "--path", "{ck}", "--cpu", "--input", "{raw}/valid.src", *extra]
+
+
+def evaluate(*extra: str, hyps: str = "{raw}/valid.tgt") -> list:
+    return ["--hyps", hyps, "--source", "{raw}/valid.src", "--reference", "{raw}/valid.tgt", *extra]
+
+
+ENDLESS = "no line end within 16 MiB (16,777,216 bytes); a text input holds one example per line (is this a text file?)"
+WIDE = (
+    "--beam 40 is wider than the model's vocabulary allows: beam search keeps at most 39 hypotheses (its 40 target "
+    "symbols less <pad>, which no search picks); give --beam 39 or less"
+)
+
+
+def replaces(out: str, path: str, flag: str, inp: str) -> str:
+    return f"{out} {path} is {flag} {inp} (the same file): writing it would replace that input; give {out} another file"
+
+
+# Issue 48 (round five): an output never replaces an input, whatever the path's spelling; an endless line is
+# refused at the bound; a beam the vocabulary cannot fill; config keys; the smaller ones
+CASES += [
+    ("eval-html-onto-source", "eval", evaluate("--html", "{raw}/valid.src"),
+     replaces("--html", "{raw}/valid.src", "--source", "{raw}/valid.src")),
+    ("eval-json-onto-reference-through-a-link", "eval",
+     evaluate("--json", "{root}/ref_link.txt", hyps="{raw}/uneven.tgt"),
+     replaces("--json", "{root}/ref_link.txt", "--reference", "{raw}/valid.tgt")),
+    ("eval-html-onto-hyps-hard-link", "eval",
+     evaluate("--html", "{root}/hyp_hard.txt", hyps="{raw}/valid10.tgt"),
+     replaces("--html", "{root}/hyp_hard.txt", "--hyps", "{raw}/valid10.tgt")),
+    ("eval-html-and-json-the-same-file", "eval", evaluate("--json", "{out}.html", "--html", "{out}.html"),
+     "--json {out}.html and --html {out}.html are the same file: one output would replace the other; give each "
+     "its own file"),
+    ("score-json-onto-sys-through-dotdot", "score",
+     ["--sys", "{raw}/valid10.tgt", "--ref", "{raw}/valid.tgt", "--json", "{raw}/../raw/valid10.tgt"],
+     replaces("--json", "{raw}/../raw/valid10.tgt", "--sys", "{raw}/valid10.tgt")),
+    ("generate-output-onto-input", "generate", gen("--input", "{raw}/valid.src", "--output", "{raw}/valid.src"),
+     replaces("--output", "{raw}/valid.src", "--input", "{raw}/valid.src")),
+    ("generate-results-path-onto-the-reference", "generate",
+     gen("--input", "{raw}/valid.src", "--reference", "{root}/results/references-input.txt", "--results-path",
+         "{root}/results"),
+     replaces("--results-path", "{root}/results/references-input.txt", "--reference",
+              "{root}/results/references-input.txt")),
+    ("generate-log-file-onto-a-data-bin-file", "generate", gen("--log-file", "{bin}/dict.src.txt"),
+     replaces("--log-file", "{bin}/dict.src.txt", "DATA", "{bin}/dict.src.txt")),
+    ("tune-json-a-link-to-the-reference", "tune", tune(out="{root}/tuned"),
+     replaces("--tune-output", "{root}/tuned/tune.json", "--reference", "{raw}/valid.tgt")),
+    ("tune-preset-is-a-folder", "tune", tune(out="{root}/tuned_folder"),
+     "--tune-output {root}/tuned_folder/generation.yaml: is a folder; give a file name"),
+    ("interactive-log-file-onto-input", "interactive", interactive("--log-file", "{raw}/valid.src"),
+     replaces("--log-file", "{raw}/valid.src", "--input", "{raw}/valid.src")),
+    ("train-log-file-onto-a-data-bin-file", "train", train("--log-file", "{bin}/train.src-tgt.src.idx"),
+     replaces("--log-file", "{bin}/train.src-tgt.src.idx", "DATA", "{bin}/train.src-tgt.src.idx")),
+    ("average-output-a-hard-link-of-an-input", "average_checkpoints",
+     ["--inputs", "{ck}", "--output", "{root}/ck_hard.pt"],
+     replaces("--output", "{root}/ck_hard.pt", "--inputs", "{ck}")),
+    ("eval-hyps-endless-device", "eval", evaluate(hyps="/dev/zero"), f"/dev/zero:1: {ENDLESS}"),
+    ("score-sys-endless-line", "score", ["--sys", "{endless}/endless.txt", "--ref", "{raw}/valid.tgt"],
+     f"{{endless}}/endless.txt:1: {ENDLESS}"),
+    ("generate-input-endless-line", "generate", gen("--input", "{endless}/endless.txt"),
+     f"{{endless}}/endless.txt:1: {ENDLESS}"),
+    ("tune-input-endless-line", "tune", tune(inp="{endless}/endless.txt"),
+     f"{{endless}}/endless.txt:1: {ENDLESS}"),
+    ("interactive-input-endless-line", "interactive", interactive()[:4] + ["--input", "{endless}/endless.txt"],
+     f"{{endless}}/endless.txt:1: {ENDLESS}"),
+    ("preprocess-endless-line", "preprocess", pre(prefix="{endless}/endless"), f"{{endless}}/endless.src:1: {ENDLESS}"),
+    ("preprocess-srcdict-endless-line", "preprocess", pre("--srcdict", "{endless}/endless.txt"),
+     f"{{endless}}/endless.txt:1: {ENDLESS}"),
+    ("preprocess-jsonl-endless-line", "preprocess", pre("--jsonl", prefix="{endless}/endless"),
+     f"{{endless}}/endless.jsonl:1: {ENDLESS}"),
+    ("generate-beam-wider-than-the-vocabulary", "generate", gen("--beam", "40"), WIDE),
+    ("generate-config-beam-wider-than-the-vocabulary", "generate",
+     ["{bin}", "--path", "{ck}", "--cpu", "--gen-subset", "valid", "--config", "{root}/beam_wide.yaml"], WIDE),
+    ("generate-diverse-beam-wider-than-the-vocabulary", "generate", gen("--beam", "80", "--diverse-beam-groups", "2"),
+     "--beam 80 is wider than the model's vocabulary allows: beam search keeps at most 39 hypotheses per group of "
+     "--diverse-beam-groups 2 (its 40 target symbols less <pad>, which no search picks); give --beam 78 or less"),
+    ("tune-beam-wider-than-the-vocabulary", "tune", tune("--beam", "40"), WIDE),
+    ("interactive-beam-wider-than-the-vocabulary", "interactive", interactive("--beam", "40"), WIDE),
+    ("train-eval-rouge-beam-wider-than-the-vocabulary", "train",
+     train("--eval-rouge", "--eval-rouge-args", '{{"beam": 40}}'),
+     WIDE.replace("--beam", "--eval-rouge-args beam")),
+    ("generate-config-flag-read-as-a-section", "generate", gen("--config", "{root}/beam_section.yaml"),
+     "--config {root}/beam_section.yaml line 1 (beam): 'beam' is a flag, and its value is a mapping; give the flag a "
+     "value (a mapping is a section only under a name that is no flag)"),
+    ("generate-config-unknown-arch", "generate", gen("--config", "{root}/arch_nope.yaml"),
+     "--config {root}/arch_nope.yaml line 2 (arch): unknown arch 'no_such_arch'; choose from: bart_base"),
+    ("score-references-all-empty", "score", ["--sys", "{raw}/valid.tgt", "--ref", "{root}/blank12.txt"],
+     "{root}/blank12.txt: all 12 references are empty lines; nothing to score against"),
+    ("generate-rerank-one-candidate", "generate", gen("--rerank", "mbr", "--beam", "1"),
+     "--rerank mbr chooses among the beam's finished hypotheses, and --beam 1 leaves one: nothing to rerank; give "
+     "--beam 2 or more (or drop --rerank)"),
+    ("train-distill-temperature-tiny", "train",
+     train("--criterion", KD, "--teacher-path", "{ck}", "--distill-temperature", "1e-30"),
+     "argument --distill-temperature: must be between 0.01 and 1000, got 1e-30 (see --help)"),
+    ("train-teacher-positions-below-the-students", "train",
+     train("--criterion", KD, "--teacher-path", "{ck}", "--max-source-positions", "2048"),
+     "--teacher-path {ck}: the teacher reads at most 1024 source and 1024 target tokens (its max_source_positions "
+     "/ max_target_positions), fewer than this run's --max-source-positions 2048 / --max-target-positions 1024"),
+    ("train-denoising-teacher-other-dictionary", "train",
+     train("--task", "denoising", "--criterion", KD, "--teacher-path", "{ck}", data="bin_mono"),
+     "--teacher-path {ck}: its dictionary differs from {bin_mono}/dict.txt"),
+    ("preprocess-parquet-invalid-utf8", "preprocess",
+     pre("--parquet", "--source-key", "src", "--target-key", "tgt", prefix="{raw}/bad_utf8"),
+     "{raw}/bad_utf8.parquet:2: 'src' holds invalid UTF-8 (byte 0xed at byte 4 of the value), which is no text"),
+]  # fmt: skip
+
 # Environment variables a case runs with (set for the in-process run only)
 _SLURM = dict(SLURM_STEP_ID="0", SLURM_JOB_ID="9", SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_NNODES="1")
 ENV = {
@@ -1216,7 +1372,10 @@ SUBPROCESS = {
     "score-line-counts-differ",
     "train-wandb-without-api-key",
 }
-NEEDS = {"train-wandb-without-api-key": "wandb"}  # optional packages a case needs
+NEEDS = {
+    "train-wandb-without-api-key": "wandb",
+    "preprocess-parquet-invalid-utf8": "pyarrow",
+}  # optional packages
 
 # The environment of a subprocess case (placeholders filled), besides OMP_NUM_THREADS=1; WANDB_* variables are
 # left out of every subprocess case's environment.
@@ -1295,6 +1454,8 @@ def test_catalogue_is_large_and_covers_every_cli():
         "score",
         "average_checkpoints",
         "eval",
+        "tune",
+        "interactive",
     }
 
 

@@ -29,7 +29,7 @@ import torch
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.checkpoint.load import load_model
 from seqtrain.distributed import rescale_iterator_position
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from seqtrain_cli.train import train_main
 from tests.utils import parse_log
 
@@ -444,7 +444,7 @@ def _rank_passes(databin: str, save_dir: str, budget: int) -> list[list[int]]:
     out = []
     for rank in (0, 1):
         args = parsing.parse_args_and_arch(training.get_training_parser(), train_args(databin, save_dir))
-        task = setup_task(task_config(args))
+        task = setup_task(train_config(args).task)
         task.load_dataset("train")
         itr = task.get_batch_iterator(
             task.dataset("train"),

@@ -11,7 +11,7 @@ import torch
 
 from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file
-from tests.utils import SAMPLE
+from tests.utils import SAMPLE, completed
 
 DIMS = [
     "--encoder-layers",
@@ -95,7 +95,7 @@ def released(tmp_path_factory):
     margs = p.parse_args(DIMS)
     margs.arch = "bart_base"
     torch.manual_seed(0)
-    model = build_model(model_config(argparse.Namespace(**vars(margs))), big, big)
+    model = build_model(model_config(completed(argparse.Namespace(**vars(margs)))), big, big)
     from seqtrain.registry import ARCHS
 
     ARCHS.get("bart_base")(margs)

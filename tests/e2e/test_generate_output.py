@@ -11,6 +11,7 @@ import pytest
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags.parsers import UsageError
+from seqtrain.generation import cpu_step
 from seqtrain_cli.generate import generate_main
 
 N = 20
@@ -163,7 +164,41 @@ def test_torchrun_two_processes_write_one_result_identical_to_one_process(setup)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         outs[n] = (tmp / f"out{n}.txt").read_text(), (res / "hypotheses-input.txt").read_text()
+        if cpu_step.extension() is not None:  # every rank decodes with the compiled CPU step
+            assert proc.stderr.count("CPU decoding: the compiled step") >= 1, proc.stderr[-2000:]
     assert outs[2] == outs[1] and outs[1][0].count("\n") == N
+
+
+def _per_rank(tmp, argv):
+    """seqtrain-generate under torchrun, 2 ranks, 'RANK' in `argv` replaced by each rank's number; (the process,
+    each rank's stderr)."""
+    (tmp / "per_rank.py").write_text(
+        "import os, sys\n"
+        "os.dup2(os.open(os.path.join(os.path.dirname(__file__), f\"err{os.environ['RANK']}.txt\"), "
+        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)\n"
+        "from seqtrain_cli.generate import cli_main\n"
+        "cli_main([a.replace('RANK', os.environ['RANK']) for a in sys.argv[1:]])\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        launcher + [str(tmp / "per_rank.py")] + argv, capture_output=True, text=True, timeout=300, env=env
+    )
+    return proc, [(tmp / f"err{rank}.txt").read_text() for rank in (0, 1)]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_with_different_settings_are_refused(setup):
+    """Issue 48, class 8: rank 0 --beam 10, rank 1 --beam 11 (known since round three) gave mixed output and
+    exit 0; the ranks compare their settings as they compare their inputs, and refuse with the same line."""
+    base, inp, tmp = setup
+    proc, errs = _per_rank(tmp, base + ["--input", inp, "--beam", "1RANK", "--output", str(tmp / "out.txt")])
+    line = (
+        "seqtrain-generate: error: the ranks have different generation settings: rank 0 --beam 10, rank 1 --beam "
+        "11; every rank must generate with the same settings (the ranks split one run)"
+    )
+    assert proc.returncode != 0 and [e.splitlines().count(line) for e in errs] == [1, 1], errs
+    assert not (tmp / "out.txt").exists()
 
 
 @pytest.mark.slow
@@ -175,20 +210,7 @@ def test_torchrun_ranks_with_different_inputs_are_refused(setup):
     lines = open(inp, encoding="utf-8").read().split("\n")[:-1]
     (tmp / "in0.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (tmp / "in1.txt").write_text("\n".join(lines[:7]) + "\n", encoding="utf-8")
-    (tmp / "per_rank.py").write_text(
-        "import os, sys\n"
-        "os.dup2(os.open(os.path.join(os.path.dirname(__file__), f\"err{os.environ['RANK']}.txt\"), "
-        "os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)\n"
-        "from seqtrain_cli.generate import cli_main\n"
-        "cli_main([a.replace('RANK', os.environ['RANK']) for a in sys.argv[1:]])\n"
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd = launcher + [str(tmp / "per_rank.py")] + base + ["--input", str(tmp / "inRANK.txt")]
-    proc = subprocess.run(
-        cmd + ["--output", str(tmp / "out.txt")], capture_output=True, text=True, timeout=300, env=env
-    )
-    errs = [(tmp / f"err{rank}.txt").read_text() for rank in (0, 1)]
+    proc, errs = _per_rank(tmp, base + ["--input", str(tmp / "inRANK.txt"), "--output", str(tmp / "out.txt")])
     assert proc.returncode != 0 and "KeyError" not in proc.stderr + "".join(errs), proc.stderr[-3000:] + str(
         errs
     )
@@ -231,3 +253,23 @@ def test_double_ctrl_c_during_generation_is_one_line_and_130(fairseq_tiny, tmp_p
         lines = [ln for ln in err.splitlines() if ln.strip() and " | INFO | " not in ln]
         assert lines == ["seqtrain-generate: interrupted"], (gap, err)
         assert not (tmp_path / "out.txt").exists()
+
+
+def test_no_rouge_score_info_line_and_a_refused_run_leaves_no_results_folder(setup, caplog):
+    """Issue 48: rouge-score logged `INFO | absl | Using default tokenizer.` in every run that scores (class 11);
+    a refused run left its --results-path folder, made by the up-front check (class 10); a beam wider than the
+    208-symbol vocabulary ended in a RuntimeError inside the search (class 5)."""
+    import logging
+
+    base, inp, tmp = setup
+    logging.getLogger("absl").setLevel(logging.NOTSET)  # as a fresh process has it
+    caplog.set_level(logging.INFO)
+    r, _ = run(base + ["--input", inp, "--reference", inp, "--scoring", "rouge", "--rerank", "mbr"])
+    assert r["rouge"]["n"] == N and [rec for rec in caplog.records if rec.name == "absl"] == []
+    with pytest.raises(SeqtrainError) as e:
+        run(base + ["--input", inp, "--results-path", str(tmp / "res"), "--beam", "208"])
+    assert str(e.value) == (
+        "--beam 208 is wider than the model's vocabulary allows: beam search keeps at most 207 hypotheses (its "
+        "208 target symbols less <pad>, which no search picks); give --beam 207 or less"
+    )
+    assert not (tmp / "res").exists()

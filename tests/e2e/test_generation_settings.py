@@ -171,3 +171,21 @@ def test_averaging_keeps_them(ckpts):
     assert KEY not in average_checkpoints(
         [str(old), str(stored)]
     )  # the first input's, as every other setting
+
+
+@pytest.mark.slow
+def test_the_server_takes_them_as_its_defaults_under_its_flags(ckpts, tmp_path):
+    """seqtrain-serve loads through the same runner: the checkpoint's settings are every request's defaults,
+    the server's own flags (here --beam 3 --max-len-b 8) win."""
+    pytest.importorskip("uvicorn", reason="seqtrain-serve needs seqtrain[serve]")
+    from tests.e2e.test_serve import start, stop
+
+    server = start(str(ckpts[1]), tmp_path)
+    try:
+        status, _, body = server.request("GET", "/v1/info")
+        assert status == 200
+        defaults = json.loads(body)["defaults"]
+        assert (defaults["beam"], defaults["max_len_b"]) == (3, 8)  # the server's flags
+        assert (defaults["lenpen"], defaults["no_repeat_ngram_size"]) == (0.5, 2)  # the checkpoint's
+    finally:
+        assert stop(server) == 0

@@ -146,12 +146,12 @@ def test_invalid_utf8_on_stdin_is_one_line_naming_stdin_and_line(tiny, locale):
     gen = _start("generate", flags + ["--input", "-"], locale=locale)
     code, out, err = _cli("interactive", flags + ["--buffer-size", "1"], data, locale=locale)
     assert code == 1 and err == [
-        "seqtrain-interactive: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
+        "seqtrain-interactive: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 4 of the line)"
     ], err
     assert out.decode().split("\n")[:-1] == want[:1]  # the line before it was answered
     code, out, err = _finish(gen, data)
     assert code == 1 and err == [
-        "seqtrain-generate: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 3 of the line)"
+        "seqtrain-generate: error: stdin:2: invalid UTF-8 (byte 0xe9 at byte 4 of the line)"
     ]
     assert out == b""
 
@@ -200,3 +200,17 @@ def test_truncated_sources_get_generates_warning(tiny, tmp_path, caplog):
     )
     assert warnings == gen_warnings
     assert answers.getvalue() == out.getvalue()
+    # issue 48, class 11: a line at a time, the warning came for every line cut; now once a session, the last
+    # line counting them all
+    n_cut = int(gen_warnings[0].split()[1])
+    caplog.clear()
+    caplog.set_level("INFO")
+    interactive_main(
+        flags + ["--buffer-size", "1"], inp=io.StringIO("\n".join(texts) + "\n"), out=io.StringIO()
+    )
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and warned[0].startswith("truncated 1 of 1 sources longer than 8 tokens to fit")
+    last = caplog.records[-1].getMessage()
+    assert last.startswith(f"Generated {N} sentences") and last.endswith(
+        f"; {n_cut} sources truncated to 8 tokens"
+    )

@@ -14,7 +14,8 @@ import torch
 from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
+from tests.utils import completed
 
 LANGS = "en_XX,ro_RO"
 DIMS = [
@@ -58,7 +59,7 @@ def made(tmp_path_factory):
     margs.arch, margs.langs, margs.task = "mbart_large", LANGS, "multilingual_denoising"
     ARCHS.get("mbart_large")(margs)
     torch.manual_seed(0)
-    model = build_model(model_config(argparse.Namespace(**vars(margs))), full, full)
+    model = build_model(model_config(completed(argparse.Namespace(**vars(margs)))), full, full)
     state = dict(model.state_dict())
     torch.save(
         {"args": margs, "model": state, "optimizer_history": [], "extra_state": {}},
@@ -87,7 +88,7 @@ def test_batches_follow_fairseqs_layout_token_by_token(made):
     from seqtrain.tasks import setup_task
 
     folder, lines = made
-    task = setup_task(task_config(task_args(str(folder / "data-bin"), "-s", "en_XX", "-t", "ro_RO")))
+    task = setup_task(train_config(task_args(str(folder / "data-bin"), "-s", "en_XX", "-t", "ro_RO")).task)
     d = task.src_dict
     en, ro, eos, pad = d.index("[en_XX]"), d.index("[ro_RO]"), d.eos(), d.pad()
     # the symbols follow dict.txt's words, then <mask>: the rows of the pretrained embedding
@@ -112,9 +113,9 @@ def test_language_errors_name_the_flag(made):
 
     data = str(made[0] / "data-bin")
     with pytest.raises(SeqtrainError, match="needs --langs"):
-        setup_task(task_config(argparse.Namespace(**{**vars(task_args(data)), "langs": None})))
+        setup_task(train_config(argparse.Namespace(**{**vars(task_args(data)), "langs": None})).task)
     with pytest.raises(SeqtrainError, match="--target-lang 'ro_RO' is not one of --langs en_XX,de_DE"):
-        setup_task(task_config(task_args(data, "--langs", "en_XX,de_DE")))
+        setup_task(train_config(task_args(data, "--langs", "en_XX,de_DE")).task)
 
 
 def greedy(model, src: torch.Tensor, start: int, end: int, steps: int) -> list[int]:

@@ -12,7 +12,8 @@ import torch
 from seqtrain.checkpoint.files import load_checkpoint_file
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
-from seqtrain.train.loop import check_args
+from seqtrain.train.loop import check_settings
+from seqtrain.train.program import train_config
 from seqtrain_cli.train import train_main
 from tests.utils import FP32, base_args
 
@@ -65,4 +66,4 @@ def test_merge_is_refused_with_fsdp(databin, tmp_path):
     with pytest.raises(
         SeqtrainError, match="--merge-max-tokens is not supported with --ddp-backend fully_sharded"
     ):
-        check_args(args)
+        check_settings(train_config(args))

@@ -609,3 +609,34 @@ def test_only_source_keeps_blank_lines_as_document_breaks(tmp_path):
     assert (dest / "dict.txt").read_text() == "c 3\na 2\nb 2\nmadeupword0000 0\n"
     assert summary["splits"]["train"]["source"]["examples"] == 4
     assert recorded_max_id(str(dest / "train")) == 6
+
+
+def test_an_output_never_replaces_an_input_but_the_same_bytes_may_be_rewritten(tmp_path):
+    """Issue 48, class 1, preprocess's share: a data-bin file that is one of the inputs (here the source side
+    named tokenizer.json in the --destdir itself) is refused before anything moves; a dictionary given from the
+    --destdir itself (--srcdict bin/dict.source.txt --destdir bin) is rewritten with the same bytes, which
+    loses nothing, and still works."""
+    dest = tmp_path / "bin"
+    dest.mkdir()
+    write_pair(dest, "tokenizer", ["a b", "b c"], ["x", "y"])
+    os.rename(dest / "tokenizer.source", dest / "tokenizer.json")
+    before = snapshot(dest)
+    with pytest.raises(SeqtrainError) as e:
+        main(["--trainpref", str(dest / "tokenizer"), "-s", "json", "-t", "target", "--destdir", str(dest),
+              "--tokenizer", "none", "--no-progress-bar"])  # fmt: skip
+    assert str(e.value) == (
+        f"--destdir {dest}/tokenizer.json is --trainpref {dest}/tokenizer.json (the same file): writing it would "
+        "replace that input; give --destdir another file"
+    )
+    assert snapshot(dest) == before
+    raw, d = tmp_path / "raw", tmp_path / "d"
+    raw.mkdir()
+    d.mkdir()
+    write_pair(raw, "train", ["a b", "b c"], ["x", "y"])
+    (d / "dict.source.txt").write_text("c 10\na 5\nb 1\n")
+    argv = ["--trainpref", str(raw / "train"), "--srcdict", str(d / "dict.source.txt"), "--destdir", str(d),
+            "--tokenizer", "none", "--no-progress-bar"]  # fmt: skip
+    main(argv)
+    main(argv)  # and again: the same bytes over the same file
+    assert (d / "dict.source.txt").read_text() == "c 10\na 5\nb 1\n"
+    assert (d / "train.source-target.source.idx").is_file()

@@ -166,3 +166,34 @@ def test_missing_pyarrow_is_one_line_naming_the_extra(tmp_path, monkeypatch):
         "--parquet needs pyarrow, which is not installed: pip install 'seqtrain[data]' (or pip install pyarrow)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def _strings(values: list, kind) -> pa.Array:
+    """A string column holding exactly these bytes, valid UTF-8 or not (pyarrow checks nothing it is given as
+    buffers: a table another tool wrote with a lone surrogate's bytes reads the same)."""
+    binary = pa.array(values, type=pa.large_binary() if kind == pa.large_string() else pa.binary())
+    return pa.Array.from_buffers(kind, len(values), binary.buffers())
+
+
+@pytest.mark.parametrize("kind", [pa.string(), pa.large_string()])
+@pytest.mark.parametrize("fmt", ["--parquet", "--load-from-disk"])
+def test_invalid_utf8_in_a_string_column_is_one_line_naming_row_and_key(tmp_path, fmt, kind):
+    """Issue 48, class 4: pyarrow's conversion raised a UnicodeDecodeError traceback; the line and jsonl readers
+    refuse the same text in one line. The row is counted over the whole split (past the first record batch)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    docs = [f"doc {i}".encode() for i in range(1030)]
+    docs[1026] = b"ab\xed\xa0\x80c"  # U+D800's bytes (a lone surrogate written as if it were text)
+    rows = {"document": _strings(docs, kind), "summary": pa.array(["s"] * 1030, type=kind)}
+    if fmt == "--parquet":
+        pq.write_table(pa.table(rows), raw / "train.parquet")
+        where = raw / "train.parquet"
+    else:
+        _save_to_disk(rows, raw / "train", shards=1)
+        where = raw / "train"
+    with pytest.raises(SeqtrainError) as e:
+        _run(raw, fmt)
+    assert str(e.value) == (
+        f"{where}:1027: 'document' holds invalid UTF-8 (byte 0xed at byte 3 of the value), which is no text"
+    )
+    assert not (tmp_path / "out").exists()

@@ -8,15 +8,12 @@ import shutil
 import pytest
 import torch
 
-from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
 from seqtrain.train import loop as train_loop
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.train import train_main
 from tests.utils import assert_same_state
@@ -141,14 +138,12 @@ def test_resume_is_bitwise_exact(databin, full_runs, tmp_path, schedule, resume_
 
 
 def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
-    args = parsing.parse_args_and_arch(training.get_training_parser(), args_for(data, save_dir, *extra))
-    args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(task_config(args))
+    cfg = train_config(
+        parsing.parse_args_and_arch(training.get_training_parser(), args_for(data, save_dir, *extra))
+    )
+    task = setup_task(cfg.task)
     return train_loop.build_trainer(
-        args,
-        task,
-        task.build_model(model_config(args)),
-        task.build_criterion(from_args(DistillationConfig, args)),
+        cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     )
 
 

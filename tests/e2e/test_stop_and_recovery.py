@@ -16,14 +16,11 @@ import sys
 import pytest
 import torch
 
-from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import load_checkpoint_file
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
 from seqtrain.errors import SeqtrainError
 from seqtrain.optim import DynamicLossScaler, MinimumLossScaleError
 from seqtrain.train import loop as train_loop
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from seqtrain.train.stop_signals import GracefulStop
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.train import cli_main, train_main
@@ -377,15 +374,13 @@ def make_trainer(databin: str, tmp_path, *extra: str) -> tuple:
     from seqtrain.flags import parsing, training
     from seqtrain.tasks import setup_task
 
-    args = parsing.parse_args_and_arch(training.get_training_parser(), targs(databin, str(tmp_path), *extra))
-    args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(task_config(args))
+    cfg = train_config(
+        parsing.parse_args_and_arch(training.get_training_parser(), targs(databin, str(tmp_path), *extra))
+    )
+    task = setup_task(cfg.task)
     task.load_dataset("train")
     trainer = train_loop.build_trainer(
-        args,
-        task,
-        task.build_model(model_config(args)),
-        task.build_criterion(from_args(DistillationConfig, args)),
+        cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     )
     itr = task.get_batch_iterator(task.dataset("train"), max_tokens=256, seed=1).next_epoch_itr(shuffle=False)
     return trainer, [next(itr) for _ in range(4)]

@@ -15,7 +15,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
 from seqtrain.generation import options
 from seqtrain.scoring.settings import EvalRougeConfig
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from seqtrain.train.rouge_validation import RougeValidator, generation_args
 from seqtrain_cli.train import train_main
 from tests.utils import base_args, parse_log
@@ -75,8 +75,10 @@ def test_eval_rouge_logs_scores_and_picks_best_checkpoint(databin, tmp_path):
     assert [round(e.value, 2) for e in acc.Scalars("rouge_l")] == [v["rouge_l"] for v in valid]
 
 
-def test_rouge_validator_scores_what_it_generates(databin):
-    """The validator's numbers are seqtrain.scoring.rouge's on the detokenized hypotheses and references."""
+def test_rouge_validator_scores_what_it_generates(databin, monkeypatch):
+    """The validator's numbers are seqtrain.scoring.rouge's on the detokenized hypotheses and references. On the
+    CPU it searches through the compiled step's loop, with the eager step's hypotheses."""
+    from seqtrain.generation import cpu_step
     from seqtrain.scoring.rouge import score_pairs
     from seqtrain.tasks import setup_task
 
@@ -84,18 +86,29 @@ def test_rouge_validator_scores_what_it_generates(databin):
     args = parsing.parse_args_and_arch(
         parser, base_args(databin, "unused", "--eval-rouge-args", "--beam 3 --max-len-b 5")
     )
-    task = setup_task(task_config(args))
+    task = setup_task(train_config(args).task)
     task.load_dataset("valid")
     torch.manual_seed(0)
     model = task.build_model(model_config(args))
     rv = RougeValidator(from_args(EvalRougeConfig, args), task, args.seed, args.prepend_bos)
     assert (rv.gen_args.beam, rv.gen_args.max_len_b) == (3, 5)
     itr = task.get_batch_iterator(task.dataset("valid"), max_tokens=512).next_epoch_itr(shuffle=False)
+    samples = list(itr)
+    calls = []
+    search = cpu_step.CompiledSteps.search
+    monkeypatch.setattr(cpu_step.CompiledSteps, "search", lambda *a: calls.append(1) or search(*a))
     n = 0
-    for sample in itr:
+    for sample in samples:
         rv.add_batch(model, sample)
         n += len(sample["id"])
     assert len(rv.hypotheses) == n == 40
+    assert bool(calls) == (cpu_step.extension() is not None)
+    compiled = rv.hypotheses
+    monkeypatch.setenv("SEQTRAIN_CPU_STEP", "eager")
+    rv.reset()
+    for sample in samples:
+        rv.add_batch(model, sample)
+    assert rv.hypotheses == compiled
     assert all(1 <= len(h.split()) <= 5 for h in rv.hypotheses)  # max_len_b 5 (the EOS is not a word)
     assert all(r.split()[0].startswith("w") for r in rv.references)
     want = score_pairs(rv.hypotheses, rv.references)
@@ -120,7 +133,7 @@ def test_eval_rouge_bootstrap_interval_is_seqtrain_scores(databin, tmp_path, cap
     parser = training.get_training_parser()
     flags = ("--eval-rouge-args", "--beam 2 --max-len-b 5", "--eval-rouge-bootstrap", "300", "--seed", "7")
     args = parsing.parse_args_and_arch(parser, base_args(databin, "unused", *flags))
-    task = setup_task(task_config(args))
+    task = setup_task(train_config(args).task)
     task.load_dataset("valid")
     torch.manual_seed(0)
     model = task.build_model(model_config(args))

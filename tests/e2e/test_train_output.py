@@ -11,7 +11,7 @@ import shlex
 import pytest
 import torch
 
-from seqtrain.train import host_cpu
+from seqtrain import host_cpu
 from seqtrain_cli.generate import generate_main
 from seqtrain_cli.train import train_main
 from tests.utils import base_args

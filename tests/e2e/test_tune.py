@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from seqtrain.checkpoint.hf import read_generation_config
 from tests.utils import REPO
 
@@ -79,3 +81,37 @@ def test_bad_grid_is_one_line(fairseq_tiny, tmp_path):
     lines = proc.stderr.strip().split("\n")
     assert len(lines) == 1 and "--tune-grid" in lines[0] and "beam=-4" in lines[0], proc.stderr
     assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_search_is_one_line_and_143_leaving_no_folder(fairseq_tiny, tmp_path):
+    """Issue 48, class 10: SIGTERM killed seqtrain-tune without its line (-15) and left its empty --tune-output
+    folder; now it ends as the other programs do (143, `stopped by SIGTERM`), and the folder is made only when
+    the files are written."""
+    import signal
+    import time
+
+    out = tmp_path / "tuned"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    argv = _model(fairseq_tiny) + ["--tune-subset", "200", "--tune-output", str(out), "--batch-size", "8"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "seqtrain_cli.tune", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        seen = ""
+        while "searching " not in seen:  # the search has begun (its first log line)
+            assert proc.poll() is None and time.monotonic() < deadline, seen
+            seen += proc.stderr.readline()
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    lines = [ln for ln in stderr.splitlines() if " | INFO | " not in ln]
+    assert (proc.returncode, stdout, lines) == (
+        143,
+        "",
+        [f"seqtrain-tune: stopped by SIGTERM; nothing was written to --tune-output {out}"],
+    )
+    assert not out.exists()

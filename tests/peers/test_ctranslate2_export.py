@@ -23,7 +23,7 @@ from seqtrain.checkpoint.hf import ctranslate2_options
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.models.bart import build_model
 from tests.peers.test_transformers_export import dictionary, export, spm_tokenizer
-from tests.utils import REPO, SAMPLE
+from tests.utils import REPO, SAMPLE, completed
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -71,7 +71,7 @@ def tiny_checkpoint(path, d, tok, seed=0):
     args = argparse.Namespace(
         arch="bart_tiny", dropout=0.0, max_source_positions=128, max_target_positions=128
     )
-    model = build_model(model_config(args), d, d).eval()
+    model = build_model(model_config(completed(args)), d, d).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

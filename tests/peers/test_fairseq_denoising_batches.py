@@ -19,7 +19,7 @@ import pytest
 
 from seqtrain.flags import training
 from seqtrain.tasks import setup_task
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from tests.utils import SAMPLE
 
 VENV = pathlib.Path(os.environ.get("FAIRSEQ_VENV") or pathlib.Path.home() / ".cache/seqtrain-peers/fairseq")
@@ -101,7 +101,7 @@ def test_blocks_and_batches_equal_fairseqs(mono):
     theirs = json.loads(proc.stdout)
     for name, argv in argvs.items():
         args = training.parse_train_args([*argv, "--arch", "bart_tiny", "--cpu"])
-        task = setup_task(task_config(args))
+        task = setup_task(train_config(args).task)
         ds = task.load_dataset("train")
         itr = task.get_batch_iterator(
             ds,

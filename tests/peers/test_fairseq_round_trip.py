@@ -236,7 +236,7 @@ def test_training_batches_with_the_default_multiple_of_8_are_fairseqs(sample_bin
     which the batch-list fixtures, made with 1, do not cover): the same frozen batches and epoch-1 order."""
     from seqtrain.flags.training import parse_train_args
     from seqtrain.tasks import setup_task
-    from seqtrain.train.loop import task_config
+    from seqtrain.train.program import train_config
 
     script = tmp_path / "fairseq_batches.py"
     script.write_text(FAIRSEQ_BATCHES)
@@ -252,7 +252,7 @@ def test_training_batches_with_the_default_multiple_of_8_are_fairseqs(sample_bin
         "--truncate-source",
     ]
     args = parse_train_args(argv + ["--max-source-positions", "128", "--cpu"])
-    task = setup_task(task_config(args))
+    task = setup_task(train_config(args).task)
     itr = task.get_batch_iterator(
         task.load_dataset("train"),
         max_tokens=900,

@@ -21,7 +21,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.data.tokenizer import GPT2BPETokenizer, SentencePieceTokenizer
 from seqtrain.models.bart import build_model
 from tests.unit.generation.reference_beam_search import fairseq_forced_eos
-from tests.utils import SAMPLE
+from tests.utils import SAMPLE, completed
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -74,7 +74,7 @@ def tiny_checkpoint(path, d, tok, prepend_bos=False, seed=0):
         arch="bart_tiny", dropout=0.0, prepend_bos=prepend_bos, max_source_positions=128
     )
     args.max_target_positions = 128
-    model = build_model(model_config(args), d, d).eval()
+    model = build_model(model_config(completed(args)), d, d).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:

@@ -20,7 +20,7 @@ from seqtrain.checkpoint.load import LoadedModel, load_model
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.models.bart import build_model
 from seqtrain.registry import ARCHS
-from tests.utils import FP32
+from tests.utils import FP32, completed
 
 transformers = pytest.importorskip("transformers")
 
@@ -134,7 +134,7 @@ def tiny_mbart(langs=None):
     if langs:
         args.langs, args.source_lang, args.target_lang = ",".join(langs), langs[0], langs[1]
     torch.manual_seed(4)
-    model = build_model(model_config(args), d, d).eval()
+    model = build_model(model_config(completed(args)), d, d).eval()
     perturb(model)
     return model, args, d
 

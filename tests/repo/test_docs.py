@@ -34,7 +34,7 @@ def test_flag_reference_covers_every_program():
         r"^(seqtrain-[\w-]+) = ", (REPO / "pyproject.toml").read_text(encoding="utf-8"), re.M
     )
     text = (REPO / "docs" / "flags.md").read_text(encoding="utf-8")
-    assert len(scripts) == 9 and [s for s in scripts if f"\n## {s}\n" not in text] == []
+    assert len(scripts) == 10 and [s for s in scripts if f"\n## {s}\n" not in text] == []
     section = text[text.index("## seqtrain-interactive") : text.index("## seqtrain-convert")]
     assert (
         "| `--buffer-size` | `1` |" in section

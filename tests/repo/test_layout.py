@@ -19,7 +19,16 @@ LAYERS = (
         "entry points",
         ("seqtrain_cli", "seqtrain"),
     ),  # `seqtrain` itself: the public face (Summarizer, load_model)
-    ("programs", ("seqtrain.train", "seqtrain.generation", "seqtrain.preprocess", "seqtrain.evaluation")),
+    (
+        "programs",
+        (
+            "seqtrain.train",
+            "seqtrain.generation",
+            "seqtrain.preprocess",
+            "seqtrain.evaluation",
+            "seqtrain.serve",
+        ),
+    ),
     ("flags", ("seqtrain.flags",)),
     ("checkpoint, tasks, distributed", ("seqtrain.checkpoint", "seqtrain.tasks", "seqtrain.distributed")),
     (
@@ -42,12 +51,15 @@ LAYERS = (
             "seqtrain.config",
             "seqtrain.flag_bounds",
             "seqtrain.cuda",
+            "seqtrain.host_cpu",
             "seqtrain.slurm",
             "seqtrain.workers",
         ),
     ),
 )
-MAX_FLAT_MODULES = 10  # seqtrain/*.py, __init__ included
+# seqtrain/*.py, __init__ included: "about 10" (ARCHITECTURE.md); host_cpu (the CPU's threads and bf16) joined
+# the ground when generation came to choose its threads as training does
+MAX_FLAT_MODULES = 11
 
 
 def _modules() -> dict:
@@ -200,6 +212,21 @@ def test_imports_inside_functions_say_why():
     assert not bare, "imports inside functions without a reason:\n" + "\n".join(bare)
 
 
+def test_generation_imports_no_training_component():
+    """Generation decodes; it takes nothing from training's components: its parser leaves the fp16 loss-scaling
+    flags out through the flag layer (seqtrain.flags.training.add_loss_scaling_args), not by importing the
+    optimizer package, and the static step's aligned vocabulary product comes from seqtrain.cuda, not from a loss
+    (issue 51)."""
+    bad = [
+        f"{name} -> {target} (line {line})"
+        for name, edges in _graph().items()
+        if name.startswith("seqtrain.generation")
+        for target, _, line in edges
+        if target.startswith(("seqtrain.optim", "seqtrain.criterions"))
+    ]
+    assert not bad, "\n".join(bad)
+
+
 def test_few_flat_modules_and_a_folder_per_program():
     flat = sorted(p.name for p in (REPO / "seqtrain").glob("*.py"))
     assert len(flat) <= MAX_FLAT_MODULES, flat
@@ -306,11 +333,13 @@ NAMESPACE_EDGE = {
     "seqtrain.checkpoint.fairseq": "the one adapter for the args record a fairseq checkpoint stores",
     "seqtrain.checkpoint.files": "unpickling fairseq files allows the Namespace they hold; the record's type",
     "seqtrain.checkpoint.load": "a loaded checkpoint carries its stored args record (read through the adapter)",
-    "seqtrain.train.loop": "seqtrain-train's front end",
+    "seqtrain.train.program": "seqtrain-train's front end: the parsed flags into a TrainConfig, once",
     "seqtrain.generation.options": "seqtrain-generate/-interactive/-tune's parsers",
     "seqtrain.generation.generate": "seqtrain-generate's front end",
     "seqtrain.generation.interactive": "seqtrain-interactive's front end",
     "seqtrain.generation.tune": "seqtrain-tune's front end",
+    "seqtrain.serve.options": "seqtrain-serve's parser",
+    "seqtrain.serve.server": "seqtrain-serve's front end",
     "seqtrain.evaluation.report": "seqtrain-eval's front end",
     "seqtrain.preprocess.databin": "seqtrain-preprocess's front end",
 }
@@ -334,12 +363,16 @@ def _namespace_uses(tree: ast.AST) -> list[tuple[int, str]]:
             and node.args[0].id == "args"
         ):
             found.append((node.lineno, f"{node.func.id}(args, ...)"))
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "args":
+            found.append((node.lineno, f"args.{node.attr}"))
     return found
 
 
 def test_the_namespace_stays_at_the_programs_edge():
     """Below the program front ends, components receive their own typed config, never the parsed flags: no
-    argparse.Namespace and no getattr(args, ...) outside NAMESPACE_EDGE (issue 36)."""
+    argparse.Namespace, no args.x and no getattr(args, ...) outside NAMESPACE_EDGE (issues 36, 51: training's
+    edge is the front end that builds its TrainConfig; the loop, the Trainer and the checkpoint policy read typed
+    settings only)."""
     bad, seen_edge = [], set()
     for name, path in _modules().items():
         edge = next((p for p in NAMESPACE_EDGE if name == p or name.startswith(p + ".")), None)
@@ -350,7 +383,7 @@ def test_the_namespace_stays_at_the_programs_edge():
         bad += [f"{path.relative_to(REPO)}:{line}: {what}" for line, what in uses]
     assert not bad, "the parsed flags reach below the programs' front ends:\n" + "\n".join(bad)
     # the check sees what it looks for: the front ends and the adapter do hold the Namespace
-    assert {"seqtrain.train.loop", "seqtrain.checkpoint.fairseq", "seqtrain.config"} <= seen_edge
+    assert {"seqtrain.train.program", "seqtrain.checkpoint.fairseq", "seqtrain.config"} <= seen_edge
 
 
 def test_programs_start_without_what_only_some_runs_use():
@@ -370,3 +403,49 @@ def test_programs_start_without_what_only_some_runs_use():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split("\n")[:2] == ["[]", "True"]
+
+
+def test_every_component_finds_its_settings_one_way():
+    """A component registers its settings class with its name (`REGISTRY.register(name, config=Cls)`, fairseq's
+    `register_x(name, dataclass=...)`) and that registry is the one way to it (issue 51): every registered arch,
+    task, criterion, optimizer and scheduler has a settings class (a dataclass of flag fields) and its kind a
+    common one for --user-dir plugins; no component class carries a `config` attribute and no module keeps a
+    side table of configs. (Tokenizers are rebuilt from the spec a data-bin stores: no flags, no settings.)"""
+    from dataclasses import fields, is_dataclass
+
+    import seqtrain.criterions  # noqa: F401  (each registers its components on import)
+    import seqtrain.models  # noqa: F401
+    import seqtrain.optim  # noqa: F401
+    import seqtrain.tasks  # noqa: F401
+    from seqtrain import registry
+
+    bad = []
+    for table in (
+        registry.ARCHS,
+        registry.TASKS,
+        registry.CRITERIONS,
+        registry.OPTIMIZERS,
+        registry.LR_SCHEDULERS,
+    ):
+        assert table.common is not None and is_dataclass(table.common), table.kind
+        for name in table.names():
+            if not table.get(name).__module__.startswith("seqtrain."):
+                continue  # a --user-dir plugin another test imported (fairseq-style, it may have none)
+            config = table.registered_config(name)
+            if config is None or not is_dataclass(config):
+                bad.append(f"{table.kind} {name!r}: registered without a settings class")
+            elif not any("flag" in f.metadata for f in fields(config)):
+                bad.append(f"{table.kind} {name!r}: {config.__name__} declares no flag")
+            component = table.get(name)
+            if isinstance(component, type) and any("config" in vars(c) for c in component.__mro__):
+                bad.append(f"{table.kind} {name!r}: a `config` class attribute beside the registry's")
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+                continue
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name) and t.id.endswith("_CONFIGS"):
+                    bad.append(
+                        f"{path.relative_to(REPO)}:{node.lineno}: {t.id}, a side table of settings classes"
+                    )
+    assert not bad, "\n".join(bad)

@@ -1,5 +1,6 @@
 """seqtrain.cuda's --deterministic settings: what set_deterministic sets, when it refuses (a cuBLAS setting that is
-not deterministic, or one it would set after CUDA started), and the one-line errors for torch's refusals."""
+not deterministic, or one it would set after CUDA started), and the one-line errors for torch's refusals; the
+vocabulary products' row alignment (align_rows, padded_weight)."""
 
 from __future__ import annotations
 
@@ -67,3 +68,17 @@ def test_torch_refusals_become_one_line_naming_the_flag(monkeypatch):
     )
     assert nondeterministic_error(RuntimeError("shape mismatch")) is None
     assert nondeterministic_error(ValueError("use_deterministic_algorithms")) is None
+
+
+def test_align_rows_pads_on_cuda_only_unless_asked():
+    assert cuda.align_rows(torch.device("cpu")) == 1
+    assert cuda.align_rows(torch.device("cuda")) == cuda.CUDA_ALIGN_ROWS == 8
+    assert cuda.align_rows(torch.device("cpu"), 64) == 64 and cuda.align_rows(torch.device("cuda"), 1) == 1
+
+
+def test_the_padded_weight_is_one_cast_with_zero_rows_after_the_vocabulary():
+    w = torch.randn(11, 4, dtype=torch.float32, requires_grad=True)
+    p = cuda.padded_weight(w, 8, torch.bfloat16)
+    assert p.shape == (16, 4) and p.dtype == torch.bfloat16 and not p.requires_grad
+    assert torch.equal(p[:11], w.detach().bfloat16()) and not p[11:].any()
+    assert cuda.padded_weight(w, 1, torch.float32).shape == (11, 4)

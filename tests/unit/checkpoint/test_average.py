@@ -19,6 +19,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
 from seqtrain_cli.average_checkpoints import cli_main
+from tests.utils import completed
 
 
 def make_dict(n_words: int = 20) -> Dictionary:
@@ -37,7 +38,7 @@ def tiny_states(
     states = []
     for seed in range(n):
         torch.manual_seed(seed)
-        model = build_model(model_config(args), d, d).to(dtype)
+        model = build_model(model_config(completed(args)), d, d).to(dtype)
         states.append({k: v.clone() for k, v in model.state_dict().items()})
     return args, d, states
 
@@ -185,7 +186,7 @@ def test_mismatched_inputs_are_refused_and_nothing_is_written(tmp_path, capsys):
     )
     assert not (tmp_path / "avg.pt").exists()
     assert run("--inputs", a, b, "--output", a) == 1  # never over an input
-    assert "is one of the inputs" in capsys.readouterr().err
+    assert "(the same file): writing it would replace that input" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

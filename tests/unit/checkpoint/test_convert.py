@@ -14,7 +14,7 @@ from seqtrain.checkpoint.load import load_model
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.models.bart import build_model
 from seqtrain_cli.convert import cli_main
-from tests.utils import FP32
+from tests.utils import FP32, completed
 
 
 def make_dict(n_words: int) -> Dictionary:
@@ -36,7 +36,7 @@ def fairseq_ckpt(tmp_path):
     d = make_dict(28)
     torch.manual_seed(0)
     args = argparse.Namespace(arch="bart_tiny", encoder_layers=2, decoder_layers=1, dropout=0.0)
-    model = build_model(model_config(args), d, d).eval()
+    model = build_model(model_config(completed(args)), d, d).eval()
     args.lr, args.task, args.no_scale_embedding = [0.001], "translation", True
     state = dict(model.state_dict())
     state["encoder.version"] = state["decoder.version"] = torch.tensor([3.0])
@@ -312,7 +312,7 @@ def test_conversion_logs_name_the_architecture_the_file_stores(tmp_path, fairseq
     state = {
         "format": "seqtrain",
         "args": vars(args),
-        "model": build_model(model_config(args), d, d).state_dict(),
+        "model": build_model(model_config(completed(args)), d, d).state_dict(),
     }
     state.update(src_dict=d.to_list(), tgt_dict=d.to_list())
     save_checkpoint_file(state, str(tmp_path / "narrow.pt"))

@@ -27,6 +27,7 @@ from seqtrain.flags.training import parse_train_args
 from seqtrain.models.bart import build_model
 from seqtrain.registry import ARCHS
 from seqtrain_cli.convert import cli_main
+from tests.utils import completed
 
 FAIRSEQ_BART_ARCHS = {"bart_large", "bart_base", "mbart_large", "mbart_base", "mbart_base_wmt20"}
 # What bart_large_architecture fills from its own defaults when absent: each must be written explicitly.
@@ -188,7 +189,7 @@ def test_trained_checkpoint_exports_loadable(tmp_path):
     args = parse_train_args(argv + ["--label-smoothing", "0.1", "--lr-scheduler", "inverse_sqrt"])
     d = make_dict(20)
     torch.manual_seed(0)
-    model = build_model(model_config(args), d, d)
+    model = build_model(model_config(completed(args)), d, d)
     run = TrainState(epoch=3, num_updates=42, best=2.5, train_iterator={"epoch": 3, "iterations_in_epoch": 4})
     save_checkpoint_file(
         make_checkpoint_state(args, model.state_dict(), d, d, training=run), str(tmp_path / "c.pt")

@@ -21,7 +21,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
 from seqtrain.models.resize import resize_embeddings
-from tests.utils import FP32
+from tests.utils import FP32, completed
 
 
 def make_dict(n_words: int) -> Dictionary:
@@ -34,7 +34,7 @@ def make_dict(n_words: int) -> Dictionary:
 def tiny_model(d: Dictionary, seed: int = 0):
     torch.manual_seed(seed)
     args = argparse.Namespace(arch="bart_tiny", encoder_layers=1, decoder_layers=1, dropout=0.0)
-    return build_model(model_config(args), d, d).eval(), args
+    return build_model(model_config(completed(args)), d, d).eval(), args
 
 
 def batch(vocab: int):
@@ -226,7 +226,7 @@ def fairseq_namespace(args: argparse.Namespace) -> argparse.Namespace:
     """What fairseq stores: all of its flags, not only the model's."""
     full = argparse.Namespace(**vars(args))
     build_model(
-        model_config(full), make_dict(20), make_dict(20)
+        model_config(completed(full)), make_dict(20), make_dict(20)
     )  # fills the preset fields, as fairseq's arch functions do
     full.lr, full.optimizer, full.task, full.max_tokens = [0.001], "adam", "translation", 2048
     full.encoder_normalize_before = full.decoder_normalize_before = False
@@ -529,7 +529,7 @@ def test_position_rows_are_cut_to_the_model_or_refused_when_too_few(tmp_path):
             arch="bart_tiny", max_source_positions=positions, max_target_positions=positions
         )
         ARCHS.get("bart_tiny")(a)
-        return build_model(model_config(a), d, d)
+        return build_model(model_config(completed(a)), d, d)
 
     big, small = model(64), model(16)
     state = fit_positions(big.state_dict(), small, "big.pt")
@@ -561,7 +561,7 @@ def test_prenorm_model_round_trips_and_exports_as_mbart(tmp_path):
         encoder_normalize_before=True,
         decoder_normalize_before=True,
     )
-    model = build_model(model_config(args), d, d).eval()
+    model = build_model(model_config(completed(args)), d, d).eval()
     with torch.no_grad():
         model.encoder.layer_norm.weight.uniform_(0.5, 1.5)
         model.decoder.layer_norm.bias.uniform_(-0.5, 0.5)

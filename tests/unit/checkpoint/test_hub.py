@@ -26,7 +26,7 @@ from seqtrain.generation.options import parse_generation_args
 from seqtrain.models.bart import build_model
 from seqtrain_cli.convert import main as convert_main
 from seqtrain_cli.train import train_main
-from tests.utils import FP32, base_args
+from tests.utils import FP32, base_args, completed
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("huggingface_hub")
@@ -89,7 +89,7 @@ def hub(tmp_path_factory, toy_databin):
     d = Dictionary.load(os.path.join(data, "dict.src.txt"))
     args = argparse.Namespace(arch="bart_tiny")
     torch.manual_seed(3)
-    model = build_model(model_config(args), d, d).eval()
+    model = build_model(model_config(completed(args)), d, d).eval()
     fq = root / "fairseq" / "model.pt"
     fq.parent.mkdir()
     export_fairseq(LoadedModel(model, args, d, d), str(fq))

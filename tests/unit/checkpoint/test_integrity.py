@@ -20,6 +20,7 @@ from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
+from tests.utils import completed
 
 
 def make_dict(n_words: int = 20) -> Dictionary:
@@ -33,7 +34,7 @@ def save_tiny(path: str, optimizer=None, change=None) -> dict[str, torch.Tensor]
     d = make_dict()
     torch.manual_seed(0)
     args = argparse.Namespace(arch="bart_tiny", encoder_layers=1, decoder_layers=1, dropout=0.0)
-    state = build_model(model_config(args), d, d).state_dict()
+    state = build_model(model_config(completed(args)), d, d).state_dict()
     if change is not None:
         change(state)
     save_checkpoint_file(

@@ -12,7 +12,9 @@ from seqtrain.criterions import (
     DistillationConfig,
     LabelSmoothedCrossEntropyWithDistillationCriterion,
     build_criterion,
+    check_criterion_flags,
 )
+from seqtrain.criterions.distillation import NAME
 from seqtrain.errors import SeqtrainError
 from tests.unit.criterions.test_criterions import PAD, V, _tiny_bart, make_sample
 
@@ -98,7 +100,9 @@ def test_teacher_is_frozen_in_eval_mode_and_follows_the_student_dtype():
 @pytest.mark.parametrize(
     "kw,message",
     [
-        ({"distill_temperature": 0.0}, "--distill-temperature must be above 0"),
+        ({"distill_temperature": 0.0}, r"--distill-temperature must be between 0.01 and 1000, got 0.0"),
+        # issue 48, class 10: T^2 * KL at T = 1e-30 was exactly 0 in fp32, the KD term gone without a word
+        ({"distill_temperature": 1e-30}, r"--distill-temperature must be between 0.01 and 1000, got 1e-30"),
         ({"distill_alpha": 1.5}, "--distill-alpha must be between 0 and 1"),
     ],
 )
@@ -114,9 +118,12 @@ def test_needs_a_teacher_and_teacher_path_needs_the_criterion(tmp_path):
     args.teacher_path = str(tmp_path / "missing.pt")
     with pytest.raises(SeqtrainError, match=r"--teacher-path .*missing.pt: no such file"):
         build_criterion(from_args(DistillationConfig, args), PAD)
-    args.criterion = "cross_entropy"
-    with pytest.raises(SeqtrainError, match="--teacher-path is read only by --criterion"):
-        build_criterion(from_args(DistillationConfig, args), PAD)
+    with pytest.raises(
+        SeqtrainError,
+        match=f"--teacher-path is read only by --criterion {NAME}, not cross_entropy",
+    ):  # seqtrain-train lists every criterion's flags: one the chosen criterion does not read is refused
+        check_criterion_flags("cross_entropy", lambda dest: getattr(args, dest, None))
+    check_criterion_flags(NAME, lambda dest: getattr(args, dest, None))
 
 
 def test_packed_batch_equals_padded_batch():
@@ -158,3 +165,38 @@ def test_teacher_moves_to_the_students_device():
     sample["target"] = sample["target"].cuda()
     loss = crit(student.cuda(), sample)[0]
     assert loss.is_cuda and loss.item() == pytest.approx(cpu_loss, rel=1e-4)
+
+
+def test_the_students_limits_must_fit_the_teachers():
+    """Issue 48, class 10: a teacher with fewer positions than the run's limits ended the first update with the
+    teacher's own error naming the student's flag (`source of 10 tokens exceeds --max-source-positions 8`); the
+    criterion now refuses at its setup, naming the teacher and the flags that fix it."""
+    from seqtrain.criterions.distillation import _check_positions
+
+    _check_positions((1024, 1024), (1024, 1024), "t.pt")
+    _check_positions((1024, 1024), (512, 128), "t.pt")
+    with pytest.raises(SeqtrainError) as e:
+        _check_positions((8, 16), (1024, 12), "t.pt")
+    assert str(e.value) == (
+        "--teacher-path t.pt: the teacher reads at most 8 source and 16 target tokens (its max_source_positions / "
+        "max_target_positions), fewer than this run's --max-source-positions 1024 / --max-target-positions 12; "
+        "give the student at most the teacher's (--max-source-positions 8 --max-target-positions 12), so every "
+        "example fits both"
+    )
+
+
+def test_resuming_with_another_teacher_or_temperature_is_said(caplog):
+    from seqtrain.train.checkpoints import note_teacher_changes
+
+    kd = "label_smoothed_cross_entropy_with_distillation"
+    stored = {"criterion": kd, "teacher_path": "a.pt", "distill_temperature": 2.0, "distill_alpha": 0.8}
+    caplog.set_level("WARNING")
+    note_teacher_changes(stored, dict(stored), "ck.pt")
+    note_teacher_changes({"criterion": "cross_entropy"}, {"criterion": "cross_entropy"}, "ck.pt")
+    assert caplog.records == []
+    note_teacher_changes(stored, {**stored, "teacher_path": "b.pt", "distill_temperature": 1.0}, "ck.pt")
+    assert [r.getMessage() for r in caplog.records] == [
+        "resuming ck.pt with another distillation objective: --teacher-path a.pt -> b.pt, --distill-temperature "
+        "2.0 -> 1.0; the run continues with the new one (restart from its weights with --finetune-from-model for "
+        "a clean schedule)"
+    ]

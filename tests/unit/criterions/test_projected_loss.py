@@ -22,9 +22,7 @@ from seqtrain.config import from_args
 from seqtrain.criterions import DistillationConfig, LabelSmoothedCrossEntropyCriterion
 from seqtrain.criterions.projected_loss import (
     CPU_BUDGET_BYTES,
-    CUDA_ALIGN_ROWS,
     CUDA_BUDGET_BYTES,
-    align_rows,
     bytes_per_logit,
     chunk_budget_bytes,
     chunk_rows,
@@ -356,12 +354,6 @@ class _ProductShapes(TorchDispatchMode):
         return out
 
 
-def test_align_rows_pads_on_cuda_only_unless_asked():
-    assert align_rows(torch.device("cpu")) == 1
-    assert align_rows(torch.device("cuda")) == CUDA_ALIGN_ROWS == 8
-    assert align_rows(torch.device("cpu"), 64) == 64 and align_rows(torch.device("cuda"), 1) == 1
-
-
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
 @pytest.mark.parametrize("rows", [None, 7])
@@ -419,14 +411,8 @@ def test_the_aligned_vocabulary_chunks_at_its_padded_width():
 
 
 def test_the_padded_weight_is_cast_once_in_the_compute_dtype():
-    """Under bf16 autocast the padded weight is made once per call in bf16 (so neither F.linear nor the
-    gradient products cast it again per chunk), its first V rows the weight's cast and the others zero."""
-    from seqtrain.criterions.projected_loss import padded_weight
-
-    w = torch.randn(11, 4, dtype=torch.float32, requires_grad=True)
-    p = padded_weight(w, 8, torch.bfloat16)
-    assert p.shape == (16, 4) and p.dtype == torch.bfloat16 and not p.requires_grad
-    assert torch.equal(p[:11], w.detach().bfloat16()) and not p[11:].any()
+    """Under bf16 autocast the padded weight (seqtrain.cuda.padded_weight) is made once per call in bf16 (so
+    neither F.linear nor the gradient products cast it again per chunk)."""
     hidden, weight, target = _inputs(n=30)
     casts = []
 

@@ -117,7 +117,7 @@ def test_load_errors_missing_and_bad_encoding(tmp_path):
         Dictionary.load(str(tmp_path / "nothere.txt"))
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"a 1\n\xff\xfe 2\n")
-    with pytest.raises(SeqtrainError, match="bad.txt: dictionary is not valid UTF-8"):
+    with pytest.raises(SeqtrainError, match=r"bad.txt:2: invalid UTF-8 \(byte 0xff at byte 1 of the line\)"):
         Dictionary.load(str(bad))
 
 
@@ -216,5 +216,5 @@ def test_add_file_to_dictionary_with_workers_equals_single(tmp_path):
 def test_invalid_utf8_in_text_names_file_and_line(tmp_path):
     path = tmp_path / "t.txt"
     path.write_bytes(b"ok\nbad \xff\n")
-    with pytest.raises(SeqtrainError, match=r"t\.txt: invalid UTF-8 at line 2"):
+    with pytest.raises(SeqtrainError, match=r"t\.txt:2: invalid UTF-8 \(byte 0xff at byte 5 of the line\)"):
         count_chunk(str(path))

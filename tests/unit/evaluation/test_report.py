@@ -7,9 +7,11 @@ import json
 
 import pytest
 
+from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError
 from seqtrain.evaluation import analyses
-from seqtrain.evaluation.report import get_eval_parser, report
+from seqtrain.evaluation.report import EvalConfig, get_eval_parser, report
+from seqtrain.flags.parsers import UsageError
 
 SOURCES = [
     "Alice met Bob in Paris. They talked.",  # 7 words
@@ -33,8 +35,8 @@ def _write(path, lines):
     return str(path)
 
 
-@pytest.fixture
-def files(tmp_path):
+def example_files(tmp_path) -> dict:
+    """The four made examples' files in `tmp_path` (also tests/e2e/test_eval_inputs.py's)."""
     return {
         "hyps": _write(tmp_path / "hyp.txt", HYPOTHESES),
         "other": _write(tmp_path / "other.txt", OTHER),
@@ -44,10 +46,15 @@ def files(tmp_path):
     }
 
 
-def _args(files, *extra):
-    return get_eval_parser().parse_args(
-        ["--hyps", files["hyps"], "--source", files["source"], "--reference", files["reference"], *extra]
-    )
+@pytest.fixture
+def files(tmp_path):
+    return example_files(tmp_path)
+
+
+def _args(files, *extra) -> EvalConfig:
+    """seqtrain-eval's settings for these files and flags, read from its parser as seqtrain-eval reads them."""
+    argv = ["--hyps", files["hyps"], "--source", files["source"], "--reference", files["reference"], *extra]
+    return from_args(EvalConfig, get_eval_parser().parse_args(argv))
 
 
 def test_rouge_baselines_and_oracle(files):
@@ -136,10 +143,11 @@ def test_validation_curves_from_both_log_formats(tmp_path):
         '2026-12-01 10:01:00 | INFO | valid | {"valid_loss": 6.5, "valid_num_updates": 200}\n'
     )
     curves = analyses.validation_curves(str(log))
-    assert curves == {
-        "valid": {"loss": [[100.0, 7.5], [200.0, 6.5]], "nll_loss": [[100.0, 7.0]]},
-        "valid1": {"loss": [[200.0, 6.25]], "rougeLsum": [[200.0, 31.5]]},
+    assert curves["subsets"] == {
+        "valid": {"loss": [[100, 7.5], [200, 6.5]], "nll_loss": [[100, 7.0]]},
+        "valid1": {"loss": [[200, 6.25]], "rougeLsum": [[200, 31.5]]},
     }
+    assert curves["skipped"] == 0
     (tmp_path / "empty.log").write_text("no json here\n")
     with pytest.raises(SeqtrainError, match=r"--train-log .*empty.log: no validation records"):
         analyses.validation_curves(str(tmp_path / "empty.log"))
@@ -148,8 +156,7 @@ def test_validation_curves_from_both_log_formats(tmp_path):
 def test_bad_input_is_one_line_naming_the_file(files, tmp_path):
     short = _write(tmp_path / "short.txt", HYPOTHESES[:3])
     with pytest.raises(SeqtrainError) as e:
-        report(get_eval_parser().parse_args(["--hyps", short, "--source", files["source"], "--reference",
-                                             files["reference"]]))  # fmt: skip
+        report(_args({**files, "hyps": short}))
     assert str(e.value) == (
         f"{short}: 3 hypotheses but {files['reference']} has 4 references (one line each, same order)"
     )
@@ -166,3 +173,23 @@ def test_bad_input_is_one_line_naming_the_file(files, tmp_path):
         50
     )
     json.dumps(r)  # the report is plain JSON
+
+
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--buckets", "0", "must be between 1 and 2147483647, got 0"),
+        ("--source-limit", "0", "must be between 1 and 2147483647, got 0"),
+        ("--dup-threshold", "0", "must be above 0 and at most 1, got 0"),
+        ("--dup-threshold", "1.5", "must be above 0 and at most 1, got 1.5"),
+        ("--lead", "1,0", "must be between 1 and 2147483647, got 0"),
+        ("--examples", "-1", "must be between 0 and 2147483647, got -1"),
+        ("--bootstrap", "-1", "must be between 0 and 1000000, got -1"),
+    ],
+)
+def test_ranges_are_the_fields_and_checked_as_the_flags_are_parsed(files, flag, value, message):
+    """seqtrain-eval's ranges are declared on its settings' fields (bounds=): a value outside is refused by the
+    parser with one line naming the flag, before anything is read."""
+    with pytest.raises(UsageError, match=f"argument {flag}: {message}"):
+        _args(files, flag, value)
+    assert _args(files, "--dup-threshold", "1", "--lead", "2").report.lead == [2]

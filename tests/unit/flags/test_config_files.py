@@ -85,6 +85,49 @@ def test_config_errors_name_file_and_line(tmp_path, text, message):
         parse("data", "--config", str(cfg))
 
 
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        # issue 48, class 9: a mapping under a flag's name was read as a section: `beam: {a: 1}` set --arch 1
+        # (fairseq's -a) and lost the beam; the same for a training flag in a generation config and back
+        (
+            "beam: {a: 1}\n",
+            r"c.yaml line 1 \(beam\): 'beam' is a flag, and its value is a mapping; give the flag",
+        ),
+        ("model:\n  lr:\n    a: 3\n", r"c.yaml line 2 \(lr\): 'lr' is a flag, and its value is a mapping"),
+        ('{"--max-epoch": {"x": 1}}', r"c.yaml \(--max-epoch\): '--max-epoch' is a flag, and its value is a"),
+        # training's keys pass through a generation config (one preset serves both), but not unknown components
+        (
+            "arch: no_such_arch\n",
+            r"c.yaml line 1 \(arch\): unknown arch 'no_such_arch'; choose from: bart_base",
+        ),
+        ("lr: 0.1\na: no_such_arch\n", r"c.yaml line 2 \(a\): unknown arch 'no_such_arch'; choose from"),
+        (
+            "optimizer: lion\n",
+            r"c.yaml line 1 \(optimizer\): unknown optimizer 'lion'; choose from: adafactor",
+        ),
+        ("lr-scheduler: cosinez\n", r"line 1 \(lr-scheduler\): unknown lr scheduler 'cosinez'; choose from"),
+    ],
+)
+@pytest.mark.parametrize("program", ["train", "generate"])
+def test_a_flag_is_no_section_and_components_are_known_in_every_program(tmp_path, program, text, message):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(SeqtrainError, match=message):
+        if program == "train":
+            parse("data", "--config", str(cfg))
+        else:
+            options.parse_generation_args(["--path", "ck.pt", "--config", str(cfg)])
+    # sections under other names, also `a` (no long flag), keep working; training keys pass through generation
+    cfg.write_text("a:\n  arch: bart_tiny\ngeneration:\n  beam: 3\n  lenpen: 0.5\noptimization: {lr: 0.1}\n")
+    assert (parse("data", "--config", str(cfg)).arch, parse("data", "--config", str(cfg)).lr) == (
+        "bart_tiny",
+        [0.1],
+    )
+    args = options.parse_generation_args(["--path", "ck.pt", "--config", str(cfg)])
+    assert (args.beam, args.lenpen) == (3, 0.5)
+
+
 def test_non_utf8_config_is_one_line_error(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_bytes(b"arch: bart_\xff\n")

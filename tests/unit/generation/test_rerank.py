@@ -94,3 +94,12 @@ def test_reranking_reorders_the_finished_beam_of_a_real_model(base):
 def test_rerank_flag_errors(base):
     with pytest.raises(SeqtrainError, match="--rerank-lenpen: only --rerank length uses it"):
         generate_main(base + ["--rerank", "mbr", "--rerank-lenpen", "2"], out=io.StringIO())
+    # issue 48, class 10: one candidate (--beam 1, or a sampled beam of 1) is nothing to rerank: a silent no-op
+    for method in ("mbr", "length"):
+        for extra in ([], ["--sampling"]):
+            with pytest.raises(SeqtrainError) as e:
+                generate_main(base + ["--rerank", method, "--beam", "1", *extra], out=io.StringIO())
+            assert str(e.value) == (
+                f"--rerank {method} chooses among the beam's finished hypotheses, and --beam 1 leaves one: nothing "
+                "to rerank; give --beam 2 or more (or drop --rerank)"
+            )

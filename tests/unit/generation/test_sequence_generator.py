@@ -344,8 +344,16 @@ def test_flags_defaults_and_errors():
 
 
 def test_min_len_above_max_len_is_an_error(model):
-    with pytest.raises(SeqtrainError, match="--min-len 9"):
+    """fairseq's keywords are checked as the flags are, each named as given (the one check of the settings);
+    the step body holds --min-len against the model's own positions."""
+    with pytest.raises(SeqtrainError, match="min_len 9 is above the maximum length max_len_b 5"):
         SequenceGenerator(model, Dict4(), max_len_b=5, min_len=9)
+    with pytest.raises(SeqtrainError, match="beam_size must be between 1 and 10000, got 0"):
+        SequenceGenerator(model, Dict4(), beam_size=0)
+    with pytest.raises(SeqtrainError, match="--min-len 9 is larger than the max length 7"):
+        SequenceGenerator(model, Dict4(), max_len=8, max_len_b=20, min_len=9)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'beam'"):
+        SequenceGenerator(model, Dict4(), beam=4)
 
 
 def test_generate_restores_training_mode(model):

@@ -65,7 +65,9 @@ def test_summarize_matches_generate_in_input_order(tiny):
 
 def test_front_ends_give_the_same_summaries_with_the_encoder_packed_or_padded(tiny, monkeypatch):
     """--packed-encoder reaches the encoder from all three front ends (Summarizer, seqtrain-generate --input,
-    seqtrain-interactive), and the summaries are the padded encoder's."""
+    seqtrain-interactive), and the summaries are the padded encoder's. (The model's own encoder: the compiled
+    CPU step always encodes the real tokens only.)"""
+    monkeypatch.setenv("SEQTRAIN_CPU_STEP", "eager")
     from seqtrain import Summarizer
     from seqtrain.models.bart import BartEncoder
     from seqtrain_cli.generate import generate_main
@@ -110,6 +112,50 @@ def test_dtype_and_device(tiny):
     assert sum(a == b for a, b in zip(bf16, fp32)) >= N - 2  # this well-trained model barely notices bf16
     assert s.half().dtype == torch.float16
     s.float()
+
+
+def test_widest_beam_the_vocabulary_allows_runs(tiny):
+    """The limit is exact: 207 hypotheses of the 208-symbol model run (also in two diverse groups), as does a
+    sampled beam wider than the vocabulary."""
+    from seqtrain import Summarizer
+
+    tmp, texts, _, _ = tiny
+    s = Summarizer.from_pretrained(tmp / "seqtrain.pt")
+    assert len(s.summarize(texts[:1], beam=207, max_len_b=3)) == 1
+    assert len(s.summarize(texts[:1], beam=414, diverse_beam_groups=2, max_len_b=2)) == 1
+    assert len(s.summarize(texts[:1], beam=300, nbest=300, sampling=True, max_len_b=2)) == 1
+
+
+def test_int8_summarizer_refuses_another_dtype_device_or_static_decoding_at_the_call(tiny):
+    """Issue 48, class 7: .half() / .bfloat16() / static_decoding=True on an int8 Summarizer failed only when it
+    summarized, deep inside; now the call itself is refused in the API's words, and the Summarizer still works."""
+    from seqtrain import Summarizer
+    from seqtrain.models.int8 import int8_supported
+
+    if not int8_supported():
+        pytest.skip("this torch build has no quantized CPU engine")
+    tmp, texts, _, _ = tiny
+    s = Summarizer.from_pretrained(tmp / "seqtrain.pt", compute_type="int8")
+    want = s.summarize(texts[:3], beam=2)
+    for call, name, target in (
+        (s.half, "Summarizer.half()", "float16"),
+        (s.bfloat16, "Summarizer.bfloat16()", "bfloat16"),
+        (lambda: s.to("cuda"), "Summarizer.to(device='cuda')", "cuda"),
+        (lambda: s.to(dtype=torch.float16), "Summarizer.to(dtype=torch.float16)", "float16"),
+    ):
+        with pytest.raises(SeqtrainError) as e:
+            call()
+        assert str(e.value) == (
+            f"{name}: the model runs int8 linear layers (compute_type int8), which take fp32 inputs on the CPU, "
+            f"not {target}; load it again without compute_type='int8' for that"
+        )
+    with pytest.raises(SeqtrainError) as e:
+        s.summarize(texts[:3], beam=2, static_decoding=True)
+    assert str(e.value) == (
+        "Summarizer.summarize(static_decoding=...): static decoding runs float weights; not with the model's "
+        "int8 linear layers (compute_type int8)"
+    )
+    assert s.float().dtype == torch.float32 and s.summarize(texts[:3], beam=2) == want
 
 
 def test_import_seqtrain_is_cheap():
@@ -259,6 +305,20 @@ def test_generation_config_gives_the_defaults_as_transformers_reads_them(tmp_pat
         ),
         (dict(seed=-1), "Summarizer.summarize(seed=...) must be between 0 and 4294967295, got -1"),
         (dict(max_tokens="64"), "Summarizer.summarize(max_tokens=...) must be an integer, got '64'"),
+        # issue 48, class 5: the 208-symbol model's beam search fills at most 207 hypotheses (a RuntimeError in
+        # the search before); sampling draws with replacement and has no such limit
+        (
+            dict(beam=208),
+            "Summarizer.summarize(beam=...) 208 is wider than the model's vocabulary allows: beam search keeps at "
+            "most 207 hypotheses (its 208 target symbols less <pad>, which no search picks); give "
+            "Summarizer.summarize(beam=...) 207 or less",
+        ),
+        (
+            dict(beam=416, diverse_beam_groups=2),
+            "Summarizer.summarize(beam=...) 416 is wider than the model's vocabulary allows: beam search keeps at "
+            "most 207 hypotheses per group of Summarizer.summarize(diverse_beam_groups=...) 2 (its 208 target "
+            "symbols less <pad>, which no search picks); give Summarizer.summarize(beam=...) 414 or less",
+        ),
     ],
 )
 def test_summarize_checks_its_flags_as_the_command_line_does(tiny, flags, message):
@@ -358,3 +418,80 @@ def test_model_overrides_are_checked_before_the_model_is_built(tiny, overrides, 
     with pytest.raises(SeqtrainError) as e:
         Summarizer.from_pretrained(tmp / "seqtrain.pt", model_overrides=overrides)
     assert str(e.value).startswith(message), str(e.value)
+
+
+def test_every_front_end_takes_the_compiled_cpu_loop(tiny, monkeypatch, tmp_path):
+    """On the CPU, Summarizer, seqtrain-generate (--input and a data-bin split), seqtrain-interactive and
+    seqtrain-tune search through the compiled step's C++ loop, and their summaries are the eager step's."""
+    from seqtrain import Summarizer
+    from seqtrain.generation import cpu_step
+    from seqtrain_cli.generate import generate_main
+    from seqtrain_cli.interactive import interactive_main
+    from seqtrain_cli.tune import main as tune_main
+
+    if cpu_step.extension() is None:
+        pytest.skip(f"the compiled CPU step cannot be built here: {cpu_step.unavailable_reason()}")
+    tmp, texts, _, fx = tiny
+    calls = []
+    search = cpu_step.CompiledSteps.search
+    monkeypatch.setattr(cpu_step.CompiledSteps, "search", lambda *a: calls.append(1) or search(*a))
+
+    def compiled_then_eager(run):
+        calls.clear()
+        monkeypatch.setenv("SEQTRAIN_CPU_STEP", "auto")
+        got = run()
+        assert calls, "the compiled loop was not taken"
+        monkeypatch.setenv("SEQTRAIN_CPU_STEP", "eager")
+        assert run() == got
+        return got
+
+    own = Summarizer.from_pretrained(tmp / "seqtrain.pt")
+    want = compiled_then_eager(lambda: own.summarize(texts, beam=4, batch_size=5))
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    flags = ["--path", str(tmp / "seqtrain.pt"), "--beam", "4", "--batch-size", "5"]
+
+    def generate(*extra):
+        out = io.StringIO()
+        generate_main(flags + list(extra), out=out)
+        return out.getvalue().split("\n")[:-1]
+
+    assert compiled_then_eager(lambda: generate("--input", str(tmp_path / "in.txt"))) == want
+    split = ["--path", str(fx / "checkpoint_last.pt"), str(fx / "data-bin"), "-s", "src", "-t", "tgt"]
+    split += ["--gen-subset", "valid", "--beam", "4", "--results-path", str(tmp_path / "r")]
+
+    scores = []
+
+    def generate_split():  # H- lines: id and hypothesis; the scores to 1e-5 (the steps sum in other orders)
+        generate_main(split, out=io.StringIO())
+        lines = (tmp_path / "r" / "generate-valid.txt").read_text(encoding="utf-8").split("\n")
+        hyps = [line.split("\t") for line in lines if line.startswith("H-")]
+        scores.append(torch.tensor([float(h[1]) for h in hyps]))
+        return [(h[0], h[2]) for h in hyps]
+
+    assert len(compiled_then_eager(generate_split)) == 200
+    torch.testing.assert_close(scores[0], scores[1], rtol=0, atol=1e-5)
+
+    def interactive():
+        out = io.StringIO()
+        interactive_main(flags + ["--buffer-size", "3"], inp=io.StringIO("\n".join(texts)), out=out)
+        return out.getvalue().split("\n")[:-1]
+
+    assert compiled_then_eager(interactive) == want
+
+    def tune():
+        argv = [
+            str(fx / "data-bin"),
+            "--path",
+            str(fx / "checkpoint_last.pt"),
+            "--cpu",
+            "-s",
+            "src",
+            "-t",
+            "tgt",
+        ]
+        argv += ["--tune-output", str(tmp_path / "t"), "--tune", "max-len-b", "--tune-grid", "max-len-b=3,6"]
+        argv += ["--tune-subset", "30", "--batch-size", "10"]
+        result = tune_main(argv, out=io.StringIO())
+        return [(t["settings"], t["rouge"]) for t in result["trials"]]
+
+    compiled_then_eager(tune)

@@ -198,6 +198,7 @@ def test_the_encoder_runs_once_per_batch(fairseq_tiny, tmp_path, monkeypatch):
 
     calls = []
     forward = bart.BartEncoder.forward
+    monkeypatch.setenv("SEQTRAIN_CPU_STEP", "eager")  # the model's own encoder, whose passes are counted
 
     def counting(self, *a, **k):
         calls.append(a[0].shape[0])
@@ -221,3 +222,20 @@ def test_the_encoder_runs_once_per_batch(fairseq_tiny, tmp_path, monkeypatch):
     assert result["subset"]["n"] == 200 and result["best"]["max_len_b"] == 6
     assert result["encoder_passes"] == {"subset": 4, "full": 0} and len(calls) == 4
     assert result["full"]["best"]["rouge"] == result["trials"][-1]["rouge"]
+
+
+def test_combinations_the_model_cannot_run_are_not_tried():
+    """Issue 48: a grid candidate wider than the vocabulary allows, or --rerank over one hypothesis, is "not
+    tried" with seqtrain-generate's reason, as other combinations it would refuse are."""
+    from seqtrain.config import from_args
+    from seqtrain.generation.options import parse_generation_args
+    from seqtrain.generation.program import GenerateConfig
+
+    cfg = from_args(GenerateConfig, parse_generation_args(["--path", "ck.pt", "--rerank", "mbr"]))
+    assert tune_mod.valid_combination(cfg, {"beam": 39}, 1024, vocab=40) is None
+    assert tune_mod.valid_combination(cfg, {"beam": 40}, 1024, vocab=40).startswith(
+        "--beam 40 is wider than the model's vocabulary allows: beam search keeps at most 39 hypotheses"
+    )
+    assert tune_mod.valid_combination(cfg, {"beam": 1}, 1024, vocab=40).startswith(
+        "--rerank mbr chooses among the beam's finished hypotheses, and --beam 1 leaves one"
+    )

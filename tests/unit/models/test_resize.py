@@ -15,6 +15,7 @@ from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
 from seqtrain.models.bart import build_model
 from seqtrain.models.resize import check_state_fits, fit_positions, keep_layers, parse_layers_to_keep
+from tests.utils import completed
 
 
 def make_dict(n: int = 24) -> Dictionary:
@@ -27,7 +28,7 @@ def make_dict(n: int = 24) -> Dictionary:
 def tiny(d: Dictionary, seed: int = 0, **kw) -> torch.nn.Module:
     torch.manual_seed(seed)
     args = argparse.Namespace(arch="bart_tiny", dropout=0.0, **kw)
-    return build_model(model_config(args), d, d).eval(), args
+    return build_model(model_config(completed(args)), d, d).eval(), args
 
 
 def batch(src_len: int = 7, tgt_len: int = 5, seed: int = 1):

@@ -30,7 +30,9 @@ def test_registry_and_unknown_name():
         "reduce_lr_on_plateau",
         "cosine",
     }
-    with pytest.raises(SeqtrainError, match="--lr-scheduler: unknown scheduler 'linear'"):
+    with pytest.raises(
+        SeqtrainError, match="--lr-scheduler: unknown lr scheduler 'linear'; choose from: cosine"
+    ):
         scheduler_of(argparse.Namespace(lr_scheduler="linear", lr=[1.0]), None)
 
 

@@ -4,25 +4,17 @@ resumed trainer takes the stored budget without probing again."""
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 
 from seqtrain.errors import SeqtrainError
 from seqtrain.train.auto_tokens import choose_max_tokens, longest_first
 from seqtrain.train.loop import batch_budget
+from seqtrain.train.program import run_record
 from tests.unit.train.test_oom_split import oom_above
-from tests.unit.train.test_sync_free import build_trainer, databin  # noqa: F401 (databin: a fixture)
+from tests.unit.train.test_sync_free import build, build_trainer, databin  # noqa: F401 (databin: a fixture)
 
 POSITIONS = (1024, 1024)
-
-
-def flags(trainer) -> argparse.Namespace:
-    """The parsed flags the trainer was built from: their vars() are the record its checkpoints store."""
-    ns = argparse.Namespace()
-    ns.__dict__ = trainer.run_args
-    return ns
 
 
 def longest(trainer) -> int:
@@ -66,25 +58,28 @@ def test_one_example_that_does_not_fit_is_one_line(databin, tmp_path, monkeypatc
 
 
 def test_resume_takes_the_stored_budget_and_never_probes(databin, tmp_path, monkeypatch):  # noqa: F811
-    first = build_trainer(databin, str(tmp_path / "a"), "--max-tokens", "auto")
+    first_cfg, first = build(databin, str(tmp_path / "a"), "--max-tokens", "auto")
     oom_above(first, 3, monkeypatch)
-    batch_budget(flags(first), first, first.task.dataset("train"), POSITIONS)
+    batch_budget(first_cfg, first, first.task.dataset("train"), POSITIONS)
     want = 3 * longest(first)
-    assert first.run_args["max_tokens"] == first.run_args["max_tokens_valid"] == want
+    assert first_cfg.data.max_tokens == first_cfg.data.max_tokens_valid == want  # the loop batches with it
+    first.run_args = run_record(first_cfg)  # what the loop hands the trainer once set-up is done
     state = first.state_dict()
     assert state["extra_state"]["auto_max_tokens"] == want and state["args"]["max_tokens"] == want
-    resumed = build_trainer(databin, str(tmp_path / "b"), "--max-tokens", "auto")
-    assert resumed.run_args["max_tokens"] == "auto"
+    assert state["args"]["max_tokens_valid"] == want
+    cfg, resumed = build(databin, str(tmp_path / "b"), "--max-tokens", "auto")
+    assert cfg.data.max_tokens == "auto"
     seen = oom_above(resumed, 1, monkeypatch)  # a probe now would choose 1 row
     resumed.load_state_dict(state, "checkpoint_last.pt")
-    batch_budget(flags(resumed), resumed, resumed.task.dataset("train"), POSITIONS)
-    assert seen == [] and resumed.run_args["max_tokens"] == resumed.run_args["max_tokens_valid"] == want
+    batch_budget(cfg, resumed, resumed.task.dataset("train"), POSITIONS)
+    assert seen == [] and cfg.data.max_tokens == cfg.data.max_tokens_valid == want
+    assert run_record(cfg)["max_tokens"] == want
     assert resumed.state_dict()["extra_state"]["auto_max_tokens"] == want  # and the next save keeps it
 
 
 def test_the_cpu_is_refused(databin, tmp_path):  # noqa: F811
-    trainer = build_trainer(databin, str(tmp_path), "--max-tokens", "auto")
+    cfg, trainer = build(databin, str(tmp_path), "--max-tokens", "auto")
     with pytest.raises(
         SeqtrainError, match="only a CUDA device reports running out of; on the CPU give a number"
     ):
-        batch_budget(flags(trainer), trainer, trainer.task.dataset("train"), POSITIONS)
+        batch_budget(cfg, trainer, trainer.task.dataset("train"), POSITIONS)

@@ -7,14 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqtrain.checkpoint.fairseq import model_config
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
 from seqtrain.data.pair_dataset import padded_shape
 from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
 from seqtrain.train import loop as train_loop
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from seqtrain.train.trainer import Trainer
 
 
@@ -45,16 +42,12 @@ def build_trainer(data: str, save_dir: str) -> Trainer:
         "--log-format",
         "none",
     ]
-    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
-    args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(task_config(args))
+    cfg = train_config(parsing.parse_args_and_arch(training.get_training_parser(), argv))
+    task = setup_task(cfg.task)
     task.load_dataset("train")
     torch.manual_seed(0)
     return train_loop.build_trainer(
-        args,
-        task,
-        task.build_model(model_config(args)),
-        task.build_criterion(from_args(DistillationConfig, args)),
+        cfg, task, task.build_model(cfg.model), task.build_criterion(cfg.criterion)
     )
 
 

@@ -12,14 +12,11 @@ import math
 import pytest
 import torch
 
-from seqtrain.checkpoint.fairseq import model_config
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
 from seqtrain.errors import SeqtrainError
 from seqtrain.flags import parsing, training
 from seqtrain.tasks import setup_task
 from seqtrain.train import loop as train_loop
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import train_config
 from seqtrain.train.trainer import Trainer
 
 SEED = 5
@@ -49,17 +46,14 @@ def build_trainer(data: str, save_dir: str, *extra: str, init: dict | None = Non
         "none",
         *extra,
     ]
-    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
-    args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(task_config(args))
+    cfg = train_config(parsing.parse_args_and_arch(training.get_training_parser(), argv))
+    task = setup_task(cfg.task)
     task.load_dataset("train")
     torch.manual_seed(0)
-    model = task.build_model(model_config(args))
+    model = task.build_model(cfg.model)
     if init is not None:
         model.load_state_dict(init)
-    return train_loop.build_trainer(
-        args, task, model, task.build_criterion(from_args(DistillationConfig, args))
-    )
+    return train_loop.build_trainer(cfg, task, model, task.build_criterion(cfg.criterion))
 
 
 def batches(trainer: Trainer, n: int, size: int = 16) -> list:

@@ -26,14 +26,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from seqtrain.checkpoint.fairseq import model_config
-from seqtrain.config import from_args
-from seqtrain.criterions import DistillationConfig
 from seqtrain.flags import parsing, training
 from seqtrain.generation.sequence_generator import SequenceGenerator
 from seqtrain.tasks import setup_task
 from seqtrain.train import loop as train_loop
-from seqtrain.train.loop import task_config
+from seqtrain.train.program import TrainConfig, train_config
 from seqtrain.train.trainer import Trainer
 from seqtrain_cli.preprocess import preprocess_main
 from tests.utils import FP32
@@ -103,6 +100,11 @@ class SyncCounter(TorchDispatchMode):
 
 
 def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
+    return build(data, save_dir, *extra)[1]
+
+
+def build(data: str, save_dir: str, *extra: str) -> tuple[TrainConfig, Trainer]:
+    """The settings of a bart_tiny run on `data` and its Trainer (the train split loaded)."""
     argv = [
         data,
         "--arch",
@@ -121,16 +123,11 @@ def build_trainer(data: str, save_dir: str, *extra: str) -> Trainer:
         "none",
         *extra,
     ]
-    args = parsing.parse_args_and_arch(training.get_training_parser(), argv)
-    args.distributed_world_size, args.distributed_rank = 1, 0
-    task = setup_task(task_config(args))
+    cfg = train_config(parsing.parse_args_and_arch(training.get_training_parser(), argv))
+    task = setup_task(cfg.task)
     task.load_dataset("train")
-    return train_loop.build_trainer(
-        args,
-        task,
-        task.build_model(model_config(args)),
-        task.build_criterion(from_args(DistillationConfig, args)),
-    )
+    model, criterion = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    return cfg, train_loop.build_trainer(cfg, task, model, criterion)
 
 
 @pytest.fixture(scope="module")
@@ -258,7 +255,11 @@ def test_packed_and_padded_paths_agree(trainer):
 def test_beam_search_syncs_at_most_once_per_step(trainer):
     dataset = trainer.task.dataset("train")
     sample = dataset.collater([dataset[i] for i in range(6)])
-    generator = SequenceGenerator(trainer.model, trainer.task.tgt_dict, beam_size=3, max_len_b=12)
+    # the eager loop, the one CUDA runs (the compiled CPU step, cpu_step.py, never calls the model's decoder and
+    # reads its tensors in C++: there is no device to wait for on the CPU)
+    generator = SequenceGenerator(
+        trainer.model, trainer.task.tgt_dict, beam_size=3, max_len_b=12, cpu_step=False
+    )
     steps = []
     real_forward = trainer.model.decoder.forward
 

@@ -1,4 +1,4 @@
-"""seqtrain.train.host_cpu: the bf16 warning and the thread choice, with the machine's answers patched in, so
+"""seqtrain.host_cpu: the bf16 warning and the thread choice, with the machine's answers patched in, so
 each test gives the same result on any CPU (with or without AVX-512-BF16 / AMX, idle or loaded)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from seqtrain.train import host_cpu
+from seqtrain import host_cpu
 
 
 @pytest.mark.parametrize(
@@ -115,14 +115,40 @@ def test_fit_threads_sets_torch_and_says_so(monkeypatch):
         torch.set_num_threads(n)
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "1.5", " "])
+def test_an_omp_num_threads_that_sets_no_threads_is_said_and_seqtrain_chooses(monkeypatch, value):
+    """Issue 48, class 10: OpenMP ignores OMP_NUM_THREADS=0/-1/abc (libgomp: "Invalid value") and torch starts
+    its default; seqtrain chose nothing then (the variable was set) and said nothing. Now it chooses as if it
+    were unset and says why in one line; a positive whole number still wins."""
+    n = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+        monkeypatch.setattr(host_cpu, "usable_cpus", lambda: 2)
+        monkeypatch.setattr(host_cpu, "load_average", lambda: 1.0)
+        torch.set_num_threads(2)
+        line = host_cpu.fit_threads("cpu")
+        assert torch.get_num_threads() == 1
+        if value.strip():
+            assert line == (
+                f"OMP_NUM_THREADS={value!r} is no positive number of threads (OpenMP ignores it): training uses 1 "
+                "intra-op thread (2 usable CPUs, load 1.0); set it to 1 or more to choose yourself"
+            )
+        else:  # set but blank: as unset
+            assert line.startswith("the machine is busy (2 usable CPUs, load 1.0): training uses 1 intra-op")
+        monkeypatch.setenv("OMP_NUM_THREADS", " 2")
+        assert host_cpu.omp_threads() == (2, " 2") and host_cpu.fit_threads("cpu") is None
+    finally:
+        torch.set_num_threads(n)
+
+
 def test_the_module_prints_the_choice_for_scripts():
-    """scripts/quickstart.sh exports `python -m seqtrain.train.host_cpu`'s number as OMP_NUM_THREADS."""
+    """scripts/quickstart.sh exports `python -m seqtrain.host_cpu`'s number as OMP_NUM_THREADS."""
     import os
     import subprocess
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "seqtrain.train.host_cpu"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "seqtrain.host_cpu"], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     assert 1 <= int(out.stdout) <= len(os.sched_getaffinity(0))

@@ -10,7 +10,8 @@ busy or older machine many times slower without a word (issue 41).
   other work, two spin-waiting threads per matrix product made updates 3-5x slower than one thread. seqtrain
   picks the threads from the CPUs it may use (affinity mask, cgroup CPU quota) minus the load other work puts
   on them (the lower of the 1-minute load average and the CPUs busy right now), once at start-up, and logs
-  what it chose. OMP_NUM_THREADS, when set, always wins (torchrun sets it to 1 for its workers).
+  what it chose. OMP_NUM_THREADS, when set to a positive whole number, always wins (torchrun sets it to 1 for
+  its workers); set to anything else (0, -1, abc: OpenMP ignores it) seqtrain chooses and says why.
 
 The probes are plain functions so tests can patch them and get the same answer on any machine.
 """
@@ -162,10 +163,21 @@ def choose_threads(usable: int, load: float | None, ranks: int = 1) -> int:
     return max(1, min(per_rank, math.floor(idle / max(1, ranks) + 0.5)))
 
 
-def fit_threads(device_type: str, ranks: int = 1) -> str | None:
-    """Set torch's intra-op threads for a CPU run (see the module docstring) and return the line to log; None
-    on a GPU or when OMP_NUM_THREADS chose already."""
-    if device_type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+def omp_threads() -> tuple[int | None, str]:
+    """OMP_NUM_THREADS as (the thread count it sets, or None; the value as set, "" when unset). Only a positive
+    whole number sets one: OpenMP ignores 0, -1, 1.5 or abc (libgomp says "Invalid value" and torch starts its
+    default), so seqtrain chooses then as if it were unset, and says so."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    text = value.strip()
+    return (int(text) if text.isdigit() and int(text) > 0 else None), value
+
+
+def fit_threads(device_type: str, ranks: int = 1, program: str = "training") -> str | None:
+    """Set torch's intra-op threads for a CPU run (see the module docstring) and return the line to log (naming
+    `program`: training, generation); None on a GPU or when OMP_NUM_THREADS (a positive whole number) chose
+    already."""
+    given, value = omp_threads()
+    if device_type != "cpu" or given is not None:
         return None
     usable, load = usable_cpus(), load_average()
     before = torch.get_num_threads()
@@ -173,16 +185,21 @@ def fit_threads(device_type: str, ranks: int = 1) -> str | None:
     torch.set_num_threads(n)
     where = f"{usable} usable CPU{'s' if usable > 1 else ''}, load {load:.1f}" if load is not None else ""
     where = where or f"{usable} usable CPU{'s' if usable > 1 else ''}"
+    if value.strip():  # set, but to no thread count
+        return (
+            f"OMP_NUM_THREADS={value!r} is no positive number of threads (OpenMP ignores it): {program} uses {n} "
+            f"intra-op thread{'s' if n > 1 else ''} ({where}); set it to 1 or more to choose yourself"
+        )
     if n < before:
         return (
-            f"the machine is busy ({where}): training uses {n} intra-op thread{'s' if n > 1 else ''} instead of "
+            f"the machine is busy ({where}): {program} uses {n} intra-op thread{'s' if n > 1 else ''} instead of "
             f"torch's {before}; set OMP_NUM_THREADS to choose yourself"
         )
     return f"intra-op threads: {n} ({where}; OMP_NUM_THREADS overrides)"
 
 
 if __name__ == "__main__":
-    # `python -m seqtrain.train.host_cpu`: the thread count a CPU run would choose now, for scripts that export
+    # `python -m seqtrain.host_cpu`: the thread count a CPU run would choose now, for scripts that export
     # OMP_NUM_THREADS for every stage (scripts/quickstart.sh); the reason goes to stderr
     import sys
 
