@@ -92,7 +92,7 @@ EOF
 echo
 echo "done in $(( $(date +%s) - t0 )) s. Outputs: $work/gen/hypotheses-test.txt, $work/gen/rouge-test.json;"
 echo "summarize your own text (one document per line, here 3 test descriptions):"
-echo "  head -n 3 data/debdesc-sample/test.source | .venv/bin/seqtrain-generate --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt --input -"
-echo "  .venv/bin/seqtrain-interactive --config configs/debdesc_small.yaml --path $work/checkpoints/checkpoint_best.pt"
+echo "  head -n 3 data/debdesc-sample/test.source | .venv/bin/seqtrain-generate --path $work/checkpoints/checkpoint_best.pt --input -"
+echo "  .venv/bin/seqtrain-interactive --path $work/checkpoints/checkpoint_best.pt"
 echo "The pretrained start is what lets 800 updates on 5,000 pairs beat the lead baseline (from scratch they do"
 echo "not); scripts/quality/pretrain.sh made it, and docs/quality.md has the full-corpus recipes."

@@ -19,6 +19,7 @@ import torch
 
 from seqtrain.checkpoint.fairseq import export_fairseq, fairseq_arch, stored_model_fields, stored_run
 from seqtrain.checkpoint.formats import EXPORTERS, FORMATS, read_checkpoint
+from seqtrain.checkpoint.generation_settings import STORED, StoredGeneration, make_stored
 from seqtrain.checkpoint.hf import GENERATION_DEFAULTS, export_hf, read_generation_config
 from seqtrain.checkpoint.hub import resolve_model_path
 from seqtrain.checkpoint.load import LORA_BASE_HELP, LoadedModel, build_from_contents
@@ -78,7 +79,7 @@ class ConvertConfig:
 
 @settings
 class HfGenerationConfig:
-    """generation_config.json (--to hf)"""
+    """the generation settings an export remembers"""
 
     # the search transformers' generate() runs by default; a flag not given (None) comes from the input, else
     # seqtrain-generate's default; the ranges are seqtrain-generate's (seqtrain.generation.search)
@@ -100,9 +101,10 @@ class HfGenerationConfig:
 
 
 HF_GENERATION_HELP = (
-    "the search transformers' generate() runs by default; each flag not given comes from the input (a "
-    "run's --eval-rouge-args, a Hugging Face folder's generation_config.json), else seqtrain-generate's "
-    "default"
+    "the search the export remembers: --to hf, the generate() defaults of its generation_config.json (each "
+    "flag not given comes from the input: the settings a seqtrain checkpoint stores, a run's --eval-rouge-args, "
+    "a Hugging Face folder's generation_config.json; else seqtrain-generate's default); --to seqtrain, the "
+    "settings it stores (seqtrain-generate's defaults for it); --to fairseq, the generation values of its args"
 )
 
 
@@ -143,11 +145,16 @@ def convert(cfg: ConvertConfig, generation: HfGenerationConfig | None = None) ->
         logger.info(f"{source}: LoRA adapters merged into their weights")
     if cfg.dtype:  # after the merge, so adapters fold in at full precision
         model.to(getattr(torch, cfg.dtype))
-    lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer)
+    gen_flags = generation or HfGenerationConfig()
+    carried = carried_generation(gen_flags, ck) if cfg.to != "hf" else None
+    lm = LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, None, ck.format, ck.tokenizer, carried)
+    if carried is not None:
+        where = "its args (fairseq's hub interface reads them)" if cfg.to == "fairseq" else "it"
+        logger.info(f"{cfg.output}: generation settings stored in {where}: {carried.describe()}")
     if cfg.to == "fairseq":  # carries the update count and data position over into optimizer_history
         export_fairseq(lm, cfg.output, source=ck.state)
     elif cfg.to == "hf":
-        settings, sources = export_generation_settings(generation or HfGenerationConfig(), ck)
+        settings, sources = export_generation_settings(gen_flags, ck)
         if settings.get("max_len_a"):
             logger.warning(
                 f"max_len_a {settings['max_len_a']} has no transformers equivalent: generation_config.json's "
@@ -240,13 +247,33 @@ def _run_preset_settings(path: Any) -> tuple[dict[str, Any], str] | None:
     return (found, f"the run's --config {path}") if found else None
 
 
+def carried_generation(generation: HfGenerationConfig, ck: Any) -> StoredGeneration | None:
+    """The generation settings a seqtrain or fairseq export stores: the input's own (a seqtrain checkpoint's
+    stored settings, a Hugging Face folder's generation_config.json), with the convert flags given over them;
+    None when there are none (an older seqtrain checkpoint or a fairseq one converts as before)."""
+    base = ck.generation or StoredGeneration()
+    if ck.format == "hf":
+        found, _, path = read_generation_config(ck.path)
+        own = {k: v for k, v in found.items() if k in STORED}
+        base = StoredGeneration(own, dict.fromkeys(own, path))
+    given = {k: v for k, v in dataclasses.asdict(generation).items() if v is not None}
+    settings = {**base.settings, **given}
+    sources = {**base.sources, **{k: f"seqtrain-convert --{k.replace('_', '-')}" for k in given}}
+    return make_stored(settings, sources, ck.path) if settings else None
+
+
 def export_generation_settings(
     generation: HfGenerationConfig, ck: Any
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The generation settings a Hugging Face export records, and where each came from: the convert flag given
-    (--beam, --lenpen, --max-len-b, --min-len, --no-repeat-ngram-size), else the input's own (a seqtrain or
-    fairseq run's --eval-rouge-args, a Hugging Face folder's generation_config.json; without those, the
-    generation keys of the --config preset the run trained with), else seqtrain-generate's defaults."""
+    (--beam, --lenpen, --max-len-b, --min-len, --no-repeat-ngram-size), else the input's own (the settings a
+    seqtrain checkpoint stores: its training preset's, seqtrain-tune's; for older checkpoints and fairseq's, a
+    run's --eval-rouge-args, without those the generation keys of the --config preset the run trained with; a
+    Hugging Face folder's generation_config.json), else seqtrain-generate's defaults."""
+    stored = ck.generation
+    if stored is not None:  # checked when it was read
+        origins = {d: f"stored in the checkpoint, from {stored.sources.get(d, '?')}" for d in stored.settings}
+        return _settings_with_sources(generation, dict(stored.settings), origins, ck.path)
     own: dict[str, Any] = {}
     origin = ""
     run = stored_run(ck.args)
@@ -259,6 +286,14 @@ def export_generation_settings(
         origin = "the run's --eval-rouge-args"
     if not own and ck.format != "hf":
         own, origin = _run_preset_settings(run.config) or (own, origin)
+    return _settings_with_sources(generation, own, dict.fromkeys(own, origin), ck.path)
+
+
+def _settings_with_sources(
+    generation: HfGenerationConfig, own: dict[str, Any], origins: dict[str, str], path: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every setting of GENERATION_DEFAULTS with where it came from: the convert flag given, else the input's own
+    (`own`, each from `origins`), else seqtrain-generate's default."""
     flags = dataclasses.asdict(generation)  # --max-len-a is no flag of seqtrain-convert: never given
     settings, sources = {}, {}
     for k, default in GENERATION_DEFAULTS.items():
@@ -269,8 +304,8 @@ def export_generation_settings(
             try:
                 check_value(k, own[k])
             except argparse.ArgumentTypeError as e:
-                raise SeqtrainError(f"{ck.path}: {origin}: {k} {own[k]!r} ({e})") from None
-            settings[k], sources[k] = type(default)(own[k]), origin
+                raise SeqtrainError(f"{path}: {origins[k]}: {k} {own[k]!r} ({e})") from None
+            settings[k], sources[k] = type(default)(own[k]), origins[k]
         else:
             settings[k], sources[k] = default, "seqtrain-generate's defaults"
     return settings, sources

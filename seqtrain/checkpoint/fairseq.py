@@ -360,6 +360,11 @@ def export_fairseq(lm: Any, path: str, write_dict: bool = True, source: dict | N
     state, update count of `source`, the converted checkpoint's dict), no optimizer state; plus dict.txt next
     to it (fairseq keeps dictionaries outside)."""
     args = export_args(argparse.Namespace(**{**_training_names(source), **vars(lm.args)}))
+    stored = getattr(lm, "generation", None)
+    for name, value in (stored.settings if stored is not None else {}).items():
+        # fairseq's GenerationConfig has these names: its hub interface (BARTModel.from_pretrained(...)
+        # .generate/.sample) starts from the checkpoint's cfg.generation; fairseq-generate reads its flags only
+        setattr(args, name, value)
     model = cpu_state(lm.model)
     model["encoder.version"] = torch.tensor([3.0])
     model["decoder.version"] = torch.tensor([3.0])

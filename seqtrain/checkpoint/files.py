@@ -227,6 +227,8 @@ class CheckpointContents:
     notes: list[str] = field(default_factory=list)  # what was dropped or adjusted while reading
     # (file, its size, its inode) when `model`'s tensors are still backed by a mapping of the file
     mapped: tuple[str, int, tuple[int, int]] | None = None
+    # the generation settings it carries (seqtrain.checkpoint.generation_settings.StoredGeneration), if any
+    generation: Any = None
 
 
 def mapped_identity(path: str) -> tuple[str, int, tuple[int, int]]:

@@ -534,3 +534,20 @@ def read_generation_config(folder: str) -> tuple[dict[str, Any], Any, str | None
             f"{path}: forced_bos_token_id={forced_bos!r} is not a token id (an integer >= 0, or null)"
         )
     return out, forced_bos, path
+
+
+def ctranslate2_options(folder: str) -> dict[str, Any]:
+    """The search options of CTranslate2's `Translator.translate_batch` for the generation settings a folder
+    ships: a `seqtrain-convert --to hf` export, or a CTranslate2 model converted from one with
+    `ct2-transformers-converter --copy_files generation_config.json` (CTranslate2's model format has no place
+    for search defaults: translate_batch takes them from its caller). Settings the folder does not name keep
+    seqtrain-generate's defaults; the mapping is docs/finetune.md's ("Serving with CTranslate2")."""
+    found, _, _ = read_generation_config(folder)
+    s = {**GENERATION_DEFAULTS, **{k: v for k, v in found.items() if k in GENERATION_DEFAULTS}}
+    return {
+        "beam_size": int(s["beam"]),
+        "length_penalty": float(s["lenpen"]),
+        "max_decoding_length": int(s["max_len_b"]) + 1,  # CTranslate2 counts the </s>
+        "min_decoding_length": int(s["min_len"]),
+        "no_repeat_ngram_size": int(s["no_repeat_ngram_size"]),
+    }

@@ -58,6 +58,8 @@ class LoadedModel:
     tokenizer: Any = None  # seqtrain.data.tokenizer.Tokenizer, when the checkpoint or data-bin has one
     format: str = "seqtrain"  # the format it was read from
     tokenizer_spec: dict | None = None  # the plain spec `tokenizer` was built from
+    # the generation settings the checkpoint carries (seqtrain.checkpoint.generation_settings), or None
+    generation: Any = None
 
     def __iter__(self):  # unpacks as (model, args, src_dict, tgt_dict, tokenizer), as docs/design.md says
         return iter((self.model, self.args, self.src_dict, self.tgt_dict, self.tokenizer))
@@ -174,4 +176,6 @@ def model_from_contents(
             tokenizer = build_tokenizer(ck.tokenizer)
         except (TypeError, ValueError, KeyError, AttributeError) as e:
             raise SeqtrainError(f"{ck.path}: unusable tokenizer data ({type(e).__name__}: {e})") from None
-    return LoadedModel(model, ck.args, ck.src_dict, ck.tgt_dict, tokenizer, ck.format, ck.tokenizer)
+    return LoadedModel(
+        model, ck.args, ck.src_dict, ck.tgt_dict, tokenizer, ck.format, ck.tokenizer, ck.generation
+    )

@@ -20,6 +20,7 @@ from seqtrain.checkpoint.files import (
     save_checkpoint_file,
     strip_wrapper_prefix,
 )
+from seqtrain.checkpoint.generation_settings import read_stored, with_stored
 from seqtrain.checkpoint.train_state import TrainState
 from seqtrain.data.dictionary import Dictionary
 from seqtrain.errors import SeqtrainError
@@ -34,10 +35,13 @@ def make_checkpoint_state(
     tgt_dict: Any = None,
     tokenizer: dict | None = None,
     training: TrainState | None = None,
+    generation: Any = None,
 ) -> dict[str, Any]:
     """The seqtrain checkpoint dict (docs/design.md), plain data only so weights_only loading accepts
-    it; `training`: what a resume needs besides the weights (none for a model export)."""
-    return {
+    it; `training`: what a resume needs besides the weights (none for a model export); `generation`: the
+    generation settings it remembers (a StoredGeneration, seqtrain.checkpoint.generation_settings; none: no
+    `generation` entry, as before)."""
+    state = {
         "format": "seqtrain",
         "version": FORMAT_VERSION,
         "args": plain_args(args),
@@ -47,6 +51,7 @@ def make_checkpoint_state(
         "tokenizer": tokenizer,
         **(training or TrainState()).to_dict(),
     }
+    return with_stored(state, generation)
 
 
 def plain_args(args: Any) -> dict[str, Any]:
@@ -90,12 +95,20 @@ def read_seqtrain(path: str, obj: dict) -> CheckpointContents:
         tgt_dict=tgt,
         tokenizer=obj.get("tokenizer"),
         state=obj,
+        generation=read_stored(obj, path),
     )
 
 
 def export_seqtrain(lm: Any, path: str) -> None:
     """A seqtrain checkpoint of a `seqtrain.checkpoint.load.LoadedModel` (model, args, dictionaries as plain lists,
-    tokenizer spec); no training state."""
+    tokenizer spec, the generation settings it carries); no training state."""
     spec = lm.tokenizer_spec or (lm.tokenizer.spec() if lm.tokenizer is not None else None)
-    state = make_checkpoint_state(lm.args, cpu_state(lm.model), lm.src_dict, lm.tgt_dict, spec)
+    state = make_checkpoint_state(
+        lm.args,
+        cpu_state(lm.model),
+        lm.src_dict,
+        lm.tgt_dict,
+        spec,
+        generation=getattr(lm, "generation", None),
+    )
     save_checkpoint_file(state, path)

@@ -232,6 +232,20 @@ def actions_by_key(parser: argparse.ArgumentParser) -> dict[str, argparse.Action
     return out
 
 
+def config_values(parser: argparse.ArgumentParser, path: str, dests: Any) -> dict[str, Any]:
+    """The values the config file `path` gives the flags of `parser` whose dest is in `dests`, converted and
+    checked as apply_config converts them (by dest; a flag the file does not set is absent)."""
+    values, lines, _ = load_config(path)
+    by_key = actions_by_key(parser)
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        action = by_key.get(key.lstrip("-")) or by_key.get(key.lstrip("-").replace("-", "_"))
+        if action is not None and action.dest in dests:
+            where = f"--config {path}" + (f" line {lines.get(key)}" if lines.get(key) else "") + f" ({key})"
+            out[action.dest] = _convert(action, value, where)
+    return out
+
+
 def check_sections(path: str, sections: dict[str, int], *flags: dict[str, argparse.Action]) -> None:
     """Refuse a section (a mapping in the file, load_config's `sections`) named like one of `flags` (config
     keys, as actions_by_key makes them): `beam: {a: 1}` was read as `a: 1`, the beam lost."""

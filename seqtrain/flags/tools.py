@@ -20,7 +20,7 @@ def get_convert_parser() -> argparse.ArgumentParser:
         description="Convert a BART checkpoint between seqtrain, fairseq and Hugging Face formats.",
     )
     add_settings(p, convert.ConvertConfig, group=p)
-    g = p.add_argument_group("generation_config.json (--to hf)", convert.HF_GENERATION_HELP)
+    g = p.add_argument_group("generation settings", convert.HF_GENERATION_HELP)
     add_settings(p, convert.HfGenerationConfig, group=g)
     return add_negations(p)
 

@@ -14,16 +14,18 @@ other programs is (a preset serves training and generation).
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 from collections.abc import Callable, Sequence
 
+from seqtrain.checkpoint.generation_settings import STORED, StoredGeneration, make_stored
 from seqtrain.config import add_settings, leave_out, left_out
 from seqtrain.data import options as data_options
 from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import loads_bounded
 from seqtrain.flags import fairseq_compat, parsers, parsing, training
-from seqtrain.flags.config_file import actions_by_key, load_config
+from seqtrain.flags.config_file import actions_by_key, config_values, load_config
 from seqtrain.generation.interactive import InteractiveConfig
 from seqtrain.generation.output import OutputConfig
 from seqtrain.generation.program import InputConfig
@@ -135,6 +137,20 @@ def parse_generation_args(
         given |= {str(k).lstrip("-").replace("-", "_") for k in config}
     args.given_flags = sorted(given)
     return args
+
+
+def preset_generation(config: str | None) -> StoredGeneration | None:
+    """The generation settings a training run's --config preset names (beam, lenpen, lengths, n-gram blocking:
+    what `seqtrain-generate --config FILE` would take from it), for its checkpoints to remember; None without a
+    preset or without such keys. Values are checked as seqtrain-generate checks them."""
+    if not config:
+        return None
+    values = config_values(get_generation_parser(), config, STORED)
+    if not values:
+        return None
+    shown = os.path.relpath(config)
+    shown = config if shown.startswith("..") else shown
+    return make_stored(values, f"the training --config {shown}", f"--config {config}")
 
 
 def get_tune_parser() -> argparse.ArgumentParser:

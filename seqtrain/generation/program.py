@@ -122,6 +122,9 @@ def apply_model_defaults(loaded: runner.GenerationModel, search: GenerationConfi
     every flag not given on the command line or in --config; one log line says which were taken."""
     if loaded.defaults_from is None:
         return
+    if loaded.default_sources:  # a seqtrain checkpoint's remembered settings, each with its origin
+        _apply_stored(loaded, search, given)
+        return
     taken, kept = [], []
     for dest, value in loaded.defaults.items():
         flag = "--" + dest.replace("_", "-")
@@ -134,6 +137,25 @@ def apply_model_defaults(loaded: runner.GenerationModel, search: GenerationConfi
     logger.info(
         f"{loaded.defaults_from}: generation defaults taken: {', '.join(taken) or 'none'}; forced first token: "
         f"{bos}" + (f"; given flags kept: {', '.join(kept)}" if kept else "")
+    )
+
+
+def _apply_stored(loaded: runner.GenerationModel, search: GenerationConfig, given: set[str]) -> None:
+    """apply_model_defaults for the settings a seqtrain checkpoint stores: one log line saying, for each, where
+    it came from (the training --config preset, seqtrain-tune) or that the user's own flag was kept."""
+    by_source: dict[str, list[str]] = {}
+    kept = []
+    for dest, value in loaded.defaults.items():
+        flag = "--" + dest.replace("_", "-")
+        if dest in given:
+            kept.append(f"{flag} {getattr(search, dest)}")
+            continue
+        setattr(search, dest, value)
+        by_source.setdefault(loaded.default_sources.get(dest, "stored"), []).append(f"{flag} {value}")
+    taken = "; ".join(f"{', '.join(flags)} (from {source})" for source, flags in by_source.items())
+    logger.info(
+        f"{loaded.defaults_from}: generation settings stored in the checkpoint, taken: {taken or 'none'}"
+        + (f"; given flags kept: {', '.join(kept)}" if kept else "")
     )
 
 

@@ -71,11 +71,15 @@ class GenerationModel:
     tgt_lang: str
     force_bos: int | None  # token forced first in every hypothesis (<s> for --prepend-bos models)
     defaults: dict[str, Any] = field(default_factory=dict)  # generation flag defaults the model ships
-    defaults_from: str | None = None  # the file they came from (a Hugging Face generation_config.json)
+    # the file they came from (a Hugging Face generation_config.json, a seqtrain checkpoint that stores them)
+    defaults_from: str | None = None
     src_append: int | None = None  # token after every source's </s> (mBART's [src_lang])
     tgt_append: int | None = None  # token after every reference's </s> (mBART's [tgt_lang])
     start: int | None = None  # decoder start token (None: the generator's end token)
     end: int | None = None  # the token that ends a hypothesis (None: </s>)
+    # where each default came from, by flag dest, when the source says more than `defaults_from` (a seqtrain
+    # checkpoint: its --config preset, seqtrain-tune)
+    default_sources: dict[str, str] = field(default_factory=dict)
 
     @property
     def strip(self) -> tuple[int, ...]:
@@ -159,7 +163,22 @@ def load_for_generation(
     force_bos = lm.tgt_dict.bos() if stored.prepend_bos else None
     tokens = language_tokens(lm, given_langs, read_decoder_start(path) if ck.format == "hf" else None)
     if ck.format != "hf":
-        return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, **tokens)
+        stored = ck.generation  # a seqtrain checkpoint's remembered settings (older ones and fairseq's: none)
+        if stored is None:
+            return GenerationModel(lm, tokenizer, src_lang, tgt_lang, force_bos, **tokens)
+        where = f"{path}: stored generation settings"
+        check_model_defaults(stored.settings, None, where, len(lm.tgt_dict), keys=str)
+        return GenerationModel(
+            lm,
+            tokenizer,
+            src_lang,
+            tgt_lang,
+            force_bos,
+            dict(stored.settings),
+            path,
+            default_sources=dict(stored.sources),
+            **tokens,
+        )
 
     if forced_bos is not False:  # the folder says which token (if any) transformers forces first
         force_bos = forced_bos
@@ -185,11 +204,18 @@ def language_tokens(lm: Any, given: tuple[str | None, str | None], hf_start: int
     return dict(src_append=src, tgt_append=tgt, start=tgt, end=tgt)
 
 
-def check_model_defaults(defaults: dict[str, Any], forced_bos: Any, source: str, vocab: int) -> None:
-    """A Hugging Face folder's generation settings pass the command line's check (check_generation_args, on
-    top of the defaults, naming the file and its keys), and its forced first token is a token of the model."""
+def check_model_defaults(
+    defaults: dict[str, Any],
+    forced_bos: Any,
+    source: str,
+    vocab: int,
+    keys: Callable[[str], str] = generation_key,
+) -> None:
+    """A Hugging Face folder's (or a seqtrain checkpoint's stored) generation settings pass the command line's
+    check (check_generation_args, on top of the defaults, naming the file and its keys), and its forced first
+    token is a token of the model."""
     config = dataclasses.replace(GenerationConfig(), **defaults)
-    check_generation_args(config, lambda dest: f"{source}: {generation_key(dest)}")
+    check_generation_args(config, lambda dest: f"{source}: {keys(dest)}")
     if forced_bos not in (None, False) and forced_bos >= vocab:
         raise SeqtrainError(
             f"{source}: forced_bos_token_id={forced_bos} is not a token of the model (ids 0 to {vocab - 1})"

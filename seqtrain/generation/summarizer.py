@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.flag_bounds import check_value
 from seqtrain.generation import runner
 from seqtrain.generation.search import GenerationConfig, check_generation_args
+
+logger = logging.getLogger("seqtrain.generate")
 
 
 class Summarizer:
@@ -58,6 +61,12 @@ class Summarizer:
         )
         runner.cast(loaded, device, dtype)
         runner.set_compute_type(loaded, compute_type, "Summarizer.from_pretrained(compute_type=...)")
+        if loaded.defaults:  # where each default came from, as seqtrain-generate logs it
+            where = {d: loaded.default_sources.get(d, loaded.defaults_from) for d in loaded.defaults}
+            logger.info(
+                f"{loaded.defaults_from}: generation defaults for summarize(): "
+                + ", ".join(f"{d}={v} ({where[d]})" for d, v in loaded.defaults.items())
+            )
         return cls(loaded)
 
     # ------------------------------------------------------------------------------------- device and dtype
@@ -75,7 +84,8 @@ class Summarizer:
 
     @property
     def generation_defaults(self) -> dict[str, Any]:
-        """The generation flags the model ships (from a Hugging Face generation_config.json), by flag dest."""
+        """The generation flags the model ships, by flag dest: the settings a seqtrain checkpoint remembers (its
+        training preset's, seqtrain-tune's), a Hugging Face folder's generation_config.json; {} for none."""
         return dict(self._loaded.defaults)
 
     def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> Summarizer:
@@ -108,11 +118,11 @@ class Summarizer:
     ) -> list[str]:
         """One summary per text, in input order. `generation_flags` are seqtrain-generate's generation flags
         with `_` for `-` (beam=4, lenpen=2.0, min_len=10, max_len_b=60, no_repeat_ngram_size=3, sampling=True,
-        ...); flags not given take the model's defaults (a Hugging Face generation_config.json), then
-        seqtrain-generate's. Batches hold at most `max_tokens` padded source tokens (and `batch_size` texts).
-        Every value is checked as the command line checks its flag, before anything is generated: a wrong
-        kind or a value out of range is a SeqtrainError naming it (`Summarizer.summarize(beam=...) must be
-        between 1 and 10000, got 1000000`)."""
+        ...); flags not given take the model's defaults (`generation_defaults`: what a seqtrain checkpoint
+        remembers, a Hugging Face generation_config.json), then seqtrain-generate's. Batches hold at most
+        `max_tokens` padded source tokens (and `batch_size` texts). Every value is checked as the command line
+        checks its flag, before anything is generated: a wrong kind or a value out of range is a SeqtrainError
+        naming it (`Summarizer.summarize(beam=...) must be between 1 and 10000, got 1000000`)."""
         if isinstance(texts, str):
             texts = [texts]
         texts = list(texts)

@@ -36,6 +36,7 @@ from typing import Any, TextIO
 import numpy as np
 import torch
 
+from seqtrain.checkpoint.generation_settings import not_seqtrain, store_settings
 from seqtrain.checkpoint.hf_files import GENERATION_DEFAULTS, hf_generation_config
 from seqtrain.config import from_args
 from seqtrain.errors import SeqtrainError, stop_on_sigterm
@@ -275,9 +276,8 @@ def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
         raise SeqtrainError(
             "--input: give --reference FILE too, the summaries each setting is scored against"
         )
-    space(
-        tcfg, cfg.search
-    )  # --tune-grid against --tune, before the model loads (again after: a model's defaults)
+    # --tune-grid against --tune, before the model loads (again after: a model's defaults)
+    space(tcfg, cfg.search)
     cfg.inputs.scoring, cfg.outputs.output, cfg.load.results_path = "none", None, None
     cfg.outputs.output_format = "text"
     files = output_files(tcfg.tune_output)
@@ -286,6 +286,8 @@ def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
     gen_mod.check_settings(cfg, [("--tune-output", path) for path in files.values()])
     for path in files.values():
         check_file_writable(path, "--tune-output", missing_ok=True)
+    if tcfg.tune_checkpoint:  # (it may be --path itself: replaced atomically)
+        check_file_writable(tcfg.tune_checkpoint, "--tune-checkpoint", missing_ok=True)
     handler = setup_logging(sys.stderr, log_file=cfg.log.log_file)
     try:
         with stop_on_sigterm(f"nothing was written to --tune-output {tcfg.tune_output}"):
@@ -297,9 +299,11 @@ def tune(args: argparse.Namespace, out: TextIO | None = None) -> dict[str, Any]:
 
 
 def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
-    loaded = gen_mod.load_generation_model(
-        cfg
-    )  # takes a Hugging Face folder's defaults for settings not given
+    # takes the defaults a Hugging Face folder ships, or a seqtrain checkpoint stores, for settings not given
+    loaded = gen_mod.load_generation_model(cfg)
+    one = loaded.lm.format == "seqtrain" and len(runner.split_paths(cfg.load.path)) == 1  # not an ensemble
+    if tcfg.tune_checkpoint and not one:
+        raise SeqtrainError(f"--tune-checkpoint: --path {not_seqtrain(cfg.load.path)}")
     search_cfg, seed = cfg.search, cfg.device.seed
     check_generation_args(search_cfg, rerank=bool(cfg.rerank.rerank))
     candidates = space(tcfg, search_cfg)
@@ -401,6 +405,8 @@ def _tune(cfg: GenerateConfig, tcfg: TuneConfig, out: TextIO) -> dict[str, Any]:
         "encoder_passes": {"subset": sub_calls, "full": decoder.encoder_calls - sub_calls},
         "files": {},
     }
+    if tcfg.tune_checkpoint:  # first: tune.json names it
+        result["files"]["checkpoint"] = store_choice(cfg, tcfg, best, result)
     result["files"] = write_outputs(cfg, tcfg.tune_output, loaded, best, result)
     out.write(table(result, n_sub))
     out.flush()
@@ -449,6 +455,7 @@ def write_outputs(
             "max_length comes from max_len_b alone"
         )
     gen = hf_generation_config(loaded.lm.args, loaded.lm.src_dict, settings)
+    paths = {**paths, **result["files"]}  # and the --tune-checkpoint written before
     result["files"] = paths
     write_files(  # all or none, as seqtrain-generate's result files
         {
@@ -458,6 +465,18 @@ def write_outputs(
         }
     )
     return paths
+
+
+def store_choice(cfg: GenerateConfig, tcfg: TuneConfig, best: dict[str, Any], result: dict[str, Any]) -> str:
+    """--tune-checkpoint: the --path checkpoint with the settings of the choice stored in it; returns the path."""
+    json_path = os.path.join(tcfg.tune_output, "tune.json")
+    chosen = f"seqtrain-tune ({LABELS[result['metric']]} on {result['subset']['n']} of {result['split']}; {json_path})"
+    searched, out = {TUNABLE[n][0] for n in tcfg.tune}, tcfg.tune_checkpoint
+    stored = store_settings(
+        cfg.load.path, out, best, searched, chosen, "the seqtrain-tune command", cfg.load.unsafe_load
+    )
+    logger.info(f"{out}: the chosen settings stored in it: {stored.describe()}")
+    return out
 
 
 def _json_default(x: Any) -> Any:

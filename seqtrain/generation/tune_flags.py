@@ -136,6 +136,13 @@ class TuneConfig:
         metavar="DIR",
         required=True,
     )
+    tune_checkpoint: str | None = setting(
+        None,
+        "also write the --path checkpoint with the chosen settings stored in it to FILE (a seqtrain checkpoint, "
+        "weights and training state as they are; FILE may be --path itself, replaced atomically): "
+        "seqtrain-generate, -interactive and Summarizer then decode with them unless given other flags",
+        metavar="FILE",
+    )
 
 
 def add_tune_args(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

@@ -44,6 +44,7 @@ from seqtrain.errors import SeqtrainError
 from seqtrain.fileio import check_outputs_apart, folder_files
 from seqtrain.flags.fairseq_compat import import_user_dir
 from seqtrain.flags.training import resolved_train_config
+from seqtrain.generation.options import preset_generation
 from seqtrain.logging import progress as progress_lib
 from seqtrain.logging import setup_logging
 from seqtrain.logging.eta import Eta
@@ -152,8 +153,12 @@ def has_split(folder: str, split: str) -> bool:
 
 def build_trainer(cfg: TrainConfig, task: Any, model: torch.nn.Module, criterion: Any) -> Trainer:
     """The Trainer of a run's settings (TrainConfig.trainer's groups; the checkpoints' `args` record is given to
-    it once set-up has settled it: _train)."""
-    return Trainer(cfg.trainer, task, model, criterion)
+    it once set-up has settled it: _train), with the generation settings of the --config preset, which the
+    checkpoints store under a key of their own (seqtrain.checkpoint.generation_settings)."""
+    generation = preset_generation(cfg.config)
+    if generation is not None:
+        logger.info(f"the checkpoints remember the preset's generation settings: {generation.describe()}")
+    return Trainer(cfg.trainer, task, model, criterion, generation=generation)
 
 
 def batch_budget(cfg: TrainConfig, trainer: Trainer, dataset: Any, limits: Any) -> None:
@@ -348,6 +353,8 @@ class TrainLoop:
             self.rouge = RougeValidator(cfg.rouge, task, cfg.device.seed, cfg.data.prepend_bos)
         self.eta = Eta(trainer.get_num_updates())
         self.best_at: tuple[int, int] | None = None  # (update, epoch) of this launch's checkpoint_best.pt
+        self.validations = 0  # this launch's, for the end summary
+        self.stopped_by = ""  # the rule that ended training, for the end summary (checkpoint_rule)
 
     def run(self, epoch_itr: Any, get_train_iterator: Any) -> None:
         update, trainer = self.update, self.trainer
@@ -382,6 +389,8 @@ class TrainLoop:
                     break
                 lr = trainer.get_lr()
                 epoch_itr = get_train_iterator(epoch_itr.next_epoch_idx)
+            else:
+                self.stopped_by = f"--max-epoch {update.max_epoch}"
 
     def check_has_batches(self, epoch_itr: Any) -> None:
         """An epoch without a batch would repeat forever: refuse it (the count is the same on every rank)."""
@@ -511,11 +520,13 @@ class TrainLoop:
         should_stop = False
         if stops["max_update"]:
             should_stop = True
+            self.stopped_by = f"--max-update {update.max_update}"
             logger.info(
                 f"Stopping training due to num_updates: {num_updates} >= max_update: {update.max_update}"
             )
         if stops["time"]:
             should_stop = True
+            self.stopped_by = f"--stop-time-hours {update.stop_time_hours}"
             hours = trainer.cumulative_training_time() / 3600
             logger.info(
                 f"Stopping training due to cumulative_training_time: {hours} > "
@@ -551,8 +562,14 @@ class TrainLoop:
             # resumed run continues with the same schedule (matters for reduce_lr_on_plateau).
             trainer.lr_step(epoch, valid_loss)
         if do_validate:  # every rank validates at the same updates, so they all take part
+            self.validations += 1
             patience = self.manager.should_stop_early(valid_loss)
-            should_stop |= distributed.agree({"patience": patience}, trainer.device)["patience"]
+            if distributed.agree({"patience": patience}, trainer.device)["patience"]:
+                should_stop = True
+                n, metric = ckpt.patience, ckpt.best_checkpoint_metric
+                self.stopped_by = (
+                    f"--patience {n} ({n} validation{'s' if n > 1 else ''} without a better {metric})"
+                )
         if do_save or should_stop:
             paths = self.manager.save(trainer, epoch_itr, valid_loss)
             if any(os.path.basename(p) == "checkpoint_best.pt" for p in paths or ()):
@@ -588,25 +605,43 @@ class TrainLoop:
             where = f"update {self.best_at[0]}, epoch {self.best_at[1]}"
         else:
             where = "saved by an earlier launch"
-        lines = [f"best checkpoint: {path} ({score}, {where})"]
+        lines = [f"best checkpoint: {path} ({score}, {where})", self.checkpoint_rule()]
         data = str(cfg.data_path).split(":")[0]
         config = cfg.config
-        # the preset's generation settings (beam, lengths) come with --config
+        # the preset's generation settings (beam, lengths) come with --config, unless the checkpoint stores them
         preset = (
             f"--config {config if os.path.relpath(config).startswith('..') else os.path.relpath(config)} "
-            if config
+            if config and self.trainer.generation is None
             else ""
         )
         subset = "test" if has_split(data, "test") else self.data.valid_subset.split(",")[0]
         results = os.path.join(ckpt.save_dir, "gen")
         lines.append(
             f"summarize the {subset} split with it: seqtrain-generate {data} {preset}--path {path} "
-            f"--gen-subset {subset} --scoring rouge --results-path {results}"
+            f"--gen-subset {subset} --quiet --scoring rouge --results-path {results}"
         )
         lines.append(
             f"or your own text, one document per line: seqtrain-generate {preset}--path {path} --input FILE"
         )
         return lines
+
+    def checkpoint_rule(self) -> str:
+        """The rule that chose checkpoint_best.pt, and what ended training, in one line."""
+        ckpt, valid = self.cfg.checkpoint, self.validation
+        metric = ckpt.best_checkpoint_metric
+        best = "highest" if ckpt.maximize_best_checkpoint_metric else "lowest"
+        flags = f"--best-checkpoint-metric {metric}" + (
+            " --maximize-best-checkpoint-metric" if ckpt.maximize_best_checkpoint_metric else ""
+        )
+        when = [f"every {valid.validate_interval} epochs" if valid.validate_interval > 1 else "every epoch"]
+        for n in {valid.validate_interval_updates, ckpt.save_interval_updates} - {0}:
+            when.append(f"every {n} updates")
+        subset = self.data.valid_subset.split(",")[0]
+        line = (
+            f"checkpoint_best.pt holds the {best} validation {metric} ({flags}) on '{subset}', validated "
+            f"{' and '.join(sorted(when))} ({self.validations} validations in this launch)"
+        )
+        return line + (f"; training ended at {self.stopped_by}" if self.stopped_by else "")
 
     def valid_iterator(self, subset: str) -> Any:
         """One pass over validation split `subset`, batched as fairseq's Trainer.get_valid_iterator does."""

@@ -147,11 +147,15 @@ class Trainer:
         model: torch.nn.Module,
         criterion: Any,
         run_args: dict[str, Any] | None = None,
+        generation: Any = None,
     ):
         """`cfg`: the Trainer's settings (a seqtrain-train run's: TrainConfig.trainer). `run_args`: the `args`
         record its checkpoints store (seqtrain.train.program.run_record; the training loop sets it once set-up
-        has settled it): the Trainer only hands it to the checkpoint writer, unread."""
+        has settled it): the Trainer only hands it to the checkpoint writer, unread; so with `generation`, the
+        generation settings the checkpoints remember (seqtrain.checkpoint.generation_settings.StoredGeneration:
+        the --config preset's)."""
         self.run_args = run_args if run_args is not None else {}
+        self.generation = generation
         self.cfg = cfg
         self.task = task
         self.criterion = criterion
@@ -658,6 +662,7 @@ class Trainer:
             self.task.tgt_dict,
             getattr(self.task, "tokenizer_spec", None),
             training=self.train_state(position or TrainState(), with_optimizer),
+            generation=self.generation,
         )
 
     def train_state(self, position: TrainState, with_optimizer: bool) -> TrainState:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shlex
 
+import pytest
 import torch
 
 from seqtrain import host_cpu
@@ -45,6 +46,12 @@ def test_start_progress_and_end_lines(databin, tmp_path, monkeypatch):
     score, update = best["extra_state"]["best"], best["extra_state"]["train_iterator"]
     (end,) = [line.split(" | ", 3)[3] for line in lines if "best checkpoint:" in line]
     assert end == f"best checkpoint: {save}/checkpoint_best.pt (loss {score:g}, update 6, epoch 2)"
+    # the rule that chose it, and what ended training (a validation at each of the 2 epochs' ends: the 6th
+    # update ends epoch 2)
+    assert lines[lines.index(next(line for line in lines if "best checkpoint:" in line)) + 1].endswith(
+        "| checkpoint_best.pt holds the lowest validation loss (--best-checkpoint-metric loss) on 'valid', "
+        "validated every epoch (2 validations in this launch); training ended at --max-update 6"
+    )
     (cmd,) = [
         line.split(": ", 1)[1]
         for line in lines
@@ -97,3 +104,33 @@ def test_an_interrupted_epoch_adds_no_tensorboard_point(databin, tmp_path):
     acc = EventAccumulator(str(tb / "valid"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == [4, 6, 8]  # validations are points in time: all kept
+
+
+@pytest.mark.slow
+def test_the_end_names_the_rouge_rule_and_the_patience_stop(databin, tmp_path):
+    """configs/debdesc_finetune.yaml's rules on the toy task: checkpoint_best.pt by validation ROUGE, training
+    ended by --patience (a learning rate too small to change ROUGE: the second validation is no better)."""
+    save, log = tmp_path / "ck", tmp_path / "train.log"
+    flags = [
+        "--max-epoch",
+        "30",
+        "--patience",
+        "1",
+        "--eval-rouge",
+        "--eval-rouge-args",
+        "--beam 1 --max-len-b 5",
+    ]
+    flags += ["--best-checkpoint-metric", "rouge_l", "--maximize-best-checkpoint-metric", "--lr", "1e-9"]
+    assert (
+        train_main(base_args(databin, str(save), *flags, "--log-format", "simple", "--log-file", str(log)))
+        == 0
+    )
+    lines = [line.split(" | ", 3)[3] for line in log.read_text(encoding="utf-8").splitlines()]
+    best = next(i for i, line in enumerate(lines) if line.startswith("best checkpoint:"))
+    assert lines[best].startswith(f"best checkpoint: {save}/checkpoint_best.pt (rouge_l ")
+    assert lines[best].endswith(", update 8, epoch 2)")  # a tie counts as better (fairseq's rule)
+    assert lines[best + 1] == (
+        "checkpoint_best.pt holds the highest validation rouge_l (--best-checkpoint-metric rouge_l "
+        "--maximize-best-checkpoint-metric) on 'valid', validated every epoch (2 validations in this launch); "
+        "training ended at --patience 1 (1 validation without a better rouge_l)"
+    )

@@ -19,6 +19,7 @@ import torch
 
 from seqtrain.checkpoint.fairseq import model_config
 from seqtrain.checkpoint.files import save_checkpoint_file
+from seqtrain.checkpoint.hf import ctranslate2_options
 from seqtrain.checkpoint.native import make_checkpoint_state
 from seqtrain.models.bart import build_model
 from tests.peers.test_transformers_export import dictionary, export, spm_tokenizer
@@ -185,8 +186,13 @@ def test_ctranslate2_converts_the_export_and_searches_as_seqtrain(exported, case
         src_pos, tgt_pos
     )
     assert json.loads((folder / "tokenizer_config.json").read_text())["model_max_length"] == src_pos
-    # ct2-transformers-converter --model FOLDER --output_dir DIR, unedited
-    ctranslate2.converters.TransformersConverter(str(folder)).convert(str(ct2_dir))
+    # ct2-transformers-converter --model FOLDER --output_dir DIR --copy_files generation_config.json, unedited
+    ctranslate2.converters.TransformersConverter(str(folder), copy_files=["generation_config.json"]).convert(
+        str(ct2_dir)
+    )
+    # the search settings the export remembers, as translate_batch's arguments, read from the converted model
+    want = search.ct2(src_pos)
+    assert ctranslate2_options(str(ct2_dir)) == {k: want[k] for k in ctranslate2_options(str(folder))}
     lines = texts(100 if kind == "random" else 60)  # bart_small's search is the slow part
     lines = [" ".join(t.split()[:words]) for t in lines] if words else lines
     mine = seqtrain_hypotheses(ckpt, lines, search)

@@ -3,6 +3,7 @@ skips the other's keys, flags override the file, and keys that belong to neither
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 
@@ -105,7 +106,7 @@ def assert_values(args, expected):
 
 def test_every_config_is_covered():
     assert sorted(f[:-5] for f in os.listdir(CONFIGS) if f.endswith(".yaml")) == sorted(
-        [*RECIPES, "debdesc_small", "debdesc_pretrain"]
+        [*RECIPES, "debdesc_small", "debdesc_pretrain", "debdesc_finetune"]
     )
 
 
@@ -209,6 +210,42 @@ def test_debdesc_pretrain_is_the_denoising_task_on_debdesc_smalls_model():
             max_update=3000,
         ),
     )
+
+
+def test_debdesc_finetune_is_debdesc_smalls_model_with_the_adaptive_recipe():
+    """configs/debdesc_finetune.yaml (the README's own-data recipe): the model and batches debdesc_small.yaml
+    builds, fine-tuned from the bundled model at lr 5e-4 with 60 warm-up updates for at most 30 epochs,
+    checkpoint_best.pt chosen by validation ROUGE-Lsum (decoded as the preset's generation settings), stopped
+    after 5 validations without a better one; the same generation settings for seqtrain-generate, which the
+    checkpoints store."""
+    args = train_args("bin", "--config", cfg("debdesc_finetune"))
+    small = train_args("bin", "--config", cfg("debdesc_small"))
+    same = (
+        "arch encoder_layers encoder_embed_dim share_all_embeddings encoder_normalize_before decoder_normalize_before "
+        "weight_init dropout max_source_positions max_target_positions truncate_source max_tokens criterion "
+        "label_smoothing adam_betas clip_norm"
+    ).split()
+    assert_values(args, {k: getattr(small, k) for k in same})
+    assert_values(
+        args,
+        dict(
+            lr=[0.0005],
+            lr_scheduler="inverse_sqrt",
+            warmup_updates=60,
+            max_update=0,
+            max_epoch=30,
+            patience=5,
+            eval_rouge=True,
+            best_checkpoint_metric="rouge_lsum",
+            maximize_best_checkpoint_metric=True,
+            validate_interval=1,
+            finetune_from_model="models/debdesc-small-denoising",  # the start: without it, from scratch
+        ),
+    )
+    assert json.loads(args.eval_rouge_args) == {"beam": 4, "max_len_b": 30, "no_repeat_ngram_size": 3}
+    want = dict(beam=4, lenpen=1.0, max_len_b=30, min_len=1, no_repeat_ngram_size=3)
+    assert_values(generate_args("bin", "--config", cfg("debdesc_finetune")), want)
+    assert options.preset_generation(cfg("debdesc_finetune")).settings == want
 
 
 def test_command_line_flags_override_the_config():
