@@ -75,10 +75,12 @@ def run_baseline(kind: str, path: str, port: int, s: argparse.Namespace) -> None
 
     else:
         import torch  # the baseline servers' own process only
-        from transformers import AutoTokenizer, BartForConditionalGeneration
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(path)
-        hf = BartForConditionalGeneration.from_pretrained(path).eval()
+        # the class the export names (a pre-norm model, as the quickstart's, is an MBartForConditionalGeneration:
+        # BART's class would drop its final layer norms)
+        hf = AutoModelForSeq2SeqLM.from_pretrained(path).eval()
 
         def summarize(texts: list[str]) -> list[str]:
             inputs = tok(
@@ -383,7 +385,13 @@ def main() -> None:
                     )
                 servers[side] = start(argv, port, log, a.threads, cpus)
             if a.concurrency:
-                table(a, texts, refs, ports)
+                try:
+                    table(a, texts, refs, ports)
+                except AssertionError:  # a server answered other than 200: its log says why
+                    for side in servers:
+                        tail = open(os.path.join(tmp, f"{side}.log"), errors="replace").read()[-4000:]
+                        print(f"# {side}'s log, last lines:\n{tail}", flush=True)
+                    raise
             if a.soak_requests and "seqtrain-serve" in servers:
                 report_soak(a, texts, refs, ports["seqtrain-serve"], servers["seqtrain-serve"])
         finally:

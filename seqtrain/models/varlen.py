@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -312,17 +313,22 @@ class _Plan:
 
 
 _PLANS: dict[tuple[int, int, bool], tuple[Tensor, Tensor, _Plan]] = {}  # the last few batches' plans
+# held while _PLANS is read or changed: a server generates from many threads (two evicting the same oldest plan
+# raised KeyError)
+_PLANS_LOCK = threading.Lock()
 
 
 def _plan(bounds_q: Tensor, bounds_k: Tensor, causal: bool) -> _Plan:
     key = (id(bounds_q), id(bounds_k), causal)
-    hit = _PLANS.get(key)
+    with _PLANS_LOCK:
+        hit = _PLANS.get(key)
     if hit is not None and hit[0] is bounds_q and hit[1] is bounds_k:  # (the objects, not a reused id)
         return hit[2]
     plan = _Plan(bounds_q.tolist(), bounds_k.tolist(), causal)
-    if len(_PLANS) >= 8:
-        _PLANS.pop(next(iter(_PLANS)))
-    _PLANS[key] = (bounds_q, bounds_k, plan)
+    with _PLANS_LOCK:
+        while len(_PLANS) >= 8:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = (bounds_q, bounds_k, plan)
     return plan
 
 

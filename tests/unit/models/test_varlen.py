@@ -259,3 +259,37 @@ def test_the_cpu_reference_is_bitwise_repeatable_in_deterministic_mode():
         assert torch.equal(a, b)
     for a, b in zip(grads[0], grads[1]):
         torch.testing.assert_close(a, b, **FP32)
+
+
+def test_the_plan_cache_is_shared_safely_by_threads():
+    """A web server calls one model from many threads (FastAPI runs a plain `def` endpoint in a thread pool):
+    the cache of the last batches' plans is evicted by one thread at a time (two threads evicting the same
+    oldest plan raised KeyError, a 500 for that request), and each thread gets its own batch's plan."""
+    import sys
+    import threading
+
+    errors: list[BaseException] = []
+    lengths = [[1 + (i + j) % 7 for j in range(1 + i % 5)] for i in range(40)]
+
+    def work(t: int) -> None:
+        try:
+            for n in range(300):
+                lens = lengths[(t * 13 + n) % len(lengths)]
+                bounds = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+                plan = varlen._plan(bounds, bounds, False)
+                assert plan.b == len(lens)
+        except BaseException as e:  # noqa: BLE001 (reported below, with the thread's failure)
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(varlen._PLANS) <= 8
