@@ -3,7 +3,8 @@
 A request's texts are tokenized as they arrive (seqtrain.generation.runner.encode) and wait in one bounded queue
 (--max-queue texts: a request that does not fit is refused at once, never kept in an unbounded backlog). The
 worker takes the oldest text and, unless a full batch is already there, waits for company while texts keep
-arriving less than --max-wait-ms apart (10 x --max-wait-ms at most), then forms a batch around it from the texts
+arriving less than --max-wait-ms apart (10 x --max-wait-ms at most; not at all when no request came alongside
+another for COMPANY_S: a lone client's text runs at once), then forms a batch around it from the texts
 whose search settings agree (every setting but nbest, which only cuts the returned list): length-sorted, its
 neighbours in length added while the batch holds at most --max-batch-tokens padded source tokens and
 --max-batch-size texts. The batch goes through the path
@@ -43,6 +44,8 @@ from seqtrain.serve.requests import ApiError
 logger = logging.getLogger("seqtrain.serve")
 
 WAIT_SPAN = 10  # an idle worker waits at most this many --max-wait-ms for a batch to gather
+# a text is batched at once, without waiting for company, when no request came alongside another this long
+COMPANY_S = 1.0
 GENERATORS_KEPT = 16  # generators built for distinct settings (static decoding keeps its CUDA graphs in one)
 
 
@@ -131,12 +134,15 @@ class Batcher:
         self._stopping = False
         self.running = 0  # texts in the batch being generated
         self.arriving = 0  # requests received, not yet queued (their bodies read, checked, tokenized)
+        self._company_at = -math.inf  # when a request last arrived while another was in the server
 
     # ------------------------------------------------------------------------------------------ the front
     @contextlib.contextmanager
     def receiving(self) -> Iterator[None]:
         """Around a request's reception up to submit(): the worker waits for it to batch it with others."""
         with self._cond:
+            if self.arriving or self._queue or self.running:
+                self._company_at = time.monotonic()
             self.arriving += 1
         try:
             yield
@@ -225,7 +231,10 @@ class Batcher:
         """When to stop waiting for company: --max-wait-ms after the latest arrival (texts that keep coming
         closer together than that are waited for: closed-loop clients whose answers went out together come back
         over a few milliseconds), or while requests are being received and tokenized; never later than
-        WAIT_SPAN x --max-wait-ms after the oldest."""
+        WAIT_SPAN x --max-wait-ms after the oldest. Now, when no request arrived while another was in the server
+        for COMPANY_S: one client at a time (or requests far apart) would only wait."""
+        if not self.arriving and time.monotonic() - self._company_at > COMPANY_S:
+            return time.monotonic()
         oldest, newest = self._queue[0].arrived, self._queue[-1].arrived
         cap = oldest + WAIT_SPAN * self.max_wait_s
         return cap if self.arriving else min(cap, newest + self.max_wait_s)
@@ -244,6 +253,7 @@ class Batcher:
         try:
             results = self.generate_batch(batch)
         except Exception as e:  # this batch's requests fail; the worker and every other request go on
+            self._ran()
             logger.exception(f"a batch of {len(batch)} texts failed")
             self.metrics.batch(len(batch), 0, ok=False)
             error = ApiError(500, "generation_failed", f"generation failed: {type(e).__name__}: {e}")
@@ -251,6 +261,7 @@ class Batcher:
                 self.cancel(answer)
                 answer._settle(error, error=True)
             return
+        self._ran()
         self.metrics.batch(len(batch), sum(h["tokens"] for r in results for h in r["hypotheses"]), ok=True)
         for it, result in zip(batch, results):
             answer = it.answer
@@ -261,6 +272,12 @@ class Batcher:
             if answer.remaining == 0:
                 answer.closed = True
                 answer._settle(answer.results, error=False)
+
+    def _ran(self) -> None:
+        """The batch is generated: no longer running before its answers go out (a client's next request, sent
+        when its answer came, does not find its own last batch still running, as company)."""
+        with self._cond:
+            self.running = 0
 
     def generate_batch(self, batch: list[Item]) -> list[dict[str, Any]]:
         """One batch through seqtrain-generate's path; per item its nbest hypotheses (text, base-2 score as

@@ -443,6 +443,24 @@ def test_bearer_token_health_readiness_and_docs(server):
     assert code == 404 and json.loads(data)["error"]["status"] == 404
 
 
+def test_a_lone_client_is_not_kept_waiting_for_company(checkpoint, texts, tmp_path):
+    """One client at a time: no request ever came alongside another, so the worker has no company to wait for
+    and runs each text at once, whatever --max-wait-ms says (here 10 s: waiting would take that long, up to
+    100 s for a request). Batching under concurrency: test_answers_are_seqtrain_generates_whatever_..."""
+    server = start(checkpoint, tmp_path, "--max-wait-ms", "10000")
+    try:
+        before = server.metrics()
+        for text in texts[:4]:
+            began = time.monotonic()
+            status, body = server.summarize({"texts": [text]})
+            assert status == 200, body
+            assert time.monotonic() - began < 8  # less than one --max-wait-ms: it did not wait
+        after = server.metrics()
+        assert after["seqtrain_serve_batch_size_count"] - before["seqtrain_serve_batch_size_count"] == 4
+    finally:
+        assert stop(server) == 0, server.log.read_text()[-3000:]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_answers_what_is_in_flight_then_exits_0(checkpoint, texts, tmp_path, sig):
     want = generated(checkpoint, texts[:3], tmp_path, {})
