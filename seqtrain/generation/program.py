@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from seqtrain import host_cpu
+from seqtrain.checkpoint.generation_settings import flag as flag_of
 from seqtrain.config import setting, settings
 from seqtrain.cuda import DeviceConfig
 from seqtrain.data.indexed_dataset import DataCheckConfig
@@ -118,44 +119,36 @@ def run_inputs(cfg: GenerateConfig) -> list[tuple[str, str | None]]:
 
 
 def apply_model_defaults(loaded: runner.GenerationModel, search: GenerationConfig, given: set[str]) -> None:
-    """Take the generation defaults the model ships (a Hugging Face generation_config.json) into `search` for
-    every flag not given on the command line or in --config; one log line says which were taken."""
+    """Take the generation defaults the model ships (a Hugging Face generation_config.json, the settings a
+    seqtrain checkpoint stores) into `search` for every flag not given on the command line or in --config; one
+    log line says which were taken (a checkpoint's: each with where it came from, the training --config preset
+    or seqtrain-tune) and which given flags were kept."""
     if loaded.defaults_from is None:
         return
+    taken, kept = {}, []
+    for dest, value in loaded.defaults.items():
+        if dest in given:
+            kept.append(dest)
+            continue
+        setattr(search, dest, value)
+        taken[dest] = value
     if loaded.default_sources:  # a seqtrain checkpoint's remembered settings, each with its origin
-        _apply_stored(loaded, search, given)
-        return
-    taken, kept = [], []
-    for dest, value in loaded.defaults.items():
-        flag = "--" + dest.replace("_", "-")
-        if dest in given:
-            kept.append(flag)
-            continue
-        setattr(search, dest, value)
-        taken.append(flag if value is True else f"{flag} {value}")
-    bos = "none" if loaded.force_bos is None else loaded.force_bos
+        by_source: dict[str, list[str]] = {}
+        for dest, value in taken.items():
+            by_source.setdefault(loaded.default_sources.get(dest, "stored"), []).append(
+                f"{flag_of(dest)} {value}"
+            )
+        what = "; ".join(f"{', '.join(flags)} (from {source})" for source, flags in by_source.items())
+        line = f"generation settings stored in the checkpoint, taken: {what or 'none'}"
+        kept_flags = [f"{flag_of(dest)} {getattr(search, dest)}" for dest in kept]
+    else:
+        what = ", ".join(flag_of(d) if v is True else f"{flag_of(d)} {v}" for d, v in taken.items())
+        bos = "none" if loaded.force_bos is None else loaded.force_bos
+        line = f"generation defaults taken: {what or 'none'}; forced first token: {bos}"
+        kept_flags = [flag_of(dest) for dest in kept]
     logger.info(
-        f"{loaded.defaults_from}: generation defaults taken: {', '.join(taken) or 'none'}; forced first token: "
-        f"{bos}" + (f"; given flags kept: {', '.join(kept)}" if kept else "")
-    )
-
-
-def _apply_stored(loaded: runner.GenerationModel, search: GenerationConfig, given: set[str]) -> None:
-    """apply_model_defaults for the settings a seqtrain checkpoint stores: one log line saying, for each, where
-    it came from (the training --config preset, seqtrain-tune) or that the user's own flag was kept."""
-    by_source: dict[str, list[str]] = {}
-    kept = []
-    for dest, value in loaded.defaults.items():
-        flag = "--" + dest.replace("_", "-")
-        if dest in given:
-            kept.append(f"{flag} {getattr(search, dest)}")
-            continue
-        setattr(search, dest, value)
-        by_source.setdefault(loaded.default_sources.get(dest, "stored"), []).append(f"{flag} {value}")
-    taken = "; ".join(f"{', '.join(flags)} (from {source})" for source, flags in by_source.items())
-    logger.info(
-        f"{loaded.defaults_from}: generation settings stored in the checkpoint, taken: {taken or 'none'}"
-        + (f"; given flags kept: {', '.join(kept)}" if kept else "")
+        f"{loaded.defaults_from}: {line}"
+        + (f"; given flags kept: {', '.join(kept_flags)}" if kept_flags else "")
     )
 
 
