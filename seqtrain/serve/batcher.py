@@ -223,9 +223,7 @@ class Batcher:
                 batch = self._take() if self._queue else []
                 self.running = len(batch)
             if batch:
-                self._run(batch)
-            with self._cond:
-                self.running = 0
+                self._run(batch)  # (it sets running back to 0 once the batch is generated)
 
     def _deadline(self) -> float:
         """When to stop waiting for company: --max-wait-ms after the latest arrival (texts that keep coming
